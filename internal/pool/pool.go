@@ -5,13 +5,24 @@
 // The pool never knows what its bytes mean (blocks, staging); it must never
 // hand the same byte to two live allocations, and never free twice.
 //
-// API CONTRACT (implementation pending; signatures are fixed):
+// Allocator: an address-ordered free list (a slice of disjoint free ranges
+// sorted by offset) searched first-fit, with immediate coalescing on Free.
+// Address-ordered first fit is the classic low-fragmentation policy (Wilson et
+// al., "Dynamic Storage Allocation: A Survey"): it packs allocations toward
+// the low end and leaves the large free range at the high end, which is what a
+// pool that mixes block-sized extents with 256 MiB staging extents needs.
+// Alloc is O(F) and Free O(log F + F) (a memmove) with F = free fragments.
 package pool
 
 import (
 	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"unsafe"
 
 	"github.com/rs/zerolog"
+	"golang.org/x/sys/unix"
 )
 
 var (
@@ -47,32 +58,240 @@ type Stats struct {
 	Locked                        bool
 }
 
+// span is a free range [off, off+len).
+type span struct{ off, len uint64 }
+
 // Pool is safe for concurrent use.
-type Pool struct{}
+type Pool struct {
+	// Immutable after New.
+	base   uint64
+	size   uint64
+	locked bool
+	numa   int
 
-func New(opts Options) (*Pool, error) { panic("unimplemented") }
+	mu sync.Mutex // guards mem (nil after Close), free, live, used
+	// mem is the mapped region; nil once closed.
+	mem []byte
+	// free holds the disjoint, non-adjacent free ranges sorted by offset.
+	free []span
+	// live maps the offset of every live allocation to its length: the
+	// authority Free checks against (double free, foreign ranges).
+	live map[uint64]uint64
+	used uint64
+}
 
-// Bytes is the whole region, for memory registration.
-func (p *Pool) Bytes() []byte { panic("unimplemented") }
+// Hooks for tests: the mlock call and the NUMA query.
+var (
+	mlock     = unix.Mlock
+	numaOfMem = numaNodeOf
+)
+
+// New maps, populates and (when asked and allowed) locks a region of
+// opts.Size bytes rounded up to the page size.
+func New(opts Options) (*Pool, error) {
+	if opts.Size == 0 {
+		return nil, fmt.Errorf("%w: size 0", ErrInvalid)
+	}
+	page := uint64(unix.Getpagesize())
+	size := (opts.Size + page - 1) / page * page
+	if size < opts.Size || size > uint64(^uint(0)>>1) {
+		return nil, fmt.Errorf("%w: size %d too large", ErrInvalid, opts.Size)
+	}
+	mem, err := unix.Mmap(-1, 0, int(size), unix.PROT_READ|unix.PROT_WRITE,
+		unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_POPULATE)
+	if err != nil {
+		return nil, fmt.Errorf("pool: mmap %d bytes: %w", size, err)
+	}
+	p := &Pool{
+		base: uint64(uintptr(unsafe.Pointer(&mem[0]))),
+		size: size,
+		mem:  mem,
+		free: []span{{0, size}},
+		live: make(map[uint64]uint64),
+	}
+	if opts.Lock {
+		switch err := mlock(mem); {
+		case err == nil:
+			p.locked = true
+		case errors.Is(err, unix.EPERM), errors.Is(err, unix.ENOMEM), errors.Is(err, unix.EAGAIN):
+			// Not fatal: the daemon works unlocked, but RDMA registration
+			// pins pages anyway and swap can stall reads, so say it loudly.
+			ev := opts.Log.Warn().Err(err).Uint64("pool_bytes", size)
+			var lim unix.Rlimit
+			if unix.Getrlimit(unix.RLIMIT_MEMLOCK, &lim) == nil {
+				ev = ev.Uint64("memlock_limit_bytes", lim.Cur)
+			}
+			ev.Msg("pool is NOT locked in memory (mlock refused by RLIMIT_MEMLOCK); raise the limit: " +
+				"LimitMEMLOCK=infinity in the systemd unit, or `ulimit -l unlimited` in the shell")
+		default:
+			_ = unix.Munmap(mem)
+			return nil, fmt.Errorf("pool: mlock %d bytes: %w", size, err)
+		}
+	}
+	p.numa = numaOfMem(p.base)
+	opts.Log.Info().Uint64("pool_bytes", size).Bool("locked", p.locked).Int("numa", p.numa).Msg("pool mapped")
+	return p, nil
+}
+
+// get_mempolicy flags (linux/mempolicy.h).
+const (
+	mpolFNode = 1 << 0
+	mpolFAddr = 1 << 1
+)
+
+// numaNodeOf asks the kernel which NUMA node backs the page at addr; 0 when
+// the query fails (no NUMA support, seccomp).
+func numaNodeOf(addr uint64) int {
+	var node int32
+	_, _, errno := unix.Syscall6(unix.SYS_GET_MEMPOLICY,
+		uintptr(unsafe.Pointer(&node)), 0, 0, uintptr(addr), mpolFNode|mpolFAddr, 0)
+	if errno != 0 || node < 0 {
+		return 0
+	}
+	return int(node)
+}
+
+// Bytes is the whole region, for memory registration. nil after Close.
+func (p *Pool) Bytes() []byte {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.mem
+}
 
 // Base is the virtual address of the region's first byte.
-func (p *Pool) Base() uint64 { panic("unimplemented") }
-func (p *Pool) Size() uint64 { panic("unimplemented") }
-func (p *Pool) Locked() bool { panic("unimplemented") }
+func (p *Pool) Base() uint64 { return p.base }
+func (p *Pool) Size() uint64 { return p.size }
+func (p *Pool) Locked() bool { return p.locked }
+
+// NUMA is the node backing the region (recorded in every Alloc).
+func (p *Pool) NUMA() int { return p.numa }
+
+// Used is the number of allocated bytes (cheaper than Stats).
+func (p *Pool) Used() uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.used
+}
+
+func roundUp(n uint64) uint64 { return (n + Alignment - 1) &^ (Alignment - 1) }
 
 // Alloc returns n bytes (rounded up to Alignment). ErrNoSpace when no free
 // range fits; ErrInvalid when n == 0 or n > Size.
-func (p *Pool) Alloc(n uint64) (Alloc, error) { panic("unimplemented") }
+func (p *Pool) Alloc(n uint64) (Alloc, error) {
+	if n == 0 || n > p.size {
+		return Alloc{}, fmt.Errorf("%w: %d bytes (pool is %d)", ErrInvalid, n, p.size)
+	}
+	n = roundUp(n)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.mem == nil {
+		return Alloc{}, fmt.Errorf("%w: pool closed", ErrInvalid)
+	}
+	for i := range p.free {
+		f := &p.free[i]
+		if f.len < n {
+			continue
+		}
+		a := Alloc{Off: f.off, Len: n, NUMA: p.numa}
+		if f.len == n {
+			p.free = append(p.free[:i], p.free[i+1:]...)
+		} else {
+			f.off += n
+			f.len -= n
+		}
+		p.live[a.Off] = n
+		p.used += n
+		return a, nil
+	}
+	return Alloc{}, fmt.Errorf("%w: %d bytes", ErrNoSpace, n)
+}
 
 // Free returns a to the pool; ErrInvalid for an allocation that is not live.
-func (p *Pool) Free(a Alloc) error { panic("unimplemented") }
+// Frees are accepted after Close (bookkeeping only).
+func (p *Pool) Free(a Alloc) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if l, ok := p.live[a.Off]; !ok || l != a.Len {
+		return fmt.Errorf("%w: free of [%d,+%d) which is not a live allocation", ErrInvalid, a.Off, a.Len)
+	}
+	delete(p.live, a.Off)
+	p.used -= a.Len
+	// i: first free range after a.
+	i := sort.Search(len(p.free), func(i int) bool { return p.free[i].off > a.Off })
+	end := a.Off + a.Len
+	mergeL := i > 0 && p.free[i-1].off+p.free[i-1].len == a.Off
+	mergeR := i < len(p.free) && p.free[i].off == end
+	switch {
+	case mergeL && mergeR:
+		p.free[i-1].len += a.Len + p.free[i].len
+		p.free = append(p.free[:i], p.free[i+1:]...)
+	case mergeL:
+		p.free[i-1].len += a.Len
+	case mergeR:
+		p.free[i].off = a.Off
+		p.free[i].len += a.Len
+	default:
+		p.free = append(p.free, span{})
+		copy(p.free[i+1:], p.free[i:])
+		p.free[i] = span{a.Off, a.Len}
+	}
+	return nil
+}
 
-// Slice is the memory of a (or of a sub-range: use Slice(a)[i:j]).
-func (p *Pool) Slice(a Alloc) []byte { panic("unimplemented") }
+// FreeAround reports the lengths of the free ranges that touch the live
+// allocation a on its left (ending at a.Off) and on its right (starting at
+// a.Off+a.Len), 0 where none. An evictor uses it to predict how large a
+// contiguous range freeing a would make, before freeing anything.
+func (p *Pool) FreeAround(a Alloc) (before, after uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	i := sort.Search(len(p.free), func(i int) bool { return p.free[i].off > a.Off })
+	if i > 0 && p.free[i-1].off+p.free[i-1].len == a.Off {
+		before = p.free[i-1].len
+	}
+	if i < len(p.free) && p.free[i].off == a.Off+a.Len {
+		after = p.free[i].len
+	}
+	return before, after
+}
+
+// Slice is the memory of a (or of a sub-range: use Slice(a)[i:j]). nil
+// after Close or for a range outside the pool.
+func (p *Pool) Slice(a Alloc) []byte {
+	p.mu.Lock()
+	mem := p.mem
+	p.mu.Unlock()
+	if mem == nil || a.Off > p.size || a.Len > p.size-a.Off {
+		return nil
+	}
+	return mem[a.Off : a.Off+a.Len : a.Off+a.Len]
+}
 
 // Addr is the virtual address of a's first byte.
-func (p *Pool) Addr(a Alloc) uint64 { panic("unimplemented") }
-func (p *Pool) Stats() Stats        { panic("unimplemented") }
+func (p *Pool) Addr(a Alloc) uint64 { return p.base + a.Off }
 
-// Close unmaps the region. Only after everything using it is gone.
-func (p *Pool) Close() error { panic("unimplemented") }
+func (p *Pool) Stats() Stats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s := Stats{Size: p.size, Used: p.used, Free: p.size - p.used, Allocs: len(p.live), Locked: p.locked}
+	for _, f := range p.free {
+		s.LargestFree = max(s.LargestFree, f.len)
+	}
+	return s
+}
+
+// Close unmaps the region. Only after everything using it is gone: a slice
+// obtained before Close must not be touched after it. Idempotent.
+func (p *Pool) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.mem == nil {
+		return nil
+	}
+	mem := p.mem
+	p.mem = nil
+	if err := unix.Munmap(mem); err != nil {
+		return fmt.Errorf("pool: munmap: %w", err)
+	}
+	return nil
+}
