@@ -1,0 +1,479 @@
+// Package config owns pegad's settings: the `pegad serve` flags, their
+// PEGAD_* environment variables and YAML config-file keys, their defaults
+// and their validation. One key, one name everywhere: the flag --pool-size,
+// the env PEGAD_POOL_SIZE and the file key pool-size are the same setting.
+//
+// Precedence, highest first: flag > environment > config file > default.
+//
+// It must never start anything or touch the network: it only turns inputs
+// into a validated Config, so every bad input is a start-up error that
+// names the offending key.
+package config
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"reflect"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-viper/mapstructure/v2"
+	"github.com/spf13/pflag"
+	"github.com/spf13/viper"
+)
+
+// EnvPrefix is the prefix of every environment variable (PEGAD_POOL_SIZE).
+const EnvPrefix = "PEGAD"
+
+// Transports accepted by the transport key.
+const (
+	TransportAuto  = "auto"
+	TransportVerbs = "verbs"
+	TransportTCP   = "tcp"
+)
+
+// Bounds enforced by Validate.
+const (
+	// MinPoolSize is the smallest pool pegad starts with: below it not even
+	// one typical block plus a staging chunk fits.
+	MinPoolSize ByteSize = 1 << 20
+	MaxQPsPerPeer        = 64
+	MaxNICs              = 64
+	// MaxQPN is the largest 24-bit queue pair number; the tcp provider needs
+	// room above the start for the QPs it allocates.
+	MaxQPN = 0xFFFFFF
+	// LifetimeFactor: lock-max-lifetime defaults to this many lock-timeouts.
+	LifetimeFactor = 10
+)
+
+// Config is every setting of `pegad serve`. The mapstructure tag is the key
+// in the YAML file, the flag name and (upper-cased, '-' → '_', PEGAD_
+// prefixed) the environment variable.
+type Config struct {
+	// NodeID names this node in peers' logs and sessions. Default: hostname.
+	NodeID string `mapstructure:"node-id"`
+	// Listen is the peer gRPC address (PeerService).
+	Listen string `mapstructure:"listen"`
+	// Advertise is the address peers should use for this node; empty means
+	// the bound --listen address.
+	Advertise string `mapstructure:"advertise"`
+	// Socket is the unix socket of the local API and admin API.
+	Socket string `mapstructure:"socket"`
+	// MetricsListen serves /metrics and /healthz over HTTP; "" disables.
+	MetricsListen string `mapstructure:"metrics-listen"`
+	// PoolSize is the pinned host-memory pool.
+	PoolSize ByteSize `mapstructure:"pool-size"`
+	// Transport is auto, verbs or tcp.
+	Transport string `mapstructure:"transport"`
+	// NICs: tcp → how many software devices; verbs → a count (the first N
+	// devices) or a comma-separated list of device names (mlx5_0,mlx5_1).
+	NICs string `mapstructure:"nics"`
+	// QPsPerPeer is the number of RC queue pairs per peer per NIC.
+	QPsPerPeer int `mapstructure:"qps-per-peer"`
+	// TCPDataListen is where the tcp provider's devices listen for READs.
+	// Port 0: each device gets an ephemeral port; port P: device i uses P+i.
+	TCPDataListen string `mapstructure:"tcp-data-listen"`
+	// TCPQPNStart is the first QPN each tcp device allocates.
+	TCPQPNStart uint32 `mapstructure:"tcp-qpn-start"`
+	// LockTimeout is how long a transfer session pins its blocks unless
+	// released or renewed.
+	LockTimeout time.Duration `mapstructure:"lock-timeout"`
+	// LockMaxLifetime caps a session's total life across renewals;
+	// 0 means LifetimeFactor × LockTimeout.
+	LockMaxLifetime time.Duration `mapstructure:"lock-max-lifetime"`
+	// GCInterval is the lock sweeper's tick.
+	GCInterval time.Duration `mapstructure:"gc-interval"`
+	// ShutdownTimeout bounds graceful shutdown before in-flight RPCs are cut.
+	ShutdownTimeout time.Duration `mapstructure:"shutdown-timeout"`
+	// LogLevel: trace, debug, info, warn, error.
+	LogLevel string `mapstructure:"log-level"`
+	// LogFormat: json, console or auto (console on a terminal, else json).
+	LogFormat string `mapstructure:"log-format"`
+	// PeerReflection enables gRPC server reflection on the peer port.
+	PeerReflection bool `mapstructure:"peer-reflection"`
+
+	// File is the config file that was read ("" when none); not a key.
+	File string `mapstructure:"-"`
+}
+
+// Default is the embedded configuration: a working single node on loopback.
+func Default() Config {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "pegad"
+	}
+	return Config{
+		NodeID:          host,
+		Listen:          "127.0.0.1:50055",
+		Socket:          DefaultSocket(),
+		MetricsListen:   "127.0.0.1:9464",
+		PoolSize:        256 << 20,
+		Transport:       TransportAuto,
+		NICs:            "1",
+		QPsPerPeer:      2,
+		TCPDataListen:   "127.0.0.1:0",
+		TCPQPNStart:     0x100,
+		LockTimeout:     120 * time.Second,
+		GCInterval:      time.Second,
+		ShutdownTimeout: 10 * time.Second,
+		LogLevel:        "info",
+		LogFormat:       "auto",
+	}
+}
+
+// DefaultSocket is the default --socket: /run/pegad/pegad.sock for root
+// (systemd's RuntimeDirectory=pegad creates /run/pegad; pegad creates it
+// otherwise), else $XDG_RUNTIME_DIR/pegad.sock, else /tmp/pegad-$UID.sock.
+// pegactl uses the same rule, so both agree without flags.
+func DefaultSocket() string {
+	if os.Geteuid() == 0 {
+		return "/run/pegad/pegad.sock"
+	}
+	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
+		return filepath.Join(d, "pegad.sock")
+	}
+	return filepath.Join(os.TempDir(), "pegad-"+strconv.Itoa(os.Getuid())+".sock")
+}
+
+// FlagConfig is the flag (and PEGAD_CONFIG env) naming the YAML file.
+const FlagConfig = "config"
+
+// Keys lists every settable key, sorted.
+func Keys() []string {
+	t := reflect.TypeOf(Config{})
+	keys := make([]string, 0, t.NumField())
+	for i := 0; i < t.NumField(); i++ {
+		if k := t.Field(i).Tag.Get("mapstructure"); k != "" && k != "-" {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// RegisterFlags adds --config and one flag per key to fs, with the defaults
+// of d (normally Default()).
+func RegisterFlags(fs *pflag.FlagSet, d Config) {
+	fs.String(FlagConfig, "", "YAML config file (env PEGAD_CONFIG); its keys are the flag names")
+	fs.String("node-id", d.NodeID, "node name shown to peers (default: hostname)")
+	fs.String("listen", d.Listen, "peer gRPC listen address (PeerService)")
+	fs.String("advertise", d.Advertise, "address peers use to reach this node (default: the bound --listen address)")
+	fs.String("socket", d.Socket, "unix socket for the local and admin API")
+	fs.String("metrics-listen", d.MetricsListen, "HTTP address serving /metrics and /healthz (empty disables)")
+	fs.String("pool-size", d.PoolSize.String(), "pinned host-memory pool size (e.g. 256MiB, 16GiB, 512M, bytes)")
+	fs.String("transport", d.Transport, "data transport: auto|verbs|tcp (auto: verbs when devices exist, else tcp)")
+	fs.String("nics", d.NICs, "tcp: number of software NICs; verbs: a count or a comma list of device names")
+	fs.Int("qps-per-peer", d.QPsPerPeer, "RC queue pairs per peer per NIC")
+	fs.String("tcp-data-listen", d.TCPDataListen, "tcp transport: data listener address (port 0: ephemeral; port P: NIC i uses P+i)")
+	fs.String("tcp-qpn-start", "0x"+strconv.FormatUint(uint64(d.TCPQPNStart), 16), "tcp transport: first QPN allocated per device")
+	fs.Duration("lock-timeout", d.LockTimeout, "transfer lock (session) timeout")
+	fs.Duration("lock-max-lifetime", d.LockMaxLifetime, "longest a session may live across renewals (0: 10 x lock-timeout)")
+	fs.Duration("gc-interval", d.GCInterval, "lock sweeper interval")
+	fs.Duration("shutdown-timeout", d.ShutdownTimeout, "graceful shutdown bound before in-flight RPCs are cut")
+	fs.String("log-level", d.LogLevel, "log level: trace|debug|info|warn|error")
+	fs.String("log-format", d.LogFormat, "log format: json|console|auto (auto: console on a terminal, else json)")
+	fs.Bool("peer-reflection", d.PeerReflection, "enable gRPC server reflection on the peer port")
+}
+
+// Load builds the Config from fs (already parsed, registered with
+// RegisterFlags), the PEGAD_* environment and the config file named by
+// --config or PEGAD_CONFIG, over the defaults d; then validates it.
+func Load(fs *pflag.FlagSet, d Config) (Config, error) {
+	v := viper.New()
+	v.SetEnvPrefix(EnvPrefix)
+	v.SetEnvKeyReplacer(strings.NewReplacer("-", "_", ".", "_"))
+	v.AutomaticEnv()
+	setDefaults(v, d)
+
+	// Bind only the key flags: --config is not a key (a file cannot name
+	// another file).
+	known := map[string]bool{}
+	for _, k := range Keys() {
+		known[k] = true
+		if f := fs.Lookup(k); f != nil {
+			if err := v.BindPFlag(k, f); err != nil {
+				return Config{}, fmt.Errorf("config: bind flag %s: %w", k, err)
+			}
+		}
+	}
+
+	file := ""
+	if f := fs.Lookup(FlagConfig); f != nil && f.Changed {
+		file = f.Value.String()
+	} else if e, ok := os.LookupEnv(EnvPrefix + "_CONFIG"); ok {
+		file = e
+	}
+	if file != "" {
+		settings, err := readFile(file, known)
+		if err != nil {
+			return Config{}, err
+		}
+		if err := v.MergeConfigMap(settings); err != nil {
+			return Config{}, fmt.Errorf("config: %s: %w", file, err)
+		}
+	}
+
+	var c Config
+	if err := v.Unmarshal(&c, func(dc *mapstructure.DecoderConfig) {
+		dc.DecodeHook = mapstructure.ComposeDecodeHookFunc(byteSizeHook, durationHook)
+		dc.ErrorUnused = true
+	}); err != nil {
+		return Config{}, fmt.Errorf("config: %s", cleanDecodeError(err))
+	}
+	c.File = file
+	if err := c.Validate(); err != nil {
+		return Config{}, err
+	}
+	return c, nil
+}
+
+func setDefaults(v *viper.Viper, d Config) {
+	rv := reflect.ValueOf(d)
+	rt := rv.Type()
+	for i := 0; i < rt.NumField(); i++ {
+		k := rt.Field(i).Tag.Get("mapstructure")
+		if k == "" || k == "-" {
+			continue
+		}
+		switch x := rv.Field(i).Interface().(type) {
+		case ByteSize:
+			v.SetDefault(k, uint64(x))
+		default:
+			v.SetDefault(k, x)
+		}
+	}
+}
+
+// readFile reads the YAML file and rejects keys that are not settings.
+func readFile(path string, known map[string]bool) (map[string]any, error) {
+	fv := viper.New()
+	fv.SetConfigFile(path)
+	switch strings.ToLower(filepath.Ext(path)) {
+	case ".yaml", ".yml", ".json", ".toml":
+	default:
+		fv.SetConfigType("yaml")
+	}
+	if err := fv.ReadInConfig(); err != nil {
+		return nil, fmt.Errorf("config: read %s: %w", path, err)
+	}
+	var unknown []string
+	for _, k := range fv.AllKeys() {
+		if !known[k] {
+			unknown = append(unknown, k)
+		}
+	}
+	if len(unknown) > 0 {
+		sort.Strings(unknown)
+		return nil, fmt.Errorf("config: %s: unknown key(s) %s (valid keys: %s)",
+			path, strings.Join(unknown, ", "), strings.Join(Keys(), ", "))
+	}
+	return fv.AllSettings(), nil
+}
+
+var (
+	byteSizeType = reflect.TypeOf(ByteSize(0))
+	durationType = reflect.TypeOf(time.Duration(0))
+)
+
+// byteSizeHook decodes sizes from strings ("256MiB") and non-negative numbers.
+func byteSizeHook(from, to reflect.Type, data any) (any, error) {
+	if to != byteSizeType {
+		return data, nil
+	}
+	switch x := data.(type) {
+	case string:
+		return ParseByteSize(x)
+	case int:
+		if x < 0 {
+			return nil, fmt.Errorf("negative size %d", x)
+		}
+		return ByteSize(x), nil
+	case int64:
+		if x < 0 {
+			return nil, fmt.Errorf("negative size %d", x)
+		}
+		return ByteSize(x), nil
+	case uint64:
+		return ByteSize(x), nil
+	case uint:
+		return ByteSize(x), nil
+	case float64:
+		if x < 0 {
+			return nil, fmt.Errorf("negative size %v", x)
+		}
+		return ByteSize(x), nil
+	}
+	return data, nil
+}
+
+// durationHook decodes durations from strings with a unit ("120s"); a bare
+// number is refused rather than read as nanoseconds.
+func durationHook(from, to reflect.Type, data any) (any, error) {
+	if to != durationType {
+		return data, nil
+	}
+	switch x := data.(type) {
+	case string:
+		d, err := time.ParseDuration(strings.TrimSpace(x))
+		if err != nil {
+			return nil, fmt.Errorf("invalid duration %q (use a unit, e.g. 120s, 500ms, 2m)", x)
+		}
+		return d, nil
+	case time.Duration:
+		return x, nil
+	case int, int64, uint64, float64:
+		return nil, fmt.Errorf("invalid duration %v: a bare number has no unit (write e.g. \"%vs\")", x, x)
+	}
+	return data, nil
+}
+
+// cleanDecodeError turns mapstructure's multi-line report into one line.
+func cleanDecodeError(err error) string {
+	s := err.Error()
+	s = strings.TrimPrefix(s, "decoding failed due to the following error(s):")
+	parts := strings.Split(s, "\n")
+	var out []string
+	for _, p := range parts {
+		p = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(p), "*"))
+		if p != "" {
+			out = append(out, p)
+		}
+	}
+	return strings.Join(out, "; ")
+}
+
+// Validate checks every value; errors name the key.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(key, format string, a ...any) {
+		errs = append(errs, fmt.Errorf("invalid %s: %s", key, fmt.Sprintf(format, a...)))
+	}
+	if strings.TrimSpace(c.NodeID) == "" {
+		bad("node-id", "must not be empty")
+	}
+	if err := checkHostPort(c.Listen, true); err != nil {
+		bad("listen", "%v", err)
+	}
+	if c.Advertise != "" {
+		if err := checkHostPort(c.Advertise, false); err != nil {
+			bad("advertise", "%v", err)
+		}
+	}
+	if strings.TrimSpace(c.Socket) == "" {
+		bad("socket", "must not be empty")
+	}
+	if c.MetricsListen != "" {
+		if err := checkHostPort(c.MetricsListen, true); err != nil {
+			bad("metrics-listen", "%v", err)
+		}
+	}
+	if c.PoolSize < MinPoolSize {
+		bad("pool-size", "%s is below the minimum %s", c.PoolSize, MinPoolSize)
+	}
+	switch c.Transport {
+	case TransportAuto, TransportVerbs, TransportTCP:
+	default:
+		bad("transport", "%q is not one of auto, verbs, tcp", c.Transport)
+	}
+	if _, _, err := c.NICSpec(); err != nil {
+		bad("nics", "%v", err)
+	}
+	if c.QPsPerPeer < 1 || c.QPsPerPeer > MaxQPsPerPeer {
+		bad("qps-per-peer", "%d is outside 1..%d", c.QPsPerPeer, MaxQPsPerPeer)
+	}
+	if err := checkHostPort(c.TCPDataListen, true); err != nil {
+		bad("tcp-data-listen", "%v", err)
+	}
+	if c.TCPQPNStart < 1 || c.TCPQPNStart > MaxQPN/2 {
+		bad("tcp-qpn-start", "%#x is outside 0x1..%#x", c.TCPQPNStart, MaxQPN/2)
+	}
+	if c.LockTimeout <= 0 {
+		bad("lock-timeout", "%s must be positive", c.LockTimeout)
+	}
+	if c.LockMaxLifetime < 0 {
+		bad("lock-max-lifetime", "%s must not be negative", c.LockMaxLifetime)
+	} else if c.LockMaxLifetime > 0 && c.LockMaxLifetime < c.LockTimeout {
+		bad("lock-max-lifetime", "%s is shorter than lock-timeout %s", c.LockMaxLifetime, c.LockTimeout)
+	}
+	if c.GCInterval <= 0 {
+		bad("gc-interval", "%s must be positive", c.GCInterval)
+	}
+	if c.ShutdownTimeout <= 0 {
+		bad("shutdown-timeout", "%s must be positive", c.ShutdownTimeout)
+	}
+	switch strings.ToLower(c.LogLevel) {
+	case "trace", "debug", "info", "warn", "warning", "error":
+	default:
+		bad("log-level", "%q is not one of trace, debug, info, warn, error", c.LogLevel)
+	}
+	switch c.LogFormat {
+	case "json", "console", "auto":
+	default:
+		bad("log-format", "%q is not one of json, console, auto", c.LogFormat)
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	msgs := make([]string, len(errs))
+	for i, e := range errs {
+		msgs[i] = e.Error()
+	}
+	return fmt.Errorf("config: %s", strings.Join(msgs, "; "))
+}
+
+// EffectiveLockMaxLifetime is LockMaxLifetime, or its default.
+func (c *Config) EffectiveLockMaxLifetime() time.Duration {
+	if c.LockMaxLifetime > 0 {
+		return c.LockMaxLifetime
+	}
+	return LifetimeFactor * c.LockTimeout
+}
+
+// NICSpec interprets the nics key: a count (names nil) or a list of device
+// names (count = len(names)).
+func (c *Config) NICSpec() (count int, names []string, err error) {
+	s := strings.TrimSpace(c.NICs)
+	if s == "" {
+		return 0, nil, fmt.Errorf("must not be empty")
+	}
+	if n, err := strconv.Atoi(s); err == nil {
+		if n < 1 || n > MaxNICs {
+			return 0, nil, fmt.Errorf("count %d is outside 1..%d", n, MaxNICs)
+		}
+		return n, nil, nil
+	}
+	seen := map[string]bool{}
+	for _, p := range strings.Split(s, ",") {
+		p = strings.TrimSpace(p)
+		if p == "" {
+			return 0, nil, fmt.Errorf("%q has an empty device name", c.NICs)
+		}
+		if seen[p] {
+			return 0, nil, fmt.Errorf("device %q listed twice", p)
+		}
+		seen[p] = true
+		names = append(names, p)
+	}
+	if len(names) > MaxNICs {
+		return 0, nil, fmt.Errorf("%d devices is more than %d", len(names), MaxNICs)
+	}
+	return len(names), names, nil
+}
+
+// checkHostPort accepts host:port with a numeric port; port 0 (an ephemeral
+// port) only when allowZero.
+func checkHostPort(s string, allowZero bool) error {
+	_, port, err := net.SplitHostPort(s)
+	if err != nil {
+		return fmt.Errorf("%q is not host:port", s)
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil || p < 0 || p > 65535 || (p == 0 && !allowZero) {
+		return fmt.Errorf("%q has an invalid port", s)
+	}
+	return nil
+}
