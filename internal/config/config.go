@@ -40,9 +40,9 @@ const (
 const (
 	// MinPoolSize is the smallest pool pegad starts with: below it not even
 	// one typical block plus a staging chunk fits.
-	MinPoolSize ByteSize = 1 << 20
-	MaxQPsPerPeer        = 64
-	MaxNICs              = 64
+	MinPoolSize   ByteSize = 1 << 20
+	MaxQPsPerPeer          = 64
+	MaxNICs                = 64
 	// MaxQPN is the largest 24-bit queue pair number; the tcp provider needs
 	// room above the start for the QPs it allocates.
 	MaxQPN = 0xFFFFFF
