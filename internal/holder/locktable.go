@@ -1,0 +1,674 @@
+package holder
+
+import (
+	"container/heap"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/pegaflow/pegad/internal/metrics"
+	"github.com/pegaflow/pegad/internal/store"
+)
+
+// Errors callers branch on. The peer service maps them to gRPC codes at the
+// RPC boundary (see toStatus); the admin service does the same for
+// ForceRelease.
+var (
+	// ErrInvalidSessionID: not 32 hex characters. Maps to InvalidArgument.
+	ErrInvalidSessionID = errors.New("holder: malformed session id")
+	// ErrUnknownSession: well-formed id that is not live (never seen, ended
+	// long ago, or — for ForceRelease — ended already). Maps to NotFound.
+	ErrUnknownSession = errors.New("holder: unknown session")
+	// ErrSessionEnded: the session ended recently (see EndReason in the
+	// wrapped message). Renew maps it to NotFound.
+	ErrSessionEnded = errors.New("holder: session ended")
+	// ErrNotOwner: the caller is not the requester that took the session.
+	// Maps to PermissionDenied.
+	ErrNotOwner = errors.New("holder: session belongs to another requester")
+	// ErrStaleIncarnation: the request carries an incarnation of its node
+	// older than one already seen. Maps to FailedPrecondition.
+	ErrStaleIncarnation = errors.New("holder: stale requester incarnation")
+	// ErrLifetimeExhausted: renewal refused, the session reached its maximum
+	// lifetime (it stays live until its current deadline). Maps to
+	// FailedPrecondition.
+	ErrLifetimeExhausted = errors.New("holder: session reached its maximum lifetime")
+)
+
+// EndReason says how a session ended; kept in tombstones so that a late
+// ReleaseTransferLock learns what happened.
+type EndReason uint8
+
+const (
+	EndReleased       EndReason = iota + 1 // released by its requester
+	EndExpired                             // expired by the GC sweeper
+	EndForceReleased                       // ForceRelease by an operator
+	EndReclaimed                           // its requester restarted (new incarnation)
+	EndShutdown                            // ReleaseAll at daemon shutdown
+)
+
+func (r EndReason) String() string {
+	switch r {
+	case EndReleased:
+		return "released"
+	case EndExpired:
+		return "expired"
+	case EndForceReleased:
+		return "force-released"
+	case EndReclaimed:
+		return "requester-restarted"
+	case EndShutdown:
+		return "shutdown"
+	}
+	return "unknown"
+}
+
+const (
+	numShards = 64 // power of two; the shard is the id's first byte & (numShards-1)
+	idLen     = 32 // hex characters of a 128-bit id
+	// maxPastIncarnations bounds the per-node history used to tell an old
+	// incarnation (rejected) from a new one (reclaims the old).
+	maxPastIncarnations = 16
+)
+
+// SessionInfo is a listing row (pegactl sessions list).
+type SessionInfo struct {
+	ID          string
+	RequesterID string
+	Incarnation string
+	Blocks      int
+	Bytes       uint64
+	CreatedAt   time.Time
+	ExpiresAt   time.Time
+	Renewals    int
+}
+
+// session is one transfer lock. id, owner, incarnation, blocks, bytes and
+// created are immutable; the rest is guarded by its shard's mu.
+type session struct {
+	id          string
+	owner       string // requester node id
+	incarnation string
+	blocks      []*store.Block
+	bytes       uint64
+	created     time.Time
+
+	deadline time.Time
+	renewals int
+	heapIdx  int // index in shard.expiry; -1 once removed
+}
+
+type tombstone struct {
+	owner string
+	end   EndReason
+}
+
+// expiryHeap is a min-heap of live sessions by deadline. Sessions carry
+// their index so release and renew remove/fix in O(log n), no lazy garbage.
+type expiryHeap []*session
+
+func (h expiryHeap) Len() int           { return len(h) }
+func (h expiryHeap) Less(i, j int) bool { return h[i].deadline.Before(h[j].deadline) }
+func (h expiryHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].heapIdx = i
+	h[j].heapIdx = j
+}
+func (h *expiryHeap) Push(x any) {
+	s := x.(*session)
+	s.heapIdx = len(*h)
+	*h = append(*h, s)
+}
+func (h *expiryHeap) Pop() any {
+	old := *h
+	n := len(old)
+	s := old[n-1]
+	old[n-1] = nil
+	s.heapIdx = -1
+	*h = old[:n-1]
+	return s
+}
+
+// shard holds the sessions whose id falls in it.
+type shard struct {
+	mu     sync.Mutex // guards live, expiry, tomb, ring, ringAt and the mutable fields of its sessions
+	live   map[string]*session
+	expiry expiryHeap
+	tomb   map[string]tombstone
+	ring   []string // FIFO of tombstoned ids, bounds tomb
+	ringAt int
+}
+
+// nodeState tracks one requester node: its incarnations and its live
+// sessions (for fast reclaim).
+type nodeState struct {
+	mu       sync.Mutex // guards all fields below
+	current  string     // latest incarnation seen ("" until one is seen)
+	past     []string   // older incarnations, oldest first, bounded
+	sessions map[*session]struct{}
+	lastSeen time.Time
+	dead     bool // evicted from LockTable.nodes; callers must look up again
+}
+
+// LockTable is the holder's table of transfer sessions. It is the only
+// owner of the pins it takes: every session's blocks are unpinned exactly
+// once, by whichever of release, expiry, force-release, reclaim or shutdown
+// removes the session from its shard first (removal happens under the
+// shard lock; the unpin after it, outside any lock).
+//
+// It never scans all sessions on the expiry path: each shard keeps a
+// deadline heap, so ExpireBefore costs O(shards + k log n).
+type LockTable struct {
+	pins        Pinner
+	m           *metrics.Metrics
+	log         zerolog.Logger
+	now         func() time.Time
+	timeout     time.Duration
+	maxLifetime time.Duration
+	tombPerShd  int
+
+	shards [numShards]shard
+
+	nodesMu  sync.Mutex // guards nodes and scanAt
+	nodes    map[string]*nodeState
+	maxNodes int
+	scanAt   int // len(nodes) at which the next idle-node sweep runs
+
+	liveSessions atomic.Int64
+	lockedBlocks atomic.Int64
+}
+
+func newLockTable(opts Options) *LockTable {
+	t := &LockTable{
+		pins:        opts.Store,
+		m:           opts.Metrics,
+		log:         opts.Log,
+		now:         opts.Now,
+		timeout:     opts.LockTimeout,
+		maxLifetime: opts.MaxLifetime,
+		tombPerShd:  (opts.Tombstones + numShards - 1) / numShards,
+		nodes:       make(map[string]*nodeState),
+		maxNodes:    opts.MaxRequesters,
+		scanAt:      opts.MaxRequesters,
+	}
+	for i := range t.shards {
+		t.shards[i].live = make(map[string]*session)
+		t.shards[i].tomb = make(map[string]tombstone)
+		t.shards[i].ring = make([]string, t.tombPerShd)
+	}
+	return t
+}
+
+// ParseSessionID normalizes id (lower-case hex) and checks its shape.
+func ParseSessionID(id string) (string, error) {
+	if len(id) != idLen {
+		return "", fmt.Errorf("%w: want %d hex characters, got %d characters", ErrInvalidSessionID, idLen, len(id))
+	}
+	b := []byte(id)
+	for i, c := range b {
+		switch {
+		case c >= '0' && c <= '9', c >= 'a' && c <= 'f':
+		case c >= 'A' && c <= 'F':
+			b[i] = c + ('a' - 'A')
+		default:
+			return "", fmt.Errorf("%w: character %d is not hex", ErrInvalidSessionID, i)
+		}
+	}
+	return string(b), nil
+}
+
+func (t *LockTable) shardOf(id string) *shard {
+	return &t.shards[(unhex(id[0])<<4|unhex(id[1]))&(numShards-1)]
+}
+
+func unhex(c byte) byte {
+	if c <= '9' {
+		return c - '0'
+	}
+	return c - 'a' + 10
+}
+
+func newID() string {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		// crypto/rand.Read never fails on supported platforms (Go >= 1.24).
+		panic(fmt.Sprintf("holder: crypto/rand: %v", err))
+	}
+	return hex.EncodeToString(b[:])
+}
+
+// node returns the live state of nodeID, creating it.
+func (t *LockTable) node(nodeID string, now time.Time) *nodeState {
+	t.nodesMu.Lock()
+	defer t.nodesMu.Unlock()
+	n := t.nodes[nodeID]
+	if n == nil {
+		if t.maxNodes > 0 && len(t.nodes) >= t.scanAt {
+			t.evictIdleNodesLocked(now)
+		}
+		n = &nodeState{sessions: make(map[*session]struct{})}
+		t.nodes[nodeID] = n
+	}
+	return n
+}
+
+// evictIdleNodesLocked forgets nodes with no live session, idle for longer
+// than twice the maximum lifetime, so that requesters that come and go do
+// not grow the map forever. It runs only when the map passes scanAt, which
+// then doubles past what remains, so its cost is amortized.
+func (t *LockTable) evictIdleNodesLocked(now time.Time) {
+	cutoff := now.Add(-2 * t.maxLifetime)
+	for id, n := range t.nodes {
+		n.mu.Lock()
+		if len(n.sessions) == 0 && n.lastSeen.Before(cutoff) {
+			n.dead = true
+			delete(t.nodes, id)
+		}
+		n.mu.Unlock()
+	}
+	t.scanAt = max(t.maxNodes, 2*len(t.nodes))
+}
+
+// lockNode returns nodeID's state locked; the caller unlocks n.mu.
+func (t *LockTable) lockNode(nodeID string, now time.Time) *nodeState {
+	for {
+		n := t.node(nodeID, now)
+		n.mu.Lock()
+		if !n.dead {
+			n.lastSeen = now
+			return n
+		}
+		n.mu.Unlock()
+	}
+}
+
+// observeLocked applies incarnation inc of the node held locked: an old one
+// is ErrStaleIncarnation; a new one becomes current and the sessions of
+// earlier incarnations are returned for reclaim (the caller ends them after
+// unlocking). "" carries no incarnation and is never stale.
+func (n *nodeState) observeLocked(inc string) (reclaim []*session, err error) {
+	if inc == "" || inc == n.current {
+		return nil, nil
+	}
+	for _, p := range n.past {
+		if p == inc {
+			return nil, fmt.Errorf("%w: %q, current is %q", ErrStaleIncarnation, inc, n.current)
+		}
+	}
+	if n.current != "" {
+		n.past = append(n.past, n.current)
+		if len(n.past) > maxPastIncarnations {
+			n.past = n.past[1:]
+		}
+	}
+	n.current = inc
+	for s := range n.sessions {
+		if s.incarnation != "" && s.incarnation != inc {
+			reclaim = append(reclaim, s)
+		}
+	}
+	return reclaim, nil
+}
+
+// checkLocked is observeLocked without updating: for release and renew,
+// which never introduce an incarnation.
+func (n *nodeState) checkLocked(inc string) error {
+	if inc == "" || inc == n.current {
+		return nil
+	}
+	for _, p := range n.past {
+		if p == inc {
+			return fmt.Errorf("%w: %q, current is %q", ErrStaleIncarnation, inc, n.current)
+		}
+	}
+	return nil
+}
+
+// ObserveIncarnation records that nodeID runs incarnation inc (from a query
+// or a handshake). A new incarnation releases at once every session held by
+// the node's earlier incarnations and returns how many; an incarnation
+// older than one already seen is ErrStaleIncarnation.
+func (t *LockTable) ObserveIncarnation(nodeID, inc string) (reclaimed int, err error) {
+	if nodeID == "" || inc == "" {
+		return 0, nil
+	}
+	n := t.lockNode(nodeID, t.now())
+	prev := n.current
+	victims, err := n.observeLocked(inc)
+	n.mu.Unlock()
+	if err != nil {
+		return 0, err
+	}
+	return t.reclaim(nodeID, prev, inc, victims), nil
+}
+
+func (t *LockTable) reclaim(nodeID, prev, inc string, victims []*session) int {
+	if len(victims) == 0 {
+		return 0
+	}
+	ended, blocks := 0, 0
+	for _, s := range victims {
+		if t.end(s, EndReclaimed) {
+			ended++
+			blocks += len(s.blocks)
+		}
+	}
+	if ended > 0 {
+		t.m.IncarnationReclaim.Add(float64(ended))
+		t.log.Warn().Str("requester", nodeID).Str("old_incarnation", prev).Str("incarnation", inc).
+			Int("sessions", ended).Int("blocks", blocks).
+			Msg("Requester restarted: released its old transfer locks")
+	}
+	return ended
+}
+
+// open creates a live session over blocks (already pinned by the caller,
+// whose pins the table takes over on success). It applies the incarnation
+// atomically with the insert, so a session of an old incarnation can never
+// slip in after a reclaim.
+func (t *LockTable) open(owner, inc string, blocks []*store.Block, bytes uint64) (*session, error) {
+	now := t.now()
+	n := t.lockNode(owner, now)
+	prev := n.current
+	victims, err := n.observeLocked(inc)
+	if err != nil {
+		n.mu.Unlock()
+		return nil, err
+	}
+	s := &session{
+		owner: owner, incarnation: inc, blocks: blocks, bytes: bytes,
+		created: now, deadline: now.Add(min(t.timeout, t.maxLifetime)),
+	}
+	for {
+		s.id = newID()
+		sh := t.shardOf(s.id)
+		sh.mu.Lock()
+		_, dupLive := sh.live[s.id]
+		_, dupTomb := sh.tomb[s.id]
+		if !dupLive && !dupTomb {
+			sh.live[s.id] = s
+			heap.Push(&sh.expiry, s)
+			sh.mu.Unlock()
+			break
+		}
+		sh.mu.Unlock()
+	}
+	n.sessions[s] = struct{}{}
+	n.mu.Unlock()
+
+	t.liveSessions.Add(1)
+	t.lockedBlocks.Add(int64(len(blocks)))
+	t.m.SessionsActive.Inc()
+	t.m.LockActive.Add(float64(len(blocks)))
+	t.reclaim(owner, prev, inc, victims)
+	return s, nil
+}
+
+// removeLocked takes s out of its shard and leaves a tombstone; sh.mu held.
+func (t *LockTable) removeLocked(sh *shard, s *session, why EndReason) {
+	delete(sh.live, s.id)
+	if s.heapIdx >= 0 {
+		heap.Remove(&sh.expiry, s.heapIdx)
+	}
+	if t.tombPerShd > 0 {
+		if old := sh.ring[sh.ringAt]; old != "" {
+			delete(sh.tomb, old)
+		}
+		sh.ring[sh.ringAt] = s.id
+		sh.ringAt = (sh.ringAt + 1) % t.tombPerShd
+		sh.tomb[s.id] = tombstone{owner: s.owner, end: why}
+	}
+}
+
+// finish does what follows a removal, outside the shard lock: unpin (the
+// single unpin of this session), gauges, and the node's session set.
+func (t *LockTable) finish(s *session) {
+	t.pins.Unpin(s.blocks)
+	t.liveSessions.Add(-1)
+	t.lockedBlocks.Add(-int64(len(s.blocks)))
+	t.m.SessionsActive.Dec()
+	t.m.LockActive.Sub(float64(len(s.blocks)))
+	t.nodesMu.Lock()
+	n := t.nodes[s.owner]
+	t.nodesMu.Unlock()
+	if n != nil {
+		n.mu.Lock()
+		delete(n.sessions, s)
+		n.mu.Unlock()
+	}
+}
+
+// end removes s if it is still live; true when this call removed it (and
+// so unpinned it).
+func (t *LockTable) end(s *session, why EndReason) bool {
+	sh := t.shardOf(s.id)
+	sh.mu.Lock()
+	if sh.live[s.id] != s {
+		sh.mu.Unlock()
+		return false
+	}
+	t.removeLocked(sh, s, why)
+	sh.mu.Unlock()
+	t.finish(s)
+	return true
+}
+
+// ReleaseResult is what a release did.
+type ReleaseResult struct {
+	Released int       // blocks unpinned by this call
+	WasLive  bool      // this call ended a live session
+	End      EndReason // how the session ended (EndReleased when WasLive)
+	Age      time.Duration
+}
+
+// Release ends session id on behalf of its requester owner. A session
+// that ended recently answers from its tombstone (Released 0, WasLive
+// false). inc, when set, must not be a stale incarnation of owner.
+func (t *LockTable) Release(id, owner, inc string) (ReleaseResult, error) {
+	id, err := ParseSessionID(id)
+	if err != nil {
+		return ReleaseResult{}, err
+	}
+	if err := t.checkIncarnation(owner, inc); err != nil {
+		return ReleaseResult{}, err
+	}
+	sh := t.shardOf(id)
+	sh.mu.Lock()
+	if s := sh.live[id]; s != nil {
+		if s.owner != owner {
+			sh.mu.Unlock()
+			return ReleaseResult{}, fmt.Errorf("%w: session %s", ErrNotOwner, id)
+		}
+		t.removeLocked(sh, s, EndReleased)
+		sh.mu.Unlock()
+		t.finish(s)
+		return ReleaseResult{Released: len(s.blocks), WasLive: true, End: EndReleased, Age: t.now().Sub(s.created)}, nil
+	}
+	ts, ok := sh.tomb[id]
+	sh.mu.Unlock()
+	if !ok {
+		return ReleaseResult{}, fmt.Errorf("%w: %s", ErrUnknownSession, id)
+	}
+	if ts.owner != owner {
+		return ReleaseResult{}, fmt.Errorf("%w: session %s", ErrNotOwner, id)
+	}
+	return ReleaseResult{End: ts.end}, nil
+}
+
+func (t *LockTable) checkIncarnation(owner, inc string) error {
+	if inc == "" {
+		return nil
+	}
+	t.nodesMu.Lock()
+	n := t.nodes[owner]
+	t.nodesMu.Unlock()
+	if n == nil {
+		return nil
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.checkLocked(inc)
+}
+
+// Renew extends live session id to now+LockTimeout, never past its
+// creation + MaxLifetime. ErrLifetimeExhausted when no extension is left.
+func (t *LockTable) Renew(id, owner, inc string) (expires time.Time, lifetimeLeft time.Duration, err error) {
+	id, err = ParseSessionID(id)
+	if err != nil {
+		return time.Time{}, 0, err
+	}
+	if err := t.checkIncarnation(owner, inc); err != nil {
+		return time.Time{}, 0, err
+	}
+	now := t.now()
+	sh := t.shardOf(id)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	s := sh.live[id]
+	if s == nil {
+		if ts, ok := sh.tomb[id]; ok {
+			if ts.owner != owner {
+				return time.Time{}, 0, fmt.Errorf("%w: session %s", ErrNotOwner, id)
+			}
+			return time.Time{}, 0, fmt.Errorf("%w: session %s %s", ErrSessionEnded, id, ts.end)
+		}
+		return time.Time{}, 0, fmt.Errorf("%w: %s", ErrUnknownSession, id)
+	}
+	if s.owner != owner {
+		return time.Time{}, 0, fmt.Errorf("%w: session %s", ErrNotOwner, id)
+	}
+	limit := s.created.Add(t.maxLifetime)
+	if !now.Before(limit) || !s.deadline.Before(limit) {
+		return time.Time{}, 0, fmt.Errorf("%w: session %s created %s ago, maximum %s; live until %s",
+			ErrLifetimeExhausted, id, now.Sub(s.created).Round(time.Millisecond), t.maxLifetime, s.deadline.UTC().Format(time.RFC3339Nano))
+	}
+	nd := now.Add(t.timeout)
+	if nd.After(limit) {
+		nd = limit
+	}
+	if nd.After(s.deadline) {
+		s.deadline = nd
+		heap.Fix(&sh.expiry, s.heapIdx)
+	}
+	s.renewals++
+	t.m.LockRenewals.Inc()
+	return s.deadline, limit.Sub(now), nil
+}
+
+// ExpireBefore ends every session whose deadline is not after now and
+// returns how many. It locks each shard briefly and pops only expired
+// entries: O(shards + k log n) for k expired of n live.
+func (t *LockTable) ExpireBefore(now time.Time) int {
+	var expired []*session
+	for i := range t.shards {
+		sh := &t.shards[i]
+		sh.mu.Lock()
+		for len(sh.expiry) > 0 && !sh.expiry[0].deadline.After(now) {
+			s := sh.expiry[0]
+			t.removeLocked(sh, s, EndExpired)
+			expired = append(expired, s)
+		}
+		sh.mu.Unlock()
+	}
+	for _, s := range expired {
+		t.finish(s)
+		t.m.LockTimeouts.Inc()
+		t.log.Warn().Str("session", s.id).Str("requester", s.owner).Str("incarnation", s.incarnation).
+			Int("blocks", len(s.blocks)).Uint64("bytes", s.bytes).Dur("age", now.Sub(s.created)).
+			Int("renewals", s.renewals).Msg("Transfer lock expired")
+	}
+	return len(expired)
+}
+
+// ForceRelease ends live session id for an operator; logged with who.
+// ErrUnknownSession when it is not live (the message says how it ended
+// when that is still remembered).
+func (t *LockTable) ForceRelease(id, operator string) (released int, err error) {
+	code := "OK"
+	defer func() { t.m.HolderRPC.WithLabelValues(metrics.RPCForceRelease, code).Inc() }()
+	id, err = ParseSessionID(id)
+	if err != nil {
+		code = "InvalidArgument"
+		return 0, err
+	}
+	sh := t.shardOf(id)
+	sh.mu.Lock()
+	s := sh.live[id]
+	if s == nil {
+		ts, ok := sh.tomb[id]
+		sh.mu.Unlock()
+		code = "NotFound"
+		if ok {
+			return 0, fmt.Errorf("%w: %s already ended (%s)", ErrUnknownSession, id, ts.end)
+		}
+		return 0, fmt.Errorf("%w: %s", ErrUnknownSession, id)
+	}
+	t.removeLocked(sh, s, EndForceReleased)
+	sh.mu.Unlock()
+	t.finish(s)
+	t.m.LockForceReleases.Inc()
+	t.log.Warn().Str("session", id).Str("operator", operator).Str("requester", s.owner).
+		Int("blocks", len(s.blocks)).Dur("age", t.now().Sub(s.created)).Msg("Transfer lock force-released")
+	return len(s.blocks), nil
+}
+
+// ReleaseAll ends every live session (daemon shutdown) and returns how
+// many; late releases answer FORCE_RELEASED.
+func (t *LockTable) ReleaseAll(reason string) int {
+	var all []*session
+	for i := range t.shards {
+		sh := &t.shards[i]
+		sh.mu.Lock()
+		for _, s := range sh.live {
+			t.removeLocked(sh, s, EndShutdown)
+			all = append(all, s)
+		}
+		sh.mu.Unlock()
+	}
+	blocks := 0
+	for _, s := range all {
+		t.finish(s)
+		blocks += len(s.blocks)
+	}
+	if len(all) > 0 {
+		t.log.Info().Str("reason", reason).Int("sessions", len(all)).Int("blocks", blocks).Msg("Released all transfer locks")
+	}
+	return len(all)
+}
+
+// Sessions snapshots the live sessions, oldest first.
+func (t *LockTable) Sessions() []SessionInfo {
+	out := make([]SessionInfo, 0, t.Len())
+	for i := range t.shards {
+		sh := &t.shards[i]
+		sh.mu.Lock()
+		for _, s := range sh.live {
+			out = append(out, SessionInfo{
+				ID: s.id, RequesterID: s.owner, Incarnation: s.incarnation,
+				Blocks: len(s.blocks), Bytes: s.bytes, CreatedAt: s.created,
+				ExpiresAt: s.deadline, Renewals: s.renewals,
+			})
+		}
+		sh.mu.Unlock()
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if !out[i].CreatedAt.Equal(out[j].CreatedAt) {
+			return out[i].CreatedAt.Before(out[j].CreatedAt)
+		}
+		return out[i].ID < out[j].ID
+	})
+	return out
+}
+
+// Len is the number of live sessions.
+func (t *LockTable) Len() int { return int(t.liveSessions.Load()) }
+
+// LockedBlocks is the number of block pins held by live sessions (a block
+// in two sessions counts twice).
+func (t *LockTable) LockedBlocks() int { return int(t.lockedBlocks.Load()) }

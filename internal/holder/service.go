@@ -1,0 +1,418 @@
+// Package holder is the holder side of the peer protocol: the PeerService
+// gRPC handlers (query+lock, release, renew, and the RdmaHandshake entry
+// point, which it delegates to an Acceptor) and the LockTable of transfer
+// sessions that pin blocks in the store while peers READ them.
+//
+// It owns every pin it takes on behalf of a peer and releases each exactly
+// once (release, expiry, operator force-release, requester restart, or
+// shutdown). It never touches block bytes, never frees memory itself (the
+// store does, on the last unpin), and never runs goroutines of its own:
+// expiry is driven from outside (internal/gc calls ExpireBefore).
+//
+// Contract details a requester depends on:
+//   - A request names at most MaxHashes (default 4096) distinct hashes of
+//     1..64 bytes each; a repeated hash is InvalidArgument (the response is
+//     1:1 with the request, so duplicates have no meaning).
+//   - The requester's node id (requester.node_id, else the deprecated
+//     requester_id) is required on query, release and renew; only that node
+//     may release or renew the session (PermissionDenied otherwise).
+//   - ReleaseTransferLock: was_live is true only for the call that ended a
+//     live session. Since only the owner can release, end=ALREADY_RELEASED
+//     means an earlier release by the same requester ended it while live
+//     (a retry after a lost answer); EXPIRED, FORCE_RELEASED and
+//     REQUESTER_RESTARTED mean the lock lapsed and what was read must be
+//     discarded. A well-formed id the holder does not remember (tombstones
+//     are bounded) is NotFound: treat it as not live.
+//   - RenewTransferLock: NotFound when the session is not live (the
+//     message says expired/released/... when remembered);
+//     FailedPrecondition when its maximum lifetime is used up (it stays live
+//     until its current deadline) or the incarnation is stale.
+//   - An incarnation the holder has seen replaced by a newer one of the
+//     same node is stale: FailedPrecondition on every RPC.
+package holder
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"time"
+
+	"github.com/rs/zerolog"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+	"github.com/pegaflow/pegad/internal/metrics"
+	"github.com/pegaflow/pegad/internal/store"
+)
+
+// Pinner is the part of *store.Store the holder uses.
+type Pinner interface {
+	Pin(keys []store.Key) (pinned []*store.Block, missing []int)
+	Unpin(blocks []*store.Block)
+}
+
+// Acceptor is the accept side of RdmaHandshake (internal/conn.Manager). It
+// should return gRPC status errors; other errors become codes.Internal
+// (context errors keep their codes).
+type Acceptor interface {
+	Accept(ctx context.Context, req *pegadv1.RdmaHandshakeRequest) (*pegadv1.RdmaHandshakeResponse, error)
+}
+
+// Defaults and bounds.
+const (
+	DefaultLockTimeout      = 120 * time.Second
+	DefaultMaxHashes        = 4096
+	DefaultTombstones       = 1 << 16
+	DefaultMaxRequesters    = 1 << 14
+	DefaultMaxResponseSlots = 1 << 16 // ~2 MiB of slots, under gRPC's 4 MiB client default
+	MaxNodeIDLen            = 256
+	MaxIncarnationLen       = 128
+)
+
+// Options configure New. Zero values take the defaults.
+type Options struct {
+	Store       Pinner
+	Acceptor    Acceptor // nil: RdmaHandshake answers Unavailable
+	Metrics     *metrics.Metrics
+	Log         zerolog.Logger
+	NodeID      string
+	Incarnation string
+	LockTimeout time.Duration // default 120s
+	MaxLifetime time.Duration // renew bound; default 10*LockTimeout, at least LockTimeout
+	MaxHashes   int           // per query; default 4096
+	Now         func() time.Time
+
+	// Additive knobs (zero = default).
+	Tombstones       int // ended session ids remembered for idempotent release; default 65536
+	MaxRequesters    int // requester nodes tracked before idle ones are forgotten; default 16384
+	MaxResponseSlots int // slots one query may return; default 65536 (ResourceExhausted beyond)
+}
+
+func (o *Options) setDefaults() {
+	if o.Metrics == nil {
+		o.Metrics = metrics.NewForTest()
+	}
+	if o.LockTimeout <= 0 {
+		o.LockTimeout = DefaultLockTimeout
+	}
+	if o.MaxLifetime <= 0 {
+		o.MaxLifetime = 10 * o.LockTimeout
+	}
+	if o.MaxLifetime < o.LockTimeout {
+		o.MaxLifetime = o.LockTimeout
+	}
+	if o.MaxHashes <= 0 {
+		o.MaxHashes = DefaultMaxHashes
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Tombstones <= 0 {
+		o.Tombstones = DefaultTombstones
+	}
+	if o.MaxRequesters <= 0 {
+		o.MaxRequesters = DefaultMaxRequesters
+	}
+	if o.MaxResponseSlots <= 0 {
+		o.MaxResponseSlots = DefaultMaxResponseSlots
+	}
+}
+
+// Service implements pegadv1.PeerServiceServer.
+type Service struct {
+	pegadv1.UnimplementedPeerServiceServer
+	opts  Options
+	locks *LockTable
+}
+
+var _ pegadv1.PeerServiceServer = (*Service)(nil)
+
+// New creates the service. opts.Store must be set.
+func New(opts Options) *Service {
+	opts.setDefaults()
+	return &Service{opts: opts, locks: newLockTable(opts)}
+}
+
+// Locks is the service's lock table (admin listing, force release, gc).
+func (s *Service) Locks() *LockTable { return s.locks }
+
+// ObserveIncarnation is LockTable.ObserveIncarnation.
+func (s *Service) ObserveIncarnation(nodeID, incarnation string) (int, error) {
+	return s.locks.ObserveIncarnation(nodeID, incarnation)
+}
+
+// done records the outcome of rpc and turns a panic into codes.Internal.
+// Deferred first thing in each handler with the named error result.
+func (s *Service) done(rpc string, err *error) {
+	if r := recover(); r != nil {
+		s.opts.Log.Error().Str("rpc", rpc).Interface("panic", r).Bytes("stack", debug.Stack()).Msg("Holder RPC panicked")
+		*err = status.Errorf(codes.Internal, "internal error in %s", rpc)
+	}
+	s.opts.Metrics.HolderRPC.WithLabelValues(rpc, status.Code(*err).String()).Inc()
+}
+
+// RecoveryInterceptor turns a panic in any unary handler into
+// codes.Internal and logs it with its stack, so no input can crash the
+// daemon. Install it on every gRPC server.
+func RecoveryInterceptor(log zerolog.Logger) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				log.Error().Str("method", info.FullMethod).Interface("panic", r).Bytes("stack", debug.Stack()).Msg("gRPC handler panicked")
+				resp, err = nil, status.Errorf(codes.Internal, "internal error in %s", info.FullMethod)
+			}
+		}()
+		return handler(ctx, req)
+	}
+}
+
+// toStatus maps lock-table errors to gRPC status at the RPC boundary.
+func toStatus(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, ErrInvalidSessionID):
+		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, ErrUnknownSession), errors.Is(err, ErrSessionEnded):
+		return status.Error(codes.NotFound, err.Error())
+	case errors.Is(err, ErrNotOwner):
+		return status.Error(codes.PermissionDenied, err.Error())
+	case errors.Is(err, ErrStaleIncarnation), errors.Is(err, ErrLifetimeExhausted):
+		return status.Error(codes.FailedPrecondition, err.Error())
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return status.FromContextError(err).Err()
+	}
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	return status.Error(codes.Internal, err.Error())
+}
+
+// requesterOf returns (node id, incarnation); requester wins over the
+// deprecated requester_id.
+func requesterOf(r *pegadv1.Requester, legacyID string) (string, string, error) {
+	node, inc := r.GetNodeId(), r.GetIncarnation()
+	if node == "" {
+		node = legacyID
+	}
+	switch {
+	case node == "":
+		return "", "", errors.New("requester node_id is required (requester.node_id or requester_id)")
+	case len(node) > MaxNodeIDLen:
+		return "", "", fmt.Errorf("requester node_id is %d bytes, at most %d", len(node), MaxNodeIDLen)
+	case len(inc) > MaxIncarnationLen:
+		return "", "", fmt.Errorf("requester incarnation is %d bytes, at most %d", len(inc), MaxIncarnationLen)
+	}
+	return node, inc, nil
+}
+
+func invalid(format string, a ...any) error {
+	return status.Errorf(codes.InvalidArgument, format, a...)
+}
+
+// validateQuery checks everything before any state changes and returns the
+// store keys in request order.
+func (s *Service) validateQuery(req *pegadv1.QueryBlocksForTransferRequest) (keys []store.Key, node, inc string, err error) {
+	ns := req.GetNamespace()
+	switch {
+	case ns == "":
+		return nil, "", "", invalid("namespace is required")
+	case len(ns) > store.MaxNSLen:
+		return nil, "", "", invalid("namespace is %d bytes, at most %d", len(ns), store.MaxNSLen)
+	}
+	hashes := req.GetHashes()
+	switch {
+	case len(hashes) == 0:
+		return nil, "", "", invalid("no hashes: want 1..%d", s.opts.MaxHashes)
+	case len(hashes) > s.opts.MaxHashes:
+		return nil, "", "", invalid("%d hashes: at most %d per request", len(hashes), s.opts.MaxHashes)
+	}
+	node, inc, err = requesterOf(req.GetRequester(), req.GetRequesterId())
+	if err != nil {
+		return nil, "", "", invalid("%v", err)
+	}
+	keys = make([]store.Key, len(hashes))
+	seen := make(map[string]int, len(hashes))
+	for i, h := range hashes {
+		if len(h) == 0 || len(h) > store.MaxHashLen {
+			return nil, "", "", invalid("hash %d is %d bytes: want 1..%d", i, len(h), store.MaxHashLen)
+		}
+		k := string(h)
+		if j, dup := seen[k]; dup {
+			return nil, "", "", invalid("hash %d repeats hash %d: each hash at most once per request", i, j)
+		}
+		seen[k] = i
+		keys[i] = store.Key{Namespace: ns, Hash: k}
+	}
+	return keys, node, inc, nil
+}
+
+func segment(g store.Segment) *pegadv1.Segment {
+	return &pegadv1.Segment{Addr: g.Addr, Size: g.Len, NumaNode: int32(g.NUMA)}
+}
+
+// QueryBlocksForTransfer pins the blocks the holder has under a new
+// session. No block found: OK with an empty session id, nothing locked.
+func (s *Service) QueryBlocksForTransfer(ctx context.Context, req *pegadv1.QueryBlocksForTransferRequest) (resp *pegadv1.QueryBlocksForTransferResponse, err error) {
+	defer s.done(metrics.RPCQueryBlocks, &err)
+	keys, node, inc, err := s.validateQuery(req)
+	if err != nil {
+		return nil, err
+	}
+	// A new incarnation reclaims the node's old sessions even when nothing
+	// is found; a stale one is refused before anything is pinned.
+	if _, err := s.locks.ObserveIncarnation(node, inc); err != nil {
+		return nil, toStatus(err)
+	}
+
+	pinned, missing := s.opts.Store.Pin(keys)
+	owned := true // this handler owns the pins until the lock table takes them
+	defer func() {
+		if owned && len(pinned) > 0 {
+			s.opts.Store.Unpin(pinned)
+		}
+	}()
+
+	resp = &pegadv1.QueryBlocksForTransferResponse{}
+	for _, i := range missing {
+		resp.Missing = append(resp.Missing, req.Hashes[i])
+	}
+	if len(pinned) == 0 {
+		return resp, nil
+	}
+	isMissing := make([]bool, len(keys))
+	for _, i := range missing {
+		isMissing[i] = true
+	}
+	var bytes uint64
+	nslots := 0
+	resp.Blocks = make([]*pegadv1.BlockLocation, 0, len(pinned))
+	j := 0
+	for i := range keys {
+		if isMissing[i] {
+			continue
+		}
+		b := pinned[j]
+		j++
+		slots := b.Slots()
+		nslots += len(slots)
+		if nslots > s.opts.MaxResponseSlots {
+			return nil, status.Errorf(codes.ResourceExhausted,
+				"found blocks have more than %d slots in all: ask for fewer hashes", s.opts.MaxResponseSlots)
+		}
+		loc := &pegadv1.BlockLocation{Hash: req.Hashes[i], Slots: make([]*pegadv1.Slot, len(slots))}
+		for k, sl := range slots {
+			ps := &pegadv1.Slot{K: segment(sl.K)}
+			if sl.V.Len > 0 {
+				ps.V = segment(sl.V)
+			}
+			loc.Slots[k] = ps
+		}
+		resp.Blocks = append(resp.Blocks, loc)
+		bytes += b.Size()
+	}
+
+	sess, err := s.locks.open(node, inc, pinned, bytes)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	owned = false
+	// A caller that gave up will never learn the id: end the session now
+	// rather than pin its blocks until expiry.
+	if err := ctx.Err(); err != nil {
+		s.locks.end(sess, EndReleased)
+		return nil, toStatus(err)
+	}
+	resp.SessionId = sess.id
+	resp.LockTimeout = durationpb.New(sess.deadline.Sub(sess.created))
+	resp.ExpiresAt = timestamppb.New(sess.deadline)
+	s.opts.Log.Debug().Str("session", sess.id).Str("requester", node).Int("blocks", len(pinned)).
+		Int("missing", len(missing)).Msg("Transfer lock taken")
+	return resp, nil
+}
+
+var sessionEnds = map[EndReason]pegadv1.SessionEnd{
+	EndReleased:      pegadv1.SessionEnd_SESSION_END_ALREADY_RELEASED,
+	EndExpired:       pegadv1.SessionEnd_SESSION_END_EXPIRED,
+	EndForceReleased: pegadv1.SessionEnd_SESSION_END_FORCE_RELEASED,
+	EndReclaimed:     pegadv1.SessionEnd_SESSION_END_REQUESTER_RESTARTED,
+	EndShutdown:      pegadv1.SessionEnd_SESSION_END_FORCE_RELEASED,
+}
+
+// ReleaseTransferLock unpins a live session, or reports how it ended.
+func (s *Service) ReleaseTransferLock(ctx context.Context, req *pegadv1.ReleaseTransferLockRequest) (resp *pegadv1.ReleaseTransferLockResponse, err error) {
+	defer s.done(metrics.RPCReleaseLock, &err)
+	id, err := ParseSessionID(req.GetSessionId())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	node, inc, err := requesterOf(req.GetRequester(), req.GetRequesterId())
+	if err != nil {
+		return nil, invalid("%v", err)
+	}
+	r, err := s.locks.Release(id, node, inc)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if r.WasLive {
+		s.opts.Log.Debug().Str("session", id).Str("requester", node).Int("blocks", r.Released).
+			Dur("age", r.Age).Msg("Transfer lock released")
+		return &pegadv1.ReleaseTransferLockResponse{
+			ReleasedBlocks: uint32(r.Released), WasLive: true, End: pegadv1.SessionEnd_SESSION_END_RELEASED,
+		}, nil
+	}
+	if r.End != EndReleased {
+		s.opts.Metrics.LockEndedNotLive.Inc()
+		s.opts.Log.Info().Str("session", id).Str("requester", node).Stringer("end", r.End).
+			Msg("Release of a transfer lock that had already ended")
+	}
+	return &pegadv1.ReleaseTransferLockResponse{End: sessionEnds[r.End]}, nil
+}
+
+// RenewTransferLock extends a live session, bounded by MaxLifetime.
+func (s *Service) RenewTransferLock(ctx context.Context, req *pegadv1.RenewTransferLockRequest) (resp *pegadv1.RenewTransferLockResponse, err error) {
+	defer s.done(metrics.RPCRenewLock, &err)
+	id, err := ParseSessionID(req.GetSessionId())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	node, inc, err := requesterOf(req.GetRequester(), "")
+	if err != nil {
+		return nil, invalid("%v", err)
+	}
+	expires, left, err := s.locks.Renew(id, node, inc)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &pegadv1.RenewTransferLockResponse{
+		ExpiresAt: timestamppb.New(expires), LifetimeLeft: durationpb.New(left),
+	}, nil
+}
+
+// RdmaHandshake applies the requester's incarnation (a restarted peer's old
+// sessions go at once; a stale one is refused) and delegates to the
+// Acceptor.
+func (s *Service) RdmaHandshake(ctx context.Context, req *pegadv1.RdmaHandshakeRequest) (resp *pegadv1.RdmaHandshakeResponse, err error) {
+	defer s.done(metrics.RPCHandshake, &err)
+	if s.opts.Acceptor == nil {
+		return nil, status.Error(codes.Unavailable, "rdma not configured")
+	}
+	if node := req.GetRequester().GetNodeId(); node != "" {
+		if _, _, err := requesterOf(req.GetRequester(), ""); err != nil {
+			return nil, invalid("%v", err)
+		}
+		if _, err := s.locks.ObserveIncarnation(node, req.GetRequester().GetIncarnation()); err != nil {
+			return nil, toStatus(err)
+		}
+	}
+	resp, err = s.opts.Acceptor.Accept(ctx, req)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return resp, nil
+}
