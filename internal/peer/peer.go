@@ -2,19 +2,95 @@
 // peer ports: one *grpc.ClientConn per peer address, created on first use
 // and closed at shutdown. It never retries RPCs on its own.
 //
-// API CONTRACT (implementation pending; signatures are fixed):
+// Peer ports are on loopback or the cluster network, so connections use
+// insecure transport credentials (as the peer port serves them).
 package peer
 
 import (
+	"errors"
+	"fmt"
+	"sync"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 )
 
-// Clients is safe for concurrent use.
-type Clients struct{}
+// ErrClosed is returned by Get after Close.
+var ErrClosed = errors.New("peer: clients closed")
 
-func NewClients() *Clients { panic("unimplemented") }
+// Clients is safe for concurrent use.
+type Clients struct {
+	// dialOpts are appended to the defaults for every new connection.
+	dialOpts []grpc.DialOption
+
+	mu sync.Mutex // guards conns and closed
+	// conns holds one client connection per peer address.
+	conns  map[string]*grpc.ClientConn
+	closed bool
+}
+
+func NewClients() *Clients { return NewClientsWithOptions() }
+
+// NewClientsWithOptions is NewClients with extra dial options (message size
+// limits, interceptors, a test dialer).
+func NewClientsWithOptions(opts ...grpc.DialOption) *Clients {
+	return &Clients{dialOpts: opts, conns: make(map[string]*grpc.ClientConn)}
+}
 
 // Get returns the client for peer (host:port).
-func (c *Clients) Get(peer string) (pegadv1.PeerServiceClient, error) { panic("unimplemented") }
+func (c *Clients) Get(peer string) (pegadv1.PeerServiceClient, error) {
+	cc, err := c.conn(peer)
+	if err != nil {
+		return nil, err
+	}
+	return pegadv1.NewPeerServiceClient(cc), nil
+}
 
-func (c *Clients) Close() error { panic("unimplemented") }
+func (c *Clients) conn(peer string) (*grpc.ClientConn, error) {
+	if peer == "" {
+		return nil, fmt.Errorf("peer: empty peer address")
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, ErrClosed
+	}
+	if cc, ok := c.conns[peer]; ok {
+		return cc, nil
+	}
+	// grpc.NewClient does no I/O (it connects lazily on the first RPC), so
+	// creating it under the lock is cheap and makes one conn per peer
+	// trivially true.
+	opts := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, c.dialOpts...)
+	cc, err := grpc.NewClient("passthrough:///"+peer, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("peer: client for %s: %w", peer, err)
+	}
+	c.conns[peer] = cc
+	return cc, nil
+}
+
+// Len is the number of cached peer connections.
+func (c *Clients) Len() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.conns)
+}
+
+// Close closes every connection; Get fails afterwards. Idempotent.
+func (c *Clients) Close() error {
+	c.mu.Lock()
+	conns := c.conns
+	c.conns = map[string]*grpc.ClientConn{}
+	c.closed = true
+	c.mu.Unlock()
+	var errs []error
+	for p, cc := range conns {
+		if err := cc.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("peer: close %s: %w", p, err))
+		}
+	}
+	return errors.Join(errs...)
+}
