@@ -1,0 +1,60 @@
+package ctl
+
+import (
+	"context"
+	"fmt"
+	"io"
+
+	"github.com/spf13/cobra"
+
+	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+)
+
+// NewBlocksDeleteCommand removes one block from the index.
+func NewBlocksDeleteCommand(g *globalFlags) *cobra.Command {
+	var ref blockRef
+	cmd := &cobra.Command{
+		Use:   "delete --namespace NS --hash HEX",
+		Short: "Delete a block (its memory stays until transfer sessions pinning it end)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			hash, err := ref.parse()
+			if err != nil {
+				return err
+			}
+			var res *pegadv1.DeleteBlockResponse
+			err = g.withClient(cmd.Context(), func(ctx context.Context, c *client) error {
+				res, err = c.local.DeleteBlock(ctx, &pegadv1.DeleteBlockRequest{Namespace: ref.namespace, Hash: hash})
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			return g.printer(cmd.OutOrStdout()).print(&deleteResult{
+				Namespace: ref.namespace,
+				Hash:      hexOf(hash),
+				Deleted:   true,
+				Deferred:  res.GetDeferred(),
+			})
+		},
+	}
+	ref.addFlags(cmd)
+	return cmd
+}
+
+type deleteResult struct {
+	Namespace string `json:"namespace"`
+	Hash      string `json:"hash"`
+	Deleted   bool   `json:"deleted"`
+	Deferred  bool   `json:"deferred"`
+}
+
+func (r *deleteResult) writeTable(w io.Writer) error {
+	state := "deleted"
+	if r.Deferred {
+		state = "deleted (memory freed when its transfer sessions end)"
+	}
+	fmt.Fprintln(w, "NAMESPACE\tHASH\tRESULT")
+	_, err := fmt.Fprintf(w, "%s\t%s\t%s\n", r.Namespace, r.Hash, state)
+	return err
+}

@@ -1,0 +1,96 @@
+package ctl
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+)
+
+// NewConnsCommand groups the commands on peer connections.
+func NewConnsCommand(g *globalFlags) *cobra.Command {
+	cmd := newGroupCommand("conns", "RDMA connections to and from peers")
+	cmd.AddCommand(newConnsListCommand(g))
+	return cmd
+}
+
+func newConnsListCommand(g *globalFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "list",
+		Short: "List peer connections with their state and queue pairs per NIC",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var res *pegadv1.ListConnsResponse
+			err := g.withClient(cmd.Context(), func(ctx context.Context, c *client) error {
+				var err error
+				res, err = c.admin.ListConns(ctx, &pegadv1.ListConnsRequest{})
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			return g.printer(cmd.OutOrStdout()).print(connsOf(res))
+		},
+	}
+}
+
+type nicJSON struct {
+	NIC       string   `json:"nic"`
+	QPs       uint32   `json:"qps"`
+	LocalQPNs []uint32 `json:"local_qpns"`
+}
+
+type connJSON struct {
+	Peer         string    `json:"peer"`
+	State        string    `json:"state"`
+	Role         string    `json:"role"`
+	RemoteNodeID string    `json:"remote_node_id"`
+	QPs          uint32    `json:"qps"`
+	AgeSeconds   float64   `json:"age_seconds"`
+	NICs         []nicJSON `json:"nics"`
+}
+
+type connsResult struct {
+	Conns []connJSON `json:"conns"`
+}
+
+func connsOf(res *pegadv1.ListConnsResponse) *connsResult {
+	out := &connsResult{Conns: []connJSON{}}
+	for _, c := range res.GetConns() {
+		cj := connJSON{
+			Peer:         c.GetPeer(),
+			State:        c.GetState(),
+			Role:         c.GetRole(),
+			RemoteNodeID: c.GetRemoteNodeId(),
+			QPs:          c.GetQps(),
+			AgeSeconds:   seconds(c.GetAge()),
+			NICs:         []nicJSON{},
+		}
+		for _, n := range c.GetNics() {
+			qpns := n.GetLocalQpns()
+			if qpns == nil {
+				qpns = []uint32{}
+			}
+			cj.NICs = append(cj.NICs, nicJSON{NIC: n.GetNic(), QPs: n.GetQps(), LocalQPNs: qpns})
+		}
+		out.Conns = append(out.Conns, cj)
+	}
+	return out
+}
+
+func (r *connsResult) writeTable(w io.Writer) error {
+	fmt.Fprintln(w, "PEER\tSTATE\tROLE\tNODE\tNICS\tQPS\tAGE")
+	for _, c := range r.Conns {
+		nics := make([]string, 0, len(c.NICs))
+		for _, n := range c.NICs {
+			nics = append(nics, fmt.Sprintf("%s:%d", n.NIC, n.QPs))
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n", c.Peer, dash(c.State), dash(c.Role), dash(c.RemoteNodeID),
+			dash(strings.Join(nics, ",")), c.QPs, humanSeconds(c.AgeSeconds))
+	}
+	return nil
+}

@@ -1,0 +1,195 @@
+package ctl
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+)
+
+// prefetchGrace is how much longer than the fetch timeout pegactl waits
+// for pegad's answer, so that a fetch that times out on the daemon still
+// reports per-block results instead of a bare client deadline.
+const prefetchGrace = 5 * time.Second
+
+// NewPrefetchCommand makes the local pegad fetch blocks from a peer.
+func NewPrefetchCommand(g *globalFlags) *cobra.Command {
+	var (
+		peer      string
+		namespace string
+	)
+	cmd := &cobra.Command{
+		Use:   "prefetch --peer HOST:PORT --namespace NS HEX...",
+		Short: "Fetch blocks from a peer pegad into this node's pool (--timeout bounds the fetch)",
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return usageErrorf("%s needs at least one block hash", cmd.CommandPath())
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if peer == "" {
+				return usageErrorf("--peer is required")
+			}
+			if _, _, err := net.SplitHostPort(peer); err != nil {
+				return usageErrorf("invalid --peer %q: want HOST:PORT", peer)
+			}
+			if namespace == "" {
+				return usageErrorf("--namespace is required")
+			}
+			hashes := make([][]byte, 0, len(args))
+			for _, a := range args {
+				h, err := parseHash(a)
+				if err != nil {
+					return err
+				}
+				hashes = append(hashes, h)
+			}
+			req := &pegadv1.PrefetchRequest{
+				Peer:      peer,
+				Namespace: namespace,
+				Hashes:    hashes,
+				Timeout:   durationpb.New(g.timeout),
+			}
+			var res *pegadv1.PrefetchResponse
+			wait := *g
+			wait.timeout += prefetchGrace
+			err := wait.withClient(cmd.Context(), func(ctx context.Context, c *client) error {
+				var err error
+				res, err = c.local.Prefetch(ctx, req)
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			out := prefetchOf(peer, namespace, res)
+			if err := g.printer(cmd.OutOrStdout()).print(out); err != nil {
+				return err
+			}
+			return out.err()
+		},
+	}
+	cmd.Flags().StringVar(&peer, "peer", "", "peer pegad's gRPC address HOST:PORT (required)")
+	cmd.Flags().StringVar(&namespace, "namespace", "", "block namespace (required)")
+	return cmd
+}
+
+// Prefetch block statuses as they appear in JSON.
+var prefetchStatusNames = map[pegadv1.PrefetchBlockStatus]string{
+	pegadv1.PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_UNSPECIFIED:     "unspecified",
+	pegadv1.PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_FETCHED:         "fetched",
+	pegadv1.PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_ALREADY_LOCAL:   "already_local",
+	pegadv1.PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_MISSING_ON_PEER: "missing_on_peer",
+	pegadv1.PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_FAILED:          "failed",
+	pegadv1.PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_DISCARDED:       "discarded",
+}
+
+func prefetchStatusName(s pegadv1.PrefetchBlockStatus) string {
+	if n, ok := prefetchStatusNames[s]; ok {
+		return n
+	}
+	return fmt.Sprintf("unknown(%d)", int32(s))
+}
+
+type prefetchBlockJSON struct {
+	Hash   string `json:"hash"`
+	Status string `json:"status"`
+	Error  string `json:"error,omitempty"`
+}
+
+type prefetchResult struct {
+	Peer            string              `json:"peer"`
+	Namespace       string              `json:"namespace"`
+	SessionID       string              `json:"session_id"`
+	Bytes           uint64              `json:"bytes"`
+	DurationSeconds float64             `json:"duration_seconds"`
+	Blocks          []prefetchBlockJSON `json:"blocks"`
+}
+
+func prefetchOf(peer, ns string, res *pegadv1.PrefetchResponse) *prefetchResult {
+	out := &prefetchResult{
+		Peer:            peer,
+		Namespace:       ns,
+		SessionID:       res.GetSessionId(),
+		Bytes:           res.GetBytes(),
+		DurationSeconds: seconds(res.GetDuration()),
+		Blocks:          []prefetchBlockJSON{},
+	}
+	for _, b := range res.GetBlocks() {
+		out.Blocks = append(out.Blocks, prefetchBlockJSON{
+			Hash:   hexOf(b.GetHash()),
+			Status: prefetchStatusName(b.GetStatus()),
+			Error:  b.GetError(),
+		})
+	}
+	return out
+}
+
+// err is the command's outcome: every block fetched or already local is
+// success; blocks the peer does not have exit with ExitNotFound; any
+// failed or discarded block exits with ExitError.
+func (r *prefetchResult) err() error {
+	counts := map[string]int{}
+	bad := 0
+	for _, b := range r.Blocks {
+		switch b.Status {
+		case "fetched", "already_local":
+		default:
+			counts[b.Status]++
+			bad++
+		}
+	}
+	if bad == 0 {
+		return nil
+	}
+	var parts []string
+	for _, s := range []string{"missing_on_peer", "failed", "discarded", "unspecified"} {
+		if counts[s] > 0 {
+			parts = append(parts, fmt.Sprintf("%d %s", counts[s], s))
+			delete(counts, s)
+		}
+	}
+	for s, n := range counts {
+		parts = append(parts, fmt.Sprintf("%d %s", n, s))
+	}
+	msg := fmt.Sprintf("%d of %d blocks not fetched from %s (%s)", bad, len(r.Blocks), r.Peer, strings.Join(parts, ", "))
+	if bad == r.countStatus("missing_on_peer") {
+		return notFoundErrorf("%s", msg)
+	}
+	return fmt.Errorf("%s", msg)
+}
+
+func (r *prefetchResult) countStatus(s string) int {
+	n := 0
+	for _, b := range r.Blocks {
+		if b.Status == s {
+			n++
+		}
+	}
+	return n
+}
+
+func (r *prefetchResult) writeTable(w io.Writer) error {
+	fmt.Fprintln(w, "HASH\tSTATUS\tERROR")
+	for _, b := range r.Blocks {
+		e := b.Error
+		if e == "" {
+			e = "-"
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\n", b.Hash, b.Status, e)
+	}
+	sess := r.SessionID
+	if sess == "" {
+		sess = "-"
+	}
+	_, err := fmt.Fprintf(w, "%s from %s in %s (session %s)\n",
+		humanBytes(r.Bytes), r.Peer, humanDur(time.Duration(r.DurationSeconds*float64(time.Second))), sess)
+	return err
+}

@@ -1,0 +1,174 @@
+// Package ctl implements pegactl, the operator's command-line client of a
+// local pegad: it owns the command tree, flag parsing, the gRPC client of
+// the daemon's unix socket (LocalService and AdminService) and the table and
+// JSON output shapes documented in docs/pegactl.md.
+//
+// It must never touch daemon state except through those RPCs, and never
+// print anything but the command's result on stdout: errors are exactly one
+// line, "Error: <message>", on stderr, with a typed exit code (see exit.go).
+package ctl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+)
+
+// EnvSocket overrides the default socket path; --socket overrides it.
+const EnvSocket = "PEGACTL_SOCKET"
+
+// DefaultSocket is pegad's default --socket. Keep it equal to the daemon's
+// default (internal/config).
+const DefaultSocket = "/run/pegad/pegad.sock"
+
+// defaultTimeout bounds one command's RPCs, streaming puts and gets
+// included; prefetch passes it to the daemon as the fetch timeout.
+const defaultTimeout = 30 * time.Second
+
+// globalFlags are the root's persistent flags, shared by every command.
+type globalFlags struct {
+	socket  string
+	output  string
+	timeout time.Duration
+}
+
+// Streams are where a command reads and writes; tests substitute buffers.
+type Streams struct {
+	In  io.Reader
+	Out io.Writer
+	Err io.Writer
+}
+
+// Main runs pegactl with args (without the program name) and returns the
+// process exit code. Errors have been printed to streams.Err already.
+func Main(ctx context.Context, args []string, streams Streams) int {
+	root := NewRootCommand(streams)
+	root.SetArgs(args)
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return ExitOK
+	}
+	code, msg := classify(err)
+	fmt.Fprintf(streams.Err, "Error: %s\n", oneLine(msg))
+	return code
+}
+
+// NewRootCommand builds the pegactl command tree writing to streams.
+func NewRootCommand(streams Streams) *cobra.Command {
+	g := &globalFlags{}
+	root := &cobra.Command{
+		Use:   "pegactl",
+		Short: "Inspect and operate a local pegad",
+		Long: `pegactl talks to the pegad on this node over its unix socket.
+
+Exit codes: 0 ok, 1 error, 2 usage, 3 not found, 4 pegad unavailable.`,
+		SilenceErrors: true,
+		SilenceUsage:  true,
+		Args:          noSubcommand,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return cmd.Help()
+		},
+		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
+			return g.validate()
+		},
+	}
+	root.SetIn(streams.In)
+	root.SetOut(streams.Out)
+	root.SetErr(streams.Err)
+	root.CompletionOptions.DisableDefaultCmd = true
+
+	socket := DefaultSocket
+	if s := os.Getenv(EnvSocket); s != "" {
+		socket = s
+	}
+	pf := root.PersistentFlags()
+	pf.StringVar(&g.socket, "socket", socket, "pegad's unix socket (env "+EnvSocket+")")
+	pf.StringVarP(&g.output, "output", "o", "table", "output format: table|json")
+	pf.DurationVar(&g.timeout, "timeout", defaultTimeout, "deadline of the whole command")
+
+	root.AddCommand(
+		NewBlocksCommand(g),
+		NewPrefetchCommand(g),
+		NewSessionsCommand(g),
+		NewLocksCommand(g),
+		NewConnsCommand(g),
+		NewStatsCommand(g),
+		NewVersionCommand(g),
+	)
+	markRunErrors(root)
+	return root
+}
+
+func (g *globalFlags) validate() error {
+	switch g.output {
+	case "table", "json":
+	default:
+		return usageErrorf("invalid --output %q: want table or json", g.output)
+	}
+	if g.timeout <= 0 {
+		return usageErrorf("invalid --timeout %s: must be positive", g.timeout)
+	}
+	if g.socket == "" {
+		return usageErrorf("empty --socket")
+	}
+	return nil
+}
+
+// newGroupCommand is a command that only holds subcommands. Run bare, it
+// prints its help; with an unknown subcommand it is a usage error.
+func newGroupCommand(use, short string) *cobra.Command {
+	return &cobra.Command{
+		Use:   use,
+		Short: short,
+		Args:  noSubcommand,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return cmd.Help()
+		},
+	}
+}
+
+func noSubcommand(cmd *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		return usageErrorf("unknown command %q for %q", args[0], cmd.CommandPath())
+	}
+	return nil
+}
+
+// markRunErrors tags every error a command's RunE returns, so that Main can
+// tell them from cobra's own errors (bad flags, missing required flags,
+// wrong arguments), which are all usage errors.
+func markRunErrors(c *cobra.Command) {
+	if run := c.RunE; run != nil {
+		c.RunE = func(cmd *cobra.Command, args []string) error {
+			if err := run(cmd, args); err != nil {
+				return &runError{err: err}
+			}
+			return nil
+		}
+	}
+	for _, sub := range c.Commands() {
+		markRunErrors(sub)
+	}
+}
+
+type runError struct{ err error }
+
+func (e *runError) Error() string { return e.err.Error() }
+func (e *runError) Unwrap() error { return e.err }
+
+func isRunError(err error) bool {
+	var r *runError
+	return errors.As(err, &r)
+}
+
+// oneLine keeps the error to the single line the contract promises.
+func oneLine(s string) string {
+	s = strings.TrimSpace(s)
+	return strings.Join(strings.Fields(strings.ReplaceAll(s, "\n", " ")), " ")
+}

@@ -1,0 +1,116 @@
+package ctl
+
+import (
+	"context"
+	"fmt"
+	"io"
+
+	"github.com/spf13/cobra"
+
+	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+)
+
+// NewStatsCommand shows the daemon's counters: pool, store, locks, fetches.
+func NewStatsCommand(g *globalFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "stats",
+		Short: "Show pool usage, blocks, sessions, locks, connections and fetch counters",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var res *pegadv1.StatsResponse
+			err := g.withClient(cmd.Context(), func(ctx context.Context, c *client) error {
+				var err error
+				res, err = c.admin.Stats(ctx, &pegadv1.StatsRequest{})
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			return g.printer(cmd.OutOrStdout()).print(statsOf(res))
+		},
+	}
+}
+
+type statsResult struct {
+	NodeID         string  `json:"node_id"`
+	Incarnation    string  `json:"incarnation"`
+	Transport      string  `json:"transport"`
+	UptimeSeconds  float64 `json:"uptime_seconds"`
+	PoolSize       uint64  `json:"pool_size"`
+	PoolUsed       uint64  `json:"pool_used"`
+	PoolFree       uint64  `json:"pool_free"`
+	PoolLocked     bool    `json:"pool_locked"`
+	Blocks         uint64  `json:"blocks"`
+	PinnedBlocks   uint64  `json:"pinned_blocks"`
+	Evictions      uint64  `json:"evictions"`
+	SessionsActive uint64  `json:"sessions_active"`
+	LockedBlocks   uint64  `json:"locked_blocks"`
+	LockTimeouts   uint64  `json:"lock_timeouts"`
+	Conns          uint32  `json:"conns"`
+	QPs            uint32  `json:"qps"`
+	FetchesOK      uint64  `json:"fetches_ok"`
+	FetchesFailed  uint64  `json:"fetches_failed"`
+	FetchBytes     uint64  `json:"fetch_bytes"`
+}
+
+func statsOf(s *pegadv1.StatsResponse) *statsResult {
+	return &statsResult{
+		NodeID:         s.GetNodeId(),
+		Incarnation:    s.GetIncarnation(),
+		Transport:      s.GetTransport(),
+		UptimeSeconds:  seconds(s.GetUptime()),
+		PoolSize:       s.GetPoolSize(),
+		PoolUsed:       s.GetPoolUsed(),
+		PoolFree:       s.GetPoolFree(),
+		PoolLocked:     s.GetPoolLocked(),
+		Blocks:         s.GetBlocks(),
+		PinnedBlocks:   s.GetPinnedBlocks(),
+		Evictions:      s.GetEvictions(),
+		SessionsActive: s.GetSessionsActive(),
+		LockedBlocks:   s.GetLockedBlocks(),
+		LockTimeouts:   s.GetLockTimeouts(),
+		Conns:          s.GetConns(),
+		QPs:            s.GetQps(),
+		FetchesOK:      s.GetFetchesOk(),
+		FetchesFailed:  s.GetFetchesFailed(),
+		FetchBytes:     s.GetFetchBytes(),
+	}
+}
+
+func (r *statsResult) writeTable(w io.Writer) error {
+	pct := 0.0
+	if r.PoolSize > 0 {
+		pct = 100 * float64(r.PoolUsed) / float64(r.PoolSize)
+	}
+	locked := "no (pages may be swapped; raise LimitMEMLOCK)"
+	if r.PoolLocked {
+		locked = "yes"
+	}
+	rows := [][2]string{
+		{"NODE", r.NodeID},
+		{"INCARNATION", r.Incarnation},
+		{"TRANSPORT", r.Transport},
+		{"UPTIME", humanSeconds(r.UptimeSeconds)},
+		{"POOL SIZE", humanBytes(r.PoolSize)},
+		{"POOL USED", fmt.Sprintf("%s (%.1f%%)", humanBytes(r.PoolUsed), pct)},
+		{"POOL FREE", humanBytes(r.PoolFree)},
+		{"POOL LOCKED", locked},
+		{"BLOCKS", fmt.Sprint(r.Blocks)},
+		{"PINNED BLOCKS", fmt.Sprint(r.PinnedBlocks)},
+		{"EVICTIONS", fmt.Sprint(r.Evictions)},
+		{"SESSIONS ACTIVE", fmt.Sprint(r.SessionsActive)},
+		{"LOCKED BLOCKS", fmt.Sprint(r.LockedBlocks)},
+		{"LOCK TIMEOUTS", fmt.Sprint(r.LockTimeouts)},
+		{"CONNS", fmt.Sprint(r.Conns)},
+		{"QPS", fmt.Sprint(r.QPs)},
+		{"FETCHES OK", fmt.Sprint(r.FetchesOK)},
+		{"FETCHES FAILED", fmt.Sprint(r.FetchesFailed)},
+		{"FETCH BYTES", humanBytes(r.FetchBytes)},
+	}
+	for _, kv := range rows {
+		if _, err := fmt.Fprintf(w, "%s\t%s\n", kv[0], dash(kv[1])); err != nil {
+			return err
+		}
+	}
+	return nil
+}
