@@ -1,0 +1,599 @@
+package tcp
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/pegaflow/pegad/internal/ibv"
+)
+
+// qp is an RC queue pair. Its requester side has two goroutines, both
+// counted by wg and both gone once Destroy returns:
+//   - the sender (started by Connect) dials the remote device lazily, sends
+//     request frames in post order and enforces the retry budget; it exits
+//     when the QP leaves RTS (ctx is cancelled then).
+//   - one reader per dialed data connection applies responses; it exits when
+//     its connection closes.
+//
+// The responder side of the QP (connections accepted by the device
+// listener) is served by the device; the QP only remembers those
+// connections in respConns so that ERROR and Destroy close them.
+type qp struct {
+	dev *Device
+	pd  *pd
+	cq  *cq
+	cap ibv.QPCap
+	qpn uint32
+	psn uint32
+	log zerolog.Logger
+
+	ctx    context.Context // cancelled when the QP leaves RTS
+	cancel context.CancelFunc
+	kick   chan struct{} // cap 1: wakes the sender
+	wg     sync.WaitGroup
+
+	mu           sync.Mutex // guards everything below
+	state        ibv.QPState
+	destroyed    bool
+	remote       ibv.Endpoint
+	budget       time.Duration // retry budget: no response for this long → RETRY_EXC_ERR
+	rdLimit      int           // max READs in flight
+	sq           []*wqe        // posted, not yet completed, in post order
+	nextSeq      uint64
+	sendIdx      int // sq[:sendIdx] were sent (or completed); sq[sendIdx] is next
+	rdOut        int // READs sent and not completed
+	conn         *dconn
+	lastProgress time.Time // last request sent with nothing in flight, or last response
+	respConns    map[*dconn]struct{}
+}
+
+// wqe is one posted work request.
+type wqe struct {
+	wr     ibv.SendWR
+	seq    uint64
+	done   bool
+	status ibv.WCStatus
+	got    uint32 // READ bytes applied so far
+}
+
+var _ ibv.QP = (*qp)(nil)
+
+func newQP(p *pd, c *cq, qc ibv.QPCap, n uint32) *qp {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &qp{
+		dev: p.dev, pd: p, cq: c, cap: qc, qpn: n,
+		psn:       rand.Uint32() & qpnMask,
+		log:       p.dev.log.With().Uint32("qpn", n).Logger(),
+		ctx:       ctx,
+		cancel:    cancel,
+		kick:      make(chan struct{}, 1),
+		state:     ibv.QPSInit,
+		nextSeq:   1,
+		respConns: make(map[*dconn]struct{}),
+	}
+}
+
+func (q *qp) QPN() uint32 { return q.qpn }
+
+func (q *qp) State() ibv.QPState {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.state
+}
+
+func (q *qp) Endpoint() ibv.Endpoint {
+	return ibv.Endpoint{GID: q.dev.info.GID, QPN: q.qpn, PSN: q.psn, MTU: mtu, Addr: q.dev.info.Addr}
+}
+
+// Connect moves INIT→RTR→RTS toward remote and starts the sender. The data
+// connection is dialed lazily by the first PostSend, so the remote QP may
+// reach RTR after this one (as with verbs, the requester retries meanwhile).
+// A Timeout of 0 (infinite in verbs) gets the default budget here.
+func (q *qp) Connect(remote ibv.Endpoint, attr ibv.ConnectAttr) error {
+	if remote.QPN > qpnMask || remote.PSN > qpnMask || remote.Addr == "" || len(remote.Addr) > maxAddrLen {
+		return fmt.Errorf("tcp: connect qpn=%d to %+v: %w", q.qpn, remote, ibv.ErrInvalidArgument)
+	}
+	if attr.Timeout > 31 {
+		return fmt.Errorf("tcp: connect timeout exponent %d: %w", attr.Timeout, ibv.ErrInvalidArgument)
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.destroyed {
+		return ibv.ErrClosed
+	}
+	if q.state != ibv.QPSInit {
+		return fmt.Errorf("tcp: connect qpn=%d in %s: %w", q.qpn, q.state, ibv.ErrInvalidState)
+	}
+	if attr.Timeout == 0 {
+		def := ibv.DefaultConnectAttr()
+		attr.Timeout, attr.RetryCnt = def.Timeout, def.RetryCnt
+	}
+	q.remote = remote
+	q.budget = max(attr.RetryBudget(), time.Millisecond)
+	q.rdLimit = maxRdAtomic
+	if q.cap.MaxRdAtomic > 0 {
+		q.rdLimit = min(q.rdLimit, q.cap.MaxRdAtomic)
+	}
+	if attr.MaxRdAtomic > 0 {
+		q.rdLimit = min(q.rdLimit, int(attr.MaxRdAtomic))
+	}
+	q.state = ibv.QPSRTS
+	q.log = q.log.With().Str("remote", remote.Addr).Uint32("remote_qpn", remote.QPN).Logger()
+	q.wg.Add(1)
+	go q.sender()
+	return nil
+}
+
+// PostSend queues wrs in order. On an ERROR QP the post succeeds and every
+// WR completes with WR_FLUSH_ERR, as with verbs. Before RTS it fails with
+// ErrInvalidState (bad 0).
+func (q *qp) PostSend(wrs []ibv.SendWR) (int, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.destroyed {
+		return 0, ibv.ErrClosed
+	}
+	if q.state != ibv.QPSRTS && q.state != ibv.QPSError {
+		return 0, fmt.Errorf("tcp: post on qpn=%d in %s: %w", q.qpn, q.state, ibv.ErrInvalidState)
+	}
+	defer q.completeLocked()
+	for i, wr := range wrs {
+		if wr.Op != ibv.OpRDMARead && wr.Op != ibv.OpRDMAWrite {
+			return i, fmt.Errorf("tcp: post wr_id=%d opcode %s: %w", wr.ID, wr.Op, ibv.ErrInvalidArgument)
+		}
+		if len(q.sq) >= q.cap.MaxSendWR {
+			return i, fmt.Errorf("tcp: post wr_id=%d: %d outstanding: %w", wr.ID, len(q.sq), ibv.ErrQueueFull)
+		}
+		w := &wqe{wr: wr, seq: q.nextSeq}
+		q.nextSeq++
+		if q.state == ibv.QPSError {
+			w.done, w.status = true, ibv.WCWRFlushErr
+		}
+		q.sq = append(q.sq, w)
+	}
+	if q.state == ibv.QPSRTS {
+		select {
+		case q.kick <- struct{}{}:
+		default:
+		}
+	}
+	return -1, nil
+}
+
+// ToError moves the QP to ERROR: every outstanding WR is completed with
+// WR_FLUSH_ERR before ToError returns, and no response byte is applied to
+// local memory afterwards.
+func (q *qp) ToError() error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.destroyed {
+		return ibv.ErrClosed
+	}
+	q.failLocked(nil, ibv.WCWRFlushErr)
+	return nil
+}
+
+// Destroy flushes outstanding WRs (their completions go to the CQ), closes
+// the QP's connections and waits for its goroutines.
+func (q *qp) Destroy() error {
+	q.mu.Lock()
+	if q.destroyed {
+		q.mu.Unlock()
+		return ibv.ErrClosed
+	}
+	q.failLocked(nil, ibv.WCWRFlushErr)
+	q.destroyed = true
+	q.mu.Unlock()
+	q.cancel()
+	q.wg.Wait()
+	d := q.dev
+	d.mu.Lock()
+	if d.qps[q.qpn] == q {
+		delete(d.qps, q.qpn)
+	}
+	d.mu.Unlock()
+	q.pd.mu.Lock()
+	delete(q.pd.qps, q)
+	q.pd.mu.Unlock()
+	return nil
+}
+
+// failLocked moves the QP to ERROR: w (if any) completes with st, every
+// other outstanding WR with WR_FLUSH_ERR; connections are closed so the
+// goroutines exit.
+func (q *qp) failLocked(w *wqe, st ibv.WCStatus) {
+	if w != nil && !w.done {
+		w.done, w.status = true, st
+		q.log.Debug().Uint64("wr_id", w.wr.ID).Stringer("status", st).Msg("work request failed; QP to ERROR")
+	}
+	for _, o := range q.sq {
+		if !o.done {
+			o.done, o.status = true, ibv.WCWRFlushErr
+		}
+	}
+	q.completeLocked()
+	q.state = ibv.QPSError
+	q.rdOut = 0
+	q.sendIdx = 0
+	q.cancel()
+	if q.conn != nil {
+		q.conn.Close()
+		q.conn = nil
+	}
+	for c := range q.respConns {
+		c.Close()
+	}
+	clear(q.respConns)
+}
+
+// completeLocked delivers completions from the head of the send queue
+// while they are done, in post order.
+func (q *qp) completeLocked() {
+	var wcs []ibv.WorkCompletion
+	n := 0
+	for n < len(q.sq) && q.sq[n].done {
+		w := q.sq[n]
+		if w.wr.Signaled || w.status != ibv.WCSuccess {
+			wc := ibv.WorkCompletion{ID: w.wr.ID, Status: w.status, Op: w.wr.Op, QPN: q.qpn}
+			if w.status == ibv.WCSuccess {
+				wc.Bytes = w.wr.Length
+			}
+			wcs = append(wcs, wc)
+		}
+		q.sq[n] = nil
+		n++
+	}
+	if n == 0 {
+		return
+	}
+	q.sq = q.sq[n:]
+	if len(q.sq) == 0 {
+		q.sq = nil
+	}
+	q.sendIdx = max(0, q.sendIdx-n)
+	q.cq.push(wcs)
+}
+
+// inFlightLocked reports whether a sent WR awaits its response.
+func (q *qp) inFlightLocked() bool {
+	for _, w := range q.sq[:q.sendIdx] {
+		if !w.done {
+			return true
+		}
+	}
+	return false
+}
+
+// firstPendingLocked is the oldest WR not yet completed (nil when none).
+func (q *qp) firstPendingLocked() *wqe {
+	for _, w := range q.sq {
+		if !w.done {
+			return w
+		}
+	}
+	return nil
+}
+
+// sender sends posted WRs in order; see qp.
+func (q *qp) sender() {
+	defer q.wg.Done()
+	hdr := make([]byte, 0, 64)
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		q.mu.Lock()
+		wait := q.sendStepLocked()
+		var tick <-chan time.Time
+		if wait == stepWaitInFlight {
+			timer.Reset(q.tickLocked())
+			tick = timer.C
+		}
+		switch wait {
+		case stepExit:
+			q.mu.Unlock()
+			return
+		case stepDial:
+			q.mu.Unlock()
+			q.dial()
+			continue
+		case stepSend:
+			w, c := q.sq[q.sendIdx], q.conn
+			if w.wr.Op == ibv.OpRDMARead {
+				q.rdOut++
+			}
+			if !q.inFlightLocked() {
+				q.lastProgress = time.Now()
+			}
+			q.sendIdx++
+			q.mu.Unlock()
+			q.send(c, w, hdr)
+			continue
+		}
+		q.mu.Unlock()
+		select {
+		case <-q.ctx.Done():
+			return
+		case <-q.kick:
+		case <-tick:
+		}
+	}
+}
+
+type step int
+
+const (
+	stepExit step = iota
+	stepIdle
+	stepWaitInFlight
+	stepDial
+	stepSend
+)
+
+// sendStepLocked decides the sender's next step, failing the QP when the
+// retry budget ran out or the next WR's local memory is invalid.
+func (q *qp) sendStepLocked() step {
+	if q.state != ibv.QPSRTS {
+		return stepExit
+	}
+	inFlight := q.inFlightLocked()
+	if inFlight && time.Since(q.lastProgress) > q.budget {
+		q.log.Warn().Dur("budget", q.budget).Msg("no response within retry budget")
+		q.failLocked(q.firstPendingLocked(), ibv.WCRetryExcErr)
+		return stepExit
+	}
+	wait := stepIdle
+	if inFlight {
+		wait = stepWaitInFlight
+	}
+	if q.sendIdx >= len(q.sq) {
+		return wait
+	}
+	w := q.sq[q.sendIdx]
+	if w.wr.Op == ibv.OpRDMARead && q.rdOut >= q.rdLimit {
+		return wait
+	}
+	if q.conn == nil {
+		if inFlight {
+			return wait // the reader is tearing the old connection down
+		}
+		return stepDial
+	}
+	need := ibv.Access(0)
+	if w.wr.Op == ibv.OpRDMARead {
+		need = ibv.AccessLocalWrite
+	}
+	m := q.dev.lookupKey(w.wr.LKey, true)
+	if !m.use(q.pd, need, w.wr.LocalAddr, uint64(w.wr.Length), func([]byte) {}) {
+		q.failLocked(w, ibv.WCLocProtErr)
+		return stepExit
+	}
+	return stepSend
+}
+
+func (q *qp) tickLocked() time.Duration {
+	return min(max(q.budget/8, time.Millisecond), 50*time.Millisecond)
+}
+
+// dial connects to the remote device and says hello, retrying until the
+// retry budget is spent (the remote may be restarting or not yet RTR).
+func (q *qp) dial() {
+	q.mu.Lock()
+	remote, budget := q.remote, q.budget
+	q.mu.Unlock()
+	deadline := time.Now().Add(budget)
+	backoff := 2 * time.Millisecond
+	var lastErr error
+	for {
+		c, err := q.dialOnce(remote, deadline)
+		if err == nil {
+			q.mu.Lock()
+			if q.state != ibv.QPSRTS || q.conn != nil {
+				q.mu.Unlock()
+				c.Close()
+				q.dev.untrackConn(c)
+				return
+			}
+			q.conn = c
+			q.wg.Add(1)
+			go q.reader(c)
+			q.mu.Unlock()
+			return
+		}
+		lastErr = err
+		if q.ctx.Err() != nil {
+			return
+		}
+		if time.Now().Add(backoff).After(deadline) {
+			break
+		}
+		select {
+		case <-q.ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 100*time.Millisecond)
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.state == ibv.QPSRTS {
+		q.log.Warn().Err(lastErr).Msg("remote unreachable within retry budget")
+		q.failLocked(q.firstPendingLocked(), ibv.WCRetryExcErr)
+	}
+}
+
+func (q *qp) dialOnce(remote ibv.Endpoint, deadline time.Time) (*dconn, error) {
+	ctx, cancel := context.WithDeadline(q.ctx, deadline)
+	defer cancel()
+	var nd net.Dialer
+	raw, err := nd.DialContext(ctx, "tcp", remote.Addr)
+	if err != nil {
+		return nil, err
+	}
+	c := newDconn(raw)
+	if !q.dev.trackConn(c) {
+		c.Close()
+		return nil, errShut
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			c.Close()
+			q.dev.untrackConn(c)
+		}
+	}()
+	stop := context.AfterFunc(ctx, c.Close) // cancel or deadline aborts the hello
+	defer stop()
+	hello := appendHello(nil, q.qpn, remote.QPN, q.psn, q.dev.info.GID, q.dev.info.Addr)
+	if err := c.write(hello, nil); err != nil {
+		return nil, err
+	}
+	var buf [prefixLen + fixedHelloAck + 8]byte
+	m, err := readFrame(c.c, buf[:])
+	if err != nil {
+		return nil, err
+	}
+	if m.typ != tHelloAck {
+		return nil, fmt.Errorf("%w: hello answered with type %d", errFrame, m.typ)
+	}
+	if m.status != stOK {
+		return nil, fmt.Errorf("tcp: hello rejected by %s qpn=%d: status %d", remote.Addr, remote.QPN, m.status)
+	}
+	if !stop() {
+		return nil, ctx.Err()
+	}
+	ok = true
+	return c, nil
+}
+
+// send writes the request frames of w on c. A write error means the
+// connection is broken; the reader sees it too and fails the QP.
+func (q *qp) send(c *dconn, w *wqe, hdr []byte) {
+	wr := w.wr
+	if wr.Op == ibv.OpRDMARead {
+		if err := c.write(appendReadReq(hdr[:0], w.seq, wr.RemoteAddr, wr.RKey, wr.Length), nil); err != nil {
+			c.Close()
+		}
+		return
+	}
+	bp := bufPool.Get().(*[]byte)
+	defer bufPool.Put(bp)
+	m := q.dev.lookupKey(wr.LKey, true)
+	for off := uint32(0); ; {
+		n := min(wr.Length-off, chunkSize)
+		payload := (*bp)[:n]
+		if !m.use(q.pd, 0, wr.LocalAddr+uint64(off), uint64(n), func(b []byte) { copy(payload, b) }) {
+			// Deregistered while being sent.
+			q.mu.Lock()
+			if !w.done && q.state == ibv.QPSRTS {
+				q.failLocked(w, ibv.WCLocProtErr)
+			}
+			q.mu.Unlock()
+			return
+		}
+		h := appendWriteReq(hdr[:0], w.seq, wr.RemoteAddr, wr.RKey, wr.Length, off, int(n))
+		if err := c.write(h, payload); err != nil {
+			c.Close()
+			return
+		}
+		off += n
+		if off >= wr.Length {
+			return
+		}
+	}
+}
+
+// reader applies the responses arriving on c; see qp.
+func (q *qp) reader(c *dconn) {
+	defer q.wg.Done()
+	defer q.dev.untrackConn(c)
+	defer c.Close()
+	bp := bufPool.Get().(*[]byte)
+	defer bufPool.Put(bp)
+	for {
+		m, err := readFrame(c.c, *bp)
+		q.mu.Lock()
+		if q.conn != c || q.state != ibv.QPSRTS {
+			q.mu.Unlock()
+			return
+		}
+		if err != nil {
+			q.conn = nil
+			if q.inFlightLocked() {
+				q.log.Warn().Err(err).Msg("data connection lost with work in flight")
+				q.failLocked(q.firstPendingLocked(), ibv.WCRetryExcErr)
+			} else {
+				select { // a WR posted meanwhile needs a new dial
+				case q.kick <- struct{}{}:
+				default:
+				}
+			}
+			q.mu.Unlock()
+			return
+		}
+		q.applyLocked(m)
+		q.mu.Unlock()
+	}
+}
+
+// applyLocked applies one response frame.
+func (q *qp) applyLocked(m msg) {
+	var w *wqe
+	if len(q.sq) > 0 && m.seq >= q.sq[0].seq {
+		if i := m.seq - q.sq[0].seq; i < uint64(q.sendIdx) {
+			w = q.sq[i]
+		}
+	}
+	if w == nil || w.done {
+		q.failLocked(q.firstPendingLocked(), ibv.WCBadRespErr)
+		return
+	}
+	q.lastProgress = time.Now()
+	nakStatus := func(st byte) ibv.WCStatus {
+		if st == stRemAccess {
+			return ibv.WCRemAccessErr
+		}
+		return ibv.WCRemInvReqErr
+	}
+	switch {
+	case m.typ == tReadResp && w.wr.Op == ibv.OpRDMARead:
+		if m.status != stOK {
+			q.failLocked(w, nakStatus(m.status))
+			return
+		}
+		if m.offset != w.got || uint64(w.got)+uint64(len(m.payload)) > uint64(w.wr.Length) {
+			q.failLocked(w, ibv.WCBadRespErr)
+			return
+		}
+		lm := q.dev.lookupKey(w.wr.LKey, true)
+		dst := w.wr.LocalAddr + uint64(w.got)
+		if !lm.use(q.pd, ibv.AccessLocalWrite, dst, uint64(len(m.payload)), func(b []byte) { copy(b, m.payload) }) {
+			q.failLocked(w, ibv.WCLocProtErr)
+			return
+		}
+		w.got += uint32(len(m.payload))
+		if w.got < w.wr.Length {
+			return
+		}
+		q.rdOut--
+	case m.typ == tWriteAck && w.wr.Op == ibv.OpRDMAWrite:
+		if m.status != stOK {
+			q.failLocked(w, nakStatus(m.status))
+			return
+		}
+	default:
+		q.failLocked(w, ibv.WCBadRespErr)
+		return
+	}
+	w.done, w.status = true, ibv.WCSuccess
+	q.completeLocked()
+	select {
+	case q.kick <- struct{}{}:
+	default:
+	}
+}

@@ -1,0 +1,195 @@
+package tcp
+
+import (
+	"errors"
+	"net"
+	"time"
+
+	"github.com/pegaflow/pegad/internal/ibv"
+)
+
+// acceptLoop accepts data connections until the listener is closed; each
+// connection gets one responder goroutine (serve), counted by d.wg.
+func (d *Device) acceptLoop() {
+	defer d.wg.Done()
+	for {
+		raw, err := d.ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			d.log.Warn().Err(err).Msg("accept data connection")
+			select {
+			case <-d.done:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+			continue
+		}
+		c := newDconn(raw)
+		if !d.trackConn(c) {
+			c.Close()
+			return
+		}
+		d.wg.Add(1)
+		go d.serve(c)
+	}
+}
+
+// serve is the responder of one accepted connection: it validates the hello
+// against the target QP, then serves READ and WRITE requests straight from
+// registered memory until the connection closes (peer gone, CutConnections,
+// or the target QP leaving RTR/RTS).
+func (d *Device) serve(c *dconn) {
+	defer d.wg.Done()
+	defer d.untrackConn(c)
+	defer c.Close()
+	bp := bufPool.Get().(*[]byte)
+	defer bufPool.Put(bp)
+
+	_ = c.c.SetReadDeadline(time.Now().Add(helloTimeout))
+	m, err := readFrame(c.c, *bp)
+	if err != nil || m.typ != tHello {
+		d.log.Debug().Err(err).Str("peer", c.c.RemoteAddr().String()).Msg("data connection without hello")
+		return
+	}
+	q, st := d.admit(c, m)
+	if err := c.write(appendHelloAck(nil, st), nil); err != nil || st != stOK {
+		if st != stOK {
+			d.log.Debug().Str("peer", m.addr).Uint32("qpn", m.dstQPN).Uint32("remote_qpn", m.srcQPN).
+				Uint8("status", st).Msg("hello rejected")
+		}
+		return
+	}
+	defer func() {
+		q.mu.Lock()
+		delete(q.respConns, c)
+		q.mu.Unlock()
+	}()
+	_ = c.c.SetReadDeadline(time.Time{})
+
+	r := responder{d: d, q: q, c: c, hdr: make([]byte, 0, 64)}
+	for {
+		m, err := readFrame(c.c, *bp)
+		if err != nil {
+			return
+		}
+		f := d.currentFaults()
+		if f.DropResponses {
+			continue
+		}
+		switch m.typ {
+		case tReadReq:
+			if f.ResponseDelay > 0 && !r.sleep(f.ResponseDelay) {
+				return
+			}
+			err = r.read(m)
+		case tWriteReq:
+			err = r.write(m)
+		default:
+			d.log.Debug().Uint8("type", m.typ).Msg("unexpected frame on responder connection")
+			return
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// admit checks a hello against the target QP: it must exist on this device,
+// be in RTR or RTS and be connected to exactly the endpoint saying hello
+// (QPN, PSN and device address). On success the connection is registered
+// with the QP so that ERROR and Destroy close it.
+func (d *Device) admit(c *dconn, m msg) (*qp, byte) {
+	d.mu.Lock()
+	q := d.qps[m.dstQPN]
+	d.mu.Unlock()
+	if q == nil {
+		return nil, stNoQP
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.destroyed || (q.state != ibv.QPSRTR && q.state != ibv.QPSRTS) {
+		return nil, stBadState
+	}
+	if q.remote.QPN != m.srcQPN || q.remote.PSN != m.srcPSN || q.remote.Addr != m.addr {
+		return nil, stMismatch
+	}
+	q.respConns[c] = struct{}{}
+	return q, stOK
+}
+
+// responder serves the requests of one connection; only serve's goroutine
+// uses it, so it writes to the connection without a lock.
+type responder struct {
+	d      *Device
+	q      *qp
+	c      *dconn
+	hdr    []byte
+	nakSeq uint64 // a WRITE already NAKed: its later chunks are dropped
+	out    *[]byte
+}
+
+func (r *responder) sleep(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-r.c.done:
+		return false
+	case <-r.d.done:
+		return false
+	}
+}
+
+// remote resolves an rkey for the responder QP's PD.
+func (r *responder) mr(rkey uint32) *mr { return r.d.lookupKey(rkey, false) }
+
+// read serves one READ request in chunks, copying each chunk out of the
+// registered memory under the MR's lock (so Dereg never races a copy), then
+// writing it. A failed check sends a NAK.
+func (r *responder) read(m msg) error {
+	if r.out == nil {
+		r.out = bufPool.Get().(*[]byte)
+		defer func() { bufPool.Put(r.out); r.out = nil }()
+	}
+	mr := r.mr(m.rkey)
+	for off := uint32(0); ; {
+		n := min(m.length-off, chunkSize)
+		payload := (*r.out)[:n]
+		// The whole range is checked on every chunk: nothing is sent for
+		// a request that is partly out of bounds.
+		ok := mr.use(r.q.pd, ibv.AccessRemoteRead, m.raddr, uint64(m.length), func(b []byte) {
+			copy(payload, b[off:off+n])
+		})
+		if !ok {
+			return r.c.write(appendReadResp(r.hdr[:0], m.seq, stRemAccess, off, 0), nil)
+		}
+		if err := r.c.write(appendReadResp(r.hdr[:0], m.seq, stOK, off, int(n)), payload); err != nil {
+			return err
+		}
+		off += n
+		if off >= m.length {
+			return nil
+		}
+	}
+}
+
+// write applies one WRITE chunk and acknowledges the last one.
+func (r *responder) write(m msg) error {
+	if m.seq == r.nakSeq {
+		return nil
+	}
+	ok := r.mr(m.rkey).use(r.q.pd, ibv.AccessRemoteWrite, m.raddr, uint64(m.length), func(b []byte) {
+		copy(b[m.offset:], m.payload)
+	})
+	if !ok {
+		r.nakSeq = m.seq
+		return r.c.write(appendWriteAck(r.hdr[:0], m.seq, stRemAccess), nil)
+	}
+	if uint64(m.offset)+uint64(len(m.payload)) == uint64(m.length) {
+		return r.c.write(appendWriteAck(r.hdr[:0], m.seq, stOK), nil)
+	}
+	return nil
+}
