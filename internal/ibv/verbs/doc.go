@@ -1,0 +1,20 @@
+// Package verbs is pegad's ibv provider over real libibverbs.
+//
+// It owns the translation between the ibv model and the C verbs API:
+// loading libibverbs at run time (dlopen, as NCCL's ibvwrap does, so a
+// binary built here starts on hosts without the library), choosing the port
+// and GID a deployment should use, and building work requests and reading
+// completions in C memory. It must never hold per-peer or per-block state,
+// and never pass Go memory that contains Go pointers to C.
+//
+// Build: the cgo implementation (linux && cgo && !noverbs) compiles against
+// Debian's libibverbs-dev headers and links only -ldl; ibv_post_send,
+// ibv_poll_cq and the port query dispatch through the context's ops (they
+// are static inline in verbs.h), every other entry point is resolved with
+// dlsym. Any other build (CGO_ENABLED=0, -tags noverbs, non-Linux) compiles
+// a stub whose Devices and Open report ibv.ErrUnavailable.
+//
+// Files without cgo hold the logic that needs no device (errno mapping, MTU
+// and attribute building, GID parsing, sysfs reading, port and GID
+// selection) so it is unit-tested on every host.
+package verbs

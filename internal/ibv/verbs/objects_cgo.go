@@ -1,0 +1,535 @@
+//go:build linux && cgo && !noverbs
+
+package verbs
+
+/*
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"sync"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"github.com/pegaflow/pegad/internal/ibv"
+)
+
+// Lifetimes: every object holds a reference on its parent (PD and CQ on the
+// device, MR and QP on the PD, QP on the CQ) and its parent refuses to close
+// with ErrInvalidState while references remain, so no C pointer is freed
+// under a live child. Each object's mutex guards its C pointer, which is
+// nil once destroyed (methods then return ErrClosed).
+
+// device is an open ibv_context on one chosen port.
+type device struct {
+	lib  *lib
+	info ibv.DeviceInfo
+	lim  devLimits
+	port localPort
+
+	mu   sync.Mutex // guards ctx and refs
+	ctx  *C.struct_ibv_context
+	refs int // live PDs and CQs
+}
+
+var _ ibv.Device = (*device)(nil)
+
+func (d *device) Info() ibv.DeviceInfo { return d.info }
+
+func (d *device) AllocPD() (ibv.PD, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.ctx == nil {
+		return nil, fmt.Errorf("alloc pd on %s: %w", d.info.Name, ibv.ErrClosed)
+	}
+	var errno C.int
+	p := C.pv_alloc_pd(d.lib.c, d.ctx, &errno)
+	if p == nil {
+		return nil, verbsErr("ibv_alloc_pd", syscall.Errno(errno))
+	}
+	d.refs++
+	return &pd{dev: d, p: p}, nil
+}
+
+func (d *device) CreateCQ(depth int) (ibv.CQ, error) {
+	if depth <= 0 || (d.lim.maxCQE > 0 && depth > d.lim.maxCQE) {
+		return nil, fmt.Errorf("cq depth %d (device max %d): %w", depth, d.lim.maxCQE, ibv.ErrInvalidArgument)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.ctx == nil {
+		return nil, fmt.Errorf("create cq on %s: %w", d.info.Name, ibv.ErrClosed)
+	}
+	var errno C.int
+	c := C.pv_create_cq(d.lib.c, d.ctx, C.int(depth), &errno)
+	if c == nil {
+		return nil, verbsErr("ibv_create_cq", syscall.Errno(errno))
+	}
+	d.refs++
+	return &cq{dev: d, c: c, done: make(chan struct{})}, nil
+}
+
+func (d *device) release() {
+	d.mu.Lock()
+	d.refs--
+	d.mu.Unlock()
+}
+
+func (d *device) Close() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.ctx == nil {
+		return fmt.Errorf("close %s: %w", d.info.Name, ibv.ErrClosed)
+	}
+	if d.refs > 0 {
+		return fmt.Errorf("close %s: %d PDs/CQs still open: %w", d.info.Name, d.refs, ibv.ErrInvalidState)
+	}
+	if rc := C.pv_close_device(d.lib.c, d.ctx); rc != 0 {
+		return verbsErr("ibv_close_device", syscall.Errno(rc))
+	}
+	d.ctx = nil
+	return nil
+}
+
+// pd is a protection domain.
+type pd struct {
+	dev *device
+
+	mu   sync.Mutex // guards p and refs
+	p    *C.struct_ibv_pd
+	refs int // live MRs and QPs
+}
+
+var _ ibv.PD = (*pd)(nil)
+
+func (p *pd) acquire() (*C.struct_ibv_pd, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.p == nil {
+		return nil, fmt.Errorf("pd: %w", ibv.ErrClosed)
+	}
+	p.refs++
+	return p.p, nil
+}
+
+func (p *pd) release() {
+	p.mu.Lock()
+	p.refs--
+	p.mu.Unlock()
+}
+
+// RegMR registers buf, which must be memory the Go GC does not own (the
+// pool's mmap'd region): the HCA keeps using the address after the call.
+func (p *pd) RegMR(buf []byte, access ibv.Access) (ibv.MR, error) {
+	if len(buf) == 0 {
+		return nil, fmt.Errorf("register empty buffer: %w", ibv.ErrInvalidArgument)
+	}
+	if access&^(ibv.AccessLocalWrite|ibv.AccessRemoteWrite|ibv.AccessRemoteRead) != 0 {
+		return nil, fmt.Errorf("access flags %#x: %w", uint32(access), ibv.ErrInvalidArgument)
+	}
+	pp, err := p.acquire()
+	if err != nil {
+		return nil, err
+	}
+	// The address crosses as an integer: it is not a Go pointer C may keep.
+	addr := uintptr(unsafe.Pointer(unsafe.SliceData(buf)))
+	var errno C.int
+	m := C.pv_reg_mr(p.dev.lib.c, pp, C.uintptr_t(addr), C.size_t(len(buf)), C.int(access), &errno)
+	if m == nil {
+		p.release()
+		return nil, verbsErr("ibv_reg_mr", syscall.Errno(errno))
+	}
+	return &mr{pd: p, m: m, addr: uint64(addr), length: uint64(len(buf)), lkey: uint32(m.lkey), rkey: uint32(m.rkey)}, nil
+}
+
+func (p *pd) CreateQP(c ibv.CQ, qc ibv.QPCap) (ibv.QP, error) {
+	vc, ok := c.(*cq)
+	if !ok || vc.dev != p.dev {
+		return nil, fmt.Errorf("create qp: cq is not of device %s: %w", p.dev.info.Name, ibv.ErrInvalidArgument)
+	}
+	lim := p.dev.lim
+	if qc.MaxSendWR <= 0 || (lim.maxQPWR > 0 && (qc.MaxSendWR > lim.maxQPWR || qc.MaxRecvWR > lim.maxQPWR)) {
+		return nil, fmt.Errorf("create qp: max_send_wr %d / max_recv_wr %d (device max %d): %w", qc.MaxSendWR, qc.MaxRecvWR, lim.maxQPWR, ibv.ErrInvalidArgument)
+	}
+	if lim.maxSGE > 0 && qc.MaxSendSGE > lim.maxSGE {
+		return nil, fmt.Errorf("create qp: max_send_sge %d (device max %d): %w", qc.MaxSendSGE, lim.maxSGE, ibv.ErrInvalidArgument)
+	}
+	pp, err := p.acquire()
+	if err != nil {
+		return nil, err
+	}
+	cp, err := vc.acquire()
+	if err != nil {
+		p.release()
+		return nil, err
+	}
+	l := p.dev.lib.c
+	var errno C.int
+	// At least one receive WR and SGE: some providers reject an empty RQ.
+	q := C.pv_create_qp(l, pp, cp, C.uint32_t(qc.MaxSendWR), C.uint32_t(max(1, qc.MaxRecvWR)), C.uint32_t(max(1, qc.MaxSendSGE)), &errno)
+	if q == nil {
+		vc.release()
+		p.release()
+		return nil, verbsErr("ibv_create_qp", syscall.Errno(errno))
+	}
+	if rc := C.pv_qp_init(l, q, C.uint8_t(p.dev.port.Num)); rc != 0 {
+		C.pv_destroy_qp(l, q)
+		vc.release()
+		p.release()
+		return nil, fmt.Errorf("qp to INIT: %w", verbsErr("ibv_modify_qp", syscall.Errno(rc)))
+	}
+	return &qp{pd: p, cq: vc, p: q, qpn: uint32(q.qp_num), psn: rand.Uint32() & psnMask,
+		maxRd: qc.MaxRdAtomic, state: ibv.QPSInit}, nil
+}
+
+func (p *pd) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.p == nil {
+		return fmt.Errorf("close pd: %w", ibv.ErrClosed)
+	}
+	if p.refs > 0 {
+		return fmt.Errorf("close pd: %d MRs/QPs still open: %w", p.refs, ibv.ErrInvalidState)
+	}
+	if rc := C.pv_dealloc_pd(p.dev.lib.c, p.p); rc != 0 {
+		return verbsErr("ibv_dealloc_pd", syscall.Errno(rc))
+	}
+	p.p = nil
+	p.dev.release()
+	return nil
+}
+
+// mr is a registered memory region.
+type mr struct {
+	pd           *pd
+	addr, length uint64
+	lkey, rkey   uint32
+
+	mu sync.Mutex // guards m
+	m  *C.struct_ibv_mr
+}
+
+var _ ibv.MR = (*mr)(nil)
+
+func (m *mr) Addr() uint64 { return m.addr }
+func (m *mr) Len() uint64  { return m.length }
+func (m *mr) LKey() uint32 { return m.lkey }
+func (m *mr) RKey() uint32 { return m.rkey }
+
+func (m *mr) Dereg() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.m == nil {
+		return fmt.Errorf("dereg mr: %w", ibv.ErrClosed)
+	}
+	if rc := C.pv_dereg_mr(m.pd.dev.lib.c, m.m); rc != 0 {
+		return verbsErr("ibv_dereg_mr", syscall.Errno(rc))
+	}
+	m.m = nil
+	m.pd.release()
+	return nil
+}
+
+// cq is a completion queue. Wait polls with a short spin and then backoff
+// sleeps (20us doubling to 1ms): no completion channel, so no event fd or
+// interrupt per completion, at the cost of up to 1ms of latency after an
+// idle period. Completions found by Wait are kept and handed out by the
+// next Poll, in order.
+type cq struct {
+	dev  *device
+	done chan struct{} // closed by Close; wakes Wait
+
+	mu    sync.Mutex // guards c, stash, scratch and refs
+	c     *C.struct_ibv_cq
+	stash []C.pv_wc // polled by Wait, not yet returned by Poll
+	buf   []C.pv_wc // scratch for Poll
+	refs  int       // QPs created on this CQ
+}
+
+var _ ibv.CQ = (*cq)(nil)
+
+func (c *cq) acquire() (*C.struct_ibv_cq, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.c == nil {
+		return nil, fmt.Errorf("cq: %w", ibv.ErrClosed)
+	}
+	c.refs++
+	return c.c, nil
+}
+
+func (c *cq) release() {
+	c.mu.Lock()
+	c.refs--
+	c.mu.Unlock()
+}
+
+// pollLocked polls up to n completions into dst's tail. c.mu held.
+func (c *cq) pollLocked(dst []C.pv_wc, n int) ([]C.pv_wc, error) {
+	start := len(dst)
+	dst = append(dst, make([]C.pv_wc, n)...)[:start+n]
+	r := C.pv_poll_cq(c.c, C.int(n), &dst[start])
+	if r < 0 {
+		return dst[:start], verbsErr("ibv_poll_cq", syscall.Errno(-r))
+	}
+	return dst[:start+int(r)], nil
+}
+
+func (c *cq) Poll(wcs []ibv.WorkCompletion) (int, error) {
+	if len(wcs) == 0 {
+		return 0, nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.c == nil {
+		return 0, fmt.Errorf("poll cq: %w", ibv.ErrClosed)
+	}
+	n := copyWCs(wcs, c.stash)
+	c.stash = c.stash[:copy(c.stash, c.stash[n:])]
+	if n == len(wcs) {
+		return n, nil
+	}
+	var err error
+	c.buf, err = c.pollLocked(c.buf[:0], len(wcs)-n)
+	n += copyWCs(wcs[n:], c.buf)
+	if err != nil && n == 0 {
+		return 0, err
+	}
+	return n, nil
+}
+
+func copyWCs(dst []ibv.WorkCompletion, src []C.pv_wc) int {
+	n := min(len(dst), len(src))
+	for i := range n {
+		w := &src[i]
+		st := ibv.WCStatus(w.status)
+		op := wcOpcode(int(w.opcode))
+		if st != ibv.WCSuccess {
+			op = -1 // undefined for failed completions in libibverbs
+		}
+		dst[i] = ibv.WorkCompletion{ID: uint64(w.wr_id), Status: st, Op: op, Bytes: uint32(w.byte_len),
+			QPN: uint32(w.qp_num), VendorErr: uint32(w.vendor_err)}
+	}
+	return n
+}
+
+const (
+	waitSpins    = 64
+	waitSleepMin = 20 * time.Microsecond
+	waitSleepMax = time.Millisecond
+	waitBatch    = 64
+)
+
+func (c *cq) Wait(ctx context.Context) error {
+	var t *time.Timer
+	defer func() {
+		if t != nil {
+			t.Stop()
+		}
+	}()
+	sleep := waitSleepMin
+	for spin := 0; ; spin++ {
+		c.mu.Lock()
+		if c.c == nil {
+			c.mu.Unlock()
+			return fmt.Errorf("wait cq: %w", ibv.ErrClosed)
+		}
+		var err error
+		if len(c.stash) == 0 {
+			c.stash, err = c.pollLocked(c.stash, waitBatch)
+		}
+		ready := len(c.stash) > 0
+		c.mu.Unlock()
+		if ready || err != nil {
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if spin < waitSpins {
+			runtime.Gosched()
+			continue
+		}
+		if t == nil {
+			t = time.NewTimer(sleep)
+		} else {
+			t.Reset(sleep)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-c.done:
+			return fmt.Errorf("wait cq: %w", ibv.ErrClosed)
+		case <-t.C:
+		}
+		sleep = min(2*sleep, waitSleepMax)
+	}
+}
+
+func (c *cq) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.c == nil {
+		return fmt.Errorf("close cq: %w", ibv.ErrClosed)
+	}
+	if c.refs > 0 {
+		return fmt.Errorf("close cq: %d QPs still use it: %w", c.refs, ibv.ErrInvalidState)
+	}
+	if rc := C.pv_destroy_cq(c.dev.lib.c, c.c); rc != 0 {
+		return verbsErr("ibv_destroy_cq", syscall.Errno(rc))
+	}
+	c.c = nil
+	c.stash = nil
+	close(c.done)
+	c.dev.release()
+	return nil
+}
+
+// qp is an RC queue pair.
+type qp struct {
+	pd    *pd
+	cq    *cq
+	qpn   uint32
+	psn   uint32 // our initial send PSN, sent in the endpoint
+	maxRd int    // QPCap.MaxRdAtomic; 0: ConnectAttr decides
+
+	// mu guards p and state. PostSend holds it shared across the C call so
+	// Destroy (exclusive) never frees the QP under a post.
+	mu    sync.RWMutex
+	p     *C.struct_ibv_qp
+	state ibv.QPState // the last state this process moved the QP to
+}
+
+var _ ibv.QP = (*qp)(nil)
+
+func (q *qp) QPN() uint32 { return q.qpn }
+
+// State asks the HCA (a QP moves to ERROR by itself after a failed work
+// request) and falls back to the last state set here. A destroyed QP
+// reports ERROR.
+func (q *qp) State() ibv.QPState {
+	q.mu.RLock()
+	defer q.mu.RUnlock()
+	if q.p == nil {
+		return ibv.QPSError
+	}
+	var s C.int
+	if C.pv_qp_state(q.pd.dev.lib.c, q.p, &s) == 0 {
+		return ibv.QPState(s)
+	}
+	return q.state
+}
+
+func (q *qp) Endpoint() ibv.Endpoint {
+	info := q.pd.dev.info
+	return ibv.Endpoint{GID: info.GID, LID: info.LID, QPN: q.qpn, PSN: q.psn, MTU: info.MTU}
+}
+
+func (q *qp) Connect(remote ibv.Endpoint, attr ibv.ConnectAttr) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.p == nil {
+		return fmt.Errorf("connect qp %d: %w", q.qpn, ibv.ErrClosed)
+	}
+	if q.state != ibv.QPSInit {
+		return fmt.Errorf("connect qp %d in state %v: %w", q.qpn, q.state, ibv.ErrInvalidState)
+	}
+	if q.maxRd > 0 && (attr.MaxRdAtomic == 0 || int(attr.MaxRdAtomic) > q.maxRd) {
+		attr.MaxRdAtomic = uint8(min(q.maxRd, 255))
+	}
+	params, err := buildConnParams(q.pd.dev.port, q.psn, remote, attr)
+	if err != nil {
+		return fmt.Errorf("connect qp %d to qpn %d: %w", q.qpn, remote.QPN, err)
+	}
+	cp := toC(params)
+	l := q.pd.dev.lib.c
+	if rc := C.pv_qp_rtr(l, q.p, &cp); rc != 0 {
+		return fmt.Errorf("qp %d to RTR: %w", q.qpn, verbsErr("ibv_modify_qp", syscall.Errno(rc)))
+	}
+	q.state = ibv.QPSRTR
+	if rc := C.pv_qp_rts(l, q.p, &cp); rc != 0 {
+		return fmt.Errorf("qp %d to RTS: %w", q.qpn, verbsErr("ibv_modify_qp", syscall.Errno(rc)))
+	}
+	q.state = ibv.QPSRTS
+	return nil
+}
+
+// IBV_SEND_SIGNALED of enum ibv_send_flags.
+const sendSignaled = 1 << 1
+
+func (q *qp) PostSend(wrs []ibv.SendWR) (int, error) {
+	if len(wrs) == 0 {
+		return -1, nil
+	}
+	// A malformed WR fails where the HCA would: the ones before it are
+	// posted, it and the rest are not.
+	badIdx, badErr := checkWRs(wrs)
+	if badIdx >= 0 {
+		wrs = wrs[:badIdx]
+	}
+	q.mu.RLock()
+	defer q.mu.RUnlock()
+	if q.p == nil {
+		return -1, fmt.Errorf("post on qp %d: %w", q.qpn, ibv.ErrClosed)
+	}
+	// ERROR accepts posts (they complete with WR_FLUSH_ERR); RESET, INIT
+	// and RTR have no send queue running.
+	if q.state != ibv.QPSRTS && q.state != ibv.QPSError {
+		return -1, fmt.Errorf("post on qp %d in state %v: %w", q.qpn, q.state, ibv.ErrInvalidState)
+	}
+	if len(wrs) > 0 {
+		cw := make([]C.pv_wr, len(wrs))
+		for i, w := range wrs {
+			var flags C.uint32_t
+			if w.Signaled {
+				flags = sendSignaled
+			}
+			cw[i] = C.pv_wr{wr_id: C.uint64_t(w.ID), laddr: C.uint64_t(w.LocalAddr), raddr: C.uint64_t(w.RemoteAddr),
+				len: C.uint32_t(w.Length), lkey: C.uint32_t(w.LKey), rkey: C.uint32_t(w.RKey),
+				opcode: C.uint32_t(w.Op), flags: flags}
+		}
+		var bad C.int
+		if rc := C.pv_post_send(q.p, &cw[0], C.int(len(cw)), &bad); rc != 0 {
+			return int(bad), fmt.Errorf("post on qp %d: %w", q.qpn, verbsErr("ibv_post_send", syscall.Errno(rc)))
+		}
+	}
+	return badIdx, badErr
+}
+
+func (q *qp) ToError() error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.p == nil {
+		return fmt.Errorf("qp %d to ERROR: %w", q.qpn, ibv.ErrClosed)
+	}
+	if rc := C.pv_qp_to_error(q.pd.dev.lib.c, q.p); rc != 0 {
+		return fmt.Errorf("qp %d to ERROR: %w", q.qpn, verbsErr("ibv_modify_qp", syscall.Errno(rc)))
+	}
+	q.state = ibv.QPSError
+	return nil
+}
+
+// Destroy releases the QP. libibverbs flushes its outstanding work
+// requests; once ibv_destroy_qp returns the HCA no longer touches their
+// memory, and their completions may never be polled.
+func (q *qp) Destroy() error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.p == nil {
+		return fmt.Errorf("destroy qp %d: %w", q.qpn, ibv.ErrClosed)
+	}
+	if rc := C.pv_destroy_qp(q.pd.dev.lib.c, q.p); rc != 0 {
+		return fmt.Errorf("destroy qp %d: %w", q.qpn, verbsErr("ibv_destroy_qp", syscall.Errno(rc)))
+	}
+	q.p = nil
+	q.state = ibv.QPSError
+	q.cq.release()
+	q.pd.release()
+	return nil
+}

@@ -1,0 +1,83 @@
+package verbs
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/pegaflow/pegad/internal/ibv"
+)
+
+// DefaultLibrary is the soname loaded at run time.
+const DefaultLibrary = "libibverbs.so.1"
+
+// Options tune the provider; the zero value is not valid, use
+// DefaultOptions.
+type Options struct {
+	// Library is the shared object dlopen'ed (DefaultLibrary).
+	Library string
+	// SysfsRoot is where device attributes are read (DefaultSysfsRoot).
+	SysfsRoot string
+	// GIDIndex forces a GID table entry on every port; -1 chooses (RoCE v2
+	// and IPv4-mapped preferred).
+	GIDIndex int
+}
+
+// DefaultOptions are the options New uses.
+func DefaultOptions() Options {
+	return Options{Library: DefaultLibrary, SysfsRoot: DefaultSysfsRoot, GIDIndex: -1}
+}
+
+// Provider is the libibverbs provider. Its methods are safe for concurrent
+// use; it holds no state besides its options (the library handle is
+// process-wide).
+type Provider struct {
+	opts Options
+}
+
+var _ ibv.Provider = (*Provider)(nil)
+
+// New returns a provider with DefaultOptions.
+func New() *Provider { return NewWithOptions(DefaultOptions()) }
+
+// NewWithOptions returns a provider with opts; empty fields take defaults.
+func NewWithOptions(opts Options) *Provider {
+	d := DefaultOptions()
+	if opts.Library == "" {
+		opts.Library = d.Library
+	}
+	if opts.SysfsRoot == "" {
+		opts.SysfsRoot = d.SysfsRoot
+	}
+	return &Provider{opts: opts}
+}
+
+// Name is "verbs".
+func (p *Provider) Name() string { return "verbs" }
+
+// Available says whether the verbs provider can run here, with the one-line
+// reason for the daemon's log: the devices found, or why there are none
+// ("verbs unavailable: libibverbs.so.1 not found", "verbs unavailable:
+// ibv_get_device_list: function not implemented (no RDMA kernel support)").
+func Available() (bool, string) {
+	devs, err := New().Devices()
+	if err != nil {
+		if errors.Is(err, ibv.ErrUnavailable) {
+			return false, errUnavailableReason(err)
+		}
+		return false, "verbs unavailable: " + err.Error()
+	}
+	return true, describeDevices(devs)
+}
+
+func describeDevices(devs []ibv.DeviceInfo) string {
+	parts := make([]string, 0, len(devs))
+	for _, d := range devs {
+		addr := fmt.Sprintf("lid %#x", d.LID)
+		if d.LinkLayer == "Ethernet" {
+			addr = fmt.Sprintf("gid[%d] %s", d.GIDIndex, formatGID(d.GID))
+		}
+		parts = append(parts, fmt.Sprintf("%s port %d %s %s mtu %d numa %d", d.Name, d.Port, d.LinkLayer, addr, d.MTU, d.NUMANode))
+	}
+	return fmt.Sprintf("verbs available: %d device(s): %s", len(devs), strings.Join(parts, ", "))
+}
