@@ -15,7 +15,7 @@ const (
 	ExitError       = 1 // any other failure
 	ExitUsage       = 2 // bad flags, arguments or input files; InvalidArgument from pegad
 	ExitNotFound    = 3 // the block, session or peer block does not exist
-	ExitUnavailable = 4 // pegad cannot be reached on --socket
+	ExitUnavailable = 4 // pegad cannot be reached on --socket, or it answered Unavailable (retryable)
 )
 
 // exitError carries an exit code chosen by the command itself.
@@ -83,7 +83,9 @@ func grpcExit(st *status.Status) (int, string) {
 	case codes.InvalidArgument:
 		return ExitUsage, msg
 	case codes.Unavailable:
-		return ExitUnavailable, "pegad unavailable: " + msg
+		// pegad answered Unavailable (e.g. a peer's connection broke
+		// during prefetch) or the socket connection dropped mid-call.
+		return ExitUnavailable, msg
 	case codes.DeadlineExceeded:
 		return ExitError, "timed out: " + msg + " (raise --timeout)"
 	case codes.Unimplemented:

@@ -18,14 +18,13 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/pegaflow/pegad/internal/config"
 )
 
 // EnvSocket overrides the default socket path; --socket overrides it.
 const EnvSocket = "PEGACTL_SOCKET"
 
-// DefaultSocket is pegad's default --socket. Keep it equal to the daemon's
-// default (internal/config).
-const DefaultSocket = "/run/pegad/pegad.sock"
 
 // defaultTimeout bounds one command's RPCs, streaming puts and gets
 // included; prefetch passes it to the daemon as the fetch timeout.
@@ -83,7 +82,8 @@ Exit codes: 0 ok, 1 error, 2 usage, 3 not found, 4 pegad unavailable.`,
 	root.SetErr(streams.Err)
 	root.CompletionOptions.DisableDefaultCmd = true
 
-	socket := DefaultSocket
+	// The daemon's own default rule, so both agree without flags.
+	socket := config.DefaultSocket()
 	if s := os.Getenv(EnvSocket); s != "" {
 		socket = s
 	}

@@ -4,19 +4,11 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"runtime"
-	"runtime/debug"
 
 	"github.com/spf13/cobra"
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
-)
-
-// Version and Commit are pegactl's own; the build sets them with
-// -ldflags "-X github.com/pegaflow/pegad/internal/ctl.Version=...".
-var (
-	Version = "dev"
-	Commit  = ""
+	"github.com/pegaflow/pegad/internal/version"
 )
 
 // NewVersionCommand prints pegactl's version and the daemon's.
@@ -71,18 +63,10 @@ type versionResult struct {
 	Server *serverVersionJSON `json:"server"`
 }
 
+// clientVersion is pegactl's build identity, stamped like pegad's
+// (internal/version).
 func clientVersion() clientVersionJSON {
-	v := clientVersionJSON{Version: Version, Commit: Commit, GoVersion: runtime.Version()}
-	if v.Commit == "" {
-		if bi, ok := debug.ReadBuildInfo(); ok {
-			for _, s := range bi.Settings {
-				if s.Key == "vcs.revision" {
-					v.Commit = s.Value
-				}
-			}
-		}
-	}
-	return v
+	return clientVersionJSON{Version: version.Version, Commit: version.CommitOrVCS(), GoVersion: version.GoVersion()}
 }
 
 func (r *versionResult) writeTable(w io.Writer) error {
