@@ -11,11 +11,23 @@
 // The store must never free or reuse memory of a pinned block, even after
 // the block left the index (eviction, delete, replacement): the pin keeps it.
 //
-// API CONTRACT (implementation pending; signatures are fixed):
+// References: whoever allocates an extent holds one reference; every block
+// holds one reference on its extent from Insert until it is both out of the
+// index and unpinned. So an extent shared by many blocks (a prefetch) frees
+// only when its last block goes: evicting one block of it frees nothing
+// (eviction amplification, bounded by the 256 MiB staging chunk).
+//
+// Misuse: Unpin of a block with no pins, or ReleaseExtent of an extent with
+// no references, is ignored (state is never corrupted), counted in
+// Stats.RefUnderflows, and reported to the package's underflow hook, which
+// tests set to fail loudly.
 package store
 
 import (
+	"container/list"
 	"errors"
+	"fmt"
+	"sync"
 	"time"
 
 	"github.com/pegaflow/pegad/internal/metrics"
@@ -37,6 +49,9 @@ const (
 	MaxSlots    = 1024
 	MaxBlockLen = 1 << 40
 )
+
+// ReadChunk is the most Read hands its callback at once.
+const ReadChunk = 1 << 20
 
 // Key names a block. Hash is the raw hash bytes held in a string.
 type Key struct {
@@ -66,22 +81,49 @@ type Segment struct {
 type Slot struct{ K, V Segment }
 
 // Extent is a refcounted pool allocation.
-type Extent struct{}
+type Extent struct {
+	s     *Store
+	alloc pool.Alloc // immutable
+	mem   []byte     // immutable
+	refs  int        // guarded by s.mu
+}
 
 // Alloc is the extent's pool allocation.
-func (e *Extent) Alloc() pool.Alloc { panic("unimplemented") }
+func (e *Extent) Alloc() pool.Alloc { return e.alloc }
 
 // Bytes is the extent's memory.
-func (e *Extent) Bytes() []byte { panic("unimplemented") }
+func (e *Extent) Bytes() []byte { return e.mem }
 
 // Block is an indexed block. Its fields are immutable after insertion.
-type Block struct{}
+type Block struct {
+	// Immutable after Insert.
+	key     Key
+	ext     *Extent
+	slots   []Slot
+	sizes   []SlotSize
+	size    uint64
+	created time.Time
 
-func (b *Block) Key() Key             { panic("unimplemented") }
-func (b *Block) Slots() []Slot        { panic("unimplemented") }
-func (b *Block) Size() uint64         { panic("unimplemented") }
-func (b *Block) CreatedAt() time.Time { panic("unimplemented") }
-func (b *Block) Pins() int            { panic("unimplemented") }
+	// Guarded by ext.s.mu.
+	pins       int
+	lastAccess time.Time
+	elem       *list.Element // position in the LRU; nil once out of the index
+}
+
+func (b *Block) Key() Key { return b.key }
+
+// Slots is a copy of the block's segment placement.
+func (b *Block) Slots() []Slot        { return append([]Slot(nil), b.slots...) }
+func (b *Block) Size() uint64         { return b.size }
+func (b *Block) CreatedAt() time.Time { return b.created }
+func (b *Block) Pins() int {
+	b.ext.s.mu.Lock()
+	defer b.ext.s.mu.Unlock()
+	return b.pins
+}
+
+// NUMA is the node the block's memory is on.
+func (b *Block) NUMA() int { return b.ext.alloc.NUMA }
 
 // Info is a listing row.
 type Info struct {
@@ -96,59 +138,385 @@ type Info struct {
 
 // Stats is a snapshot.
 type Stats struct {
+	// Blocks and Bytes: indexed blocks. Pinned: blocks with at least one pin,
+	// indexed or not. DeferredFree: out of the index, memory kept by pins.
 	Blocks, Bytes, Pinned, DeferredFree, Evictions uint64
 	Pool                                           pool.Stats
+	// RefUnderflows counts Unpin/ReleaseExtent calls that found nothing to
+	// drop (caller bugs; ignored).
+	RefUnderflows uint64
 }
 
+// underflowHook is called (under the store lock) on every ref underflow;
+// tests replace it to fail.
+var underflowHook = func(what string) {}
+
 // Store is safe for concurrent use.
-type Store struct{}
+type Store struct {
+	pool *pool.Pool       // immutable
+	m    *metrics.Metrics // immutable; may be nil
+
+	// mu guards the index, the LRU, every block's pins/lastAccess/elem,
+	// every extent's refs and the counters below. It is never held while
+	// calling a caller's fill or w callback. Lock order: mu, then pool's.
+	mu    sync.Mutex
+	index map[Key]*Block
+	// lru holds the indexed blocks (*Block), most recently used at the front.
+	lru        *list.List
+	bytes      uint64 // sum of indexed blocks' sizes
+	pinned     uint64 // blocks with pins > 0
+	deferred   uint64 // out of the index, pins > 0
+	evictions  uint64
+	underflows uint64
+}
 
 // New creates a store over p. m may be nil (no metrics).
-func New(p *pool.Pool, m *metrics.Metrics) *Store { panic("unimplemented") }
+func New(p *pool.Pool, m *metrics.Metrics) *Store {
+	s := &Store{pool: p, m: m, index: make(map[Key]*Block), lru: list.New()}
+	if m != nil {
+		m.PoolSize.Set(float64(p.Size()))
+		if p.Locked() {
+			m.PoolLocked.Set(1)
+		} else {
+			m.PoolLocked.Set(0)
+		}
+		m.PoolUsed.Set(float64(p.Used()))
+	}
+	return s
+}
 
-func (s *Store) Pool() *pool.Pool { panic("unimplemented") }
-
-// AllocExtent allocates n bytes, evicting unpinned blocks in LRU order until
-// it fits; ErrNoSpace (and nothing evicted beyond need) when it cannot. The
-// caller holds one reference and must ReleaseExtent it.
-func (s *Store) AllocExtent(n uint64) (*Extent, error) { panic("unimplemented") }
+func (s *Store) Pool() *pool.Pool { return s.pool }
 
 // ReleaseExtent drops the caller's reference.
-func (s *Store) ReleaseExtent(e *Extent) { panic("unimplemented") }
+func (s *Store) ReleaseExtent(e *Extent) {
+	if e == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.unrefLocked(e)
+}
+
+// unrefLocked drops one reference on e and frees its memory on the last one;
+// it reports whether memory was freed.
+func (s *Store) unrefLocked(e *Extent) bool {
+	if e.refs <= 0 {
+		s.underflowLocked("ReleaseExtent of an extent with no references")
+		return false
+	}
+	e.refs--
+	if e.refs > 0 {
+		return false
+	}
+	if err := s.pool.Free(e.alloc); err != nil {
+		// The pool's and the store's books disagree: a bug that must not
+		// turn into a double free, so keep going but make it visible.
+		s.underflowLocked("pool refused extent free: " + err.Error())
+		return false
+	}
+	s.poolMetricLocked()
+	return true
+}
+
+func (s *Store) underflowLocked(what string) {
+	s.underflows++
+	underflowHook(what)
+}
+
+func (s *Store) poolMetricLocked() {
+	if s.m != nil {
+		s.m.PoolUsed.Set(float64(s.pool.Used()))
+	}
+}
+
+func (s *Store) indexMetricsLocked() {
+	if s.m != nil {
+		s.m.Blocks.Set(float64(len(s.index)))
+		s.m.BlockBytes.Set(float64(s.bytes))
+		s.m.PinnedDeferred.Set(float64(s.deferred))
+	}
+}
+
+// validKey checks the key's limits.
+func validKey(k Key) error {
+	switch {
+	case k.Namespace == "":
+		return fmt.Errorf("%w: empty namespace", ErrInvalid)
+	case len(k.Namespace) > MaxNSLen:
+		return fmt.Errorf("%w: namespace of %d bytes (max %d)", ErrInvalid, len(k.Namespace), MaxNSLen)
+	case k.Hash == "":
+		return fmt.Errorf("%w: empty hash", ErrInvalid)
+	case len(k.Hash) > MaxHashLen:
+		return fmt.Errorf("%w: hash of %d bytes (max %d)", ErrInvalid, len(k.Hash), MaxHashLen)
+	}
+	return nil
+}
+
+func validSlotCount(n int) error {
+	if n < 1 || n > MaxSlots {
+		return fmt.Errorf("%w: %d slots (want 1..%d)", ErrInvalid, n, MaxSlots)
+	}
+	return nil
+}
+
+// inside reports whether [off, off+n) lies inside [0, limit), overflow-safe.
+func inside(off, n, limit uint64) bool { return off <= limit && n <= limit-off }
 
 // Insert indexes key with its slots inside e (taking its own reference on
 // e). created is false when key was already indexed (the old block is kept
 // and nothing changes). ErrInvalid for a layout outside e or bad key.
 func (s *Store) Insert(key Key, e *Extent, slots []SlotLayout) (created bool, err error) {
-	panic("unimplemented")
+	if err := validKey(key); err != nil {
+		return false, err
+	}
+	if e == nil || e.s != s {
+		return false, fmt.Errorf("%w: extent not from this store", ErrInvalid)
+	}
+	if err := validSlotCount(len(slots)); err != nil {
+		return false, err
+	}
+	elen := e.alloc.Len
+	b := &Block{key: key, ext: e, slots: make([]Slot, len(slots)), sizes: make([]SlotSize, len(slots))}
+	seg := func(off, n uint64) Segment {
+		return Segment{Addr: s.pool.Addr(e.alloc) + off, Off: e.alloc.Off + off, Len: n, NUMA: e.alloc.NUMA}
+	}
+	for i, l := range slots {
+		if l.KLen == 0 {
+			return false, fmt.Errorf("%w: slot %d has an empty K segment", ErrInvalid, i)
+		}
+		if !inside(l.KOff, l.KLen, elen) {
+			return false, fmt.Errorf("%w: slot %d K [%d,+%d) outside the extent of %d bytes", ErrInvalid, i, l.KOff, l.KLen, elen)
+		}
+		if l.VLen > 0 && !inside(l.VOff, l.VLen, elen) {
+			return false, fmt.Errorf("%w: slot %d V [%d,+%d) outside the extent of %d bytes", ErrInvalid, i, l.VOff, l.VLen, elen)
+		}
+		b.slots[i].K = seg(l.KOff, l.KLen)
+		if l.VLen > 0 {
+			b.slots[i].V = seg(l.VOff, l.VLen)
+		}
+		b.sizes[i] = SlotSize{KSize: l.KLen, VSize: l.VLen}
+		b.size += l.KLen + l.VLen // each ≤ elen ≤ pool size: no overflow
+	}
+	if b.size > MaxBlockLen {
+		return false, fmt.Errorf("%w: block of %d bytes (max %d)", ErrInvalid, b.size, MaxBlockLen)
+	}
+	now := time.Now()
+	b.created, b.lastAccess = now, now
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e.refs <= 0 {
+		return false, fmt.Errorf("%w: extent already released", ErrInvalid)
+	}
+	if _, ok := s.index[key]; ok {
+		return false, nil
+	}
+	e.refs++
+	b.elem = s.lru.PushFront(b)
+	s.index[key] = b
+	s.bytes += b.size
+	s.indexMetricsLocked()
+	return true, nil
 }
 
 // Put is AllocExtent + copy + Insert for local writes: sizes give the shape,
 // fill writes the block's bytes (slot 0 K, slot 0 V, slot 1 K, ...) into
 // the buffer it is given. Nothing is stored when fill returns an error.
+// A key already indexed returns created=false without calling fill.
 func (s *Store) Put(key Key, sizes []SlotSize, fill func(buf []byte) error) (created bool, err error) {
-	panic("unimplemented")
+	if err := validKey(key); err != nil {
+		return false, err
+	}
+	if err := validSlotCount(len(sizes)); err != nil {
+		return false, err
+	}
+	layout := make([]SlotLayout, len(sizes))
+	var total uint64
+	for i, sz := range sizes {
+		if sz.KSize == 0 {
+			return false, fmt.Errorf("%w: slot %d has an empty K segment", ErrInvalid, i)
+		}
+		if sz.KSize > MaxBlockLen || sz.VSize > MaxBlockLen {
+			return false, fmt.Errorf("%w: slot %d larger than %d bytes", ErrInvalid, i, uint64(MaxBlockLen))
+		}
+		layout[i] = SlotLayout{KOff: total, KLen: sz.KSize}
+		total += sz.KSize
+		if sz.VSize > 0 {
+			layout[i].VOff, layout[i].VLen = total, sz.VSize
+			total += sz.VSize
+		}
+		if total > MaxBlockLen {
+			return false, fmt.Errorf("%w: block larger than %d bytes", ErrInvalid, uint64(MaxBlockLen))
+		}
+	}
+	if s.Has(key) {
+		return false, nil
+	}
+	e, err := s.AllocExtent(total)
+	if err != nil {
+		return false, err
+	}
+	defer s.ReleaseExtent(e) // Insert takes its own reference
+	if err := fill(e.mem[:total]); err != nil {
+		return false, fmt.Errorf("store: fill %s/%x: %w", key.Namespace, key.Hash, err)
+	}
+	return s.Insert(key, e, layout)
 }
 
 // Has reports whether key is indexed (no LRU touch).
-func (s *Store) Has(key Key) bool { panic("unimplemented") }
+func (s *Store) Has(key Key) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.index[key]
+	return ok
+}
 
 // Pin looks up keys and pins the found ones (in order); missing lists the
 // indexes of keys not found. A pinned block's memory stays until Unpin.
-func (s *Store) Pin(keys []Key) (pinned []*Block, missing []int) { panic("unimplemented") }
+// Pinning counts as an access for the LRU.
+func (s *Store) Pin(keys []Key) (pinned []*Block, missing []int) {
+	now := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, k := range keys {
+		b, ok := s.index[k]
+		if !ok {
+			missing = append(missing, i)
+			continue
+		}
+		if b.pins == 0 {
+			s.pinned++
+		}
+		b.pins++
+		b.lastAccess = now
+		s.lru.MoveToFront(b.elem)
+		pinned = append(pinned, b)
+	}
+	return pinned, missing
+}
 
 // Unpin drops one pin of each block; a block out of the index frees its
 // memory on its last unpin.
-func (s *Store) Unpin(blocks []*Block) { panic("unimplemented") }
+func (s *Store) Unpin(blocks []*Block) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, b := range blocks {
+		s.unpinLocked(b)
+	}
+}
+
+func (s *Store) unpinLocked(b *Block) {
+	if b == nil || b.ext.s != s || b.pins <= 0 {
+		s.underflowLocked("Unpin of a block that is not pinned")
+		return
+	}
+	b.pins--
+	if b.pins > 0 {
+		return
+	}
+	s.pinned--
+	if b.elem == nil { // out of the index: the pin was all that kept it
+		s.deferred--
+		s.indexMetricsLocked()
+		s.unrefLocked(b.ext)
+	}
+}
+
+// removeLocked takes b out of the index and the LRU and drops its extent
+// reference unless a pin keeps it. It reports whether memory was freed.
+func (s *Store) removeLocked(b *Block) (freed bool) {
+	delete(s.index, b.key)
+	s.lru.Remove(b.elem)
+	b.elem = nil
+	s.bytes -= b.size
+	if b.pins > 0 {
+		s.deferred++
+	} else {
+		freed = s.unrefLocked(b.ext)
+	}
+	s.indexMetricsLocked()
+	return freed
+}
 
 // Delete removes key from the index. deferred: pinned, memory freed later.
-func (s *Store) Delete(key Key) (deferred bool, err error) { panic("unimplemented") }
+func (s *Store) Delete(key Key) (deferred bool, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b, ok := s.index[key]
+	if !ok {
+		return false, fmt.Errorf("%w: %s/%x", ErrNotFound, key.Namespace, key.Hash)
+	}
+	s.removeLocked(b)
+	return b.pins > 0, nil
+}
 
-// List returns up to limit blocks of ns ("" = all), most recent first.
-func (s *Store) List(ns string, limit int) (infos []Info, truncated bool) { panic("unimplemented") }
+func (b *Block) infoLocked() Info {
+	return Info{
+		Key: b.key, Slots: append([]SlotSize(nil), b.sizes...), Size: b.size, Pins: b.pins,
+		NUMA: b.ext.alloc.NUMA, CreatedAt: b.created, LastAccess: b.lastAccess,
+	}
+}
+
+// List returns up to limit blocks of ns ("" = all), most recent first;
+// limit <= 0 means no limit. truncated: more blocks matched.
+func (s *Store) List(ns string, limit int) (infos []Info, truncated bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for el := s.lru.Front(); el != nil; el = el.Next() {
+		b := el.Value.(*Block)
+		if ns != "" && b.key.Namespace != ns {
+			continue
+		}
+		if limit > 0 && len(infos) == limit {
+			return infos, true
+		}
+		infos = append(infos, b.infoLocked())
+	}
+	return infos, false
+}
 
 // Read copies the block's bytes (slot order) into w chunk by chunk while
-// holding a pin.
-func (s *Store) Read(key Key, w func(chunk []byte) error) (Info, error) { panic("unimplemented") }
+// holding a pin. Each chunk (at most ReadChunk bytes) is a private buffer
+// reused between calls: w must not keep it. An error from w stops the read
+// and is returned wrapped.
+func (s *Store) Read(key Key, w func(chunk []byte) error) (Info, error) {
+	blocks, _ := s.Pin([]Key{key})
+	if len(blocks) == 0 {
+		return Info{}, fmt.Errorf("%w: %s/%x", ErrNotFound, key.Namespace, key.Hash)
+	}
+	b := blocks[0]
+	defer s.Unpin(blocks)
+	s.mu.Lock()
+	info := b.infoLocked()
+	s.mu.Unlock()
 
-func (s *Store) Stats() Stats { panic("unimplemented") }
+	buf := make([]byte, min(b.size, ReadChunk))
+	base := b.ext.alloc.Off
+	for _, sl := range b.slots {
+		for _, seg := range []Segment{sl.K, sl.V} {
+			if seg.Len == 0 {
+				continue // no V segment
+			}
+			mem := b.ext.mem[seg.Off-base : seg.Off-base+seg.Len]
+			for len(mem) > 0 {
+				n := copy(buf, mem)
+				mem = mem[n:]
+				if err := w(buf[:n]); err != nil {
+					return info, fmt.Errorf("store: read %s/%x: %w", key.Namespace, key.Hash, err)
+				}
+			}
+		}
+	}
+	return info, nil
+}
+
+func (s *Store) Stats() Stats {
+	s.mu.Lock()
+	st := Stats{
+		Blocks: uint64(len(s.index)), Bytes: s.bytes, Pinned: s.pinned, DeferredFree: s.deferred,
+		Evictions: s.evictions, RefUnderflows: s.underflows,
+	}
+	s.mu.Unlock()
+	st.Pool = s.pool.Stats()
+	return st
+}
