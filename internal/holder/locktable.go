@@ -46,11 +46,11 @@ var (
 type EndReason uint8
 
 const (
-	EndReleased       EndReason = iota + 1 // released by its requester
-	EndExpired                             // expired by the GC sweeper
-	EndForceReleased                       // ForceRelease by an operator
-	EndReclaimed                           // its requester restarted (new incarnation)
-	EndShutdown                            // ReleaseAll at daemon shutdown
+	EndReleased      EndReason = iota + 1 // released by its requester
+	EndExpired                            // expired by the GC sweeper
+	EndForceReleased                      // ForceRelease by an operator
+	EndReclaimed                          // its requester restarted (new incarnation)
+	EndShutdown                           // ReleaseAll at daemon shutdown
 )
 
 func (r EndReason) String() string {
