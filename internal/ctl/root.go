@@ -25,7 +25,6 @@ import (
 // EnvSocket overrides the default socket path; --socket overrides it.
 const EnvSocket = "PEGACTL_SOCKET"
 
-
 // defaultTimeout bounds one command's RPCs, streaming puts and gets
 // included; prefetch passes it to the daemon as the fetch timeout.
 const defaultTimeout = 30 * time.Second
