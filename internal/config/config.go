@@ -159,7 +159,7 @@ func Keys() []string {
 // of d (normally Default()).
 func RegisterFlags(fs *pflag.FlagSet, d Config) {
 	fs.String(FlagConfig, "", "YAML config file (env PEGAD_CONFIG); its keys are the flag names")
-	fs.String("node-id", d.NodeID, "node name shown to peers (default: hostname)")
+	fs.String("node-id", d.NodeID, "node name shown to peers and in sessions (defaults to the hostname)")
 	fs.String("listen", d.Listen, "peer gRPC listen address (PeerService)")
 	fs.String("advertise", d.Advertise, "address peers use to reach this node (default: the bound --listen address)")
 	fs.String("socket", d.Socket, "unix socket for the local and admin API")

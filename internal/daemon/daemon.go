@@ -1,0 +1,482 @@
+// Package daemon wires pegad together: it builds every component from a
+// validated config (pool, store, transport, connections, holder, prefetch
+// engine, lock sweeper), serves the peer port, the local unix socket and the
+// metrics endpoint, and shuts all of it down in order.
+//
+// It owns the goroutines it starts (servers, sweeper, watchdog) and stops
+// them in Close; it must never hold business logic of its own: what a
+// component decides stays in that component.
+package daemon
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/coreos/go-systemd/v22/daemon"
+	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/rs/zerolog"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+
+	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+	"github.com/pegaflow/pegad/internal/config"
+	"github.com/pegaflow/pegad/internal/conn"
+	"github.com/pegaflow/pegad/internal/gc"
+	"github.com/pegaflow/pegad/internal/holder"
+	"github.com/pegaflow/pegad/internal/localapi"
+	"github.com/pegaflow/pegad/internal/logging"
+	"github.com/pegaflow/pegad/internal/metrics"
+	"github.com/pegaflow/pegad/internal/peer"
+	"github.com/pegaflow/pegad/internal/pool"
+	"github.com/pegaflow/pegad/internal/requester"
+	"github.com/pegaflow/pegad/internal/store"
+	"github.com/pegaflow/pegad/internal/version"
+)
+
+// Option adjusts Start (tests).
+type Option func(*options)
+
+type options struct {
+	log    *zerolog.Logger
+	notify func(state string) // sd_notify; nil: go-systemd's SdNotify
+}
+
+// WithLogger makes the daemon log to l instead of building a logger from
+// the config's log-level and log-format.
+func WithLogger(l zerolog.Logger) Option { return func(o *options) { o.log = &l } }
+
+// WithNotify replaces sd_notify (tests observe READY/STOPPING).
+func WithNotify(f func(state string)) Option { return func(o *options) { o.notify = f } }
+
+// Daemon is a running pegad. Start creates one; Close stops it.
+type Daemon struct {
+	cfg         config.Config
+	log         zerolog.Logger
+	notify      func(string)
+	incarnation string
+	started     time.Time
+
+	reg     *prometheus.Registry
+	metrics *metrics.Metrics
+
+	pool   *pool.Pool
+	store  *store.Store
+	tr     *transport
+	peers  *peer.Clients
+	conns  *conn.Manager
+	holder *holder.Service
+	engine *requester.Engine
+
+	peerSrv, localSrv       *grpc.Server
+	peerHealth, localHealth *health.Server
+	httpSrv                 *http.Server
+	peerAddr, metricsAddr   string
+	socket                  string
+	advertise               string
+	serving                 atomic.Bool // /healthz: true between READY and shutdown
+
+	// cancel stops the background goroutines (sweeper, watchdog); wg waits
+	// for them and for the servers' Serve loops.
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// Run starts pegad, reports READY to systemd, serves until ctx is done
+// (SIGTERM/SIGINT in cmd), then shuts down gracefully.
+func Run(ctx context.Context, cfg config.Config, opts ...Option) error {
+	d, err := Start(ctx, cfg, opts...)
+	if err != nil {
+		return err
+	}
+	<-ctx.Done()
+	d.log.Info().Msg("Shutting down")
+	return d.Close()
+}
+
+// Start builds and starts every component and listener. On error, what was
+// started is stopped again. The context only bounds start-up; stop the
+// daemon with Close.
+func Start(ctx context.Context, cfg config.Config, opts ...Option) (d *Daemon, err error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	var o options
+	for _, f := range opts {
+		f(&o)
+	}
+	d = &Daemon{cfg: cfg, started: time.Now(), notify: o.notify}
+	if o.log != nil {
+		d.log = *o.log
+	} else {
+		l, err := logging.New(os.Stderr, cfg.LogLevel, cfg.LogFormat)
+		if err != nil {
+			return nil, err
+		}
+		d.log = l
+	}
+	if d.notify == nil {
+		d.notify = func(state string) { _, _ = daemon.SdNotify(false, state) }
+	}
+	d.incarnation = newIncarnation()
+	d.log = d.log.With().Str("node", cfg.NodeID).Logger()
+	defer func() {
+		if err != nil {
+			d.log.Error().Err(err).Msg("Start-up failed")
+			_ = d.Close()
+			d = nil
+		}
+	}()
+	if err := ctx.Err(); err != nil {
+		return d, err
+	}
+
+	d.reg = prometheus.NewRegistry()
+	d.metrics = metrics.New(d.reg, true)
+
+	d.pool, err = pool.New(pool.Options{Size: uint64(cfg.PoolSize), Lock: true, Log: d.log})
+	if err != nil {
+		return d, fmt.Errorf("pool: %w", err)
+	}
+	d.store = store.New(d.pool, d.metrics)
+
+	d.tr, err = openTransport(&cfg, d.log)
+	if err != nil {
+		return d, err
+	}
+	d.log.Info().Str("transport", d.tr.name).Str("reason", d.tr.reason).Int("nics", len(d.tr.devices)).
+		Msg("Transport selected")
+
+	d.peers = peer.NewClients()
+	d.conns, err = conn.NewManager(conn.Options{
+		NodeID:      cfg.NodeID,
+		Incarnation: d.incarnation,
+		Transport:   d.tr.name,
+		Devices:     d.tr.devices,
+		Memory:      d.pool.Bytes(),
+		QPsPerPeer:  cfg.QPsPerPeer,
+		Dial:        d.peers.Get,
+		Metrics:     d.metrics,
+		Log:         d.log.With().Str("component", "conn").Logger(),
+	})
+	if err != nil {
+		return d, fmt.Errorf("connections: %w", err)
+	}
+	d.holder = holder.New(holder.Options{
+		Store:       d.store,
+		Acceptor:    d.conns,
+		Metrics:     d.metrics,
+		Log:         d.log.With().Str("component", "holder").Logger(),
+		NodeID:      cfg.NodeID,
+		Incarnation: d.incarnation,
+		LockTimeout: cfg.LockTimeout,
+		MaxLifetime: cfg.EffectiveLockMaxLifetime(),
+	})
+	d.engine, err = requester.New(requester.Options{
+		NodeID:      cfg.NodeID,
+		Incarnation: d.incarnation,
+		Store:       d.store,
+		Conns:       d.conns,
+		Peers:       d.peers.Get,
+		Metrics:     d.metrics,
+		Log:         d.log.With().Str("component", "requester").Logger(),
+	})
+	if err != nil {
+		return d, fmt.Errorf("prefetch engine: %w", err)
+	}
+
+	bg, cancel := context.WithCancel(context.Background())
+	d.cancel = cancel
+	d.wg.Add(1)
+	go func() { // lock sweeper; stops with d.cancel
+		defer d.wg.Done()
+		gc.Run(bg, cfg.GCInterval, d.holder.Locks(), nil)
+	}()
+
+	if err := d.listen(); err != nil {
+		return d, err
+	}
+
+	d.serving.Store(true)
+	d.notify(daemon.SdNotifyReady)
+	d.startWatchdog(bg)
+	d.log.Info().Str("version", version.Version).Str("incarnation", d.incarnation).
+		Str("listen", d.peerAddr).Str("advertise", d.advertise).Str("socket", d.socket).
+		Str("metrics", d.metricsAddr).Str("pool_size", cfg.PoolSize.String()).
+		Bool("pool_locked", d.pool.Locked()).Dur("lock_timeout", cfg.LockTimeout).
+		Msg("pegad ready")
+	return d, nil
+}
+
+// listen opens and serves the peer port, the local socket and the metrics
+// endpoint.
+func (d *Daemon) listen() error {
+	cfg := &d.cfg
+	srvMetrics := grpcprom.NewServerMetrics()
+	if err := d.reg.Register(srvMetrics); err != nil {
+		return fmt.Errorf("grpc metrics: %w", err)
+	}
+
+	// Peer port.
+	peerLis, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", cfg.Listen, err)
+	}
+	d.peerAddr = peerLis.Addr().String()
+	d.advertise = cfg.Advertise
+	if d.advertise == "" {
+		d.advertise = d.peerAddr
+	}
+	d.peerSrv = grpc.NewServer(
+		grpc.ChainUnaryInterceptor(srvMetrics.UnaryServerInterceptor(), holder.RecoveryInterceptor(d.log)),
+		grpc.ChainStreamInterceptor(srvMetrics.StreamServerInterceptor(), streamRecovery(d.log)),
+	)
+	pegadv1.RegisterPeerServiceServer(d.peerSrv, d.holder)
+	d.peerHealth = health.NewServer()
+	healthpb.RegisterHealthServer(d.peerSrv, d.peerHealth)
+	if cfg.PeerReflection {
+		reflection.Register(d.peerSrv)
+	}
+	srvMetrics.InitializeMetrics(d.peerSrv)
+	d.serve("peer", func() error { return d.peerSrv.Serve(peerLis) })
+
+	// Local socket.
+	localLis, err := listenUnix(cfg.Socket)
+	if err != nil {
+		return err
+	}
+	d.socket = cfg.Socket
+	d.localSrv = grpc.NewServer(
+		grpc.MaxRecvMsgSize(localapi.MaxRecvMsgSize),
+		grpc.ChainUnaryInterceptor(srvMetrics.UnaryServerInterceptor(), holder.RecoveryInterceptor(d.log)),
+		grpc.ChainStreamInterceptor(srvMetrics.StreamServerInterceptor(), streamRecovery(d.log)),
+	)
+	pegadv1.RegisterLocalServiceServer(d.localSrv, localapi.NewLocal(localapi.LocalOptions{
+		Store:   d.store,
+		Fetcher: d.engine,
+		Log:     d.log.With().Str("component", "localapi").Logger(),
+	}))
+	pegadv1.RegisterAdminServiceServer(d.localSrv, localapi.NewAdmin(localapi.AdminOptions{
+		Store:   d.store,
+		Locks:   d.holder.Locks(),
+		Conns:   d.conns,
+		Fetcher: d.engine,
+		Metrics: d.metrics,
+		Node: localapi.NodeInfo{
+			NodeID: cfg.NodeID, Incarnation: d.incarnation, Transport: d.tr.name,
+			VerbsAvailable: d.tr.verbsAvailable, Started: d.started,
+		},
+		Log: d.log.With().Str("component", "admin").Logger(),
+	}))
+	d.localHealth = health.NewServer()
+	healthpb.RegisterHealthServer(d.localSrv, d.localHealth)
+	reflection.Register(d.localSrv)
+	srvMetrics.InitializeMetrics(d.localSrv)
+	d.serve("local", func() error { return d.localSrv.Serve(localLis) })
+
+	// Metrics.
+	if cfg.MetricsListen != "" {
+		ml, err := net.Listen("tcp", cfg.MetricsListen)
+		if err != nil {
+			return fmt.Errorf("listen metrics %s: %w", cfg.MetricsListen, err)
+		}
+		d.metricsAddr = ml.Addr().String()
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{Registry: d.reg}))
+		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+			if !d.serving.Load() {
+				http.Error(w, "shutting down", http.StatusServiceUnavailable)
+				return
+			}
+			_, _ = w.Write([]byte("ok\n"))
+		})
+		d.httpSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		d.serve("metrics", func() error {
+			if err := d.httpSrv.Serve(ml); !errors.Is(err, http.ErrServerClosed) {
+				return err
+			}
+			return nil
+		})
+	}
+	return nil
+}
+
+// serve runs fn in a goroutine owned by d (stopped by Close).
+func (d *Daemon) serve(name string, fn func() error) {
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		if err := fn(); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			d.log.Error().Err(err).Str("server", name).Msg("Server stopped with an error")
+		}
+	}()
+}
+
+// startWatchdog pings systemd's watchdog at half its interval when enabled.
+func (d *Daemon) startWatchdog(ctx context.Context) {
+	iv, err := daemon.SdWatchdogEnabled(false)
+	if err != nil || iv <= 0 {
+		return
+	}
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		t := time.NewTicker(iv / 2)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				d.notify(daemon.SdNotifyWatchdog)
+			}
+		}
+	}()
+}
+
+// Close shuts down in order: health NOT_SERVING → STOPPING → stop accepting
+// and drain RPCs (bounded by shutdown-timeout) → prefetch engine (its guards
+// release the locks it holds) → holder sessions → connections → transport →
+// pool. Safe to call more than once; later calls return the first result.
+func (d *Daemon) Close() error {
+	d.closeOnce.Do(func() { d.closeErr = d.shutdown() })
+	return d.closeErr
+}
+
+func (d *Daemon) shutdown() error {
+	var errs []error
+	d.serving.Store(false)
+	if d.peerHealth != nil {
+		d.peerHealth.Shutdown()
+	}
+	if d.localHealth != nil {
+		d.localHealth.Shutdown()
+	}
+	if d.notify != nil {
+		d.notify(daemon.SdNotifyStopping)
+	}
+
+	deadline := time.Now().Add(d.cfg.ShutdownTimeout)
+	var stopWG sync.WaitGroup
+	for _, s := range []*grpc.Server{d.peerSrv, d.localSrv} {
+		if s == nil {
+			continue
+		}
+		stopWG.Add(1)
+		go func() {
+			defer stopWG.Done()
+			gracefulStop(s, time.Until(deadline))
+		}()
+	}
+	if d.httpSrv != nil {
+		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		if err := d.httpSrv.Shutdown(ctx); err != nil {
+			_ = d.httpSrv.Close()
+		}
+		cancel()
+	}
+	stopWG.Wait()
+	if d.cancel != nil {
+		d.cancel()
+	}
+	d.wg.Wait()
+
+	if d.engine != nil {
+		if err := d.engine.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("prefetch engine: %w", err))
+		}
+	}
+	if d.holder != nil {
+		if n := d.holder.Locks().ReleaseAll("shutdown"); n > 0 {
+			d.log.Info().Int("sessions", n).Msg("Released holder sessions at shutdown")
+		}
+	}
+	if d.conns != nil {
+		if err := d.conns.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("connections: %w", err))
+		}
+	}
+	if d.peers != nil {
+		if err := d.peers.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("peer clients: %w", err))
+		}
+	}
+	if d.tr != nil && d.tr.close != nil {
+		d.tr.close()
+	}
+	if d.pool != nil {
+		if err := d.pool.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("pool: %w", err))
+		}
+	}
+	err := errors.Join(errs...)
+	if err != nil {
+		d.log.Error().Err(err).Msg("Shutdown finished with errors")
+	} else {
+		d.log.Info().Msg("Shutdown complete")
+	}
+	return err
+}
+
+// gracefulStop drains s, falling back to a hard Stop after timeout.
+func gracefulStop(s *grpc.Server, timeout time.Duration) {
+	done := make(chan struct{})
+	go func() {
+		s.GracefulStop()
+		close(done)
+	}()
+	t := time.NewTimer(max(timeout, 0))
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		s.Stop()
+		<-done
+	}
+}
+
+func newIncarnation() string {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(fmt.Sprintf("crypto/rand: %v", err))
+	}
+	return hex.EncodeToString(b[:])
+}
+
+// Accessors for tests and operators' tooling.
+
+// PeerAddr is the bound peer gRPC address.
+func (d *Daemon) PeerAddr() string { return d.peerAddr }
+
+// SocketPath is the local API's unix socket.
+func (d *Daemon) SocketPath() string { return d.socket }
+
+// MetricsAddr is the bound metrics address ("" when disabled).
+func (d *Daemon) MetricsAddr() string { return d.metricsAddr }
+
+// Incarnation is this start's random id.
+func (d *Daemon) Incarnation() string { return d.incarnation }
+
+// Transport is the provider in use ("tcp" or "verbs").
+func (d *Daemon) Transport() string { return d.tr.name }
+
+// Registry is the daemon's private metrics registry.
+func (d *Daemon) Registry() *prometheus.Registry { return d.reg }
+
+// Config is the configuration the daemon runs with.
+func (d *Daemon) Config() config.Config { return d.cfg }

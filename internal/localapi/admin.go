@@ -1,0 +1,221 @@
+package localapi
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/rs/zerolog"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+	"github.com/pegaflow/pegad/internal/conn"
+	"github.com/pegaflow/pegad/internal/holder"
+	"github.com/pegaflow/pegad/internal/metrics"
+	"github.com/pegaflow/pegad/internal/store"
+	"github.com/pegaflow/pegad/internal/version"
+)
+
+// Locks is the holder's lock table as the admin API uses it
+// (*holder.LockTable).
+type Locks interface {
+	Sessions() []holder.SessionInfo
+	ForceRelease(id, operator string) (int, error)
+	Len() int
+	LockedBlocks() int
+}
+
+// Conns is the connection manager as the admin API uses it (*conn.Manager).
+type Conns interface {
+	List() []conn.ConnInfo
+	QPs() int
+}
+
+// NodeInfo is the daemon's identity, for Stats and Version.
+type NodeInfo struct {
+	NodeID         string
+	Incarnation    string
+	Transport      string // the provider in use: "tcp" or "verbs"
+	VerbsAvailable bool
+	Started        time.Time
+}
+
+// AdminOptions configure NewAdmin. Fetcher and Conns may be nil.
+type AdminOptions struct {
+	Store   *store.Store
+	Locks   Locks
+	Conns   Conns
+	Fetcher Fetcher
+	Metrics *metrics.Metrics
+	Node    NodeInfo
+	Log     zerolog.Logger
+	Now     func() time.Time // nil: time.Now
+}
+
+// Admin implements pegadv1.AdminServiceServer.
+type Admin struct {
+	pegadv1.UnimplementedAdminServiceServer
+	o AdminOptions
+}
+
+// NewAdmin returns the AdminService server.
+func NewAdmin(o AdminOptions) *Admin {
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return &Admin{o: o}
+}
+
+// ListSessions lists the holder's live sessions and the requester's
+// in-flight fetches.
+func (a *Admin) ListSessions(context.Context, *pegadv1.ListSessionsRequest) (*pegadv1.ListSessionsResponse, error) {
+	now := a.o.Now()
+	resp := &pegadv1.ListSessionsResponse{
+		Sessions: []*pegadv1.HolderSession{},
+		Fetches:  []*pegadv1.Fetch{},
+	}
+	if a.o.Locks != nil {
+		for _, s := range a.o.Locks.Sessions() {
+			resp.Sessions = append(resp.Sessions, &pegadv1.HolderSession{
+				SessionId:            s.ID,
+				RequesterId:          s.RequesterID,
+				RequesterIncarnation: s.Incarnation,
+				Blocks:               uint32(s.Blocks),
+				Bytes:                s.Bytes,
+				CreatedAt:            timestamppb.New(s.CreatedAt),
+				Age:                  durationpb.New(max(now.Sub(s.CreatedAt), 0)),
+				ExpiresIn:            durationpb.New(max(s.ExpiresAt.Sub(now), 0)),
+				Renewals:             uint32(s.Renewals),
+			})
+		}
+	}
+	if a.o.Fetcher != nil {
+		for _, f := range a.o.Fetcher.InFlight() {
+			resp.Fetches = append(resp.Fetches, &pegadv1.Fetch{
+				ReqId:     f.ReqID,
+				Peer:      f.Peer,
+				SessionId: f.SessionID,
+				Blocks:    uint32(f.Blocks),
+				Bytes:     f.Bytes,
+				Age:       durationpb.New(max(now.Sub(f.Started), 0)),
+				Phase:     f.Phase,
+			})
+		}
+	}
+	return resp, nil
+}
+
+// ReleaseLock force-releases a holder session for an operator.
+func (a *Admin) ReleaseLock(ctx context.Context, req *pegadv1.ReleaseLockRequest) (*pegadv1.ReleaseLockResponse, error) {
+	if a.o.Locks == nil {
+		return nil, status.Error(codes.Unavailable, "holder not running")
+	}
+	if strings.TrimSpace(req.GetSessionId()) == "" {
+		return nil, status.Error(codes.InvalidArgument, "session_id is empty")
+	}
+	op := strings.TrimSpace(req.GetOperator())
+	if op == "" {
+		op = "unknown"
+	}
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil && p.Addr.String() != "" && p.Addr.String() != "@" {
+		op += " via " + p.Addr.String()
+	}
+	n, err := a.o.Locks.ForceRelease(req.GetSessionId(), op)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &pegadv1.ReleaseLockResponse{ReleasedBlocks: uint32(n)}, nil
+}
+
+// ListConns lists peer connections (both roles).
+func (a *Admin) ListConns(context.Context, *pegadv1.ListConnsRequest) (*pegadv1.ListConnsResponse, error) {
+	resp := &pegadv1.ListConnsResponse{Conns: []*pegadv1.Conn{}}
+	if a.o.Conns == nil {
+		return resp, nil
+	}
+	now := a.o.Now()
+	for _, c := range a.o.Conns.List() {
+		pc := &pegadv1.Conn{
+			Peer:         c.Peer,
+			State:        c.State,
+			Qps:          uint32(c.QPs),
+			Age:          durationpb.New(max(now.Sub(c.Since), 0)),
+			RemoteNodeId: c.RemoteNodeID,
+			Role:         c.Role,
+		}
+		for _, n := range c.NICs {
+			pc.Nics = append(pc.Nics, &pegadv1.NicConn{Nic: n.Name, Qps: uint32(n.QPs), LocalQpns: n.LocalQPNs})
+		}
+		resp.Conns = append(resp.Conns, pc)
+	}
+	return resp, nil
+}
+
+// Stats summarises the node.
+func (a *Admin) Stats(context.Context, *pegadv1.StatsRequest) (*pegadv1.StatsResponse, error) {
+	st := a.o.Store.Stats()
+	resp := &pegadv1.StatsResponse{
+		NodeId:       a.o.Node.NodeID,
+		Incarnation:  a.o.Node.Incarnation,
+		Transport:    a.o.Node.Transport,
+		PoolSize:     st.Pool.Size,
+		PoolUsed:     st.Pool.Used,
+		PoolFree:     st.Pool.Free,
+		PoolLocked:   st.Pool.Locked,
+		Blocks:       st.Blocks,
+		PinnedBlocks: st.Pinned,
+		Evictions:    st.Evictions,
+		Uptime:       durationpb.New(max(a.o.Now().Sub(a.o.Node.Started), 0)),
+	}
+	if a.o.Locks != nil {
+		resp.SessionsActive = uint64(a.o.Locks.Len())
+		resp.LockedBlocks = uint64(a.o.Locks.LockedBlocks())
+	}
+	if a.o.Conns != nil {
+		resp.Qps = uint32(a.o.Conns.QPs())
+		resp.Conns = uint32(len(a.o.Conns.List()))
+	}
+	if m := a.o.Metrics; m != nil {
+		resp.LockTimeouts = uint64(value(m.LockTimeouts))
+		resp.FetchesOk = uint64(value(m.FetchTotal.WithLabelValues(metrics.FetchOK)))
+		var failed float64
+		for _, s := range []string{metrics.FetchError, metrics.FetchCanceled, metrics.FetchDiscarded, metrics.FetchPanic} {
+			failed += value(m.FetchTotal.WithLabelValues(s))
+		}
+		resp.FetchesFailed = uint64(failed)
+		resp.FetchBytes = uint64(value(m.FetchBytes))
+	}
+	return resp, nil
+}
+
+// value reads a counter or gauge.
+func value(c prometheus.Metric) float64 {
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		return 0
+	}
+	switch {
+	case m.Counter != nil:
+		return m.Counter.GetValue()
+	case m.Gauge != nil:
+		return m.Gauge.GetValue()
+	}
+	return 0
+}
+
+// Version reports the build and the transport in use.
+func (a *Admin) Version(context.Context, *pegadv1.VersionRequest) (*pegadv1.VersionResponse, error) {
+	return &pegadv1.VersionResponse{
+		Version:        version.Version,
+		Commit:         version.CommitOrVCS(),
+		GoVersion:      version.GoVersion(),
+		Transport:      a.o.Node.Transport,
+		VerbsAvailable: a.o.Node.VerbsAvailable,
+	}, nil
+}

@@ -1,0 +1,389 @@
+// Package localapi serves pegad's unix-socket APIs: LocalService (what the
+// inference engine and pegactl use to put, get, list, delete and prefetch
+// blocks) and AdminService (sessions, locks, connections, stats, version).
+//
+// It owns request validation and the mapping of internal errors to gRPC
+// status codes (toStatus), and nothing else: it must never hold state of its
+// own beyond what it is given, nor reach the network except through the
+// prefetch engine.
+package localapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/rs/zerolog"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+	"github.com/pegaflow/pegad/internal/requester"
+	"github.com/pegaflow/pegad/internal/store"
+)
+
+// Limits of the local API.
+const (
+	// MaxChunk is the largest data payload of one PutBlock/GetBlock message.
+	MaxChunk = 1 << 20
+	// MaxRecvMsgSize is the gRPC receive limit the local server needs: one
+	// MaxChunk plus room for framing and a header message.
+	MaxRecvMsgSize = MaxChunk + 64<<10
+	// DefaultListLimit and MaxListLimit bound ListBlocks.
+	DefaultListLimit = 1000
+	MaxListLimit     = 100000
+	// MaxPrefetchHashes caps one Prefetch (the peer protocol's cap).
+	MaxPrefetchHashes = 4096
+)
+
+// Fetcher is the prefetch engine as the APIs use it (*requester.Engine).
+type Fetcher interface {
+	Prefetch(ctx context.Context, peer, namespace string, hashes [][]byte) (*requester.Result, error)
+	InFlight() []requester.FetchInfo
+}
+
+// Local implements pegadv1.LocalServiceServer.
+type Local struct {
+	pegadv1.UnimplementedLocalServiceServer
+
+	store   *store.Store
+	fetcher Fetcher // nil: Prefetch answers Unavailable
+	log     zerolog.Logger
+	now     func() time.Time
+}
+
+// LocalOptions configure NewLocal.
+type LocalOptions struct {
+	Store   *store.Store
+	Fetcher Fetcher
+	Log     zerolog.Logger
+	Now     func() time.Time // nil: time.Now
+
+}
+
+// NewLocal returns the LocalService server.
+func NewLocal(o LocalOptions) *Local {
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return &Local{store: o.Store, fetcher: o.Fetcher, log: o.Log, now: o.Now}
+}
+
+// validKey checks a namespace and hash against the store's limits.
+func validKey(ns string, hash []byte) error {
+	switch {
+	case ns == "":
+		return status.Error(codes.InvalidArgument, "namespace is empty")
+	case len(ns) > store.MaxNSLen:
+		return status.Errorf(codes.InvalidArgument, "namespace is %d bytes, more than %d", len(ns), store.MaxNSLen)
+	case len(hash) == 0:
+		return status.Error(codes.InvalidArgument, "hash is empty")
+	case len(hash) > store.MaxHashLen:
+		return status.Errorf(codes.InvalidArgument, "hash is %d bytes, more than %d", len(hash), store.MaxHashLen)
+	}
+	return nil
+}
+
+// errFill marks an error raised by PutBlock's fill (the client's stream),
+// so that it is reported as is and not as a store error.
+type errFill struct{ err error }
+
+func (e *errFill) Error() string { return e.err.Error() }
+func (e *errFill) Unwrap() error { return e.err }
+
+// PutBlock receives a header, then the block's bytes in order, and stores
+// the block. Nothing is stored unless every byte arrived and fit.
+func (l *Local) PutBlock(stream pegadv1.LocalService_PutBlockServer) error {
+	first, err := stream.Recv()
+	if err != nil {
+		if errors.Is(err, io.EOF) {
+			return status.Error(codes.InvalidArgument, "empty PutBlock stream: the first message must be a header")
+		}
+		return err
+	}
+	h := first.GetHeader()
+	if h == nil {
+		return status.Error(codes.InvalidArgument, "the first PutBlock message must be a header")
+	}
+	if err := validKey(h.GetNamespace(), h.GetHash()); err != nil {
+		return err
+	}
+	sizes, total, err := slotSizes(h.GetSlots())
+	if err != nil {
+		return err
+	}
+	if ps := l.store.Pool().Size(); total > ps {
+		return status.Errorf(codes.ResourceExhausted, "block of %d bytes does not fit in a pool of %d bytes", total, ps)
+	}
+	key := store.Key{Namespace: h.GetNamespace(), Hash: string(h.GetHash())}
+
+	filled := false
+	created, err := l.store.Put(key, sizes, func(buf []byte) error {
+		filled = true
+		if uint64(len(buf)) != total {
+			return fmt.Errorf("store gave a %d-byte buffer for a %d-byte block", len(buf), total)
+		}
+		if err := receiveInto(stream, buf); err != nil {
+			return &errFill{err}
+		}
+		return nil
+	})
+	if err != nil {
+		var fe *errFill
+		if errors.As(err, &fe) {
+			return toStatus(fe.err)
+		}
+		if errors.Is(err, store.ErrNoSpace) {
+			return status.Errorf(codes.ResourceExhausted, "block of %d bytes does not fit: %v (nothing stored)", total, err)
+		}
+		return toStatus(err)
+	}
+	if !filled {
+		// The key was already present and the store kept its copy without
+		// asking for bytes: still check the client sent what it announced.
+		if err := receiveInto(stream, nil); err != nil {
+			return toStatus(err)
+		}
+	}
+	l.log.Debug().Str("namespace", key.Namespace).Hex("hash", h.GetHash()).Uint64("bytes", total).
+		Bool("created", created).Msg("block put")
+	return stream.SendAndClose(&pegadv1.PutBlockResponse{Bytes: total, Created: created})
+}
+
+// slotSizes validates the header's slots and sums them.
+func slotSizes(slots []*pegadv1.SlotSize) ([]store.SlotSize, uint64, error) {
+	if len(slots) == 0 {
+		return nil, 0, status.Error(codes.InvalidArgument, "block has no slots")
+	}
+	if len(slots) > store.MaxSlots {
+		return nil, 0, status.Errorf(codes.InvalidArgument, "block has %d slots, more than %d", len(slots), store.MaxSlots)
+	}
+	out := make([]store.SlotSize, len(slots))
+	var total uint64
+	for i, s := range slots {
+		if s.GetKSize() == 0 {
+			return nil, 0, status.Errorf(codes.InvalidArgument, "slot %d has an empty K segment", i)
+		}
+		if s.GetKSize() > store.MaxBlockLen || s.GetVSize() > store.MaxBlockLen {
+			return nil, 0, status.Errorf(codes.InvalidArgument, "slot %d is larger than %d bytes", i, uint64(store.MaxBlockLen))
+		}
+		total += s.GetKSize() + s.GetVSize()
+		if total > store.MaxBlockLen {
+			return nil, 0, status.Errorf(codes.InvalidArgument, "block is larger than %d bytes", uint64(store.MaxBlockLen))
+		}
+		out[i] = store.SlotSize{KSize: s.GetKSize(), VSize: s.GetVSize()}
+	}
+	return out, total, nil
+}
+
+// receiveInto reads data messages until EOF; they must fill buf exactly
+// (buf nil: only count, the announced size is then unknown and any amount
+// is drained). Errors are gRPC statuses.
+func receiveInto(stream pegadv1.LocalService_PutBlockServer, buf []byte) error {
+	var got uint64
+	for {
+		m, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return err
+		}
+		if m.GetHeader() != nil {
+			return status.Error(codes.InvalidArgument, "a second header in a PutBlock stream")
+		}
+		d := m.GetData()
+		if len(d) > MaxChunk {
+			return status.Errorf(codes.InvalidArgument, "data message of %d bytes, more than %d", len(d), MaxChunk)
+		}
+		if buf != nil {
+			if got+uint64(len(d)) > uint64(len(buf)) {
+				return status.Errorf(codes.InvalidArgument, "more data than the header's %d bytes", len(buf))
+			}
+			copy(buf[got:], d)
+		}
+		got += uint64(len(d))
+	}
+	if buf != nil && got != uint64(len(buf)) {
+		return status.Errorf(codes.InvalidArgument, "short data: got %d of the header's %d bytes", got, len(buf))
+	}
+	return nil
+}
+
+// GetBlock streams a header, then the block's bytes.
+func (l *Local) GetBlock(req *pegadv1.GetBlockRequest, stream pegadv1.LocalService_GetBlockServer) error {
+	if err := validKey(req.GetNamespace(), req.GetHash()); err != nil {
+		return err
+	}
+	key := store.Key{Namespace: req.GetNamespace(), Hash: string(req.GetHash())}
+	// Pin for the header (shape, size) so the block we describe is the one
+	// whose memory we then read; Read holds its own pin while copying.
+	pinned, missing := l.store.Pin([]store.Key{key})
+	if len(missing) > 0 || len(pinned) == 0 {
+		return status.Errorf(codes.NotFound, "block %s/%x not found", key.Namespace, req.GetHash())
+	}
+	b := pinned[0]
+	defer l.store.Unpin(pinned)
+
+	hdr := blockHeader(b, l.now())
+	if err := stream.Send(&pegadv1.GetBlockResponse{Msg: &pegadv1.GetBlockResponse_Header{Header: hdr}}); err != nil {
+		return err
+	}
+	var sent uint64
+	_, err := l.store.Read(key, func(chunk []byte) error {
+		for len(chunk) > 0 {
+			n := min(len(chunk), MaxChunk)
+			if sent+uint64(n) > hdr.GetBytes() {
+				return status.Error(codes.Aborted, "block changed while being read")
+			}
+			if err := stream.Send(&pegadv1.GetBlockResponse{Msg: &pegadv1.GetBlockResponse_Data{Data: chunk[:n]}}); err != nil {
+				return err
+			}
+			sent += uint64(n)
+			chunk = chunk[n:]
+		}
+		return nil
+	})
+	if err != nil {
+		return toStatus(err)
+	}
+	if sent != hdr.GetBytes() {
+		return status.Errorf(codes.Aborted, "block changed while being read (%d of %d bytes)", sent, hdr.GetBytes())
+	}
+	return nil
+}
+
+// blockHeader describes a block we hold one pin of (excluded from Pins).
+func blockHeader(b *store.Block, now time.Time) *pegadv1.BlockInfo {
+	k := b.Key()
+	slots := b.Slots()
+	info := &pegadv1.BlockInfo{
+		Namespace:  k.Namespace,
+		Hash:       []byte(k.Hash),
+		Bytes:      b.Size(),
+		Pins:       uint32(max(b.Pins()-1, 0)),
+		CreatedAt:  timestamppb.New(b.CreatedAt()),
+		LastAccess: timestamppb.New(now),
+		NumaNode:   -1,
+	}
+	for _, s := range slots {
+		info.Slots = append(info.Slots, &pegadv1.SlotSize{KSize: s.K.Len, VSize: s.V.Len})
+	}
+	if len(slots) > 0 {
+		info.NumaNode = int32(slots[0].K.NUMA)
+	}
+	return info
+}
+
+// ListBlocks lists blocks, most recent first.
+func (l *Local) ListBlocks(_ context.Context, req *pegadv1.ListBlocksRequest) (*pegadv1.ListBlocksResponse, error) {
+	if len(req.GetNamespace()) > store.MaxNSLen {
+		return nil, status.Errorf(codes.InvalidArgument, "namespace is more than %d bytes", store.MaxNSLen)
+	}
+	limit := int(req.GetLimit())
+	if limit == 0 {
+		limit = DefaultListLimit
+	}
+	limit = min(limit, MaxListLimit)
+	infos, truncated := l.store.List(req.GetNamespace(), limit)
+	resp := &pegadv1.ListBlocksResponse{Truncated: truncated, Blocks: make([]*pegadv1.BlockInfo, 0, len(infos))}
+	for _, in := range infos {
+		bi := &pegadv1.BlockInfo{
+			Namespace:  in.Key.Namespace,
+			Hash:       []byte(in.Key.Hash),
+			Bytes:      in.Size,
+			Pins:       uint32(in.Pins),
+			CreatedAt:  timestamppb.New(in.CreatedAt),
+			LastAccess: timestamppb.New(in.LastAccess),
+			NumaNode:   int32(in.NUMA),
+		}
+		for _, s := range in.Slots {
+			bi.Slots = append(bi.Slots, &pegadv1.SlotSize{KSize: s.KSize, VSize: s.VSize})
+		}
+		resp.Blocks = append(resp.Blocks, bi)
+	}
+	return resp, nil
+}
+
+// DeleteBlock removes a block from the index.
+func (l *Local) DeleteBlock(_ context.Context, req *pegadv1.DeleteBlockRequest) (*pegadv1.DeleteBlockResponse, error) {
+	if err := validKey(req.GetNamespace(), req.GetHash()); err != nil {
+		return nil, err
+	}
+	deferred, err := l.store.Delete(store.Key{Namespace: req.GetNamespace(), Hash: string(req.GetHash())})
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &pegadv1.DeleteBlockResponse{Deferred: deferred}, nil
+}
+
+// Prefetch fetches blocks from a peer through the prefetch engine.
+func (l *Local) Prefetch(ctx context.Context, req *pegadv1.PrefetchRequest) (*pegadv1.PrefetchResponse, error) {
+	if l.fetcher == nil {
+		return nil, status.Error(codes.Unavailable, "prefetch engine not running")
+	}
+	if req.GetPeer() == "" {
+		return nil, status.Error(codes.InvalidArgument, "peer is empty (want host:port)")
+	}
+	hashes := req.GetHashes()
+	if len(hashes) == 0 {
+		return nil, status.Error(codes.InvalidArgument, "no hashes")
+	}
+	if len(hashes) > MaxPrefetchHashes {
+		return nil, status.Errorf(codes.InvalidArgument, "%d hashes, more than %d per request", len(hashes), MaxPrefetchHashes)
+	}
+	for _, h := range hashes {
+		if err := validKey(req.GetNamespace(), h); err != nil {
+			return nil, err
+		}
+	}
+	if t := req.GetTimeout(); t != nil {
+		if err := t.CheckValid(); err != nil || t.AsDuration() <= 0 {
+			return nil, status.Error(codes.InvalidArgument, "timeout must be positive")
+		}
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, t.AsDuration())
+		defer cancel()
+	}
+	res, err := l.fetcher.Prefetch(ctx, req.GetPeer(), req.GetNamespace(), hashes)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return prefetchResponse(res), nil
+}
+
+func prefetchResponse(res *requester.Result) *pegadv1.PrefetchResponse {
+	out := &pegadv1.PrefetchResponse{
+		Bytes:     res.Bytes,
+		Duration:  durationpb.New(res.Duration),
+		SessionId: res.SessionID,
+	}
+	for _, b := range res.Blocks {
+		r := &pegadv1.PrefetchBlockResult{Hash: b.Hash, Status: prefetchStatus(b.Status)}
+		if b.Err != nil {
+			r.Error = b.Err.Error()
+		}
+		out.Blocks = append(out.Blocks, r)
+	}
+	return out
+}
+
+func prefetchStatus(s requester.Status) pegadv1.PrefetchBlockStatus {
+	switch s {
+	case requester.StatusFetched:
+		return pegadv1.PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_FETCHED
+	case requester.StatusAlreadyLocal:
+		return pegadv1.PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_ALREADY_LOCAL
+	case requester.StatusMissingOnPeer:
+		return pegadv1.PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_MISSING_ON_PEER
+	case requester.StatusFailed:
+		return pegadv1.PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_FAILED
+	case requester.StatusDiscarded:
+		return pegadv1.PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_DISCARDED
+	}
+	return pegadv1.PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_UNSPECIFIED
+}
