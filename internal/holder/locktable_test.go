@@ -152,3 +152,37 @@ func BenchmarkQueryReleaseParallel(b *testing.B) {
 		}
 	})
 }
+
+// TestIdleRequestersForgotten: requester nodes that come and go do not
+// grow the table forever, and a node holding a session is never forgotten
+// (its incarnation history still guards its sessions).
+func TestIdleRequestersForgotten(t *testing.T) {
+	e := newEnv(t, func(o *Options) { o.MaxRequesters = 4 })
+	keep := e.open(t, "holder-of-lock", "k1", 1)
+	for i := 0; i < 100; i++ {
+		if _, err := e.svc.ObserveIncarnation(fmt.Sprintf("n%d", i), "i"); err != nil {
+			t.Fatal(err)
+		}
+		e.clock.Advance(time.Minute) // > 2 * max lifetime (25s) each step
+	}
+	e.svc.locks.nodesMu.Lock()
+	n := len(e.svc.locks.nodes)
+	_, kept := e.svc.locks.nodes["holder-of-lock"]
+	e.svc.locks.nodesMu.Unlock()
+	if n > 8 {
+		t.Fatalf("%d requester nodes tracked, want <= 8", n)
+	}
+	if !kept {
+		t.Fatal("node with a live session was forgotten")
+	}
+	if _, err := e.svc.ObserveIncarnation("holder-of-lock", "k2"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.svc.locks.Release(keep, "holder-of-lock", "k2"); err != nil {
+		t.Fatal(err)
+	}
+	if st := e.state(); st.reclaims != 1 || st.sessions != 0 {
+		t.Fatalf("restart of a long-lived node did not reclaim: %+v", st)
+	}
+	e.pins.check(t, 0)
+}
