@@ -13,6 +13,12 @@
 //   - A request names at most MaxHashes (default 4096) distinct hashes of
 //     1..64 bytes each; a repeated hash is InvalidArgument (the response is
 //     1:1 with the request, so duplicates have no meaning).
+//   - An unknown namespace or hash is not an error: it is listed in missing.
+//     When nothing is found the answer is OK with an empty session id and
+//     nothing is locked.
+//   - Found blocks' slots count toward MaxResponseSlots (default 65536, to
+//     stay under gRPC's 4 MiB default receive size); beyond it the query is
+//     ResourceExhausted and nothing is locked.
 //   - The requester's node id (requester.node_id, else the deprecated
 //     requester_id) is required on query, release and renew; only that node
 //     may release or renew the session (PermissionDenied otherwise).
