@@ -237,7 +237,10 @@ func (d *Device) currentFaults() Faults {
 }
 
 // CutConnections abruptly closes every data connection of this device, both
-// those its QPs dialed and those its listener accepted.
+// those its QPs dialed and those its listener accepted. A QP with work in
+// flight on a cut connection fails with RETRY_EXC_ERR (then ERROR and
+// flush); an idle QP redials on its next post, as an RC QP rides out a link
+// flap (a WR posted before the requester noticed the cut may still fail).
 func (d *Device) CutConnections() {
 	d.mu.Lock()
 	cs := make([]*dconn, 0, len(d.conns))

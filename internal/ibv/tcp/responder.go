@@ -75,7 +75,7 @@ func (d *Device) serve(c *dconn) {
 			return
 		}
 		f := d.currentFaults()
-		if f.DropResponses {
+		if f.DropResponses || r.naked {
 			continue
 		}
 		switch m.typ {
@@ -122,12 +122,16 @@ func (d *Device) admit(c *dconn, m msg) (*qp, byte) {
 // responder serves the requests of one connection; only serve's goroutine
 // uses it, so it writes to the connection without a lock.
 type responder struct {
-	d      *Device
-	q      *qp
-	c      *dconn
-	hdr    []byte
-	nakSeq uint64 // a WRITE already NAKed: its later chunks are dropped
-	out    *[]byte
+	d   *Device
+	q   *qp
+	c   *dconn
+	hdr []byte
+	// naked: a request was NAKed. Like an RC responder expecting the
+	// NAKed PSN again, it then drops every later request (the requester's
+	// QP is in ERROR and will close the connection), so no WRITE behind a
+	// failed one lands.
+	naked bool
+	out   *[]byte
 }
 
 func (r *responder) sleep(d time.Duration) bool {
@@ -164,6 +168,7 @@ func (r *responder) read(m msg) error {
 			copy(payload, b[off:off+n])
 		})
 		if !ok {
+			r.naked = true
 			return r.c.write(appendReadResp(r.hdr[:0], m.seq, stRemAccess, off, 0), nil)
 		}
 		if err := r.c.write(appendReadResp(r.hdr[:0], m.seq, stOK, off, int(n)), payload); err != nil {
@@ -178,14 +183,11 @@ func (r *responder) read(m msg) error {
 
 // write applies one WRITE chunk and acknowledges the last one.
 func (r *responder) write(m msg) error {
-	if m.seq == r.nakSeq {
-		return nil
-	}
 	ok := r.mr(m.rkey).use(r.q.pd, ibv.AccessRemoteWrite, m.raddr, uint64(m.length), func(b []byte) {
 		copy(b[m.offset:], m.payload)
 	})
 	if !ok {
-		r.nakSeq = m.seq
+		r.naked = true
 		return r.c.write(appendWriteAck(r.hdr[:0], m.seq, stRemAccess), nil)
 	}
 	if uint64(m.offset)+uint64(len(m.payload)) == uint64(m.length) {

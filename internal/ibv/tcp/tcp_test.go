@@ -1,0 +1,335 @@
+package tcp
+
+import (
+	"bytes"
+	"net"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/pegaflow/pegad/internal/ibv"
+	"github.com/pegaflow/pegad/internal/ibv/ibvtest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const peerQPNStart = 0x4242
+
+// newProvider starts a requester device and two peer devices that allocate
+// identical QPNs, closed at cleanup.
+func newProvider(t *testing.T) (*Provider, [3]*Device) {
+	t.Helper()
+	p, err := NewProvider(
+		DeviceOptions{Name: "req", QPNStart: 0x100},
+		DeviceOptions{Name: "peer1", QPNStart: peerQPNStart},
+		DeviceOptions{Name: "peer2", QPNStart: peerQPNStart},
+	)
+	if err != nil {
+		t.Fatalf("new provider: %v", err)
+	}
+	t.Cleanup(func() { p.Close() })
+	var devs [3]*Device
+	for i, n := range []string{"req", "peer1", "peer2"} {
+		d, err := p.Open(n)
+		if err != nil {
+			t.Fatalf("open %s: %v", n, err)
+		}
+		devs[i] = d.(*Device)
+	}
+	return p, devs
+}
+
+func TestConformance(t *testing.T) {
+	ibvtest.Run(t, func(t *testing.T) ibvtest.Env {
+		_, d := newProvider(t)
+		return ibvtest.Env{Requester: d[0], Peer1: d[1], Peer2: d[2], SameQPNs: true}
+	})
+}
+
+// TestSeparateProviders: the requester and the peer live in different
+// providers (as two daemons do) and still interoperate.
+func TestSeparateProviders(t *testing.T) {
+	_, a := newProvider(t)
+	_, b := newProvider(t)
+	req, peer := ibvtest.Pair(t, a[0], b[1], ibvtest.DefaultCap())
+	rmem, rmr := ibvtest.Region(t, peer, 1<<20, ibv.AccessLocalWrite|ibv.AccessRemoteRead, 1)
+	lmem, lmr := ibvtest.Region(t, req, 1<<20, ibv.AccessLocalWrite, 2)
+	post(t, req.QP, readWR(1, lmr, rmr, 0, 1<<20))
+	expect(t, ibvtest.Collect(t, req.CQ, 1)[0], 1, ibv.WCSuccess)
+	if !bytes.Equal(lmem, rmem) {
+		t.Fatal("data differs")
+	}
+}
+
+func TestProviderBasics(t *testing.T) {
+	p, d := newProvider(t)
+	if p.Name() != "tcp" {
+		t.Fatalf("name %q", p.Name())
+	}
+	infos, err := p.Devices()
+	if err != nil || len(infos) != 3 {
+		t.Fatalf("devices %v, %v", infos, err)
+	}
+	for i, in := range infos {
+		if in.Addr != d[i].Info().Addr || in.LinkLayer != "tcp" || in.MaxRdAtomic != maxRdAtomic {
+			t.Fatalf("device %d info %+v", i, in)
+		}
+	}
+	if _, err := p.Open("nope"); err == nil {
+		t.Fatal("open of unknown device succeeded")
+	}
+	if _, err := NewProvider(DeviceOptions{Name: "x"}, DeviceOptions{Name: "x"}); err == nil {
+		t.Fatal("duplicate names accepted")
+	}
+	def, err := NewProvider()
+	if err != nil {
+		t.Fatalf("default provider: %v", err)
+	}
+	defer def.Close()
+	if _, err := def.Open("tcp0"); err != nil {
+		t.Fatalf("default device tcp0: %v", err)
+	}
+	// QPNs are per device and start at QPNStart.
+	s1 := ibvtest.NewSide(t, d[1], ibvtest.DefaultCap())
+	s2 := ibvtest.NewSide(t, d[2], ibvtest.DefaultCap())
+	if s1.QP.QPN() != peerQPNStart || s2.QP.QPN() != peerQPNStart {
+		t.Fatalf("QPNs %#x %#x, want both %#x", s1.QP.QPN(), s2.QP.QPN(), peerQPNStart)
+	}
+	// RegMR rejects REMOTE_WRITE without LOCAL_WRITE, as verbs does.
+	mem := ibvtest.MapMemory(t, 4096)
+	if _, err := s1.PD.RegMR(mem, ibv.AccessRemoteWrite); err == nil {
+		t.Fatal("REMOTE_WRITE without LOCAL_WRITE accepted")
+	}
+}
+
+func post(t *testing.T, qp ibv.QP, wrs ...ibv.SendWR) {
+	t.Helper()
+	if bad, err := qp.PostSend(wrs); err != nil {
+		t.Fatalf("post: bad=%d: %v", bad, err)
+	}
+}
+
+func readWR(id uint64, l, r ibv.MR, off uint64, n uint32) ibv.SendWR {
+	return ibv.SendWR{ID: id, Op: ibv.OpRDMARead, Signaled: true, LocalAddr: l.Addr() + off, Length: n,
+		LKey: l.LKey(), RemoteAddr: r.Addr() + off, RKey: r.RKey()}
+}
+
+func expect(t *testing.T, wc ibv.WorkCompletion, id uint64, st ibv.WCStatus) {
+	t.Helper()
+	if wc.ID != id || wc.Status != st {
+		t.Fatalf("completion wr_id=%d %s, want wr_id=%d %s", wc.ID, wc.Status, id, st)
+	}
+}
+
+const accRead = ibv.AccessLocalWrite | ibv.AccessRemoteRead
+
+// TestFaultDelayToErrorNoLateByte is lesson 9 at the provider level: with
+// READ responses delayed, ToError + drain, then the memory is reused; no
+// late response byte may land in it.
+func TestFaultDelayToErrorNoLateByte(t *testing.T) {
+	_, d := newProvider(t)
+	d[1].SetFaults(Faults{ResponseDelay: 100 * time.Millisecond})
+	req, peer := ibvtest.Pair(t, d[0], d[1], ibvtest.DefaultCap())
+	_, rmr := ibvtest.Region(t, peer, 1<<20, accRead, 1)
+	lmem, lmr := ibvtest.Region(t, req, 1<<20, accRead, 2)
+	const count = 8
+	for i := range count {
+		post(t, req.QP, readWR(uint64(i), lmr, rmr, 0, 1<<20))
+	}
+	time.Sleep(150 * time.Millisecond) // the first responses are on their way
+	if err := req.QP.ToError(); err != nil {
+		t.Fatal(err)
+	}
+	wcs := ibvtest.Collect(t, req.CQ, count)
+	flushed := 0
+	for _, wc := range wcs {
+		if wc.Status == ibv.WCWRFlushErr {
+			flushed++
+		}
+	}
+	if flushed == 0 {
+		t.Fatalf("no READ was flushed: %v", wcs)
+	}
+	clear(lmem) // "reused"
+	time.Sleep(300 * time.Millisecond)
+	for i, b := range lmem {
+		if b != 0 {
+			t.Fatalf("late byte at %d after ToError+drain", i)
+		}
+	}
+}
+
+// TestFaultDelayWithinBudget: a delay shorter than the retry budget only
+// slows READs down.
+func TestFaultDelayWithinBudget(t *testing.T) {
+	_, d := newProvider(t)
+	d[1].SetFaults(Faults{ResponseDelay: 50 * time.Millisecond})
+	req, peer := ibvtest.Pair(t, d[0], d[1], ibvtest.DefaultCap())
+	rmem, rmr := ibvtest.Region(t, peer, 4096, accRead, 1)
+	lmem, lmr := ibvtest.Region(t, req, 4096, accRead, 2)
+	start := time.Now()
+	post(t, req.QP, readWR(1, lmr, rmr, 0, 4096), readWR(2, lmr, rmr, 0, 4096))
+	wcs := ibvtest.Collect(t, req.CQ, 2)
+	expect(t, wcs[0], 1, ibv.WCSuccess)
+	expect(t, wcs[1], 2, ibv.WCSuccess)
+	if took := time.Since(start); took < 100*time.Millisecond {
+		t.Fatalf("two delayed READs took %v, want ≥ 100ms", took)
+	}
+	if !bytes.Equal(lmem, rmem) {
+		t.Fatal("data differs")
+	}
+}
+
+// TestFaultDrop: a responder that answers nothing gives RETRY_EXC_ERR after
+// the retry budget, and the QP flushes the rest.
+func TestFaultDrop(t *testing.T) {
+	_, d := newProvider(t)
+	d[1].SetFaults(Faults{DropResponses: true})
+	attr := ibv.DefaultConnectAttr()
+	attr.Timeout = 12 // 16.8ms per try, 134ms budget
+	req := ibvtest.NewSide(t, d[0], ibvtest.DefaultCap())
+	peer := ibvtest.NewSide(t, d[1], ibvtest.DefaultCap())
+	ibvtest.Connect(t, req, peer, attr)
+	_, rmr := ibvtest.Region(t, peer, 4096, accRead, 1)
+	lmem, lmr := ibvtest.Region(t, req, 4096, accRead, 2)
+	clear(lmem)
+	start := time.Now()
+	post(t, req.QP, readWR(1, lmr, rmr, 0, 4096), readWR(2, lmr, rmr, 0, 4096))
+	wcs := ibvtest.Collect(t, req.CQ, 2)
+	took := time.Since(start)
+	expect(t, wcs[0], 1, ibv.WCRetryExcErr)
+	expect(t, wcs[1], 2, ibv.WCWRFlushErr)
+	if b := attr.RetryBudget(); took < b || took > b+time.Second {
+		t.Fatalf("RETRY_EXC_ERR after %v, want in [%v, %v]", took, b, b+time.Second)
+	}
+	if !bytes.Equal(lmem, make([]byte, 4096)) {
+		t.Fatal("dropped READ wrote memory")
+	}
+}
+
+// TestFaultCut: cutting the connections with READs in flight fails them
+// with RETRY_EXC_ERR; cutting an idle connection is transparent (the next
+// WR redials, as an RC QP rides out a link flap).
+func TestFaultCut(t *testing.T) {
+	for _, cutSide := range []int{0, 1} {
+		t.Run([]string{"requester", "responder"}[cutSide], func(t *testing.T) {
+			_, d := newProvider(t)
+			req, peer := ibvtest.Pair(t, d[0], d[1], ibvtest.DefaultCap())
+			rmem, rmr := ibvtest.Region(t, peer, 1<<20, accRead, 1)
+			lmem, lmr := ibvtest.Region(t, req, 1<<20, accRead, 2)
+			post(t, req.QP, readWR(1, lmr, rmr, 0, 1<<20))
+			expect(t, ibvtest.Collect(t, req.CQ, 1)[0], 1, ibv.WCSuccess)
+
+			d[cutSide].CutConnections() // idle: transparent once noticed
+			time.Sleep(50 * time.Millisecond)
+			clear(lmem)
+			post(t, req.QP, readWR(2, lmr, rmr, 0, 1<<20))
+			expect(t, ibvtest.Collect(t, req.CQ, 1)[0], 2, ibv.WCSuccess)
+			if !bytes.Equal(lmem, rmem) {
+				t.Fatal("data differs after idle cut")
+			}
+
+			d[1].SetFaults(Faults{ResponseDelay: 200 * time.Millisecond})
+			post(t, req.QP, readWR(3, lmr, rmr, 0, 1<<20), readWR(4, lmr, rmr, 0, 1<<20))
+			time.Sleep(50 * time.Millisecond)
+			d[cutSide].CutConnections() // in flight: error
+			wcs := ibvtest.Collect(t, req.CQ, 2)
+			expect(t, wcs[0], 3, ibv.WCRetryExcErr)
+			expect(t, wcs[1], 4, ibv.WCWRFlushErr)
+			if st := req.QP.State(); st != ibv.QPSError {
+				t.Fatalf("state %s after cut", st)
+			}
+		})
+	}
+}
+
+// TestHelloMismatch: a QP connected to a peer QP that is connected to
+// someone else is rejected (no cross-talk through a stale or foreign
+// endpoint) and ends in RETRY_EXC_ERR.
+func TestHelloMismatch(t *testing.T) {
+	_, d := newProvider(t)
+	attr := ibv.DefaultConnectAttr()
+	attr.Timeout = 12
+	legit, peer := ibvtest.Pair(t, d[0], d[1], ibvtest.DefaultCap())
+	_, rmr := ibvtest.Region(t, peer, 4096, accRead, 1)
+	_ = legit
+	// Same device address and target QPN, but another source QP.
+	intruder := ibvtest.NewSide(t, d[0], ibvtest.DefaultCap())
+	if err := intruder.QP.Connect(peer.QP.Endpoint(), attr); err != nil {
+		t.Fatal(err)
+	}
+	_, lmr := ibvtest.Region(t, intruder, 4096, accRead, 2)
+	post(t, intruder.QP, readWR(1, lmr, rmr, 0, 4096))
+	expect(t, ibvtest.Collect(t, intruder.CQ, 1)[0], 1, ibv.WCRetryExcErr)
+
+	// A raw hello from the right QPN but the wrong address is refused too.
+	ep := legit.QP.Endpoint()
+	c, err := net.Dial("tcp", d[1].Info().Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write(appendHello(nil, ep.QPN, peer.QP.QPN(), ep.PSN, ep.GID, d[2].Info().Addr)); err != nil {
+		t.Fatal(err)
+	}
+	var buf [16]byte
+	m, err := readFrame(c, buf[:])
+	if err != nil || m.typ != tHelloAck || m.status != stMismatch {
+		t.Fatalf("hello from wrong address: %+v, %v; want mismatch", m, err)
+	}
+}
+
+// TestGarbageConnection: junk on the data port is dropped without harm.
+func TestGarbageConnection(t *testing.T) {
+	_, d := newProvider(t)
+	for _, junk := range [][]byte{
+		{0xff, 0xff, 0xff, 0xff, 1}, // huge length
+		{0, 0, 0, 1, 99},            // unknown type
+		func() []byte { // hello whose address length overruns the body
+			h := appendHello(nil, 1, peerQPNStart, 3, [16]byte{}, "abc")
+			h[len(h)-4] = 200
+			return h
+		}(),
+	} {
+		c, err := net.Dial("tcp", d[1].Info().Addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Write(junk)
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		var b [1]byte
+		if _, err := c.Read(b[:]); err == nil {
+			t.Fatalf("junk %x got an answer", junk)
+		}
+		c.Close()
+	}
+	// The device still works.
+	req, peer := ibvtest.Pair(t, d[0], d[1], ibvtest.DefaultCap())
+	_, rmr := ibvtest.Region(t, peer, 4096, accRead, 1)
+	_, lmr := ibvtest.Region(t, req, 4096, accRead, 2)
+	post(t, req.QP, readWR(1, lmr, rmr, 0, 4096))
+	expect(t, ibvtest.Collect(t, req.CQ, 1)[0], 1, ibv.WCSuccess)
+}
+
+// TestDeregWhileServing: deregistering the remote MR while READs are being
+// served is safe and later READs get REM_ACCESS_ERR.
+func TestDeregWhileServing(t *testing.T) {
+	_, d := newProvider(t)
+	req, peer := ibvtest.Pair(t, d[0], d[1], ibvtest.DefaultCap())
+	_, rmr := ibvtest.Region(t, peer, 4<<20, accRead, 1)
+	_, lmr := ibvtest.Region(t, req, 4<<20, accRead, 2)
+	const count = 32
+	for i := range count {
+		post(t, req.QP, readWR(uint64(i), lmr, rmr, 0, 4<<20))
+	}
+	time.Sleep(5 * time.Millisecond)
+	if err := rmr.Dereg(); err != nil {
+		t.Fatal(err)
+	}
+	wcs := ibvtest.Collect(t, req.CQ, count)
+	last := wcs[len(wcs)-1].Status
+	if last != ibv.WCRemAccessErr && last != ibv.WCWRFlushErr {
+		t.Fatalf("last READ after dereg: %s", last)
+	}
+}
