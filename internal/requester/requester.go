@@ -4,13 +4,26 @@
 // RDMA READ every segment → release the lock → index the blocks locally.
 //
 // Every lock it takes is released exactly once on every exit of a fetch
-// (success, error, panic, cancellation, shutdown) by a release guard.
+// (success, error, panic, cancellation, shutdown) by a release guard
+// (guard.go). A panic in the fetch path fails that fetch only: it is
+// recovered at the Prefetch boundary and never crashes the daemon.
+// Blocks read under a lock that lapsed are discarded, never indexed.
+// Staging memory goes back to the pool only after the READs that target it
+// have returned (the connection flushes its QPs before Read returns).
 //
-// API CONTRACT (implementation pending; signatures are fixed):
+// It never frees holder-side state itself other than by the release RPC,
+// and never tears down a connection for an error that is not the
+// connection's (errors.go).
 package requester
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -23,6 +36,18 @@ import (
 
 // MaxChunk caps one staging extent (lesson 5).
 const MaxChunk = 256 << 20
+
+// MaxHashes is the most hashes one Prefetch (one QueryBlocksForTransfer)
+// may name.
+const MaxHashes = 4096
+
+// Defaults of timeouts the Options leave zero.
+const (
+	defaultTimeout        = 5 * time.Minute
+	defaultReleaseTimeout = 5 * time.Second
+	defaultLockRPCTimeout = 30 * time.Second
+	defaultLockTimeout    = 120 * time.Second
+)
 
 // PeerDialer returns a peer-service client for a peer address.
 type PeerDialer func(peer string) (pegadv1.PeerServiceClient, error)
@@ -38,8 +63,11 @@ type Options struct {
 	Log         zerolog.Logger
 	// MaxChunk overrides MaxChunk (tests); 0 = MaxChunk.
 	MaxChunk uint64
-	// DefaultTimeout bounds a fetch when the caller gives none.
+	// DefaultTimeout bounds a fetch when the caller gives none (0: 5m).
 	DefaultTimeout time.Duration
+	// ReleaseTimeout bounds the release RPC, retries included; the release
+	// runs on a fresh context, never the fetch's (0: 5s).
+	ReleaseTimeout time.Duration
 }
 
 // Status of one block in a fetch.
@@ -52,6 +80,22 @@ const (
 	StatusFailed
 	StatusDiscarded
 )
+
+func (s Status) String() string {
+	switch s {
+	case StatusFetched:
+		return "fetched"
+	case StatusAlreadyLocal:
+		return "already_local"
+	case StatusMissingOnPeer:
+		return "missing_on_peer"
+	case StatusFailed:
+		return "failed"
+	case StatusDiscarded:
+		return "discarded"
+	}
+	return fmt.Sprintf("status(%d)", int(s))
+}
 
 // BlockResult is the outcome for one requested hash.
 type BlockResult struct {
@@ -66,6 +110,8 @@ type Result struct {
 	Bytes     uint64
 	Duration  time.Duration
 	SessionID string
+	// ReqID names this fetch in logs (req_id) and in InFlight.
+	ReqID string
 }
 
 // FetchInfo is an in-flight fetch, for `pegactl sessions list`.
@@ -79,19 +125,381 @@ type FetchInfo struct {
 	Phase     string
 }
 
-// Engine is safe for concurrent use.
-type Engine struct{}
+// Phases of a fetch, as InFlight reports them.
+const (
+	PhaseConnect = "connect"
+	PhaseLock    = "lock"
+	PhaseStage   = "stage"
+	PhaseRead    = "read"
+	PhaseRelease = "release"
+	PhaseIndex   = "index"
+)
 
-func New(opts Options) (*Engine, error) { panic("unimplemented") }
-
-// Prefetch fetches hashes of namespace from peer. The error is non-nil when
-// the fetch as a whole failed; per-block outcomes are in Result.
-func (e *Engine) Prefetch(ctx context.Context, peer, namespace string, hashes [][]byte) (*Result, error) {
-	panic("unimplemented")
+// hooks let tests inject faults into the fetch path.
+type hooks struct {
+	// phase runs as the fetch enters each phase (it may panic).
+	phase func(ctx context.Context, reqID, phase string)
 }
 
-func (e *Engine) InFlight() []FetchInfo { panic("unimplemented") }
+// Engine is safe for concurrent use.
+type Engine struct {
+	opts           Options
+	log            zerolog.Logger
+	m              *metrics.Metrics
+	store          blockStore
+	conns          connector
+	peers          PeerDialer
+	hooks          hooks
+	maxChunk       uint64
+	defaultTimeout time.Duration
+	releaseTimeout time.Duration
+	lockRPCTimeout time.Duration
+
+	// ctx is canceled (cause ErrClosed) by Close; every fetch watches it.
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	// wg counts running Prefetch calls; Close waits for it.
+	wg sync.WaitGroup
+
+	mu sync.Mutex // guards closed, flights, running
+	// closed is set by Close; no Prefetch starts afterwards (wg.Add happens
+	// under mu only while !closed, so Close's Wait cannot race an Add).
+	closed bool
+	// flights maps each block being fetched to its one in-flight fetch;
+	// concurrent prefetches of the block wait on it instead of fetching.
+	flights map[store.Key]*flight
+	// running is every Prefetch in progress, by req_id.
+	running map[string]*fetchState
+}
+
+// flight is one block's in-flight fetch. The owner sets status and err and
+// then closes done; joiners read them after done is closed.
+type flight struct {
+	done   chan struct{}
+	status Status
+	err    error
+}
+
+// fetchState is the live view of one Prefetch, for InFlight and logs.
+type fetchState struct {
+	reqID   string
+	peer    string
+	ns      string
+	started time.Time
+
+	mu      sync.Mutex // guards phase, session, blocks, bytes
+	phase   string
+	session string
+	blocks  int
+	bytes   uint64
+}
+
+func (s *fetchState) setPhase(p string) {
+	s.mu.Lock()
+	s.phase = p
+	s.mu.Unlock()
+}
+
+func (s *fetchState) getPhase() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.phase
+}
+
+func (s *fetchState) setSession(sid string, blocks int, bytes uint64) {
+	s.mu.Lock()
+	s.session, s.blocks, s.bytes = sid, blocks, bytes
+	s.mu.Unlock()
+}
+
+func New(opts Options) (*Engine, error) {
+	if opts.Store == nil || opts.Conns == nil || opts.Peers == nil {
+		return nil, errors.New("requester: Store, Conns and Peers are required")
+	}
+	return newEngine(opts, storeAdapter{opts.Store}, managerConns{opts.Conns}, hooks{})
+}
+
+// newEngine builds an engine over any store and connector (tests use fakes).
+func newEngine(opts Options, st blockStore, cs connector, h hooks) (*Engine, error) {
+	if opts.Peers == nil {
+		return nil, errors.New("requester: Peers is required")
+	}
+	e := &Engine{
+		opts:           opts,
+		log:            opts.Log.With().Str("component", "requester").Logger(),
+		m:              opts.Metrics,
+		store:          st,
+		conns:          cs,
+		peers:          opts.Peers,
+		hooks:          h,
+		maxChunk:       opts.MaxChunk,
+		defaultTimeout: opts.DefaultTimeout,
+		releaseTimeout: opts.ReleaseTimeout,
+		lockRPCTimeout: defaultLockRPCTimeout,
+		flights:        make(map[store.Key]*flight),
+		running:        make(map[string]*fetchState),
+	}
+	if e.m == nil {
+		e.m = metrics.NewForTest()
+	}
+	if e.maxChunk == 0 {
+		e.maxChunk = MaxChunk
+	}
+	if e.defaultTimeout <= 0 {
+		e.defaultTimeout = defaultTimeout
+	}
+	if e.releaseTimeout <= 0 {
+		e.releaseTimeout = defaultReleaseTimeout
+	}
+	e.ctx, e.cancel = context.WithCancelCause(context.Background())
+	return e, nil
+}
+
+func (e *Engine) requester() *pegadv1.Requester {
+	return &pegadv1.Requester{NodeId: e.opts.NodeID, Incarnation: e.opts.Incarnation}
+}
+
+func (e *Engine) hook(ctx context.Context, st *fetchState, phase string) {
+	st.setPhase(phase)
+	if e.hooks.phase != nil {
+		e.hooks.phase(ctx, st.reqID, phase)
+	}
+}
+
+func newReqID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+func validate(peer, ns string, hashes [][]byte) error {
+	switch {
+	case peer == "":
+		return errors.New("empty peer address")
+	case ns == "":
+		return errors.New("empty namespace")
+	case len(ns) > store.MaxNSLen:
+		return fmt.Errorf("namespace is %d bytes (max %d)", len(ns), store.MaxNSLen)
+	case len(hashes) == 0:
+		return errors.New("no hashes")
+	case len(hashes) > MaxHashes:
+		return fmt.Errorf("%d hashes (max %d per prefetch)", len(hashes), MaxHashes)
+	}
+	for i, h := range hashes {
+		if len(h) == 0 || len(h) > store.MaxHashLen {
+			return fmt.Errorf("hash %d is %d bytes (want 1..%d)", i, len(h), store.MaxHashLen)
+		}
+	}
+	return nil
+}
+
+// Prefetch fetches hashes of namespace from peer. The error is non-nil when
+// the fetch as a whole failed; per-block outcomes are in Result. Blocks
+// already local are not fetched again; a block another Prefetch is already
+// fetching is waited for, not fetched twice.
+func (e *Engine) Prefetch(ctx context.Context, peer, namespace string, hashes [][]byte) (*Result, error) {
+	start := time.Now()
+	if err := validate(peer, namespace, hashes); err != nil {
+		e.m.FetchErrors.WithLabelValues(classInvalid).Inc()
+		e.m.FetchTotal.WithLabelValues(metrics.FetchError).Inc()
+		return nil, &FetchError{Peer: peer, Phase: "validate", Class: ErrInvalidInput, Err: err}
+	}
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return nil, ErrClosed
+	}
+	e.wg.Add(1)
+	e.mu.Unlock()
+	defer e.wg.Done()
+	e.m.FetchesInFlight.Inc()
+	defer e.m.FetchesInFlight.Dec()
+
+	// The fetch ends when the caller cancels, its deadline passes, or the
+	// engine closes (cause ErrClosed).
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stop := context.AfterFunc(e.ctx, func() { cancel(ErrClosed) })
+	defer stop()
+	if _, ok := ctx.Deadline(); !ok {
+		var c context.CancelFunc
+		ctx, c = context.WithTimeout(ctx, e.defaultTimeout)
+		defer c()
+	}
+
+	st := &fetchState{reqID: newReqID(), peer: peer, ns: namespace, started: start}
+	res := &Result{Blocks: make([]BlockResult, len(hashes)), ReqID: st.reqID}
+	for i, h := range hashes {
+		res.Blocks[i] = BlockResult{Hash: h, Status: StatusFailed}
+	}
+
+	// Sort each distinct hash into: already local, owned (this call fetches
+	// it), or joined (another call is fetching it).
+	type joinedBlock struct {
+		key store.Key
+		f   *flight
+	}
+	first := make(map[string]int, len(hashes)) // hash → first index
+	var owned []store.Key
+	var ownedFlights []*flight
+	var joined []joinedBlock
+	local := make(map[string]bool)
+	for i, h := range hashes {
+		if _, dup := first[string(h)]; dup {
+			continue
+		}
+		first[string(h)] = i
+		if e.store.Has(store.Key{Namespace: namespace, Hash: string(h)}) {
+			local[string(h)] = true
+		}
+	}
+	e.mu.Lock()
+	for i, h := range hashes {
+		if first[string(h)] != i || local[string(h)] {
+			continue
+		}
+		key := store.Key{Namespace: namespace, Hash: string(h)}
+		if f, ok := e.flights[key]; ok {
+			joined = append(joined, joinedBlock{key, f})
+			continue
+		}
+		f := &flight{done: make(chan struct{}), status: StatusFailed, err: ErrPanic}
+		e.flights[key] = f
+		owned = append(owned, key)
+		ownedFlights = append(ownedFlights, f)
+	}
+	e.running[st.reqID] = st
+	e.mu.Unlock()
+	defer func() {
+		e.mu.Lock()
+		delete(e.running, st.reqID)
+		e.mu.Unlock()
+	}()
+
+	outcome := make(map[string]BlockResult, len(first))
+	for h := range local {
+		outcome[h] = BlockResult{Status: StatusAlreadyLocal}
+	}
+
+	var ferr error
+	if len(owned) > 0 {
+		var out fetchOut
+		func() {
+			// Joiners must never wait forever: complete every owned flight
+			// whatever happens in the fetch.
+			defer func() {
+				e.mu.Lock()
+				for i, key := range owned {
+					if i < len(out.status) {
+						ownedFlights[i].status, ownedFlights[i].err = out.status[i], out.errs[i]
+					}
+					delete(e.flights, key)
+					close(ownedFlights[i].done)
+				}
+				e.mu.Unlock()
+			}()
+			out, ferr = e.runFetch(ctx, st, owned)
+		}()
+		res.Bytes, res.SessionID = out.bytes, out.session
+		for i, key := range owned {
+			outcome[key.Hash] = BlockResult{Status: out.status[i], Err: out.errs[i]}
+		}
+	}
+
+	// Wait for the blocks other calls are fetching (after our own fetch, so
+	// two calls that each join the other's blocks cannot deadlock).
+	var joinErr error
+	for _, j := range joined {
+		select {
+		case <-j.f.done:
+			outcome[j.key.Hash] = BlockResult{Status: j.f.status, Err: j.f.err}
+			if j.f.err != nil && joinErr == nil {
+				joinErr = j.f.err
+			}
+		case <-ctx.Done():
+			err := &FetchError{Peer: peer, Phase: "wait", Class: classify(ctxErr(ctx), ErrDeadline), Err: ctxErr(ctx)}
+			outcome[j.key.Hash] = BlockResult{Status: StatusFailed, Err: err}
+			if joinErr == nil {
+				joinErr = err
+			}
+		}
+	}
+	for i, h := range hashes {
+		r := outcome[string(h)]
+		res.Blocks[i].Status, res.Blocks[i].Err = r.Status, r.Err
+	}
+	err := ferr
+	if err == nil {
+		err = joinErr
+	}
+	res.Duration = time.Since(start)
+	e.account(res, err, len(owned) > 0)
+	return res, err
+}
+
+// account updates the per-Prefetch metrics.
+func (e *Engine) account(res *Result, err error, fetched bool) {
+	e.m.FetchDuration.Observe(res.Duration.Seconds())
+	e.m.FetchBytes.Add(float64(res.Bytes))
+	status := metrics.FetchOK
+	var fe *FetchError
+	switch {
+	case err == nil:
+		missing := fetched
+		for _, b := range res.Blocks {
+			if b.Status != StatusMissingOnPeer {
+				missing = false
+			}
+		}
+		if missing {
+			status = metrics.FetchMissing
+		}
+	case errors.Is(err, ErrPanic):
+		status = metrics.FetchPanic
+	case errors.Is(err, ErrDiscarded):
+		status = metrics.FetchDiscarded
+	case errors.As(err, &fe) && fe.Class == nil:
+		status = metrics.FetchCanceled
+	default:
+		status = metrics.FetchError
+	}
+	if fe != nil || errors.As(err, &fe) {
+		if l := classLabel(fe.Class); l != "" {
+			e.m.FetchErrors.WithLabelValues(l).Inc()
+		}
+	}
+	e.m.FetchTotal.WithLabelValues(status).Inc()
+}
+
+// InFlight lists the fetches running now, oldest first.
+func (e *Engine) InFlight() []FetchInfo {
+	e.mu.Lock()
+	states := make([]*fetchState, 0, len(e.running))
+	for _, s := range e.running {
+		states = append(states, s)
+	}
+	e.mu.Unlock()
+	infos := make([]FetchInfo, 0, len(states))
+	for _, s := range states {
+		s.mu.Lock()
+		infos = append(infos, FetchInfo{
+			ReqID: s.reqID, Peer: s.peer, SessionID: s.session, Blocks: s.blocks,
+			Bytes: s.bytes, Started: s.started, Phase: s.phase,
+		})
+		s.mu.Unlock()
+	}
+	sort.Slice(infos, func(i, j int) bool { return infos[i].Started.Before(infos[j].Started) })
+	return infos
+}
 
 // Close cancels in-flight fetches (their guards release the locks) and
-// waits for them.
-func (e *Engine) Close() error { panic("unimplemented") }
+// waits for them. Call it before closing the peer clients and the
+// connection manager the fetches use. Idempotent.
+func (e *Engine) Close() error {
+	e.mu.Lock()
+	e.closed = true
+	e.mu.Unlock()
+	e.cancel(ErrClosed)
+	e.wg.Wait()
+	return nil
+}

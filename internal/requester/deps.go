@@ -1,0 +1,95 @@
+package requester
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/pegaflow/pegad/internal/conn"
+	"github.com/pegaflow/pegad/internal/store"
+)
+
+// The engine depends on small interfaces over the connection manager and
+// the store, so unit tests can inject fakes; New adapts the real ones.
+
+// reader is one connection to a peer: what a fetch needs of
+// *conn.AddrConnection.
+type reader interface {
+	// Read runs ops; after an error it returns only once no QP can still
+	// write into the ops' local memory.
+	Read(ctx context.Context, ops []conn.ReadOp) error
+}
+
+// connector hands out connections: what a fetch needs of *conn.Manager.
+type connector interface {
+	Get(ctx context.Context, peer string) (reader, error)
+	Invalidate(r reader, reason error)
+}
+
+// extent is a staging allocation in local pool memory.
+type extent interface {
+	// Addr is the virtual address of the first byte (what READs target).
+	Addr() uint64
+	// Len is the usable length (at least what was asked for).
+	Len() uint64
+}
+
+// blockStore is what a fetch needs of *store.Store.
+type blockStore interface {
+	Has(key store.Key) bool
+	// AllocStaging allocates n bytes (evicting LRU blocks as needed).
+	AllocStaging(n uint64) (extent, error)
+	// ReleaseStaging drops the fetch's reference to x.
+	ReleaseStaging(x extent)
+	// Insert indexes key with slots inside x (taking its own reference).
+	Insert(key store.Key, x extent, slots []store.SlotLayout) (created bool, err error)
+}
+
+// managerConns adapts *conn.Manager.
+type managerConns struct{ m *conn.Manager }
+
+func (c managerConns) Get(ctx context.Context, peer string) (reader, error) {
+	ac, err := c.m.Get(ctx, peer)
+	if err != nil {
+		return nil, err
+	}
+	return ac, nil // never a typed nil in the interface
+}
+
+func (c managerConns) Invalidate(r reader, reason error) {
+	if ac, ok := r.(*conn.AddrConnection); ok && ac != nil {
+		c.m.Invalidate(ac, reason)
+	}
+}
+
+// storeAdapter adapts *store.Store.
+type storeAdapter struct{ s *store.Store }
+
+type storeExtent struct {
+	e    *store.Extent
+	addr uint64
+	n    uint64
+}
+
+func (x *storeExtent) Addr() uint64 { return x.addr }
+func (x *storeExtent) Len() uint64  { return x.n }
+
+func (a storeAdapter) Has(key store.Key) bool { return a.s.Has(key) }
+
+func (a storeAdapter) AllocStaging(n uint64) (extent, error) {
+	e, err := a.s.AllocExtent(n)
+	if err != nil {
+		return nil, err
+	}
+	al := e.Alloc()
+	return &storeExtent{e: e, addr: a.s.Pool().Addr(al), n: al.Len}, nil
+}
+
+func (a storeAdapter) ReleaseStaging(x extent) { a.s.ReleaseExtent(x.(*storeExtent).e) }
+
+func (a storeAdapter) Insert(key store.Key, x extent, slots []store.SlotLayout) (bool, error) {
+	se, ok := x.(*storeExtent)
+	if !ok {
+		return false, fmt.Errorf("requester: foreign extent %T", x)
+	}
+	return a.s.Insert(key, se.e, slots)
+}

@@ -1,0 +1,155 @@
+package requester
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/pegaflow/pegad/internal/conn"
+	"github.com/pegaflow/pegad/internal/pool"
+	"github.com/pegaflow/pegad/internal/store"
+)
+
+// Error classes of a failed fetch (lesson 7). Every error Prefetch returns
+// for a failed fetch is a *FetchError that errors.Is one of these (except a
+// cancellation, which is errors.Is context.Canceled) and also wraps the
+// underlying cause, so callers can branch on either.
+var (
+	// ErrConnection: the RDMA connection or the peer's gRPC port is broken.
+	// The only class that invalidates the connection.
+	ErrConnection = errors.New("connection broken")
+	// ErrLocalResource: this node could not stage the blocks (pool full even
+	// after eviction). The connection stays up.
+	ErrLocalResource = errors.New("local resource exhausted")
+	// ErrRemote: the holder refused the request or answered nonsense.
+	ErrRemote = errors.New("remote refused")
+	// ErrDeadline: the caller's deadline or the transfer deadline derived
+	// from the holder's lock timeout passed.
+	ErrDeadline = errors.New("deadline exceeded")
+	// ErrInvalidInput: the request itself is malformed; nothing was sent.
+	ErrInvalidInput = errors.New("invalid input")
+)
+
+// Outcomes that are not error classes.
+var (
+	// ErrDiscarded: the holder said at release time that the lock had lapsed
+	// during the read (was_live=false); what was read is dropped (lesson 10).
+	ErrDiscarded = errors.New("requester: lock lapsed during the read; fetched data discarded")
+	// ErrPanic: a panic in the fetch path was recovered; the fetch failed.
+	ErrPanic = errors.New("requester: panic in fetch path")
+	// ErrClosed: the engine is shut down.
+	ErrClosed = errors.New("requester: engine closed")
+)
+
+// errTransferDeadline cancels a Read that outlives the lock's deadline.
+var errTransferDeadline = errors.New("transfer deadline (lock timeout minus safety margin) passed")
+
+// Class labels of metrics.FetchErrors.
+const (
+	classConnection = "connection"
+	classLocal      = "local_resource"
+	classRemote     = "remote"
+	classDeadline   = "deadline"
+	classInvalid    = "invalid"
+)
+
+func classLabel(class error) string {
+	switch class {
+	case ErrConnection:
+		return classConnection
+	case ErrLocalResource:
+		return classLocal
+	case ErrRemote:
+		return classRemote
+	case ErrDeadline:
+		return classDeadline
+	case ErrInvalidInput:
+		return classInvalid
+	}
+	return ""
+}
+
+// FetchError is a failed fetch: the phase it failed in, its class (one of
+// the Err* class sentinels; nil for a cancellation or a panic) and cause.
+type FetchError struct {
+	Peer  string
+	Phase string
+	Class error
+	Err   error
+}
+
+func (e *FetchError) Error() string {
+	s := "requester: prefetch"
+	if e.Peer != "" {
+		s += " from " + e.Peer
+	}
+	if e.Phase != "" {
+		s += ": " + e.Phase
+	}
+	if e.Class != nil {
+		s += " (" + e.Class.Error() + ")"
+	}
+	return s + ": " + e.Err.Error()
+}
+
+// Unwrap exposes both the class and the cause to errors.Is / errors.As.
+func (e *FetchError) Unwrap() []error {
+	if e.Class == nil {
+		return []error{e.Err}
+	}
+	return []error{e.Class, e.Err}
+}
+
+// classify maps a cause to its class. fallback is the class of errors this
+// call site cannot otherwise recognise. A nil class means cancellation.
+func classify(err, fallback error) error {
+	switch {
+	case errors.Is(err, ErrInvalidInput):
+		return ErrInvalidInput
+	case errors.Is(err, errTransferDeadline), errors.Is(err, context.DeadlineExceeded):
+		return ErrDeadline
+	case errors.Is(err, context.Canceled), errors.Is(err, ErrClosed):
+		return nil
+	case errors.Is(err, store.ErrNoSpace), errors.Is(err, pool.ErrNoSpace), errors.Is(err, pool.ErrInvalid):
+		return ErrLocalResource
+	case errors.Is(err, conn.ErrConnectionBroken), errors.Is(err, conn.ErrSessionInvalidated),
+		errors.Is(err, conn.ErrRemoteMemory), errors.Is(err, conn.ErrHandshakeRejected):
+		return ErrConnection
+	case errors.Is(err, conn.ErrClosed):
+		return nil // the daemon is shutting down
+	}
+	if st, ok := status.FromError(err); ok && err != nil {
+		switch st.Code() {
+		case codes.Unavailable:
+			return ErrConnection
+		case codes.DeadlineExceeded:
+			return ErrDeadline
+		case codes.Canceled:
+			return nil
+		default:
+			return ErrRemote
+		}
+	}
+	return fallback
+}
+
+// invalidates reports whether err proves the RDMA connection unusable.
+// Only connection-class causes from the data path do (lesson 7): a local
+// allocation failure or a refused RPC leaves a healthy connection up.
+func invalidates(err error) bool {
+	return errors.Is(err, conn.ErrConnectionBroken) || errors.Is(err, conn.ErrSessionInvalidated) ||
+		errors.Is(err, conn.ErrRemoteMemory)
+}
+
+// ctxErr is the error of a done ctx: its Err, also wrapping its cause when
+// that differs (ErrClosed at shutdown, errTransferDeadline).
+func ctxErr(ctx context.Context) error {
+	err, cause := ctx.Err(), context.Cause(ctx)
+	if cause == nil || cause == err {
+		return err
+	}
+	return fmt.Errorf("%w: %w", err, cause)
+}

@@ -1,0 +1,427 @@
+package requester
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"sort"
+	"time"
+
+	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+	"github.com/pegaflow/pegad/internal/conn"
+	"github.com/pegaflow/pegad/internal/store"
+)
+
+// stagingAlign aligns every segment placed in a staging extent.
+const stagingAlign = 64
+
+func alignUp(n uint64) uint64 { return (n + stagingAlign - 1) &^ (stagingAlign - 1) }
+
+// fetchOut is the outcome of one fetch, aligned with the keys it was given.
+type fetchOut struct {
+	status  []Status
+	errs    []error
+	bytes   uint64
+	session string
+}
+
+func newFetchOut(n int) fetchOut {
+	return fetchOut{status: make([]Status, n), errs: make([]error, n)}
+}
+
+// failRest marks every block without a final status as failed (or
+// discarded) with err.
+func (o *fetchOut) failRest(st Status, err error) {
+	for i := range o.status {
+		if o.status[i] == 0 || o.status[i] == StatusFailed {
+			o.status[i], o.errs[i] = st, err
+		}
+	}
+}
+
+// planBlock is one found block: where it lives on the holder and where it
+// is staged here.
+type planBlock struct {
+	idx    int // index into the fetch's keys
+	key    store.Key
+	loc    *pegadv1.BlockLocation
+	numa   int    // remote NUMA node of its first segment
+	size   uint64 // bytes it takes in staging (segments aligned)
+	bytes  uint64 // payload bytes
+	ext    extent
+	layout []store.SlotLayout
+}
+
+// runFetch is the Prefetch boundary of the fetch path: a panic below it is
+// recovered and turned into a failed fetch (the guard has already released
+// the lock by then), never a crashed daemon.
+func (e *Engine) runFetch(ctx context.Context, st *fetchState, keys []store.Key) (out fetchOut, err error) {
+	out = newFetchOut(len(keys))
+	defer func() {
+		if r := recover(); r != nil {
+			e.log.Error().Str("req_id", st.reqID).Str("remote", st.peer).Str("session", out.session).
+				Str("phase", st.getPhase()).Interface("panic", r).Str("stack", string(debug.Stack())).
+				Msg("panic in fetch path recovered; the fetch fails")
+			err = &FetchError{Peer: st.peer, Phase: st.getPhase(), Err: fmt.Errorf("%w: %v", ErrPanic, r)}
+			out.failRest(StatusFailed, err)
+		}
+	}()
+	err = e.fetch(ctx, st, keys, &out)
+	if err != nil {
+		status := StatusFailed
+		if errors.Is(err, ErrDiscarded) {
+			status = StatusDiscarded
+		}
+		out.failRest(status, err)
+	}
+	return out, err
+}
+
+// fetch runs connect → lock → stage → read → release → index for keys,
+// writing per-block outcomes into out.
+func (e *Engine) fetch(ctx context.Context, st *fetchState, keys []store.Key, out *fetchOut) (err error) {
+	fail := func(phase string, cause, fallback error) error {
+		if ctx.Err() != nil {
+			cause = fmt.Errorf("%w (%w)", ctxErr(ctx), cause)
+		}
+		return &FetchError{Peer: st.peer, Phase: phase, Class: classify(cause, fallback), Err: cause}
+	}
+
+	// Connect before locking: a lock must not tick while a handshake runs.
+	e.hook(ctx, st, PhaseConnect)
+	rd, err := e.conns.Get(ctx, st.peer)
+	if err != nil {
+		return fail(PhaseConnect, err, ErrConnection)
+	}
+	client, err := e.peers(st.peer)
+	if err != nil {
+		return fail(PhaseConnect, err, ErrConnection)
+	}
+
+	// Lock. The RPC runs detached from ctx (bounded by its own timeout): a
+	// cancellation must not lose the answer of a query the holder executed,
+	// or the session it created would be pinned until its GC.
+	e.hook(ctx, st, PhaseLock)
+	hashes := make([][]byte, len(keys))
+	for i, k := range keys {
+		hashes[i] = []byte(k.Hash)
+	}
+	lockedAt := time.Now()
+	qctx, qcancel := context.WithTimeout(context.WithoutCancel(ctx), e.lockRPCTimeout)
+	resp, err := client.QueryBlocksForTransfer(qctx, &pegadv1.QueryBlocksForTransferRequest{
+		Namespace: st.ns, Hashes: hashes, RequesterId: e.opts.NodeID, Requester: e.requester(),
+	})
+	qcancel()
+	if err != nil {
+		return fail(PhaseLock, err, ErrRemote)
+	}
+	var g *lockGuard
+	if sid := resp.GetSessionId(); sid != "" {
+		out.session = sid
+		g = e.newGuard(client, st, sid)
+		// Runs on every exit; a no-op when the normal path released.
+		defer func() { g.Abort(abortReason(ctx)) }()
+	}
+	// handled releases the lock on a handled error (the normal path of a
+	// failure). A cancelled fetch leaves that to the guard's abort path.
+	handled := func(phase string, cause, fallback error) error {
+		ferr := fail(phase, cause, fallback)
+		if g != nil && ctx.Err() == nil {
+			_, _ = g.Release()
+		}
+		return ferr
+	}
+
+	plan, err := e.plan(keys, resp, out)
+	if err != nil {
+		return handled(PhaseLock, err, ErrRemote)
+	}
+	if len(plan) == 0 {
+		if g != nil {
+			_, _ = g.Release()
+		}
+		return nil // every block missing on the peer
+	}
+	if g == nil {
+		return handled(PhaseLock, errors.New("holder returned blocks without a session"), ErrRemote)
+	}
+	lockTimeout := resp.GetLockTimeout().AsDuration()
+	if lockTimeout <= 0 {
+		lockTimeout = defaultLockTimeout
+	}
+	if ctx.Err() != nil {
+		return fail(PhaseLock, ctxErr(ctx), ErrDeadline)
+	}
+
+	// Stage.
+	e.hook(ctx, st, PhaseStage)
+	var total uint64
+	for _, b := range plan {
+		total += b.bytes
+	}
+	st.setSession(g.sid, len(plan), total)
+	exts, serr := e.stage(plan)
+	// readPending is true while a Read may still write into the staging
+	// memory. Set before Read, cleared once it returned.
+	readPending := false
+	defer func() {
+		if readPending {
+			// Read never returned (it panicked): a QP may still write into
+			// this memory, so it is leaked rather than handed out again
+			// (lesson 9).
+			var n uint64
+			for _, x := range exts {
+				n += x.Len()
+			}
+			e.m.StagingQuarantine.Add(float64(n))
+			e.log.Error().Str("req_id", st.reqID).Str("remote", st.peer).Str("session", g.sid).
+				Uint64("bytes", n).Msg("staging memory quarantined: read did not return")
+			return
+		}
+		for _, x := range exts {
+			e.store.ReleaseStaging(x)
+		}
+	}()
+	if serr != nil {
+		return handled(PhaseStage, serr, ErrLocalResource)
+	}
+	ops := buildOps(plan)
+
+	// Read, bounded by the lock's deadline (renewed while it runs).
+	e.hook(ctx, st, PhaseRead)
+	readCtx, cancelRead := context.WithCancelCause(ctx)
+	renewerDone := e.startRenewer(readCtx, cancelRead, g, lockedAt, lockTimeout)
+	defer func() {
+		cancelRead(nil)
+		<-renewerDone
+	}()
+	readPending = true
+	rerr := rd.Read(readCtx, ops)
+	// Read returned: the connection has flushed every QP that could write
+	// into the staging memory, so from here on it may go back to the pool
+	// (the deferred release above). Keep this order (lesson 9).
+	readPending = false
+	cancelRead(nil)
+	<-renewerDone
+	if rerr != nil {
+		if c := context.Cause(readCtx); errors.Is(c, errTransferDeadline) && ctx.Err() == nil {
+			rerr = fmt.Errorf("%w: %w", errTransferDeadline, rerr)
+		}
+		if invalidates(rerr) {
+			e.conns.Invalidate(rd, rerr)
+		}
+		return handled(PhaseRead, rerr, ErrConnection)
+	}
+
+	// Release; index only what was read under a live lock (lesson 10).
+	e.hook(ctx, st, PhaseRelease)
+	rresp, err := g.Release()
+	if err != nil {
+		// Whether the lock held during the read is unknown: discard.
+		return fail(PhaseRelease, err, ErrRemote)
+	}
+	if !rresp.GetWasLive() {
+		e.log.Warn().Str("req_id", st.reqID).Str("remote", st.peer).Str("session", g.sid).
+			Str("end", rresp.GetEnd().String()).Int("blocks", len(plan)).
+			Msg("transfer lock lapsed during the read; fetched blocks discarded")
+		return &FetchError{Peer: st.peer, Phase: PhaseRelease,
+			Err: fmt.Errorf("%w (session %s ended %s)", ErrDiscarded, g.sid, rresp.GetEnd())}
+	}
+
+	e.hook(ctx, st, PhaseIndex)
+	for _, b := range plan {
+		created, ierr := e.store.Insert(b.key, b.ext, b.layout)
+		switch {
+		case ierr != nil:
+			out.status[b.idx] = StatusFailed
+			out.errs[b.idx] = &FetchError{Peer: st.peer, Phase: PhaseIndex, Class: ErrLocalResource, Err: ierr}
+		case created:
+			out.status[b.idx] = StatusFetched
+			out.bytes += b.bytes
+		default:
+			out.status[b.idx] = StatusAlreadyLocal // indexed meanwhile (local put)
+		}
+	}
+	return nil
+}
+
+func abortReason(ctx context.Context) string {
+	if ctx.Err() != nil {
+		return ctxErr(ctx).Error()
+	}
+	return "fetch left without releasing (panic)"
+}
+
+// plan checks the holder's answer against the request and lays out the
+// found blocks; blocks not found are marked missing in out.
+func (e *Engine) plan(keys []store.Key, resp *pegadv1.QueryBlocksForTransferResponse, out *fetchOut) ([]*planBlock, error) {
+	idx := make(map[string]int, len(keys))
+	for i, k := range keys {
+		idx[k.Hash] = i
+	}
+	seen := make(map[int]bool, len(resp.GetBlocks()))
+	plan := make([]*planBlock, 0, len(resp.GetBlocks()))
+	for _, loc := range resp.GetBlocks() {
+		i, ok := idx[string(loc.GetHash())]
+		if !ok || seen[i] {
+			return nil, fmt.Errorf("holder returned unrequested or duplicate block %x", loc.GetHash())
+		}
+		seen[i] = true
+		b := &planBlock{idx: i, key: keys[i], loc: loc}
+		slots := loc.GetSlots()
+		if len(slots) == 0 || len(slots) > store.MaxSlots {
+			return nil, fmt.Errorf("block %x: %d slots", loc.GetHash(), len(slots))
+		}
+		b.numa = int(slots[0].GetK().GetNumaNode())
+		b.layout = make([]store.SlotLayout, len(slots))
+		for j, s := range slots {
+			k, v := s.GetK(), s.GetV()
+			if k.GetSize() == 0 || (v != nil && v.GetSize() == 0) {
+				return nil, fmt.Errorf("block %x slot %d: empty segment", loc.GetHash(), j)
+			}
+			if k.GetSize() > store.MaxBlockLen || v.GetSize() > store.MaxBlockLen {
+				return nil, fmt.Errorf("block %x slot %d: segment too large", loc.GetHash(), j)
+			}
+			// Offsets relative to the block's start; rebased in stage.
+			l := store.SlotLayout{KOff: b.size, KLen: k.GetSize()}
+			b.size += alignUp(k.GetSize())
+			b.bytes += k.GetSize()
+			if v != nil {
+				l.VOff, l.VLen = b.size, v.GetSize()
+				b.size += alignUp(v.GetSize())
+				b.bytes += v.GetSize()
+			}
+			b.layout[j] = l
+		}
+		if b.bytes > store.MaxBlockLen {
+			return nil, fmt.Errorf("block %x: %d bytes", loc.GetHash(), b.bytes)
+		}
+		plan = append(plan, b)
+	}
+	for i := range keys {
+		if !seen[i] {
+			out.status[i] = StatusMissingOnPeer
+		}
+	}
+	return plan, nil
+}
+
+// stage places every planned block in staging extents. Blocks are grouped
+// by their remote NUMA node; each extent is sized min(bytes of that group
+// still to place, maxChunk) and never less than the block being placed
+// (lesson 5): large fetches bound eviction amplification, small fetches
+// work on small pools. It returns every extent it allocated, also on error.
+func (e *Engine) stage(plan []*planBlock) ([]extent, error) {
+	groups := make(map[int][]*planBlock)
+	var numas []int
+	for _, b := range plan {
+		if _, ok := groups[b.numa]; !ok {
+			numas = append(numas, b.numa)
+		}
+		groups[b.numa] = append(groups[b.numa], b)
+	}
+	sort.Ints(numas)
+	var exts []extent
+	for _, numa := range numas {
+		var remaining uint64
+		for _, b := range groups[numa] {
+			remaining += b.size
+		}
+		var cur extent
+		var used uint64
+		for _, b := range groups[numa] {
+			if cur == nil || cur.Len()-used < b.size {
+				n := max(b.size, min(remaining, e.maxChunk))
+				x, err := e.store.AllocStaging(n)
+				if err != nil {
+					return exts, fmt.Errorf("staging %d bytes for remote NUMA node %d: %w", n, numa, err)
+				}
+				exts = append(exts, x)
+				cur, used = x, 0
+			}
+			b.ext = cur
+			for j := range b.layout {
+				b.layout[j].KOff += used
+				if b.layout[j].VLen > 0 {
+					b.layout[j].VOff += used
+				}
+			}
+			used += b.size
+			remaining -= b.size
+		}
+	}
+	return exts, nil
+}
+
+// buildOps makes one READ per segment (K and V) of every planned block.
+func buildOps(plan []*planBlock) []conn.ReadOp {
+	var ops []conn.ReadOp
+	for _, b := range plan {
+		base := b.ext.Addr()
+		for j, s := range b.loc.GetSlots() {
+			l := b.layout[j]
+			k := s.GetK()
+			ops = append(ops, conn.ReadOp{LocalAddr: base + l.KOff, RemoteAddr: k.GetAddr(), Len: l.KLen, NUMA: int(k.GetNumaNode())})
+			if v := s.GetV(); v != nil {
+				ops = append(ops, conn.ReadOp{LocalAddr: base + l.VOff, RemoteAddr: v.GetAddr(), Len: l.VLen, NUMA: int(v.GetNumaNode())})
+			}
+		}
+	}
+	return ops
+}
+
+// startRenewer starts the goroutine that keeps the lock alive while the
+// Read runs. It belongs to the fetch and exits when ctx (the read's
+// context) is done; the returned channel closes when it has. It renews at
+// lock_timeout/3 and cancels the read (errTransferDeadline) when the lock's
+// deadline minus a safety margin passes without a renewal. A failed
+// renewal is logged and retried at the next tick; the fetch goes on, and
+// the release's was_live decides whether the data is kept.
+func (e *Engine) startRenewer(ctx context.Context, cancelRead context.CancelCauseFunc, g *lockGuard,
+	lockedAt time.Time, lockTimeout time.Duration) <-chan struct{} {
+	done := make(chan struct{})
+	margin := min(5*time.Second, lockTimeout/10)
+	deadline := lockedAt.Add(lockTimeout - margin)
+	interval := max(lockTimeout/3, time.Millisecond)
+	go func() {
+		defer close(done)
+		dl := time.NewTimer(time.Until(deadline))
+		defer dl.Stop()
+		tick := time.NewTicker(interval)
+		defer tick.Stop()
+		req := &pegadv1.RenewTransferLockRequest{SessionId: g.sid, Requester: e.requester()}
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-dl.C:
+				cancelRead(errTransferDeadline)
+				return
+			case <-tick.C:
+				sent := time.Now()
+				rctx, cancel := context.WithTimeout(ctx, interval)
+				resp, err := g.client.RenewTransferLock(rctx, req)
+				cancel()
+				if err != nil {
+					if ctx.Err() != nil {
+						return
+					}
+					e.log.Warn().Err(err).Str("session", g.sid).Str("remote", g.st.peer).Str("req_id", g.st.reqID).
+						Msg("transfer lock renewal failed; the read goes on until the lock's deadline")
+					continue
+				}
+				// Durations only: the holder's clock is not ours.
+				ext := lockTimeout
+				if ll := resp.GetLifetimeLeft(); ll != nil && ll.AsDuration() < ext {
+					ext = ll.AsDuration()
+				}
+				if nd := sent.Add(ext - margin); nd.After(deadline) {
+					deadline = nd
+					dl.Reset(time.Until(deadline))
+				}
+			}
+		}
+	}()
+	return done
+}
