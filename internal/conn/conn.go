@@ -8,15 +8,35 @@
 // remote HCA. Invalidating a connection is one atomic removal from the
 // manager's map; work in flight keeps its QPs until it finishes.
 //
-// API CONTRACT (implementation pending; signatures are fixed):
+// The package must never know about blocks, transfer sessions (locks) or
+// the pool's allocator: it moves bytes between registered memory ranges it
+// is given, and nothing else.
+//
+// Ownership at a glance:
+//   - Manager owns the per-NIC protection domains and memory registrations
+//     (one MR of Options.Memory per NIC, registered in NewManager) and the
+//     two connection maps.
+//   - AddrConnection (requester side) owns its QPs, one CQ per QP, and one
+//     session worker goroutine per QP. Workers stop when the connection is
+//     invalidated (its done channel closes); QPs and CQs are destroyed once
+//     the last in-flight Read has returned.
+//   - acceptedConn (holder side) owns its QPs and CQs; it runs no worker,
+//     since a holder posts nothing (READs are one-sided).
 package conn
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/rs/zerolog"
+	"golang.org/x/sync/singleflight"
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	"github.com/pegaflow/pegad/internal/ibv"
@@ -37,7 +57,20 @@ var (
 	ErrHandshakeRejected = errors.New("conn: handshake rejected")
 	// ErrClosed: the manager is shut down.
 	ErrClosed = errors.New("conn: manager closed")
+	// ErrInvalidHandshake: handshake metadata is malformed (a request in
+	// Accept, or a response in Get). The holder's RPC layer maps it to
+	// codes.InvalidArgument. It is not connection class on the holder.
+	ErrInvalidHandshake = errors.New("conn: invalid handshake")
+	// ErrInvalidOp: a ReadOp is malformed (zero length, local range outside
+	// Options.Memory). A caller bug or local error: never invalidates.
+	ErrInvalidOp = errors.New("conn: invalid read op")
 )
+
+// IsConnectionClass reports whether err means the connection it came from
+// must be invalidated (and a new handshake made before more work).
+func IsConnectionClass(err error) bool {
+	return errors.Is(err, ErrConnectionBroken) || errors.Is(err, ErrSessionInvalidated)
+}
 
 // Dialer returns a peer-service client for a peer address.
 type Dialer func(peer string) (pegadv1.PeerServiceClient, error)
@@ -58,6 +91,18 @@ type Options struct {
 	// HandshakeTimeout bounds one handshake (default 10s).
 	HandshakeTimeout time.Duration
 }
+
+const (
+	defaultSQDepth          = 256
+	defaultHandshakeTimeout = 10 * time.Second
+	// maxQPsPerPeer bounds what a handshake may ask a holder to create.
+	maxQPsPerPeer = 64
+	// maxWRBytes splits large ops so one segment spreads across QPs.
+	maxWRBytes = 8 << 20
+	// drainTimeout bounds waiting for a QP in ERROR to flush; past it the
+	// QP is destroyed, which guarantees no WR touches memory afterwards.
+	drainTimeout = 30 * time.Second
+)
 
 // ReadOp is one RDMA READ: Len bytes from the peer's RemoteAddr into local
 // pool memory at LocalAddr (a virtual address inside Options.Memory).
@@ -87,43 +132,338 @@ type NICInfo struct {
 	LocalQPNs []uint32
 }
 
-// Manager is safe for concurrent use.
-type Manager struct{}
+// Roles and states, as labels of the Conns gauge and in ConnInfo.
+const (
+	RoleRequester     = "requester"
+	RoleHolder        = "holder"
+	StateConnecting   = "connecting"
+	StateConnected    = "connected"
+	StateInvalidated  = "invalidated"
+	resultOK          = "ok"
+	resultError       = "error"
+	resultInvalid     = "invalid"
+	resultRejected    = "rejected"
+	resultUnreachable = "unreachable"
+)
 
-func NewManager(opts Options) (*Manager, error) { panic("unimplemented") }
+// localNIC is one opened device with the pool registered on it.
+type localNIC struct {
+	dev  ibv.Device
+	info ibv.DeviceInfo
+	pd   ibv.PD
+	mr   ibv.MR
+}
+
+// Manager is safe for concurrent use.
+type Manager struct {
+	opts    Options
+	log     zerolog.Logger
+	met     *metrics.Metrics
+	nics    []*localNIC
+	memBase uint64
+	memLen  uint64
+
+	// ctx is canceled by Close; handshakes run under it, not under a
+	// caller's context, because singleflight shares them between callers.
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	sf singleflight.Group
+
+	// mu guards peers, accepted and closed. It is never held across an
+	// RPC, a verbs call that may block, or a wait for another goroutine.
+	// The requester map and the holder map are independent: Get/Invalidate
+	// touch only peers, Accept only accepted (two managers handshaking
+	// with each other have nothing to race on).
+	mu       sync.Mutex
+	peers    map[string]*AddrConnection // requester side, by peer address
+	accepted map[string]*acceptedConn   // holder side, by requester node_id
+	closed   bool
+
+	liveQPs   atomic.Int64   // actual live QPs, both roles
+	handshake sync.WaitGroup // running handshakes (requester side)
+	conns     sync.WaitGroup // requester connections not yet torn down
+	workers   sync.WaitGroup // session worker goroutines
+	closeOnce sync.Once
+
+	// Test hooks (nil in production), set by export_test.go.
+	hookBeforeRPC func(peer string)
+	hookAccept    func(req *pegadv1.RdmaHandshakeRequest)
+}
+
+// NewManager registers Options.Memory on every device and returns a
+// Manager with no connections. Devices stay owned by the caller.
+func NewManager(opts Options) (m *Manager, err error) {
+	if len(opts.Devices) == 0 {
+		return nil, errors.New("conn: no devices")
+	}
+	if len(opts.Memory) == 0 {
+		return nil, errors.New("conn: no memory to register")
+	}
+	if opts.Dial == nil {
+		return nil, errors.New("conn: Options.Dial is required")
+	}
+	if opts.QPsPerPeer <= 0 {
+		opts.QPsPerPeer = 1
+	}
+	if opts.QPsPerPeer > maxQPsPerPeer {
+		return nil, fmt.Errorf("conn: qps per peer %d exceeds %d", opts.QPsPerPeer, maxQPsPerPeer)
+	}
+	if opts.SQDepth <= 0 {
+		opts.SQDepth = defaultSQDepth
+	}
+	if opts.HandshakeTimeout <= 0 {
+		opts.HandshakeTimeout = defaultHandshakeTimeout
+	}
+	if opts.Metrics == nil {
+		opts.Metrics = metrics.NewForTest()
+	}
+	m = &Manager{
+		opts:     opts,
+		log:      opts.Log.With().Str("component", "conn").Logger(),
+		met:      opts.Metrics,
+		memBase:  uint64(uintptr(unsafe.Pointer(&opts.Memory[0]))),
+		memLen:   uint64(len(opts.Memory)),
+		peers:    make(map[string]*AddrConnection),
+		accepted: make(map[string]*acceptedConn),
+	}
+	defer func() {
+		if err != nil {
+			m.releaseNICs()
+		}
+	}()
+	for _, dev := range opts.Devices {
+		n := &localNIC{dev: dev, info: dev.Info()}
+		m.nics = append(m.nics, n)
+		if n.pd, err = dev.AllocPD(); err != nil {
+			return nil, fmt.Errorf("conn: alloc pd on %s: %w", n.info.Name, err)
+		}
+		n.mr, err = n.pd.RegMR(opts.Memory, ibv.AccessLocalWrite|ibv.AccessRemoteRead)
+		if err != nil {
+			return nil, fmt.Errorf("conn: register memory on %s: %w", n.info.Name, err)
+		}
+	}
+	m.ctx, m.cancel = context.WithCancel(context.Background())
+	return m, nil
+}
+
+func (m *Manager) releaseNICs() {
+	for _, n := range m.nics {
+		if n.mr != nil {
+			_ = n.mr.Dereg()
+		}
+		if n.pd != nil {
+			_ = n.pd.Close()
+		}
+	}
+}
 
 // Get returns a connected AddrConnection to peer, handshaking if needed
 // (at most one handshake per peer in flight; concurrent callers wait).
 func (m *Manager) Get(ctx context.Context, peer string) (*AddrConnection, error) {
-	panic("unimplemented")
+	if c, err := m.lookup(peer); c != nil || err != nil {
+		return c, err
+	}
+	ch := m.sf.DoChan(peer, func() (any, error) {
+		// Re-check: a handshake that finished between lookup and DoChan
+		// already published its connection.
+		if c, err := m.lookup(peer); c != nil || err != nil {
+			return c, err
+		}
+		return m.connect(peer)
+	})
+	select {
+	case r := <-ch:
+		if r.Err != nil {
+			return nil, r.Err
+		}
+		return r.Val.(*AddrConnection), nil
+	case <-ctx.Done():
+		// The handshake goes on (bounded by HandshakeTimeout) for the
+		// other callers; its result is published for the next Get.
+		return nil, ctx.Err()
+	}
+}
+
+func (m *Manager) lookup(peer string) (*AddrConnection, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return nil, ErrClosed
+	}
+	return m.peers[peer], nil
 }
 
 // Invalidate removes c (if it is still the current connection to its peer)
 // and tears it down once in-flight work is done.
-func (m *Manager) Invalidate(c *AddrConnection, reason error) { panic("unimplemented") }
-
-// Accept is the holder side of RdmaHandshake.
-func (m *Manager) Accept(ctx context.Context, req *pegadv1.RdmaHandshakeRequest) (*pegadv1.RdmaHandshakeResponse, error) {
-	panic("unimplemented")
+func (m *Manager) Invalidate(c *AddrConnection, reason error) {
+	if c == nil {
+		return
+	}
+	m.mu.Lock()
+	if m.peers[c.peer] == c {
+		delete(m.peers, c.peer)
+	}
+	m.mu.Unlock()
+	c.invalidate(reason)
 }
 
-func (m *Manager) List() []ConnInfo { panic("unimplemented") }
+// List returns the live connections of both roles (invalidated ones that
+// still drain in-flight work are not listed).
+func (m *Manager) List() []ConnInfo {
+	m.mu.Lock()
+	peers := make([]*AddrConnection, 0, len(m.peers))
+	for _, c := range m.peers {
+		peers = append(peers, c)
+	}
+	acc := make([]*acceptedConn, 0, len(m.accepted))
+	for _, a := range m.accepted {
+		acc = append(acc, a)
+	}
+	m.mu.Unlock()
+	out := make([]ConnInfo, 0, len(peers)+len(acc))
+	for _, c := range peers {
+		out = append(out, c.info())
+	}
+	for _, a := range acc {
+		out = append(out, a.info())
+	}
+	return out
+}
 
 // QPs is the actual number of live QPs across all connections.
-func (m *Manager) QPs() int { panic("unimplemented") }
+func (m *Manager) QPs() int { return int(m.liveQPs.Load()) }
 
 // Close invalidates every connection and waits for their workers.
-func (m *Manager) Close() error { panic("unimplemented") }
+// In-flight Reads are aborted (their QPs moved to ERROR and drained).
+func (m *Manager) Close() error {
+	m.closeOnce.Do(func() {
+		m.mu.Lock()
+		m.closed = true
+		peers := m.peers
+		acc := m.accepted
+		m.peers = make(map[string]*AddrConnection)
+		m.accepted = make(map[string]*acceptedConn)
+		m.mu.Unlock()
+		m.cancel() // aborts running handshakes
 
-// AddrConnection is one connection to a peer address.
-type AddrConnection struct{}
+		for _, c := range peers {
+			c.invalidate(ErrClosed)
+			c.abortInFlight()
+		}
+		for _, a := range acc {
+			a.destroy("shutdown")
+		}
+		m.handshake.Wait()
+		m.conns.Wait()
+		m.workers.Wait()
+		m.releaseNICs()
+	})
+	return nil
+}
 
-func (c *AddrConnection) Peer() string { panic("unimplemented") }
+// qpPair is one QP with its own CQ: completions never mix across QPs or
+// connections.
+type qpPair struct {
+	nic *localNIC
+	qp  ibv.QP
+	cq  ibv.CQ
+	qpn uint32
 
-// Read runs ops (spread over NICs and QPs) and returns when all completed
-// or ctx is done. After an error or ctx expiry it returns only once every
-// QP that could still write into the ops' local memory is in ERROR and
-// drained, so the caller may reuse that memory at once.
-// Errors: ErrConnectionBroken / ErrSessionInvalidated (wrapping an
-// *ibv.StatusError where one applies), ErrRemoteMemory, ctx errors.
-func (c *AddrConnection) Read(ctx context.Context, ops []ReadOp) error { panic("unimplemented") }
+	destroyOnce sync.Once
+}
+
+// newQPPair creates a CQ and an RC QP (INIT) on nic and counts it live.
+func (m *Manager) newQPPair(nic *localNIC) (*qpPair, error) {
+	cq, err := nic.dev.CreateCQ(m.opts.SQDepth)
+	if err != nil {
+		return nil, fmt.Errorf("create cq on %s: %w", nic.info.Name, err)
+	}
+	qcap := ibv.QPCap{MaxSendWR: m.opts.SQDepth, MaxRecvWR: 1, MaxSendSGE: 1, MaxRdAtomic: m.maxRdAtomic(nic)}
+	qp, err := nic.pd.CreateQP(cq, qcap)
+	if err != nil {
+		_ = cq.Close()
+		return nil, fmt.Errorf("create qp on %s: %w", nic.info.Name, err)
+	}
+	m.liveQPs.Add(1)
+	m.met.RDMAQPs.Inc()
+	return &qpPair{nic: nic, qp: qp, cq: cq, qpn: qp.QPN()}, nil
+}
+
+// destroy releases the QP then its CQ, exactly once.
+func (p *qpPair) destroy(m *Manager) {
+	p.destroyOnce.Do(func() {
+		if err := p.qp.Destroy(); err != nil {
+			m.log.Warn().Err(err).Uint32("qpn", p.qpn).Msg("destroy qp")
+		}
+		if err := p.cq.Close(); err != nil {
+			m.log.Warn().Err(err).Uint32("qpn", p.qpn).Msg("close cq")
+		}
+		m.liveQPs.Add(-1)
+		m.met.RDMAQPs.Dec()
+	})
+}
+
+func (m *Manager) maxRdAtomic(nic *localNIC) int {
+	n := int(ibv.DefaultConnectAttr().MaxRdAtomic)
+	if nic.info.MaxRdAtomic > 0 && nic.info.MaxRdAtomic < n {
+		n = nic.info.MaxRdAtomic
+	}
+	return n
+}
+
+func (m *Manager) connectAttr(nic *localNIC) ibv.ConnectAttr {
+	a := ibv.DefaultConnectAttr()
+	n := uint8(m.maxRdAtomic(nic))
+	a.MaxRdAtomic, a.MaxDestRd = n, n
+	return a
+}
+
+func newHandshakeID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// reasonLabel turns an invalidation reason into a low-cardinality label.
+func reasonLabel(err error) string {
+	var se *ibv.StatusError
+	switch {
+	case err == nil:
+		return "manual"
+	case errors.Is(err, ErrClosed):
+		return "shutdown"
+	case errors.Is(err, context.DeadlineExceeded):
+		return "deadline"
+	case errors.Is(err, context.Canceled):
+		return "canceled"
+	case errors.As(err, &se):
+		return "completion_error"
+	case errors.Is(err, ErrSessionInvalidated):
+		return "session_invalidated"
+	case errors.Is(err, ErrConnectionBroken):
+		return "connection_broken"
+	}
+	return "other"
+}
+
+// wcLabel is the status label of WorkCompletions.
+func wcLabel(s ibv.WCStatus) string {
+	switch s {
+	case ibv.WCSuccess:
+		return "success"
+	case ibv.WCWRFlushErr:
+		return "wr_flush_err"
+	case ibv.WCRemAccessErr:
+		return "rem_access_err"
+	case ibv.WCLocProtErr:
+		return "loc_prot_err"
+	case ibv.WCRetryExcErr:
+		return "retry_exc_err"
+	case ibv.WCRemInvReqErr:
+		return "rem_inv_req_err"
+	case ibv.WCLocLenErr:
+		return "loc_len_err"
+	}
+	return fmt.Sprintf("status_%d", int(s))
+}

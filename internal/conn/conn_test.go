@@ -1,0 +1,730 @@
+package conn
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+	"github.com/pegaflow/pegad/internal/ibv"
+	"github.com/pegaflow/pegad/internal/ibv/tcp"
+)
+
+// span is one op expressed as offsets into the two pools.
+type span struct{ local, remote, n uint64 }
+
+func opsOf(req, hold *node, spans []span) []ReadOp {
+	ops := make([]ReadOp, len(spans))
+	for i, s := range spans {
+		ops[i] = ReadOp{LocalAddr: req.base() + s.local, RemoteAddr: hold.base() + s.remote, Len: s.n, NUMA: -1}
+	}
+	return ops
+}
+
+func checkSpans(t *testing.T, req, hold *node, spans []span) {
+	t.Helper()
+	for i, s := range spans {
+		got := req.mem[s.local : s.local+s.n]
+		want := hold.mem[s.remote : s.remote+s.n]
+		if !bytes.Equal(got, want) {
+			t.Fatalf("span %d (%+v): bytes differ", i, s)
+		}
+	}
+}
+
+// scattered returns count non-overlapping spans of random sizes in
+// [minN, maxN], at random places of both pools (K/V-like segments).
+func scattered(r *rand.Rand, count int, minN, maxN, localSize, remoteSize uint64) []span {
+	slot := localSize / uint64(count)
+	if rs := remoteSize / uint64(count); rs < slot {
+		slot = rs
+	}
+	lperm := r.Perm(count)
+	rperm := r.Perm(count)
+	out := make([]span, count)
+	for i := range out {
+		n := minN + r.Uint64N(maxN-minN+1)
+		n = min(n, slot)
+		out[i] = span{local: uint64(lperm[i]) * slot, remote: uint64(rperm[i])*slot + r.Uint64N(slot-n+1), n: n}
+	}
+	return out
+}
+
+func TestReadByteIdentical(t *testing.T) {
+	d := newDialers(t)
+	hold := newNode(t, d, nodeOpts{id: "holder", nics: 2, qps: 2, mem: 48 << 20})
+	req := newNode(t, d, nodeOpts{id: "req", nics: 2, qps: 2, mem: 48 << 20, sqDepth: 8})
+	hold.fillRandom(1)
+	r := rand.New(rand.NewPCG(7, 7))
+
+	c, err := req.mgr.Get(ctxT(t, 10*time.Second), hold.addr)
+	if err != nil {
+		t.Fatalf("Get: %v", err)
+	}
+	tests := []struct {
+		name  string
+		spans []span
+	}{
+		{"one byte", []span{{0, 5, 1}}},
+		{"odd sizes", []span{{0, 3, 7}, {64, 4099, 4097}, {1 << 20, 12345, 1<<20 + 3}}},
+		{"larger than one WR", []span{{0, 1 << 20, 20<<20 + 11}}},
+		{"contiguous 32MiB", []span{{8 << 20, 0, 32 << 20}}},
+		{"kv scattered 512", scattered(r, 512, 1, 16<<10, 48<<20, 48<<20)},
+		{"kv scattered 64 large", scattered(r, 64, 64<<10, 512<<10, 48<<20, 48<<20)},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			clear(req.mem)
+			if err := c.Read(ctxT(t, 20*time.Second), opsOf(req, hold, tc.spans)); err != nil {
+				t.Fatalf("Read: %v", err)
+			}
+			checkSpans(t, req, hold, tc.spans)
+		})
+	}
+	// NUMA preference: ops for NUMA 1 go to the NIC on NUMA 1 only.
+	before := testutil.ToFloat64(req.met.WorkCompletions.WithLabelValues("success"))
+	ops := opsOf(req, hold, []span{{0, 0, 4096}, {4096, 4096, 4096}})
+	for i := range ops {
+		ops[i].NUMA = 1
+	}
+	batches, err := c.plan(ops)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range batches {
+		if b.s.p.nic.info.NUMANode != 1 {
+			t.Errorf("op for NUMA 1 planned on NIC %s (NUMA %d)", b.s.p.nic.info.Name, b.s.p.nic.info.NUMANode)
+		}
+	}
+	if err := c.Read(ctxT(t, 5*time.Second), ops); err != nil {
+		t.Fatal(err)
+	}
+	if got := testutil.ToFloat64(req.met.WorkCompletions.WithLabelValues("success")) - before; got != 2 {
+		t.Errorf("success completions = %v, want 2", got)
+	}
+	req.checkQPs(t, 2*2)
+	hold.checkQPs(t, 2*2)
+	if w := req.workers(); w != 4 {
+		t.Errorf("session workers = %d, want 4", w)
+	}
+	if got := testutil.ToFloat64(req.met.Conns.WithLabelValues(RoleRequester, StateConnected)); got != 1 {
+		t.Errorf("requester connected gauge = %v, want 1", got)
+	}
+	if got := testutil.ToFloat64(hold.met.Conns.WithLabelValues(RoleHolder, StateConnected)); got != 1 {
+		t.Errorf("holder connected gauge = %v, want 1", got)
+	}
+	list := req.mgr.List()
+	if len(list) != 1 || list[0].Role != RoleRequester || list[0].QPs != 4 || len(list[0].NICs) != 2 || list[0].RemoteNodeID != "holder" {
+		t.Errorf("requester List = %+v", list)
+	}
+	hl := hold.mgr.List()
+	if len(hl) != 1 || hl[0].Role != RoleHolder || hl[0].QPs != 4 || hl[0].RemoteNodeID != "req" {
+		t.Errorf("holder List = %+v", hl)
+	}
+}
+
+// Two holders allocate identical QPNs (same tcp QPNStart); one requester
+// reads from both at once: no error, right data, no cross-talk.
+func TestTwoHoldersSameQPNs(t *testing.T) {
+	const nics, qps = 2, 2
+	d := newDialers(t)
+	h1 := newNode(t, d, nodeOpts{id: "h1", nics: nics, qps: qps, qpnStart: 0x500, mem: 8 << 20})
+	h2 := newNode(t, d, nodeOpts{id: "h2", nics: nics, qps: qps, qpnStart: 0x500, mem: 8 << 20})
+	req := newNode(t, d, nodeOpts{id: "req", nics: nics, qps: qps, qpnStart: 0x500, mem: 16 << 20})
+	h1.fillRandom(11)
+	h2.fillRandom(22)
+
+	c1, err := req.mgr.Get(ctxT(t, 10*time.Second), h1.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c2, err := req.mgr.Get(ctxT(t, 10*time.Second), h2.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q1 := h1.mgr.List()[0].NICs[0].LocalQPNs
+	q2 := h2.mgr.List()[0].NICs[0].LocalQPNs
+	if fmt.Sprint(q1) != fmt.Sprint(q2) {
+		t.Fatalf("holders were meant to allocate identical QPNs: %v vs %v", q1, q2)
+	}
+	req.checkQPs(t, 2*nics*qps) // peers × NICs × qps_per_peer
+	h1.checkQPs(t, nics*qps)
+	h2.checkQPs(t, nics*qps)
+
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	for i := 0; i < 16; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(uint64(i), 3))
+			// Each goroutine owns a 512 KiB local slice: h1 data in the
+			// first half, h2 data in the second.
+			lbase := uint64(i) * (1 << 20)
+			s1 := []span{{lbase, r.Uint64N(7 << 20), 256 << 10}}
+			s2 := []span{{lbase + 512<<10, r.Uint64N(7 << 20), 256 << 10}}
+			for k := 0; k < 10; k++ {
+				if err := c1.Read(context.Background(), opsOf(req, h1, s1)); err != nil {
+					errs <- err
+					return
+				}
+				if err := c2.Read(context.Background(), opsOf(req, h2, s2)); err != nil {
+					errs <- err
+					return
+				}
+			}
+			for _, p := range []struct {
+				h *node
+				s span
+			}{{h1, s1[0]}, {h2, s2[0]}} {
+				if !bytes.Equal(req.mem[p.s.local:p.s.local+p.s.n], p.h.mem[p.s.remote:p.s.remote+p.s.n]) {
+					errs <- fmt.Errorf("goroutine %d: data from %s differs (cross-talk?)", i, p.h.id)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if c1.Invalid() || c2.Invalid() {
+		t.Error("a connection was invalidated")
+	}
+}
+
+// 1,000 connect/invalidate cycles from several goroutines: goroutines, QPs
+// and session workers come back to baseline (goleak checks goroutines at
+// the end of the package).
+func TestConnectInvalidateCycles(t *testing.T) {
+	const nics, qps, cycles, par = 2, 2, 1000, 4
+	d := newDialers(t)
+	hold := newNode(t, d, nodeOpts{id: "holder", nics: nics, qps: qps, mem: 1 << 20})
+	req := newNode(t, d, nodeOpts{id: "req", nics: nics, qps: qps, mem: 1 << 20})
+	hold.fillRandom(5)
+
+	var wg sync.WaitGroup
+	errs := make(chan error, par)
+	for g := 0; g < par; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < cycles/par; i++ {
+				c, err := req.mgr.Get(context.Background(), hold.addr)
+				if err != nil {
+					errs <- fmt.Errorf("cycle %d: Get: %w", i, err)
+					return
+				}
+				off := uint64(g) * 4096
+				err = c.Read(context.Background(), opsOf(req, hold, []span{{off, off, 4096}}))
+				// Another goroutine may invalidate c under us: that must
+				// surface as a connection-class error, nothing else.
+				if err != nil && !IsConnectionClass(err) {
+					errs <- fmt.Errorf("cycle %d: Read: %w", i, err)
+					return
+				}
+				req.mgr.Invalidate(c, nil)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	waitFor(t, "requester QPs to drain", func() bool { return req.mgr.QPs() == 0 && req.workers() == 0 })
+	req.checkQPs(t, 0)
+	if w := req.workers(); w != 0 {
+		t.Errorf("session workers = %d after cycles", w)
+	}
+	// The holder keeps only the latest accepted connection of "req".
+	hold.checkQPs(t, nics*qps)
+	if n := len(hold.mgr.List()); n != 1 {
+		t.Errorf("holder has %d accepted connections, want 1", n)
+	}
+	if got := testutil.ToFloat64(req.met.Conns.WithLabelValues(RoleRequester, StateInvalidated)); got != 0 {
+		t.Errorf("invalidated-but-not-torn-down gauge = %v", got)
+	}
+	t.Logf("handshakes served: %d", hold.handshakes.Load())
+}
+
+// The worker exits when its connection is invalidated: the batch it is
+// running finishes, queued ones and later submissions get
+// ErrSessionInvalidated.
+func TestWorkerExitsOnInvalidate(t *testing.T) {
+	d := newDialers(t)
+	hold := newNode(t, d, nodeOpts{id: "holder", mem: 1 << 20})
+	req := newNode(t, d, nodeOpts{id: "req", mem: 1 << 20})
+	hold.fillRandom(9)
+	c, err := req.mgr.Get(ctxT(t, 5*time.Second), hold.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hold.devs[0].SetFaults(tcp.Faults{ResponseDelay: 200 * time.Millisecond})
+	s := c.nics[0].sessions[0]
+
+	// Hold a reference as a Read would, so the QP outlives invalidation.
+	if err := c.acquire(); err != nil {
+		t.Fatal(err)
+	}
+	mk := func(off uint64) (*batch, chan batchResult) {
+		res := make(chan batchResult, 1)
+		ops := opsOf(req, hold, []span{{off, off, 4096}})
+		bs, err := c.plan(ops)
+		if err != nil || len(bs) != 1 {
+			t.Fatalf("plan: %v", err)
+		}
+		bs[0].ctx, bs[0].res = context.Background(), res
+		return bs[0], res
+	}
+	running, runRes := mk(0)
+	queued1, q1Res := mk(4096)
+	queued2, q2Res := mk(8192)
+	s.submit(running)
+	waitFor(t, "first batch to run", func() bool { return running.state.Load() == batchRunning })
+	s.submit(queued1)
+	s.submit(queued2)
+	req.mgr.Invalidate(c, errors.New("test"))
+
+	if r := <-runRes; r.err != nil {
+		t.Errorf("running batch: %v (it must finish: its Read holds the QP)", r.err)
+	}
+	for i, ch := range []chan batchResult{q1Res, q2Res} {
+		select {
+		case r := <-ch:
+			if !errors.Is(r.err, ErrSessionInvalidated) || r.err.Error() == "" {
+				t.Errorf("queued batch %d: %v, want ErrSessionInvalidated", i, r.err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("queued batch %d got no reply", i)
+		}
+	}
+	<-s.exited
+	late, lateRes := mk(12288)
+	s.submit(late)
+	select {
+	case r := <-lateRes:
+		if !errors.Is(r.err, ErrSessionInvalidated) {
+			t.Errorf("submit after exit: %v", r.err)
+		}
+	case <-time.After(time.Second):
+		t.Fatal("submit after the worker exited blocked")
+	}
+	if w := req.workers(); w != 0 {
+		t.Errorf("workers = %d after invalidate", w)
+	}
+	req.checkQPs(t, 1) // still held by our reference
+	c.release()
+	req.checkQPs(t, 0)
+	if !bytes.Equal(req.mem[:4096], hold.mem[:4096]) {
+		t.Error("running batch data wrong")
+	}
+	// Reads on the invalidated connection fail at once, connection class.
+	if err := c.Read(context.Background(), opsOf(req, hold, []span{{0, 0, 8}})); !errors.Is(err, ErrConnectionBroken) {
+		t.Errorf("Read on invalidated: %v", err)
+	}
+}
+
+// Lesson 9: after a deadline, Read returns only when no late READ can
+// land; a sentinel written after it returns survives the late responses.
+func TestReadDeadlineDrainsBeforeReturn(t *testing.T) {
+	const delay = 300 * time.Millisecond
+	d := newDialers(t)
+	hold := newNode(t, d, nodeOpts{id: "holder", nics: 2, qps: 2, mem: 8 << 20})
+	req := newNode(t, d, nodeOpts{id: "req", nics: 2, qps: 2, mem: 8 << 20})
+	hold.fillRandom(3)
+	c, err := req.mgr.Get(ctxT(t, 5*time.Second), hold.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, dev := range hold.devs {
+		dev.SetFaults(tcp.Faults{ResponseDelay: delay})
+	}
+	spans := scattered(rand.New(rand.NewPCG(1, 2)), 64, 4096, 64<<10, 8<<20, 8<<20)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	err = c.Read(ctx, opsOf(req, hold, spans))
+	took := time.Since(start)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Read = %v, want deadline exceeded", err)
+	}
+	if took >= delay {
+		t.Errorf("Read took %v: it should abort (ERROR + flush), not wait for the responses", took)
+	}
+	// Reuse the memory at once, as the requester's pool would.
+	for i := range req.mem {
+		req.mem[i] = 0xA5
+	}
+	time.Sleep(delay + 300*time.Millisecond)
+	for i, b := range req.mem {
+		if b != 0xA5 {
+			t.Fatalf("late READ landed at offset %d after Read returned", i)
+		}
+	}
+	if !c.Invalid() {
+		t.Error("a connection whose QPs went to ERROR must be invalidated")
+	}
+	waitFor(t, "QPs destroyed", func() bool { return req.mgr.QPs() == 0 })
+	if got := testutil.ToFloat64(req.met.Invalidations.WithLabelValues("deadline")); got != 1 {
+		t.Errorf("invalidations{deadline} = %v", got)
+	}
+	// A fresh connection works.
+	for _, dev := range hold.devs {
+		dev.SetFaults(tcp.Faults{})
+	}
+	c2, err := req.mgr.Get(ctxT(t, 5*time.Second), hold.addr)
+	if err != nil || c2 == c {
+		t.Fatalf("re-Get: %v (same=%v)", err, c2 == c)
+	}
+	if err := c2.Read(ctxT(t, 5*time.Second), opsOf(req, hold, spans)); err != nil {
+		t.Fatal(err)
+	}
+	checkSpans(t, req, hold, spans)
+}
+
+// A ctx that is already done posts nothing and leaves the connection up.
+func TestReadExpiredCtxKeepsConnection(t *testing.T) {
+	d := newDialers(t)
+	hold := newNode(t, d, nodeOpts{id: "holder"})
+	req := newNode(t, d, nodeOpts{id: "req"})
+	c, err := req.mgr.Get(ctxT(t, 5*time.Second), hold.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := c.Read(ctx, opsOf(req, hold, []span{{0, 0, 64}})); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Read = %v", err)
+	}
+	if c.Invalid() {
+		t.Error("nothing was posted; the connection must stay healthy")
+	}
+}
+
+func TestCompletionErrorBreaksConnection(t *testing.T) {
+	tests := []struct {
+		name   string
+		break_ func(c *AddrConnection, hold *node)
+		status ibv.WCStatus // 0: any
+	}{
+		{"wrong rkey", func(c *AddrConnection, _ *node) {
+			for _, cn := range c.nics {
+				for i := range cn.remote {
+					cn.remote[i].RKey ^= 0x5a5a
+				}
+			}
+		}, ibv.WCRemAccessErr},
+		{"holder cut", func(_ *AddrConnection, hold *node) {
+			hold.devs[0].SetFaults(tcp.Faults{DropResponses: true})
+			hold.devs[0].CutConnections()
+		}, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			d := newDialers(t)
+			hold := newNode(t, d, nodeOpts{id: "holder", mem: 1 << 20})
+			req := newNode(t, d, nodeOpts{id: "req", mem: 1 << 20})
+			c, err := req.mgr.Get(ctxT(t, 5*time.Second), hold.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Read(ctxT(t, 5*time.Second), opsOf(req, hold, []span{{0, 0, 4096}})); err != nil {
+				t.Fatal(err)
+			}
+			tc.break_(c, hold)
+			err = c.Read(ctxT(t, 10*time.Second), opsOf(req, hold, []span{{0, 0, 4096}, {4096, 4096, 4096}}))
+			var se *ibv.StatusError
+			if !errors.Is(err, ErrConnectionBroken) || !errors.As(err, &se) {
+				t.Fatalf("Read = %v, want ErrConnectionBroken wrapping *ibv.StatusError", err)
+			}
+			if tc.status != 0 && se.Status != tc.status {
+				t.Errorf("status = %v, want %v", se.Status, tc.status)
+			}
+			if !c.Invalid() {
+				t.Error("connection not invalidated")
+			}
+			waitFor(t, "QPs destroyed", func() bool { return req.mgr.QPs() == 0 })
+			if got := testutil.ToFloat64(req.met.Invalidations.WithLabelValues("completion_error")); got != 1 {
+				t.Errorf("invalidations{completion_error} = %v", got)
+			}
+			hold.devs[0].SetFaults(tcp.Faults{})
+			c2, err := req.mgr.Get(ctxT(t, 5*time.Second), hold.addr)
+			if err != nil || c2 == c {
+				t.Fatalf("re-Get after broken: %v", err)
+			}
+			if n := hold.handshakes.Load(); n != 2 {
+				t.Errorf("handshakes = %d, want 2", n)
+			}
+		})
+	}
+}
+
+// Lesson 7: a bad address is not a connection-class error.
+func TestInvalidOpsKeepConnection(t *testing.T) {
+	d := newDialers(t)
+	hold := newNode(t, d, nodeOpts{id: "holder", nics: 2, mem: 1 << 20})
+	req := newNode(t, d, nodeOpts{id: "req", nics: 2, mem: 1 << 20})
+	hold.fillRandom(4)
+	c, err := req.mgr.Get(ctxT(t, 5*time.Second), hold.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hb, rb := hold.base(), req.base()
+	tests := []struct {
+		name string
+		op   ReadOp
+		want error
+	}{
+		{"remote past end", ReadOp{rb, hb + 1<<20 - 10, 100, -1}, ErrRemoteMemory},
+		{"remote before start", ReadOp{rb, hb - 4096, 100, -1}, ErrRemoteMemory},
+		{"remote wraps", ReadOp{rb, ^uint64(0) - 10, 100, -1}, ErrRemoteMemory},
+		{"local past end", ReadOp{rb + 1<<20 - 10, hb, 100, -1}, ErrInvalidOp},
+		{"local before start", ReadOp{rb - 1, hb, 100, -1}, ErrInvalidOp},
+		{"zero length", ReadOp{rb, hb, 0, -1}, ErrInvalidOp},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			good := ReadOp{rb + 8192, hb + 8192, 64, -1}
+			err := c.Read(ctxT(t, 5*time.Second), []ReadOp{good, tc.op})
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("Read = %v, want %v", err, tc.want)
+			}
+			if IsConnectionClass(err) || c.Invalid() {
+				t.Fatal("connection invalidated by a non-connection error")
+			}
+		})
+	}
+	if got := testutil.ToFloat64(req.met.WorkCompletions.WithLabelValues("success")); got != 0 {
+		t.Errorf("%v completions: something was posted for a rejected Read", got)
+	}
+	if err := c.Read(ctxT(t, 5*time.Second), opsOf(req, hold, []span{{0, 0, 4096}})); err != nil {
+		t.Fatalf("connection not healthy afterwards: %v", err)
+	}
+	checkSpans(t, req, hold, []span{{0, 0, 4096}})
+}
+
+func TestConcurrentGetOneHandshake(t *testing.T) {
+	d := newDialers(t)
+	hold := newNode(t, d, nodeOpts{id: "holder", nics: 2, qps: 2})
+	req := newNode(t, d, nodeOpts{id: "req", nics: 2, qps: 2})
+	const n = 32
+	got := make([]*AddrConnection, n)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			c, err := req.mgr.Get(ctxT(t, 10*time.Second), hold.addr)
+			if err != nil {
+				t.Errorf("Get: %v", err)
+			}
+			got[i] = c
+		}()
+	}
+	close(start)
+	wg.Wait()
+	for i := 1; i < n; i++ {
+		if got[i] != got[0] {
+			t.Fatalf("caller %d got a different connection", i)
+		}
+	}
+	if h := hold.handshakes.Load(); h != 1 {
+		t.Errorf("holder served %d handshakes, want 1", h)
+	}
+	req.checkQPs(t, 4)
+	hold.checkQPs(t, 4)
+}
+
+func TestHandshakeFailuresDestroyPreparedQPs(t *testing.T) {
+	tests := []struct {
+		name  string
+		reply func(*pegadv1.RdmaHandshakeRequest) (*pegadv1.RdmaHandshakeResponse, error)
+		want  []error
+	}{
+		{"peer error", func(*pegadv1.RdmaHandshakeRequest) (*pegadv1.RdmaHandshakeResponse, error) {
+			return nil, errors.New("no")
+		}, []error{ErrHandshakeRejected}},
+		{"no nics", func(*pegadv1.RdmaHandshakeRequest) (*pegadv1.RdmaHandshakeResponse, error) {
+			return &pegadv1.RdmaHandshakeResponse{HolderNodeId: "h"}, nil
+		}, []error{ErrHandshakeRejected, ErrInvalidHandshake}},
+		{"endpoint count", func(r *pegadv1.RdmaHandshakeRequest) (*pegadv1.RdmaHandshakeResponse, error) {
+			nh := &pegadv1.NicHandshake{Nic: "x", Endpoints: r.Nics[0].Endpoints[:1], Memory: r.Nics[0].Memory}
+			return &pegadv1.RdmaHandshakeResponse{Nics: []*pegadv1.NicHandshake{nh}}, nil
+		}, []error{ErrHandshakeRejected, ErrInvalidHandshake}},
+		{"empty memory", func(r *pegadv1.RdmaHandshakeRequest) (*pegadv1.RdmaHandshakeResponse, error) {
+			nh := &pegadv1.NicHandshake{Nic: "x", Endpoints: r.Nics[0].Endpoints}
+			return &pegadv1.RdmaHandshakeResponse{Nics: []*pegadv1.NicHandshake{nh}}, nil
+		}, []error{ErrHandshakeRejected, ErrInvalidHandshake}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			d := newDialers(t)
+			hold := newNode(t, d, nodeOpts{id: "holder"})
+			req := newNode(t, d, nodeOpts{id: "req", qps: 2})
+			hold.reply.Store(&tc.reply)
+			_, err := req.mgr.Get(ctxT(t, 5*time.Second), hold.addr)
+			for _, w := range tc.want {
+				if !errors.Is(err, w) {
+					t.Errorf("Get = %v, want %v", err, w)
+				}
+			}
+			req.checkQPs(t, 0)
+			if n := len(req.mgr.List()); n != 0 {
+				t.Errorf("%d connections listed after a failed handshake", n)
+			}
+			if got := testutil.ToFloat64(req.met.Conns.WithLabelValues(RoleRequester, StateConnecting)); got != 0 {
+				t.Errorf("connecting gauge = %v", got)
+			}
+		})
+	}
+	t.Run("peer unreachable", func(t *testing.T) {
+		d := newDialers(t)
+		req := newNode(t, d, nodeOpts{id: "req"})
+		_, err := req.mgr.Get(ctxT(t, 10*time.Second), "127.0.0.1:1")
+		if !errors.Is(err, ErrConnectionBroken) {
+			t.Errorf("Get = %v, want ErrConnectionBroken", err)
+		}
+		req.checkQPs(t, 0)
+	})
+}
+
+func TestAcceptRejectsMalformed(t *testing.T) {
+	d := newDialers(t)
+	hold := newNode(t, d, nodeOpts{id: "holder", nics: 2})
+	good := func() *pegadv1.RdmaHandshakeRequest {
+		ep := &pegadv1.Endpoint{Qpn: 0x100, Psn: 7, Addr: "127.0.0.1:9", Gid: make([]byte, 16)}
+		return &pegadv1.RdmaHandshakeRequest{
+			Requester: &pegadv1.Requester{NodeId: "r", Incarnation: "i"}, Transport: "tcp", HandshakeId: "h",
+			Nics: []*pegadv1.NicHandshake{{Nic: "n", Endpoints: []*pegadv1.Endpoint{ep}}},
+		}
+	}
+	tests := []struct {
+		name string
+		mut  func(r *pegadv1.RdmaHandshakeRequest) *pegadv1.RdmaHandshakeRequest
+	}{
+		{"nil request", func(*pegadv1.RdmaHandshakeRequest) *pegadv1.RdmaHandshakeRequest { return nil }},
+		{"no requester", func(r *pegadv1.RdmaHandshakeRequest) *pegadv1.RdmaHandshakeRequest { r.Requester = nil; return r }},
+		{"empty node id", func(r *pegadv1.RdmaHandshakeRequest) *pegadv1.RdmaHandshakeRequest { r.Requester.NodeId = ""; return r }},
+		{"wrong transport", func(r *pegadv1.RdmaHandshakeRequest) *pegadv1.RdmaHandshakeRequest { r.Transport = "verbs"; return r }},
+		{"no nics", func(r *pegadv1.RdmaHandshakeRequest) *pegadv1.RdmaHandshakeRequest { r.Nics = nil; return r }},
+		{"nil nic", func(r *pegadv1.RdmaHandshakeRequest) *pegadv1.RdmaHandshakeRequest {
+			r.Nics = append(r.Nics, nil)
+			return r
+		}},
+		{"no endpoints", func(r *pegadv1.RdmaHandshakeRequest) *pegadv1.RdmaHandshakeRequest { r.Nics[0].Endpoints = nil; return r }},
+		{"nil endpoint", func(r *pegadv1.RdmaHandshakeRequest) *pegadv1.RdmaHandshakeRequest {
+			r.Nics[0].Endpoints = append(r.Nics[0].Endpoints, nil)
+			return r
+		}},
+		{"qpn zero", func(r *pegadv1.RdmaHandshakeRequest) *pegadv1.RdmaHandshakeRequest { r.Nics[0].Endpoints[0].Qpn = 0; return r }},
+		{"qpn 25 bits", func(r *pegadv1.RdmaHandshakeRequest) *pegadv1.RdmaHandshakeRequest {
+			r.Nics[0].Endpoints[0].Qpn = 1 << 24
+			return r
+		}},
+		{"psn 25 bits", func(r *pegadv1.RdmaHandshakeRequest) *pegadv1.RdmaHandshakeRequest {
+			r.Nics[0].Endpoints[0].Psn = 1 << 24
+			return r
+		}},
+		{"short gid", func(r *pegadv1.RdmaHandshakeRequest) *pegadv1.RdmaHandshakeRequest {
+			r.Nics[0].Endpoints[0].Gid = []byte{1, 2, 3}
+			return r
+		}},
+		{"bad addr", func(r *pegadv1.RdmaHandshakeRequest) *pegadv1.RdmaHandshakeRequest {
+			r.Nics[0].Endpoints[0].Addr = "nope"
+			return r
+		}},
+		{"too many endpoints", func(r *pegadv1.RdmaHandshakeRequest) *pegadv1.RdmaHandshakeRequest {
+			for i := 0; i < maxQPsPerPeer; i++ {
+				r.Nics[0].Endpoints = append(r.Nics[0].Endpoints, r.Nics[0].Endpoints[0])
+			}
+			return r
+		}},
+		{"zero-length region", func(r *pegadv1.RdmaHandshakeRequest) *pegadv1.RdmaHandshakeRequest {
+			r.Nics[0].Memory = []*pegadv1.MemoryRegion{{Base: 4096}}
+			return r
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			resp, err := hold.mgr.Accept(context.Background(), tc.mut(good()))
+			if !errors.Is(err, ErrInvalidHandshake) || resp != nil {
+				t.Fatalf("Accept = %v, %v; want ErrInvalidHandshake", resp, err)
+			}
+			hold.checkQPs(t, 0)
+		})
+	}
+	if n := len(hold.mgr.List()); n != 0 {
+		t.Errorf("%d accepted connections after malformed requests", n)
+	}
+	// The good request is accepted (its QPs connect lazily in tcp).
+	if _, err := hold.mgr.Accept(context.Background(), good()); err != nil {
+		t.Fatalf("good request: %v", err)
+	}
+	hold.checkQPs(t, 1)
+}
+
+// A failure after some QPs were created aborts the accept: no QP left.
+func TestAcceptAbortsOnFailure(t *testing.T) {
+	d := newDialers(t)
+	var calls atomic.Int32
+	hold := newNode(t, d, nodeOpts{id: "holder", nics: 2, wrapDevice: func(dev ibv.Device) ibv.Device {
+		return faultyDevice{Device: dev, calls: &calls, failQP: func(n int) bool { return n == 4 }}
+	}})
+	req := newNode(t, d, nodeOpts{id: "req", nics: 2, qps: 2})
+	_, err := req.mgr.Get(ctxT(t, 5*time.Second), hold.addr)
+	if !errors.Is(err, ErrHandshakeRejected) {
+		t.Fatalf("Get = %v, want ErrHandshakeRejected", err)
+	}
+	hold.checkQPs(t, 0)
+	req.checkQPs(t, 0)
+	if n := len(hold.mgr.List()); n != 0 {
+		t.Errorf("holder lists %d connections after an aborted accept", n)
+	}
+	if got := testutil.ToFloat64(hold.met.Handshakes.WithLabelValues(RoleHolder, resultError)); got != 1 {
+		t.Errorf("holder handshakes{error} = %v", got)
+	}
+	// The next attempt succeeds (the failure was injected once).
+	if _, err := req.mgr.Get(ctxT(t, 5*time.Second), hold.addr); err != nil {
+		t.Fatalf("retry: %v", err)
+	}
+	hold.checkQPs(t, 4)
+}
+
+// A restarted requester (same node id, new incarnation) replaces its stale
+// accepted connection on the holder.
+func TestStaleRequesterReplaced(t *testing.T) {
+	d := newDialers(t)
+	hold := newNode(t, d, nodeOpts{id: "holder", nics: 2, qps: 2})
+	hold.fillRandom(8)
+	old := newNode(t, d, nodeOpts{id: "req", incarnation: "one", nics: 2, qps: 2})
+	if _, err := old.mgr.Get(ctxT(t, 5*time.Second), hold.addr); err != nil {
+		t.Fatal(err)
+	}
+	hold.checkQPs(t, 4)
+	// "Restart": a new process with the same node id; the old one is gone
+	// without telling the holder.
+	restarted := newNode(t, d, nodeOpts{id: "req", incarnation: "two", nics: 2, qps: 2})
+	c, err := restarted.mgr.Get(ctxT(t, 5*time.Second), hold.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hold.checkQPs(t, 4) // replaced, not added
+	if got := testutil.ToFloat64(hold.met.Invalidations.WithLabelValues("replaced")); got != 1 {
+		t.Errorf("holder invalidations{replaced} = %v", got)
+	}
+	if err := c.Read(ctxT(t, 5*time.Second), opsOf(restarted, hold, []span{{0, 0, 64 << 10}})); err != nil {
+		t.Fatal(err)
+	}
+	checkSpans(t, restarted, hold, []span{{0, 0, 64 << 10}})
+}

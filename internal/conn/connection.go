@@ -1,0 +1,345 @@
+package conn
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/pegaflow/pegad/internal/ibv"
+)
+
+// AddrConnection is one connection to a peer address.
+type AddrConnection struct {
+	m            *Manager
+	peer         string
+	remoteNodeID string
+	remoteInc    string
+	handshakeID  string
+	since        time.Time
+	log          zerolog.Logger
+	nics         []*connNic
+	rr           atomic.Uint64 // round-robin over NICs
+
+	// done is closed by invalidate: workers stop taking batches and exit.
+	done chan struct{}
+
+	// mu guards refs, invalid, reason and tornDown.
+	mu       sync.Mutex
+	refs     int // Reads in flight
+	invalid  bool
+	reason   error
+	tornDown bool
+}
+
+// connNic is the per-NIC state of one connection: its QPs (each with its
+// session worker), the peer's memory snapshot as registered on the peer's
+// matching NIC, and the round-robin counter over the QPs.
+type connNic struct {
+	nic      *localNIC
+	remote   []ibv.RemoteRegion
+	sessions []*session
+	rr       atomic.Uint64
+}
+
+func (c *AddrConnection) Peer() string { return c.peer }
+
+// RemoteNodeID is the holder's node id from the handshake.
+func (c *AddrConnection) RemoteNodeID() string { return c.remoteNodeID }
+
+// Invalid reports whether c was invalidated (it never becomes valid again).
+func (c *AddrConnection) Invalid() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.invalid
+}
+
+func (c *AddrConnection) startWorkers() {
+	for _, cn := range c.nics {
+		for _, s := range cn.sessions {
+			c.m.workers.Add(1)
+			c.m.met.SessionWorkers.Inc()
+			go func() {
+				defer c.m.workers.Done()
+				defer c.m.met.SessionWorkers.Dec()
+				s.run(c.done, c.m, c.log)
+			}()
+		}
+	}
+}
+
+// acquire takes a reference for one Read; it fails once c is invalidated.
+func (c *AddrConnection) acquire() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.invalid {
+		return fmt.Errorf("%w: %s invalidated: %v", ErrConnectionBroken, c.peer, c.reason)
+	}
+	c.refs++
+	return nil
+}
+
+// release drops a Read's reference; the last one out of an invalidated
+// connection tears it down.
+func (c *AddrConnection) release() {
+	c.mu.Lock()
+	c.refs--
+	last := c.invalid && c.refs == 0 && !c.tornDown
+	if last {
+		c.tornDown = true
+	}
+	c.mu.Unlock()
+	if last {
+		c.teardown()
+	}
+}
+
+// invalidate marks c unusable (once): workers are told to stop, and the
+// QPs are destroyed now or when the last in-flight Read returns. The
+// caller removes c from the manager's map first.
+func (c *AddrConnection) invalidate(reason error) {
+	c.mu.Lock()
+	if c.invalid {
+		c.mu.Unlock()
+		return
+	}
+	c.invalid = true
+	c.reason = reason
+	close(c.done)
+	now := c.refs == 0
+	if now {
+		c.tornDown = true
+	}
+	refs := c.refs
+	c.mu.Unlock()
+
+	c.m.met.Conns.WithLabelValues(RoleRequester, StateConnected).Dec()
+	c.m.met.Conns.WithLabelValues(RoleRequester, StateInvalidated).Inc()
+	c.m.met.Invalidations.WithLabelValues(reasonLabel(reason)).Inc()
+	c.log.Info().AnErr("reason", reason).Int("in_flight", refs).Msg("rdma connection invalidated")
+	if now {
+		c.teardown()
+	}
+}
+
+// abortInFlight moves every QP to ERROR so in-flight Reads drain fast
+// (shutdown only: a plain invalidation lets in-flight work finish).
+func (c *AddrConnection) abortInFlight() {
+	c.mu.Lock()
+	busy := !c.tornDown
+	c.mu.Unlock()
+	if !busy {
+		return
+	}
+	for _, cn := range c.nics {
+		for _, s := range cn.sessions {
+			_ = s.p.qp.ToError()
+		}
+	}
+}
+
+// teardown waits for the workers (told to stop by done; no batch is
+// running since no Read holds c) and destroys the QPs and CQs.
+func (c *AddrConnection) teardown() {
+	for _, cn := range c.nics {
+		for _, s := range cn.sessions {
+			<-s.exited
+			s.p.destroy(c.m)
+		}
+	}
+	c.m.met.Conns.WithLabelValues(RoleRequester, StateInvalidated).Dec()
+	c.m.conns.Done()
+	c.log.Debug().Msg("rdma connection torn down")
+}
+
+func (c *AddrConnection) info() ConnInfo {
+	ci := ConnInfo{Peer: c.peer, RemoteNodeID: c.remoteNodeID, Role: RoleRequester, State: StateConnected, Since: c.since}
+	if c.Invalid() {
+		ci.State = StateInvalidated
+	}
+	for _, cn := range c.nics {
+		ni := NICInfo{Name: cn.nic.info.Name, QPs: len(cn.sessions)}
+		for _, s := range cn.sessions {
+			ni.LocalQPNs = append(ni.LocalQPNs, s.p.qpn)
+		}
+		ci.NICs = append(ci.NICs, ni)
+		ci.QPs += len(cn.sessions)
+	}
+	return ci
+}
+
+// reqIDKey carries a request id into Read's logs.
+type reqIDKey struct{}
+
+// WithReqID returns ctx carrying id, logged as req_id by Read.
+func WithReqID(ctx context.Context, id string) context.Context {
+	return context.WithValue(ctx, reqIDKey{}, id)
+}
+
+func reqID(ctx context.Context) string {
+	s, _ := ctx.Value(reqIDKey{}).(string)
+	return s
+}
+
+// Read runs ops (spread over NICs and QPs) and returns when all completed
+// or ctx is done. After an error or ctx expiry it returns only once every
+// QP that could still write into the ops' local memory is in ERROR and
+// drained, so the caller may reuse that memory at once.
+// Errors: ErrConnectionBroken / ErrSessionInvalidated (wrapping an
+// *ibv.StatusError where one applies), ErrRemoteMemory, ErrInvalidOp,
+// ctx errors. Connection-class errors, and any abort that moved a QP to
+// ERROR, invalidate c (an RC QP is never reused after ERROR); the others
+// (ErrRemoteMemory, ErrInvalidOp, a ctx that expired before anything was
+// posted) leave it healthy.
+func (c *AddrConnection) Read(ctx context.Context, ops []ReadOp) error {
+	if len(ops) == 0 {
+		return nil
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := c.acquire(); err != nil {
+		return err
+	}
+	defer c.release()
+
+	batches, err := c.plan(ops)
+	if err != nil {
+		return err // nothing posted; the connection is untouched
+	}
+	results := make(chan batchResult, len(batches))
+	for _, b := range batches {
+		b.ctx = ctx
+		b.res = results
+		b.s.submit(b)
+	}
+
+	var first error
+	qpErrored := false
+	aborted := false
+	pending := len(batches)
+	// abort cancels batches that have not started (Read replies for them
+	// itself) and moves the QPs of running ones to ERROR so their WRs
+	// flush. Running batches still reply, and Read waits for them: a Read
+	// never returns while one of its WRs can still land.
+	abort := func() {
+		if aborted {
+			return
+		}
+		aborted = true
+		for _, b := range batches {
+			if b.state.CompareAndSwap(batchQueued, batchFinished) {
+				pending--
+				continue
+			}
+			if b.state.Load() == batchRunning {
+				_ = b.s.p.qp.ToError()
+				qpErrored = true
+			}
+		}
+	}
+	ctxDone := ctx.Done()
+	for pending > 0 {
+		select {
+		case r := <-results:
+			pending--
+			qpErrored = qpErrored || r.qpErrored
+			if r.err != nil {
+				if first == nil {
+					first = r.err
+				}
+				abort()
+			}
+		case <-ctxDone:
+			ctxDone = nil
+			if first == nil {
+				first = ctx.Err()
+			}
+			abort()
+		}
+	}
+	if first == nil {
+		return nil
+	}
+	err = fmt.Errorf("conn: read from %s: %w", c.peer, first)
+	if IsConnectionClass(first) || qpErrored {
+		c.m.Invalidate(c, err)
+	}
+	c.log.Warn().Err(err).Str("req_id", reqID(ctx)).Int("ops", len(ops)).Bool("qp_error", qpErrored).Msg("rdma read failed")
+	return err
+}
+
+// plan validates ops and splits them into one batch per session used.
+// Nothing is posted when it fails.
+func (c *AddrConnection) plan(ops []ReadOp) ([]*batch, error) {
+	m := c.m
+	bySession := make(map[*session]*batch)
+	var out []*batch
+	for i, op := range ops {
+		if op.Len == 0 {
+			return nil, fmt.Errorf("%w: op %d has zero length", ErrInvalidOp, i)
+		}
+		if op.LocalAddr < m.memBase || op.Len > m.memLen || op.LocalAddr-m.memBase > m.memLen-op.Len {
+			return nil, fmt.Errorf("%w: op %d local range [%#x,+%d) outside registered memory", ErrInvalidOp, i, op.LocalAddr, op.Len)
+		}
+		for off := uint64(0); off < op.Len; off += maxWRBytes {
+			n := min(uint64(maxWRBytes), op.Len-off)
+			cn := c.pickNIC(op.NUMA)
+			raddr := op.RemoteAddr + off
+			rkey, ok := cn.rkeyFor(raddr, n)
+			if !ok || op.RemoteAddr+op.Len < op.RemoteAddr {
+				return nil, fmt.Errorf("%w: peer %s op %d [%#x,+%d) on nic %s", ErrRemoteMemory, c.peer, i, op.RemoteAddr, op.Len, cn.nic.info.Name)
+			}
+			s := cn.sessions[cn.rr.Add(1)%uint64(len(cn.sessions))]
+			b := bySession[s]
+			if b == nil {
+				b = &batch{s: s}
+				bySession[s] = b
+				out = append(out, b)
+			}
+			b.wrs = append(b.wrs, ibv.SendWR{Op: ibv.OpRDMARead, Signaled: true,
+				LocalAddr: op.LocalAddr + off, Length: uint32(n), LKey: cn.nic.mr.LKey(),
+				RemoteAddr: raddr, RKey: rkey})
+		}
+	}
+	return out, nil
+}
+
+// pickNIC round-robins over the NICs on numa when there are any, else
+// over all NICs.
+func (c *AddrConnection) pickNIC(numa int) *connNic {
+	k := c.rr.Add(1)
+	if numa >= 0 {
+		matches := 0
+		for _, cn := range c.nics {
+			if cn.nic.info.NUMANode == numa {
+				matches++
+			}
+		}
+		if matches > 0 {
+			idx := int(k % uint64(matches))
+			for _, cn := range c.nics {
+				if cn.nic.info.NUMANode == numa {
+					if idx == 0 {
+						return cn
+					}
+					idx--
+				}
+			}
+		}
+	}
+	return c.nics[k%uint64(len(c.nics))]
+}
+
+// rkeyFor finds the snapshot region holding [addr, addr+n).
+func (cn *connNic) rkeyFor(addr, n uint64) (uint32, bool) {
+	for _, r := range cn.remote {
+		if r.Contains(addr, n) {
+			return r.RKey, true
+		}
+	}
+	return 0, false
+}

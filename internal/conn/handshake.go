@@ -1,0 +1,451 @@
+package conn
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	grpcpeer "google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+	"github.com/pegaflow/pegad/internal/ibv"
+)
+
+// Limits on handshake metadata from the network.
+const (
+	maxNodeIDLen   = 256
+	maxNICs        = 64
+	maxRegions     = 1024
+	maxNICNameLen  = 256
+	maxAddrLen     = 512
+	maxHandshakeID = 128
+)
+
+// connect is the requester side of a handshake; it runs once per peer at
+// a time (singleflight) under the manager's context.
+func (m *Manager) connect(peer string) (_ *AddrConnection, err error) {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return nil, ErrClosed
+	}
+	m.handshake.Add(1) // under mu: Close sets closed before it Waits
+	m.mu.Unlock()
+	defer m.handshake.Done()
+
+	hsID := newHandshakeID()
+	log := m.log.With().Str("peer", peer).Str("session", hsID).Logger()
+	start := time.Now()
+	m.met.Conns.WithLabelValues(RoleRequester, StateConnecting).Inc()
+	defer m.met.Conns.WithLabelValues(RoleRequester, StateConnecting).Dec()
+
+	result := resultError
+	defer func() {
+		m.met.Handshakes.WithLabelValues(RoleRequester, result).Inc()
+		if err != nil {
+			log.Warn().Err(err).Str("result", result).Dur("took", time.Since(start)).Msg("rdma handshake failed")
+		}
+	}()
+
+	// Prepare QPs (INIT) on every NIC. The guard destroys them on every
+	// failure path, so no prepared QP outlives a failed handshake.
+	prepared := make([][]*qpPair, len(m.nics))
+	ok := false
+	defer func() {
+		if ok {
+			return
+		}
+		for _, qs := range prepared {
+			for _, p := range qs {
+				p.destroy(m)
+			}
+		}
+	}()
+	req := &pegadv1.RdmaHandshakeRequest{
+		Requester:   &pegadv1.Requester{NodeId: m.opts.NodeID, Incarnation: m.opts.Incarnation},
+		Transport:   m.opts.Transport,
+		HandshakeId: hsID,
+	}
+	for i, n := range m.nics {
+		nh := &pegadv1.NicHandshake{Nic: n.info.Name, Memory: []*pegadv1.MemoryRegion{m.localRegion(n)}}
+		for q := 0; q < m.opts.QPsPerPeer; q++ {
+			p, err := m.newQPPair(n)
+			if err != nil {
+				return nil, fmt.Errorf("conn: handshake %s: %w", peer, err)
+			}
+			prepared[i] = append(prepared[i], p)
+			nh.Endpoints = append(nh.Endpoints, endpointToProto(p.qp.Endpoint()))
+		}
+		req.Nics = append(req.Nics, nh)
+	}
+
+	client, err := m.opts.Dial(peer)
+	if err != nil {
+		result = resultUnreachable
+		return nil, fmt.Errorf("%w: dial %s: %w", ErrConnectionBroken, peer, err)
+	}
+	if m.hookBeforeRPC != nil {
+		m.hookBeforeRPC(peer)
+	}
+	hctx, cancel := context.WithTimeout(m.ctx, m.opts.HandshakeTimeout)
+	defer cancel()
+	resp, err := client.RdmaHandshake(hctx, req)
+	if err != nil {
+		switch status.Code(err) {
+		case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled:
+			result = resultUnreachable
+			if m.ctx.Err() != nil {
+				return nil, ErrClosed
+			}
+			return nil, fmt.Errorf("%w: handshake with %s: %w", ErrConnectionBroken, peer, err)
+		}
+		result = resultRejected
+		return nil, fmt.Errorf("%w: by %s: %w", ErrHandshakeRejected, peer, err)
+	}
+	remote, err := m.validateResponse(resp)
+	if err != nil {
+		result = resultInvalid
+		return nil, fmt.Errorf("%w: from %s: %w", ErrHandshakeRejected, peer, err)
+	}
+
+	c := &AddrConnection{
+		m:            m,
+		peer:         peer,
+		remoteNodeID: resp.GetHolderNodeId(),
+		remoteInc:    resp.GetHolderIncarnation(),
+		handshakeID:  hsID,
+		since:        time.Now(),
+		done:         make(chan struct{}),
+		log:          log,
+	}
+	for i, n := range m.nics {
+		cn := &connNic{nic: n, remote: remote[i].regions}
+		attr := m.connectAttr(n)
+		for q, p := range prepared[i] {
+			if err := p.qp.Connect(remote[i].endpoints[q], attr); err != nil {
+				return nil, fmt.Errorf("%w: connect qp %d on %s to %s: %w", ErrConnectionBroken, p.qpn, n.info.Name, peer, err)
+			}
+			cn.sessions = append(cn.sessions, newSession(p))
+		}
+		c.nics = append(c.nics, cn)
+	}
+
+	// Publish atomically, or tear down if the manager closed meanwhile.
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return nil, ErrClosed
+	}
+	old := m.peers[peer]
+	m.peers[peer] = c
+	m.conns.Add(1) // under mu: Close sets closed before it Waits
+	ok = true
+	m.mu.Unlock()
+
+	c.startWorkers()
+	m.met.Conns.WithLabelValues(RoleRequester, StateConnected).Inc()
+	result = resultOK
+	if old != nil {
+		// Singleflight makes this unreachable; if it ever happens the old
+		// connection must not linger half-owned.
+		log.Warn().Msg("replaced a live connection to the same peer")
+		old.invalidate(errors.New("replaced by a new handshake"))
+	}
+	log.Info().Str("remote_node", c.remoteNodeID).Int("nics", len(c.nics)).
+		Int("qps", len(c.nics)*m.opts.QPsPerPeer).Dur("took", time.Since(start)).Msg("rdma connection established")
+	return c, nil
+}
+
+func (m *Manager) localRegion(n *localNIC) *pegadv1.MemoryRegion {
+	return &pegadv1.MemoryRegion{Base: n.mr.Addr(), Length: n.mr.Len(), Rkey: n.mr.RKey()}
+}
+
+type remoteNIC struct {
+	name      string
+	endpoints []ibv.Endpoint
+	regions   []ibv.RemoteRegion
+}
+
+// validateResponse checks a holder's answer against what we asked for.
+func (m *Manager) validateResponse(resp *pegadv1.RdmaHandshakeResponse) ([]remoteNIC, error) {
+	if resp == nil {
+		return nil, fmt.Errorf("%w: empty response", ErrInvalidHandshake)
+	}
+	if len(resp.GetNics()) != len(m.nics) {
+		return nil, fmt.Errorf("%w: %d nics in response, want %d", ErrInvalidHandshake, len(resp.GetNics()), len(m.nics))
+	}
+	out := make([]remoteNIC, len(resp.GetNics()))
+	for i, nh := range resp.GetNics() {
+		r, err := m.parseNIC(nh, true)
+		if err != nil {
+			return nil, fmt.Errorf("nic %d: %w", i, err)
+		}
+		if len(r.endpoints) != m.opts.QPsPerPeer {
+			return nil, fmt.Errorf("%w: nic %d: %d endpoints, want %d", ErrInvalidHandshake, i, len(r.endpoints), m.opts.QPsPerPeer)
+		}
+		out[i] = r
+	}
+	return out, nil
+}
+
+// parseNIC validates one NicHandshake off the network. Memory is required
+// in responses (the requester READs it) and optional in requests.
+func (m *Manager) parseNIC(nh *pegadv1.NicHandshake, needMemory bool) (remoteNIC, error) {
+	var r remoteNIC
+	if nh == nil {
+		return r, fmt.Errorf("%w: nil nic", ErrInvalidHandshake)
+	}
+	if len(nh.GetNic()) > maxNICNameLen {
+		return r, fmt.Errorf("%w: nic name too long", ErrInvalidHandshake)
+	}
+	r.name = nh.GetNic()
+	eps := nh.GetEndpoints()
+	if len(eps) == 0 || len(eps) > maxQPsPerPeer {
+		return r, fmt.Errorf("%w: %d endpoints (want 1..%d)", ErrInvalidHandshake, len(eps), maxQPsPerPeer)
+	}
+	for j, e := range eps {
+		ep, err := m.endpointFromProto(e)
+		if err != nil {
+			return r, fmt.Errorf("endpoint %d: %w", j, err)
+		}
+		r.endpoints = append(r.endpoints, ep)
+	}
+	mem := nh.GetMemory()
+	if needMemory && len(mem) == 0 {
+		return r, fmt.Errorf("%w: empty memory snapshot", ErrInvalidHandshake)
+	}
+	if len(mem) > maxRegions {
+		return r, fmt.Errorf("%w: %d memory regions (max %d)", ErrInvalidHandshake, len(mem), maxRegions)
+	}
+	for j, mr := range mem {
+		if mr == nil || mr.GetLength() == 0 || mr.GetBase()+mr.GetLength() < mr.GetBase() {
+			return r, fmt.Errorf("%w: memory region %d malformed", ErrInvalidHandshake, j)
+		}
+		r.regions = append(r.regions, ibv.RemoteRegion{Base: mr.GetBase(), Length: mr.GetLength(), RKey: mr.GetRkey()})
+	}
+	return r, nil
+}
+
+func endpointToProto(e ibv.Endpoint) *pegadv1.Endpoint {
+	return &pegadv1.Endpoint{Gid: append([]byte(nil), e.GID[:]...), Lid: uint32(e.LID), Qpn: e.QPN,
+		Psn: e.PSN, Addr: e.Addr, Mtu: uint32(e.MTU)}
+}
+
+func (m *Manager) endpointFromProto(e *pegadv1.Endpoint) (ibv.Endpoint, error) {
+	var ep ibv.Endpoint
+	switch {
+	case e == nil:
+		return ep, fmt.Errorf("%w: nil endpoint", ErrInvalidHandshake)
+	case e.GetQpn() == 0 || e.GetQpn() >= 1<<24:
+		return ep, fmt.Errorf("%w: qpn %d out of range", ErrInvalidHandshake, e.GetQpn())
+	case e.GetPsn() >= 1<<24:
+		return ep, fmt.Errorf("%w: psn %d out of range", ErrInvalidHandshake, e.GetPsn())
+	case e.GetLid() > 0xffff:
+		return ep, fmt.Errorf("%w: lid %d out of range", ErrInvalidHandshake, e.GetLid())
+	case len(e.GetGid()) != 0 && len(e.GetGid()) != len(ep.GID):
+		return ep, fmt.Errorf("%w: gid of %d bytes", ErrInvalidHandshake, len(e.GetGid()))
+	case e.GetMtu() > 1<<20:
+		return ep, fmt.Errorf("%w: mtu %d", ErrInvalidHandshake, e.GetMtu())
+	case len(e.GetAddr()) > maxAddrLen:
+		return ep, fmt.Errorf("%w: addr too long", ErrInvalidHandshake)
+	}
+	if m.opts.Transport == "tcp" || e.GetAddr() != "" {
+		if _, _, err := net.SplitHostPort(e.GetAddr()); err != nil {
+			return ep, fmt.Errorf("%w: endpoint addr %q: %v", ErrInvalidHandshake, e.GetAddr(), err)
+		}
+	}
+	copy(ep.GID[:], e.GetGid())
+	ep.LID = uint16(e.GetLid())
+	ep.QPN = e.GetQpn()
+	ep.PSN = e.GetPsn()
+	ep.MTU = int(e.GetMtu())
+	ep.Addr = e.GetAddr()
+	return ep, nil
+}
+
+// acceptedConn is the holder side of one requester's connection: QPs that
+// the requester READs through. It runs nothing; it is destroyed when the
+// same requester handshakes again (a restart or a reconnect) or at Close.
+type acceptedConn struct {
+	m           *Manager
+	nodeID      string
+	incarnation string
+	remoteAddr  string
+	handshakeID string
+	since       time.Time
+	// qps[i] are the QPs on local nic i%len(m.nics), paired with the
+	// requester's nic i.
+	nics [][]*qpPair
+
+	once sync.Once
+}
+
+// Accept is the holder side of RdmaHandshake. Malformed metadata returns
+// an error wrapping ErrInvalidHandshake (the RPC layer's InvalidArgument);
+// any failure after QPs were created destroys them (the handshake is
+// aborted: nothing is left half-built on this side).
+func (m *Manager) Accept(ctx context.Context, req *pegadv1.RdmaHandshakeRequest) (_ *pegadv1.RdmaHandshakeResponse, err error) {
+	result := resultError
+	defer func() { m.met.Handshakes.WithLabelValues(RoleHolder, result).Inc() }()
+	if m.hookAccept != nil {
+		m.hookAccept(req)
+	}
+	reqNICs, err := m.validateRequest(req)
+	if err != nil {
+		result = resultInvalid
+		m.log.Warn().Err(err).Str("session", truncate(req.GetHandshakeId(), maxHandshakeID)).Msg("rejected malformed rdma handshake")
+		return nil, err
+	}
+	a := &acceptedConn{
+		m:           m,
+		nodeID:      req.GetRequester().GetNodeId(),
+		incarnation: req.GetRequester().GetIncarnation(),
+		handshakeID: req.GetHandshakeId(),
+		since:       time.Now(),
+		remoteAddr:  req.GetRequester().GetNodeId(),
+	}
+	if p, ok := grpcpeer.FromContext(ctx); ok && p.Addr != nil {
+		a.remoteAddr = p.Addr.String()
+	}
+	log := m.log.With().Str("peer", a.remoteAddr).Str("remote_node", a.nodeID).Str("session", a.handshakeID).Logger()
+
+	ok := false
+	defer func() {
+		if !ok {
+			a.destroyQPs()
+			log.Warn().Err(err).Msg("rdma handshake aborted on accept side")
+		}
+	}()
+	resp := &pegadv1.RdmaHandshakeResponse{HolderNodeId: m.opts.NodeID, HolderIncarnation: m.opts.Incarnation}
+	for i, rn := range reqNICs {
+		n := m.nics[i%len(m.nics)]
+		attr := m.connectAttr(n)
+		nh := &pegadv1.NicHandshake{Nic: n.info.Name, Memory: []*pegadv1.MemoryRegion{m.localRegion(n)}}
+		var qs []*qpPair
+		for _, rep := range rn.endpoints {
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+			p, err := m.newQPPair(n)
+			if err != nil {
+				return nil, fmt.Errorf("conn: accept: %w", err)
+			}
+			qs = append(qs, p)
+			a.nics = append(a.nics[:i], qs) // keep every created QP reachable by the guard
+			if err := p.qp.Connect(rep, attr); err != nil {
+				return nil, fmt.Errorf("conn: accept: connect qp %d to %s: %w", p.qpn, rep.Addr, err)
+			}
+			nh.Endpoints = append(nh.Endpoints, endpointToProto(p.qp.Endpoint()))
+		}
+		resp.Nics = append(resp.Nics, nh)
+	}
+
+	// Install, replacing the previous connection of this requester node:
+	// its requester side is gone (restart) or invalidated (reconnect).
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return nil, ErrClosed
+	}
+	old := m.accepted[a.nodeID]
+	m.accepted[a.nodeID] = a
+	ok = true
+	m.mu.Unlock()
+	m.met.Conns.WithLabelValues(RoleHolder, StateConnected).Inc()
+	result = resultOK
+	if old != nil {
+		log.Info().Str("old_incarnation", old.incarnation).Str("incarnation", a.incarnation).
+			Str("old_session", old.handshakeID).Msg("replaced stale accepted connection from the same requester")
+		old.destroy("replaced")
+	}
+	log.Info().Int("nics", len(a.nics)).Int("qps", a.qpCount()).Msg("rdma handshake accepted")
+	return resp, nil
+}
+
+// validateRequest checks everything in a handshake request that comes off
+// the network before any resource is created.
+func (m *Manager) validateRequest(req *pegadv1.RdmaHandshakeRequest) ([]remoteNIC, error) {
+	if req == nil {
+		return nil, fmt.Errorf("%w: empty request", ErrInvalidHandshake)
+	}
+	id := req.GetRequester().GetNodeId()
+	switch {
+	case req.GetRequester() == nil || id == "":
+		return nil, fmt.Errorf("%w: requester node_id missing", ErrInvalidHandshake)
+	case len(id) > maxNodeIDLen || len(req.GetRequester().GetIncarnation()) > maxNodeIDLen:
+		return nil, fmt.Errorf("%w: requester id too long", ErrInvalidHandshake)
+	case len(req.GetHandshakeId()) > maxHandshakeID:
+		return nil, fmt.Errorf("%w: handshake_id too long", ErrInvalidHandshake)
+	case req.GetTransport() != m.opts.Transport:
+		return nil, fmt.Errorf("%w: transport %q, this node uses %q", ErrInvalidHandshake, truncate(req.GetTransport(), 32), m.opts.Transport)
+	case len(req.GetNics()) == 0 || len(req.GetNics()) > maxNICs:
+		return nil, fmt.Errorf("%w: %d nics (want 1..%d)", ErrInvalidHandshake, len(req.GetNics()), maxNICs)
+	}
+	out := make([]remoteNIC, len(req.GetNics()))
+	total := 0
+	for i, nh := range req.GetNics() {
+		r, err := m.parseNIC(nh, false)
+		if err != nil {
+			return nil, fmt.Errorf("nic %d: %w", i, err)
+		}
+		total += len(r.endpoints)
+		out[i] = r
+	}
+	if total > maxQPsPerPeer*maxNICs/4 {
+		return nil, fmt.Errorf("%w: %d endpoints in total", ErrInvalidHandshake, total)
+	}
+	return out, nil
+}
+
+func (a *acceptedConn) qpCount() int {
+	n := 0
+	for _, qs := range a.nics {
+		n += len(qs)
+	}
+	return n
+}
+
+func (a *acceptedConn) destroyQPs() {
+	for _, qs := range a.nics {
+		for _, p := range qs {
+			p.destroy(a.m)
+		}
+	}
+}
+
+// destroy tears an installed accepted connection down, once. The caller
+// has already removed it from the map (or owns it exclusively).
+func (a *acceptedConn) destroy(reason string) {
+	a.once.Do(func() {
+		a.destroyQPs()
+		a.m.met.Conns.WithLabelValues(RoleHolder, StateConnected).Dec()
+		a.m.met.Invalidations.WithLabelValues(reason).Inc()
+		a.m.log.Debug().Str("peer", a.remoteAddr).Str("session", a.handshakeID).Str("reason", reason).Msg("accepted connection destroyed")
+	})
+}
+
+func (a *acceptedConn) info() ConnInfo {
+	ci := ConnInfo{Peer: a.remoteAddr, RemoteNodeID: a.nodeID, Role: RoleHolder, State: StateConnected, Since: a.since}
+	for _, qs := range a.nics {
+		ni := NICInfo{QPs: len(qs)}
+		for _, p := range qs {
+			ni.Name = p.nic.info.Name
+			ni.LocalQPNs = append(ni.LocalQPNs, p.qpn)
+		}
+		ci.NICs = append(ci.NICs, ni)
+		ci.QPs += len(qs)
+	}
+	return ci
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n]
+	}
+	return s
+}

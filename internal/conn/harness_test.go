@@ -1,0 +1,259 @@
+package conn
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/rs/zerolog"
+	"go.uber.org/goleak"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+	"github.com/pegaflow/pegad/internal/ibv"
+	"github.com/pegaflow/pegad/internal/ibv/tcp"
+	"github.com/pegaflow/pegad/internal/metrics"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// nodeOpts shape one test node.
+type nodeOpts struct {
+	id          string
+	incarnation string
+	nics        int
+	qps         int
+	qpnStart    uint32
+	mem         int
+	sqDepth     int
+	// wrapDevice lets a test inject failures into the verbs calls.
+	wrapDevice func(ibv.Device) ibv.Device
+}
+
+// node is one in-process pegad as far as conn is concerned: tcp devices,
+// an mmap'd pool, a Manager, and a gRPC peer server whose RdmaHandshake
+// calls the Manager's Accept.
+type node struct {
+	t    *testing.T
+	id   string
+	prov *tcp.Provider
+	devs []*tcp.Device
+	mem  []byte
+	met  *metrics.Metrics
+	mgr  *Manager
+	addr string // peer gRPC address
+
+	handshakes atomic.Int32 // RdmaHandshake calls served
+	// reply, when set, replaces Accept (a misbehaving peer).
+	reply atomic.Pointer[func(*pegadv1.RdmaHandshakeRequest) (*pegadv1.RdmaHandshakeResponse, error)]
+}
+
+type peerServer struct {
+	pegadv1.UnimplementedPeerServiceServer
+	n *node
+}
+
+func (s *peerServer) RdmaHandshake(ctx context.Context, req *pegadv1.RdmaHandshakeRequest) (*pegadv1.RdmaHandshakeResponse, error) {
+	s.n.handshakes.Add(1)
+	if f := s.n.reply.Load(); f != nil {
+		return (*f)(req)
+	}
+	resp, err := s.n.mgr.Accept(ctx, req)
+	switch {
+	case err == nil:
+		return resp, nil
+	case errors.Is(err, ErrInvalidHandshake):
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, ErrClosed):
+		return nil, status.Error(codes.Unavailable, err.Error())
+	}
+	return nil, status.Error(codes.Internal, err.Error())
+}
+
+// dialers share gRPC client connections per test and close them at cleanup.
+type dialers struct {
+	mu    sync.Mutex
+	conns map[string]*grpc.ClientConn
+}
+
+func newDialers(t *testing.T) *dialers {
+	d := &dialers{conns: make(map[string]*grpc.ClientConn)}
+	t.Cleanup(func() {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		for _, c := range d.conns {
+			c.Close()
+		}
+	})
+	return d
+}
+
+func (d *dialers) dial(peer string) (pegadv1.PeerServiceClient, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	c := d.conns[peer]
+	if c == nil {
+		var err error
+		c, err = grpc.NewClient(peer, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return nil, err
+		}
+		d.conns[peer] = c
+	}
+	return pegadv1.NewPeerServiceClient(c), nil
+}
+
+func mapMemory(t testing.TB, n int) []byte {
+	t.Helper()
+	b, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		t.Fatalf("mmap: %v", err)
+	}
+	t.Cleanup(func() { _ = unix.Munmap(b) })
+	return b
+}
+
+func newNode(t *testing.T, d *dialers, o nodeOpts) *node {
+	t.Helper()
+	if o.nics == 0 {
+		o.nics = 1
+	}
+	if o.qps == 0 {
+		o.qps = 1
+	}
+	if o.mem == 0 {
+		o.mem = 4 << 20
+	}
+	if o.incarnation == "" {
+		o.incarnation = "inc-1"
+	}
+	n := &node{t: t, id: o.id, met: metrics.NewForTest()}
+	n.mem = mapMemory(t, o.mem) // unmapped last (cleanups run LIFO)
+	var dos []tcp.DeviceOptions
+	for i := 0; i < o.nics; i++ {
+		dos = append(dos, tcp.DeviceOptions{ListenAddr: "127.0.0.1:0", QPNStart: o.qpnStart, NUMANode: i})
+	}
+	prov, err := tcp.NewProvider(dos...)
+	if err != nil {
+		t.Fatalf("tcp provider: %v", err)
+	}
+	n.prov = prov
+	t.Cleanup(func() { prov.Close() })
+	infos, _ := prov.Devices()
+	var devs []ibv.Device
+	for _, info := range infos {
+		dev, err := prov.Open(info.Name)
+		if err != nil {
+			t.Fatalf("open %s: %v", info.Name, err)
+		}
+		n.devs = append(n.devs, dev.(*tcp.Device))
+		if o.wrapDevice != nil {
+			dev = o.wrapDevice(dev)
+		}
+		devs = append(devs, dev)
+	}
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.addr = ln.Addr().String()
+	srv := grpc.NewServer()
+	pegadv1.RegisterPeerServiceServer(srv, &peerServer{n: n})
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(srv.Stop)
+
+	n.mgr, err = NewManager(Options{
+		NodeID: o.id, Incarnation: o.incarnation, Transport: "tcp", Devices: devs,
+		Memory: n.mem, QPsPerPeer: o.qps, SQDepth: o.sqDepth, Dial: d.dial,
+		Metrics: n.met, Log: zerolog.Nop(), HandshakeTimeout: 5 * time.Second,
+	})
+	if err != nil {
+		t.Fatalf("NewManager: %v", err)
+	}
+	t.Cleanup(func() { n.mgr.Close() })
+	return n
+}
+
+func (n *node) base() uint64 { return n.mgr.memBase }
+
+func (n *node) fillRandom(seed uint64) {
+	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	for i := 0; i+8 <= len(n.mem); i += 8 {
+		v := r.Uint64()
+		for j := 0; j < 8; j++ {
+			n.mem[i+j] = byte(v >> (8 * j))
+		}
+	}
+}
+
+// checkQPs asserts the live QP count, by QPs() and by the gauge.
+func (n *node) checkQPs(t *testing.T, want int) {
+	t.Helper()
+	if got := n.mgr.QPs(); got != want {
+		t.Errorf("%s: QPs() = %d, want %d", n.id, got, want)
+	}
+	if got := testutil.ToFloat64(n.met.RDMAQPs); int(got) != want {
+		t.Errorf("%s: pegaflow_rdma_qps = %v, want %d", n.id, got, want)
+	}
+}
+
+func (n *node) workers() int { return int(testutil.ToFloat64(n.met.SessionWorkers)) }
+
+// waitFor polls cond for up to 5 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func ctxT(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// faultyDevice wraps a device whose PD fails CreateQP on the calls that
+// failQP says so.
+type faultyDevice struct {
+	ibv.Device
+	failQP func(call int) bool
+	calls  *atomic.Int32
+}
+
+func (d faultyDevice) AllocPD() (ibv.PD, error) {
+	pd, err := d.Device.AllocPD()
+	if err != nil {
+		return nil, err
+	}
+	return faultyPD{PD: pd, d: d}, nil
+}
+
+type faultyPD struct {
+	ibv.PD
+	d faultyDevice
+}
+
+var errInjected = errors.New("injected create qp failure")
+
+func (p faultyPD) CreateQP(cq ibv.CQ, c ibv.QPCap) (ibv.QP, error) {
+	if p.d.failQP(int(p.d.calls.Add(1))) {
+		return nil, errInjected
+	}
+	return p.PD.CreateQP(cq, c)
+}

@@ -1,0 +1,273 @@
+package conn
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/pegaflow/pegad/internal/ibv"
+)
+
+// Batch states. Whoever moves a batch out of batchQueued owns its reply:
+// the worker (queued→running→finished, or queued→finished when it exits)
+// or the Read that canceled it (queued→finished).
+const (
+	batchQueued int32 = iota
+	batchRunning
+	batchFinished
+)
+
+// batch is one Read's work on one QP.
+type batch struct {
+	ctx   context.Context
+	s     *session
+	wrs   []ibv.SendWR
+	state atomic.Int32
+	res   chan<- batchResult // buffered for every batch of its Read
+}
+
+type batchResult struct {
+	err error
+	// qpErrored: the QP is in ERROR now (completion error, abort): the
+	// connection must be invalidated.
+	qpErrored bool
+}
+
+// finishUnrun replies for a batch that never ran, if nobody else owns it.
+func (b *batch) finishUnrun(err error) {
+	if b.state.CompareAndSwap(batchQueued, batchFinished) {
+		b.res <- batchResult{err: err}
+	}
+}
+
+// session is one QP with its worker's command queue. The worker holds
+// nothing that keeps the connection alive: it exits when the
+// connection's done channel closes, replying ErrSessionInvalidated to
+// every batch it accepted but did not run.
+type session struct {
+	p *qpPair
+
+	// mu guards queue and closed.
+	mu     sync.Mutex
+	queue  []*batch
+	closed bool
+
+	kick   chan struct{} // cap 1: "queue may be non-empty"
+	exited chan struct{} // closed when the worker has returned
+	wcs    []ibv.WorkCompletion
+	seq    uint64 // worker-owned batch sequence, tags WR ids
+}
+
+func newSession(p *qpPair) *session {
+	return &session{p: p, kick: make(chan struct{}, 1), exited: make(chan struct{}), wcs: make([]ibv.WorkCompletion, 64)}
+}
+
+// submit queues b; once the worker is gone, b gets ErrSessionInvalidated
+// at once (never a block, never a generic closed-channel error).
+func (s *session) submit(b *batch) {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		b.finishUnrun(s.invalidatedErr())
+		return
+	}
+	s.queue = append(s.queue, b)
+	s.mu.Unlock()
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (s *session) pop() *batch {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.queue) == 0 {
+		return nil
+	}
+	b := s.queue[0]
+	s.queue[0] = nil
+	s.queue = s.queue[1:]
+	return b
+}
+
+func (s *session) invalidatedErr() error {
+	return fmt.Errorf("%w (qpn %d)", ErrSessionInvalidated, s.p.qpn)
+}
+
+// run is the session worker: it executes batches one at a time until
+// done closes. Owned by the connection (started in startWorkers, counted
+// in Manager.workers).
+func (s *session) run(done <-chan struct{}, m *Manager, log zerolog.Logger) {
+	log = log.With().Uint32("qpn", s.p.qpn).Logger()
+	log.Debug().Msg("session worker started")
+	defer func() {
+		s.mu.Lock()
+		s.closed = true
+		q := s.queue
+		s.queue = nil
+		s.mu.Unlock()
+		for _, b := range q {
+			b.finishUnrun(s.invalidatedErr())
+		}
+		close(s.exited)
+		log.Debug().Int("dropped_batches", len(q)).Msg("session worker exited")
+	}()
+	for {
+		select {
+		case <-done:
+			return
+		case <-s.kick:
+		}
+		for {
+			b := s.pop()
+			if b == nil {
+				break
+			}
+			select {
+			case <-done:
+				b.finishUnrun(s.invalidatedErr())
+				return
+			default:
+			}
+			if !b.state.CompareAndSwap(batchQueued, batchRunning) {
+				continue // its Read canceled it and replied for it
+			}
+			r := s.execute(b, m, log)
+			b.state.Store(batchFinished)
+			b.res <- r
+		}
+	}
+}
+
+// execute posts b's WRs as signaled chains, at most SQDepth outstanding,
+// and polls the QP's CQ until every posted WR has completed. On ctx expiry
+// or a failure it moves the QP to ERROR and keeps polling until the posted
+// WRs have flushed: when execute returns, none of them can touch memory.
+func (s *session) execute(b *batch, m *Manager, log zerolog.Logger) batchResult {
+	if err := b.ctx.Err(); err != nil {
+		return batchResult{err: err}
+	}
+	s.seq++
+	seq := s.seq & 0xffffffff
+	wrs := b.wrs
+	for i := range wrs {
+		wrs[i].ID = seq<<32 | uint64(i)
+	}
+	depth := m.opts.SQDepth
+	qp := s.p.qp
+	var (
+		posted, completed int
+		stop              bool // post nothing more
+		res               batchResult
+		firstIsFlush      bool
+		successes         int
+		drainBy           time.Time // deadline for flushing after ERROR
+	)
+	// fail records the first failure (a flush after our own abort is a
+	// consequence, not a cause) and stops posting. The QP goes to ERROR
+	// when it is broken or WRs are outstanding (they must flush before
+	// execute returns); a ctx that expires with nothing outstanding leaves
+	// the QP healthy.
+	fail := func(err error, flush, qpBroken bool) {
+		if res.err == nil || (firstIsFlush && !flush) {
+			res.err = err
+			firstIsFlush = flush
+		}
+		stop = true
+		if !res.qpErrored && (qpBroken || posted > completed) {
+			_ = qp.ToError()
+			res.qpErrored = true
+			drainBy = time.Now().Add(drainTimeout)
+		}
+	}
+	defer func() {
+		if successes > 0 {
+			m.met.WorkCompletions.WithLabelValues(wcLabel(ibv.WCSuccess)).Add(float64(successes))
+		}
+	}()
+
+	for (!stop && posted < len(wrs)) || completed < posted {
+		if !stop {
+			if err := b.ctx.Err(); err != nil {
+				fail(err, false, false)
+				continue
+			}
+		}
+		if !stop && posted < len(wrs) && posted-completed < depth {
+			end := min(len(wrs), posted+depth-(posted-completed))
+			bad, err := qp.PostSend(wrs[posted:end])
+			switch {
+			case err == nil:
+				posted = end
+			case errors.Is(err, ibv.ErrQueueFull) && posted+max(bad, 0) > completed:
+				posted += max(bad, 0) // the rest goes after some completions
+			default:
+				posted += max(bad, 0)
+				fail(fmt.Errorf("%w: post on qp %d: %w", ErrConnectionBroken, s.p.qpn, err), false, true)
+				continue
+			}
+		}
+		if completed == posted {
+			continue
+		}
+		n, err := s.p.cq.Poll(s.wcs)
+		if err != nil {
+			// Cannot drain through a broken CQ: destroying the QP is the
+			// only other guarantee that no WR touches memory afterwards.
+			fail(fmt.Errorf("%w: poll cq of qp %d: %w", ErrConnectionBroken, s.p.qpn, err), false, true)
+			log.Error().Err(err).Msg("poll failed; destroying qp to stop outstanding reads")
+			s.p.destroy(m)
+			return res
+		}
+		for _, wc := range s.wcs[:n] {
+			if wc.ID>>32 != seq {
+				log.Warn().Uint64("wr_id", wc.ID).Msg("stray work completion ignored")
+				continue
+			}
+			completed++
+			if wc.Status == ibv.WCSuccess {
+				successes++
+				continue
+			}
+			m.met.WorkCompletions.WithLabelValues(wcLabel(wc.Status)).Inc()
+			se := &ibv.StatusError{Status: wc.Status, QPN: s.p.qpn, WRID: wc.ID}
+			fail(fmt.Errorf("%w: %w", ErrConnectionBroken, se), wc.Status == ibv.WCWRFlushErr, true)
+		}
+		if n > 0 {
+			continue
+		}
+		var err2 error
+		if !stop {
+			err2 = s.p.cq.Wait(b.ctx)
+		} else {
+			if drainBy.IsZero() { // unreachable: outstanding WRs after stop imply ERROR
+				drainBy = time.Now().Add(drainTimeout)
+			}
+			wctx, cancel := context.WithDeadline(context.Background(), drainBy)
+			err2 = s.p.cq.Wait(wctx)
+			cancel()
+		}
+		if err2 != nil {
+			switch {
+			case !stop && b.ctx.Err() != nil:
+				fail(b.ctx.Err(), false, false)
+			case stop && !time.Now().Before(drainBy):
+				log.Error().Int("outstanding", posted-completed).Dur("waited", drainTimeout).
+					Msg("qp did not drain after ERROR; destroying it to stop outstanding reads")
+				s.p.destroy(m)
+				return res
+			default:
+				fail(fmt.Errorf("%w: wait cq of qp %d: %w", ErrConnectionBroken, s.p.qpn, err2), false, true)
+				s.p.destroy(m)
+				return res
+			}
+		}
+	}
+	return res
+}
