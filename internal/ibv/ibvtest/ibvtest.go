@@ -547,6 +547,8 @@ func testDestroyOutstanding(t *testing.T, env Env) {
 	_, rmr := Region(t, peer, mib, accAll, 19)
 	lmem, lmr := Region(t, req, 4*mib, accAll, 20)
 	outstandingReads(t, req, lmr, rmr, 64)
+	// Destroy once data is flowing, with most READs still outstanding.
+	expectWC(t, Collect(t, req.CQ, 1)[0], 0, ibv.WCSuccess)
 	if err := req.QP.Destroy(); err != nil {
 		t.Fatalf("destroy with outstanding WRs: %v", err)
 	}
@@ -561,11 +563,13 @@ func testToErrorDrain(t *testing.T, env Env) {
 	lmem, lmr := Region(t, req, 4*mib, accAll, 22)
 	const count = 64
 	outstandingReads(t, req, lmr, rmr, count)
+	// Move to ERROR once data is flowing, with most READs outstanding.
+	first := Collect(t, req.CQ, 1)
 	if err := req.QP.ToError(); err != nil {
 		t.Fatalf("to error: %v", err)
 	}
 	flushed := 0
-	for i, wc := range Collect(t, req.CQ, count) {
+	for i, wc := range append(first, Collect(t, req.CQ, count-1)...) {
 		if wc.ID != uint64(i) || (wc.Status != ibv.WCSuccess && wc.Status != ibv.WCWRFlushErr) {
 			t.Fatalf("completion %d: %+v", i, wc)
 		}

@@ -409,13 +409,14 @@ func (q *qp) dial() {
 		if q.ctx.Err() != nil {
 			return
 		}
-		if time.Now().Add(backoff).After(deadline) {
+		left := time.Until(deadline)
+		if left <= 0 {
 			break
 		}
 		select {
 		case <-q.ctx.Done():
 			return
-		case <-time.After(backoff):
+		case <-time.After(min(backoff, left)):
 		}
 		backoff = min(backoff*2, 100*time.Millisecond)
 	}

@@ -103,7 +103,7 @@ func TestProviderBasics(t *testing.T) {
 	}
 }
 
-func post(t *testing.T, qp ibv.QP, wrs ...ibv.SendWR) {
+func post(t testing.TB, qp ibv.QP, wrs ...ibv.SendWR) {
 	t.Helper()
 	if bad, err := qp.PostSend(wrs); err != nil {
 		t.Fatalf("post: bad=%d: %v", bad, err)

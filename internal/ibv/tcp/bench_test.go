@@ -1,0 +1,155 @@
+package tcp
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pegaflow/pegad/internal/ibv"
+	"github.com/pegaflow/pegad/internal/ibv/ibvtest"
+)
+
+// BenchmarkReadVsTCP measures READ throughput of the provider (64 MiB in
+// 1 MiB WRs spread over N QPs) next to N plain TCP streams on the same
+// loopback copying the same bytes between the same kind of buffers, both
+// in every iteration, and reports both rates and their ratio.
+func BenchmarkReadVsTCP(b *testing.B) {
+	const total, wrSize = 64 << 20, 1 << 20
+	for _, nqp := range []int{1, 4} {
+		b.Run(fmt.Sprintf("qps=%d", nqp), func(b *testing.B) {
+			_, d := newBenchProvider(b)
+			per := total / nqp
+			type pair struct {
+				req      *ibvtest.Side
+				lmr, rmr ibv.MR
+			}
+			pairs := make([]pair, nqp)
+			for i := range pairs {
+				req, peer := ibvtest.Pair(b, d[0], d[1], ibvtest.DefaultCap())
+				_, rmr := ibvtest.Region(b, peer, per, accRead, uint64(i))
+				_, lmr := ibvtest.Region(b, req, per, accRead, 0)
+				pairs[i] = pair{req, lmr, rmr}
+			}
+			src := ibvtest.MapMemory(b, total)
+			dst := ibvtest.MapMemory(b, total)
+			ibvtest.Fill(src, 1)
+			streams := newStreams(b, nqp)
+
+			var provDur, plainDur time.Duration
+			run := func() {
+				start := time.Now()
+				var wg sync.WaitGroup
+				for _, p := range pairs {
+					wg.Go(func() {
+						var wrs []ibv.SendWR
+						for off := 0; off < per; off += wrSize {
+							wrs = append(wrs, readWR(uint64(off), p.lmr, p.rmr, uint64(off), wrSize))
+						}
+						post(b, p.req.QP, wrs...)
+						for _, wc := range ibvtest.Collect(b, p.req.CQ, len(wrs)) {
+							if wc.Status != ibv.WCSuccess {
+								b.Errorf("completion %+v", wc)
+							}
+						}
+					})
+				}
+				wg.Wait()
+				provDur += time.Since(start)
+
+				start = time.Now()
+				streams.copy(b, src, dst)
+				plainDur += time.Since(start)
+			}
+			run() // warm up: first touch of every page, connections dialed
+			provDur, plainDur = 0, 0
+			b.ResetTimer()
+			for range b.N {
+				run()
+			}
+			b.StopTimer()
+			prov := float64(b.N) * total / provDur.Seconds() / 1e6
+			plain := float64(b.N) * total / plainDur.Seconds() / 1e6
+			b.ReportMetric(prov, "provider-MB/s")
+			b.ReportMetric(plain, "plain-tcp-MB/s")
+			b.ReportMetric(prov/plain, "ratio")
+			b.Logf("qps=%d: tcp provider READ %.0f MB/s, plain TCP %.0f MB/s, ratio %.2f", nqp, prov, plain, prov/plain)
+		})
+	}
+}
+
+func newBenchProvider(b *testing.B) (*Provider, [2]*Device) {
+	b.Helper()
+	p, err := NewProvider(DeviceOptions{Name: "req"}, DeviceOptions{Name: "peer"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { p.Close() })
+	var d [2]*Device
+	for i, n := range []string{"req", "peer"} {
+		dev, _ := p.Open(n)
+		d[i] = dev.(*Device)
+	}
+	return p, d
+}
+
+// streams are n plain loopback TCP connections.
+type streams struct {
+	send, recv []net.Conn
+}
+
+func newStreams(b *testing.B, n int) *streams {
+	b.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	s := &streams{}
+	for range n {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			b.Fatal(err)
+		}
+		a, err := ln.Accept()
+		if err != nil {
+			b.Fatal(err)
+		}
+		s.send, s.recv = append(s.send, c), append(s.recv, a)
+	}
+	b.Cleanup(func() {
+		for i := range s.send {
+			s.send[i].Close()
+			s.recv[i].Close()
+		}
+	})
+	return s
+}
+
+// copy moves src to dst over the streams, each carrying an equal share in
+// 1 MiB writes.
+func (s *streams) copy(b *testing.B, src, dst []byte) {
+	n := len(s.send)
+	per := len(src) / n
+	var wg sync.WaitGroup
+	for i := range n {
+		part := src[i*per : (i+1)*per]
+		out := dst[i*per : (i+1)*per]
+		wg.Go(func() {
+			for off := 0; off < len(part); off += 1 << 20 {
+				if _, err := s.send[i].Write(part[off:min(off+1<<20, len(part))]); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+		wg.Go(func() {
+			if _, err := io.ReadFull(s.recv[i], out); err != nil {
+				b.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+}
