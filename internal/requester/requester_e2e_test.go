@@ -186,11 +186,11 @@ func TestE2EByteIdentical(t *testing.T) {
 	r := rand.New(rand.NewPCG(7, 11))
 
 	shapes := [][]store.SlotSize{
-		{{KSize: 1024}},                            // 1 KiB contiguous
-		{{KSize: 512, VSize: 512}},                 // 1 KiB K/V
-		{{KSize: 4093, VSize: 4099}},               // odd sizes
-		{{KSize: 64 * mib}},                        // 64 MiB contiguous
-		{{KSize: 8 * mib, VSize: 8 * mib}},         // 16 MiB K/V
+		{{KSize: 1024}},                    // 1 KiB contiguous
+		{{KSize: 512, VSize: 512}},         // 1 KiB K/V
+		{{KSize: 4093, VSize: 4099}},       // odd sizes
+		{{KSize: 64 * mib}},                // 64 MiB contiguous
+		{{KSize: 8 * mib, VSize: 8 * mib}}, // 16 MiB K/V
 		{{KSize: mib, VSize: mib}, {KSize: mib, VSize: mib}, {KSize: mib, VSize: mib}, {KSize: mib, VSize: mib}},
 	}
 	for range 20 {
