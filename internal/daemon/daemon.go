@@ -218,7 +218,7 @@ func Start(ctx context.Context, cfg config.Config, opts ...Option) (d *Daemon, e
 	d.log.Info().Str("version", version.Version).Str("incarnation", d.incarnation).
 		Str("listen", d.peerAddr).Str("advertise", d.advertise).Str("socket", d.socket).
 		Str("metrics", d.metricsAddr).Str("pool_size", cfg.PoolSize.String()).
-		Bool("pool_locked", d.pool.Locked()).Dur("lock_timeout", cfg.LockTimeout).
+		Bool("pool_locked", d.pool.Locked()).Stringer("lock_timeout", cfg.LockTimeout).
 		Msg("pegad ready")
 	return d, nil
 }
