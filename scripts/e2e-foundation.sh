@@ -105,8 +105,7 @@ ctl -o json blocks delete --namespace "$NS" --hash "${HASH[huge]}" | check "dele
 USED_LOCKED=$(ctl stats -o json | jq_py 'd["pool_used"]')
 [[ $USED_LOCKED == "$USED_FULL" ]] || fail "pool used changed from $USED_FULL to $USED_LOCKED while the deleted block is pinned"
 pass "a pinned, deleted block keeps its memory ($USED_LOCKED bytes used)"
-wait_until 15 "session $SID2 to expire" bash -c \
-	"'$PEGACTL' --socket '$SOCK' -o json sessions list | python3 -c 'import json,sys; sys.exit(0 if json.load(sys.stdin)[\"sessions\"] == [] else 1)'"
+wait_until 15 "session $SID2 to expire" no_sessions "$SOCK"
 pass "session expired"
 [[ $(metric "$METRICS" pegaflow_transfer_lock_timeouts_total) == 1 ]] ||
 	fail "pegaflow_transfer_lock_timeouts_total = $(metric "$METRICS" pegaflow_transfer_lock_timeouts_total), want 1"

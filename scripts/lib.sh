@@ -83,12 +83,13 @@ start_pegad() {
 	log "started pegad $name (pid $pid)"
 }
 
-# wait_until SECONDS DESCRIPTION CMD...: retries CMD every 100 ms.
+# wait_until SECONDS DESCRIPTION CMD...: retries CMD (a command or a shell
+# function) every 100 ms.
 wait_until() {
 	local limit=$1 what=$2
 	shift 2
 	local end=$((SECONDS + limit))
-	until "$@" >/dev/null 2>&1; do
+	until "$@" >/dev/null 2>&1 </dev/null; do
 		((SECONDS < end)) || fail "timed out after ${limit}s waiting for: $what"
 		sleep 0.1
 	done
@@ -137,6 +138,12 @@ check() {
 		fail "$what: ($expr) is not true"
 	fi
 	pass "$what"
+}
+
+# no_sessions SOCKET: true when pegad on SOCKET holds no holder session.
+no_sessions() {
+	"$PEGACTL" --socket "$1" -o json sessions list |
+		python3 -c 'import json,sys; sys.exit(0 if json.load(sys.stdin)["sessions"] == [] else 1)'
 }
 
 # metric URL NAME[{LABELS}]: prints the value of one sample (0 when absent).
