@@ -206,11 +206,11 @@ func (l *lib) describe(ctx *C.struct_ibv_context, name string, want uint8, o Opt
 		return ibv.DeviceInfo{}, lim, portChoice{}, err
 	}
 	fs := sysfs{root: o.SysfsRoot}
-	ports, err := l.queryPorts(ctx, name, lim.ports, fs, o.GIDIndex)
+	ports, err := l.queryPorts(ctx, name, lim.ports, fs, o.gidIndex())
 	if err != nil {
 		return ibv.DeviceInfo{}, lim, portChoice{}, err
 	}
-	c, err := choosePort(ports, want, o.GIDIndex)
+	c, err := choosePort(ports, want, o.gidIndex())
 	if err != nil {
 		return ibv.DeviceInfo{}, lim, portChoice{}, err
 	}
@@ -218,11 +218,18 @@ func (l *lib) describe(ctx *C.struct_ibv_context, name string, want uint8, o Opt
 	return info, lim, c, nil
 }
 
+func (p *Provider) load() (*lib, error) {
+	if p.fake {
+		return &lib{c: C.pv_fake_lib(), name: "fake"}, nil
+	}
+	return loadLib(p.opts.Library)
+}
+
 // Devices lists the devices with a usable port. ErrUnavailable, with the
 // reason, when libibverbs is missing, the kernel has no RDMA support, there
 // are no devices, or no device has a usable port.
 func (p *Provider) Devices() ([]ibv.DeviceInfo, error) {
-	l, err := loadLib(p.opts.Library)
+	l, err := p.load()
 	if err != nil {
 		return nil, err
 	}
@@ -262,7 +269,7 @@ func (p *Provider) Open(name string) (ibv.Device, error) {
 	if err != nil {
 		return nil, err
 	}
-	l, err := loadLib(p.opts.Library)
+	l, err := p.load()
 	if err != nil {
 		return nil, err
 	}

@@ -11,21 +11,29 @@ import (
 // DefaultLibrary is the soname loaded at run time.
 const DefaultLibrary = "libibverbs.so.1"
 
-// Options tune the provider; the zero value is not valid, use
-// DefaultOptions.
+// Options tune the provider; empty fields take the defaults.
 type Options struct {
 	// Library is the shared object dlopen'ed (DefaultLibrary).
 	Library string
 	// SysfsRoot is where device attributes are read (DefaultSysfsRoot).
 	SysfsRoot string
-	// GIDIndex forces a GID table entry on every port; -1 chooses (RoCE v2
-	// and IPv4-mapped preferred).
-	GIDIndex int
+	// ForceGIDIndex makes every port use GID table entry GIDIndex instead
+	// of the chosen one (RoCE v2 preferred, IPv4-mapped first).
+	ForceGIDIndex bool
+	GIDIndex      int
+}
+
+// gidIndex is the forced GID index, or -1 to choose.
+func (o Options) gidIndex() int {
+	if !o.ForceGIDIndex || o.GIDIndex < 0 {
+		return -1
+	}
+	return o.GIDIndex
 }
 
 // DefaultOptions are the options New uses.
 func DefaultOptions() Options {
-	return Options{Library: DefaultLibrary, SysfsRoot: DefaultSysfsRoot, GIDIndex: -1}
+	return Options{Library: DefaultLibrary, SysfsRoot: DefaultSysfsRoot}
 }
 
 // Provider is the libibverbs provider. Its methods are safe for concurrent
@@ -33,6 +41,9 @@ func DefaultOptions() Options {
 // process-wide).
 type Provider struct {
 	opts Options
+	// fake selects the in-process loopback stand-in for libibverbs
+	// (fakeverbs.c); set only by this package's tests.
+	fake bool
 }
 
 var _ ibv.Provider = (*Provider)(nil)
@@ -40,7 +51,7 @@ var _ ibv.Provider = (*Provider)(nil)
 // New returns a provider with DefaultOptions.
 func New() *Provider { return NewWithOptions(DefaultOptions()) }
 
-// NewWithOptions returns a provider with opts; empty fields take defaults.
+// NewWithOptions returns a provider with opts.
 func NewWithOptions(opts Options) *Provider {
 	d := DefaultOptions()
 	if opts.Library == "" {

@@ -126,4 +126,7 @@ typedef struct pv_wc {
 // Polls up to n completions into out; returns the count or -errno.
 int pv_poll_cq(struct ibv_cq *cq, int n, pv_wc *out);
 
+// pv_fake_lib is the loopback stand-in of fakeverbs.c (tests only).
+pv_lib *pv_fake_lib(void);
+
 #endif

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/pegaflow/pegad/internal/ibv"
+	"github.com/pegaflow/pegad/internal/ibv/ibvtest"
 )
 
 // skipIfRDMA skips tests of the unavailable path on hosts that have RDMA.
@@ -185,5 +186,69 @@ func TestConnAttrsInC(t *testing.T) {
 				t.Fatalf("RTS attr\n got  %+v\n want %+v", rts, wantRTS)
 			}
 		})
+	}
+}
+
+func fakeProvider() *Provider {
+	p := NewWithOptions(Options{SysfsRoot: "/nonexistent"})
+	p.fake = true
+	return p
+}
+
+// TestFakeDevices: device description through the context-op port query
+// and _ibv_query_gid_ex, with GID choice (RoCE v2, IPv4-mapped at index 1).
+func TestFakeDevices(t *testing.T) {
+	devs, err := fakeProvider().Devices()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := ibv.DeviceInfo{Name: "pegadfake0", NUMANode: -1, Port: 1, LinkLayer: "Ethernet",
+		GID: ibv.GID{10: 0xff, 11: 0xff, 12: 10, 15: 5}, GIDIndex: 1, MTU: 1024, MaxQPWR: 16384, MaxRdAtomic: 16}
+	if len(devs) != 1 || devs[0] != want {
+		t.Fatalf("Devices() = %+v\nwant %+v", devs, want)
+	}
+	if _, err := fakeProvider().Open("nope0"); !errors.Is(err, ibv.ErrNoDevice) {
+		t.Fatalf("Open(nope0): %v, want ErrNoDevice", err)
+	}
+	if _, err := fakeProvider().Open("pegadfake0:2"); !errors.Is(err, ibv.ErrNoDevice) {
+		t.Fatalf("Open(pegadfake0:2): %v, want ErrNoDevice", err)
+	}
+}
+
+// TestConformanceFake runs the conformance suite over the loopback
+// stand-in: it checks this package's Go and C glue, not an HCA.
+func TestConformanceFake(t *testing.T) {
+	p := fakeProvider()
+	ibvtest.Run(t, func(t *testing.T) ibvtest.Env {
+		open := func() ibv.Device {
+			d, err := p.Open("pegadfake0")
+			if err != nil {
+				t.Fatalf("open: %v", err)
+			}
+			t.Cleanup(func() {
+				if err := d.Close(); err != nil {
+					t.Errorf("close: %v", err)
+				}
+			})
+			return d
+		}
+		return ibvtest.Env{Requester: open(), Peer1: open(), Peer2: open()}
+	})
+}
+
+func TestFakeForcedGID(t *testing.T) {
+	p := NewWithOptions(Options{SysfsRoot: "/nonexistent", ForceGIDIndex: true, GIDIndex: 0})
+	p.fake = true
+	devs, err := p.Devices()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if devs[0].GIDIndex != 0 || devs[0].GID != (ibv.GID{0: 0xfe, 1: 0x80, 15: 1}) {
+		t.Fatalf("forced GID 0: got %+v", devs[0])
+	}
+	p = NewWithOptions(Options{SysfsRoot: "/nonexistent", ForceGIDIndex: true, GIDIndex: 3})
+	p.fake = true
+	if _, err := p.Devices(); !errors.Is(err, ibv.ErrUnavailable) || !strings.Contains(err.Error(), "GID index 3 not populated") {
+		t.Fatalf("forced empty GID 3: %v", err)
 	}
 }
