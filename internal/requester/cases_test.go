@@ -540,3 +540,40 @@ func waitFor(t *testing.T, cond func() bool) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// TestCoalesceOnlySamePeer: a block in flight from another peer is not
+// joined (that peer may not have it): each caller gets its own peer's answer.
+func TestCoalesceOnlySamePeer(t *testing.T) {
+	lacking := newFakeHolder()
+	lacking.shape = func(string) ([]store.SlotSize, int, bool) { return nil, 0, false }
+	var hs *harness
+	hs = newHarness(t, withOpts(func(o *Options) {
+		o.Peers = func(p string) (pegadv1.PeerServiceClient, error) {
+			if p == "lacking:1" {
+				return lacking, nil
+			}
+			return hs.h, nil
+		}
+	}))
+	release := make(chan struct{})
+	hs.cs.r.read = func(context.Context, []conn.ReadOp) error {
+		<-release
+		return nil
+	}
+	h := hashes("p", 1)
+	having := make(chan *Result, 1)
+	go func() {
+		res, _ := hs.e.Prefetch(context.Background(), "having:1", "ns", h)
+		having <- res
+	}()
+	waitFor(t, func() bool { fi := hs.e.InFlight(); return len(fi) == 1 && fi[0].Phase == PhaseRead })
+	res, err := hs.e.Prefetch(context.Background(), "lacking:1", "ns", h)
+	if err != nil || res.Blocks[0].Status != StatusMissingOnPeer {
+		t.Fatalf("lacking peer: %v %v", res.Blocks[0].Status, err)
+	}
+	close(release)
+	if r := <-having; r.Blocks[0].Status != StatusFetched {
+		t.Fatalf("having peer: %v %v", r.Blocks[0].Status, r.Blocks[0].Err)
+	}
+	hs.h.checkReleasedOnce(t)
+}

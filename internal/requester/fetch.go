@@ -108,10 +108,14 @@ func (e *Engine) fetch(ctx context.Context, st *fetchState, keys []store.Key, ou
 		hashes[i] = []byte(k.Hash)
 	}
 	lockedAt := time.Now()
+	// Shutdown still cuts it: the holder reclaims what an old incarnation
+	// held when this daemon comes back.
 	qctx, qcancel := context.WithTimeout(context.WithoutCancel(ctx), e.lockRPCTimeout)
+	stopQ := context.AfterFunc(e.ctx, qcancel)
 	resp, err := client.QueryBlocksForTransfer(qctx, &pegadv1.QueryBlocksForTransferRequest{
 		Namespace: st.ns, Hashes: hashes, RequesterId: e.opts.NodeID, Requester: e.requester(),
 	})
+	stopQ()
 	qcancel()
 	if err != nil {
 		return fail(PhaseLock, err, ErrRemote)

@@ -133,6 +133,8 @@ const (
 	PhaseRead    = "read"
 	PhaseRelease = "release"
 	PhaseIndex   = "index"
+	// PhaseWait: waiting for blocks another fetch is bringing in.
+	PhaseWait = "wait"
 )
 
 // hooks let tests inject faults into the fetch path.
@@ -175,6 +177,7 @@ type Engine struct {
 // flight is one block's in-flight fetch. The owner sets status and err and
 // then closes done; joiners read them after done is closed.
 type flight struct {
+	peer   string // the peer it fetches from
 	done   chan struct{}
 	status Status
 	err    error
@@ -341,32 +344,35 @@ func (e *Engine) Prefetch(ctx context.Context, peer, namespace string, hashes []
 	}
 	first := make(map[string]int, len(hashes)) // hash → first index
 	var owned []store.Key
-	var ownedFlights []*flight
+	var ownedFlights []*flight // nil where the block is fetched unregistered
 	var joined []joinedBlock
 	local := make(map[string]bool)
+	e.mu.Lock()
 	for i, h := range hashes {
 		if _, dup := first[string(h)]; dup {
 			continue
 		}
 		first[string(h)] = i
-		if e.store.Has(store.Key{Namespace: namespace, Hash: string(h)}) {
-			local[string(h)] = true
-		}
-	}
-	e.mu.Lock()
-	for i, h := range hashes {
-		if first[string(h)] != i || local[string(h)] {
-			continue
-		}
 		key := store.Key{Namespace: namespace, Hash: string(h)}
-		if f, ok := e.flights[key]; ok {
+		f, inFlight := e.flights[key]
+		switch {
+		case inFlight && f.peer == peer:
 			joined = append(joined, joinedBlock{key, f})
-			continue
+		case inFlight:
+			// Being fetched from another peer, which may not have it:
+			// fetch it from ours too (Insert keeps the first copy).
+			owned = append(owned, key)
+			ownedFlights = append(ownedFlights, nil)
+		case e.store.Has(key):
+			// Checked under mu: an owner deletes its flight only after
+			// indexing, so a block is either in flight or visible here.
+			local[string(h)] = true
+		default:
+			f := &flight{peer: peer, done: make(chan struct{}), status: StatusFailed, err: ErrPanic}
+			e.flights[key] = f
+			owned = append(owned, key)
+			ownedFlights = append(ownedFlights, f)
 		}
-		f := &flight{done: make(chan struct{}), status: StatusFailed, err: ErrPanic}
-		e.flights[key] = f
-		owned = append(owned, key)
-		ownedFlights = append(ownedFlights, f)
 	}
 	e.running[st.reqID] = st
 	e.mu.Unlock()
@@ -390,11 +396,15 @@ func (e *Engine) Prefetch(ctx context.Context, peer, namespace string, hashes []
 			defer func() {
 				e.mu.Lock()
 				for i, key := range owned {
+					f := ownedFlights[i]
+					if f == nil {
+						continue
+					}
 					if i < len(out.status) {
-						ownedFlights[i].status, ownedFlights[i].err = out.status[i], out.errs[i]
+						f.status, f.err = out.status[i], out.errs[i]
 					}
 					delete(e.flights, key)
-					close(ownedFlights[i].done)
+					close(f.done)
 				}
 				e.mu.Unlock()
 			}()
@@ -408,6 +418,9 @@ func (e *Engine) Prefetch(ctx context.Context, peer, namespace string, hashes []
 
 	// Wait for the blocks other calls are fetching (after our own fetch, so
 	// two calls that each join the other's blocks cannot deadlock).
+	if len(joined) > 0 {
+		st.setPhase(PhaseWait)
+	}
 	var joinErr error
 	for _, j := range joined {
 		select {
