@@ -93,6 +93,10 @@ ctl -o json stats | check "stats: 1 session, 2 locked blocks" "d['sessions_activ
 ctl -o json locks release "$SID" | check "pegactl locks release released 2 blocks" \
 	"d['released_blocks'] == 2 and d['session_id'] == '$SID' and '@' in d['operator']"
 ctl -o json sessions list | check "no session after release" "d['sessions'] == []"
+rc=0
+ctl locks release "$SID" 2>"$D/err" >/dev/null || rc=$?
+[[ $rc -eq 3 ]] || fail "second pegactl locks release of $SID: exit $rc ($(cat "$D/err")), want 3"
+pass "second pegactl locks release: exit 3, $(cat "$D/err")"
 OUT=$("$LOCKCLIENT" release --peer "$PEER" "$SID")
 [[ $OUT == *"released_blocks=0 was_live=false"* ]] || fail "second release of $SID: $OUT"
 pass "holder release after force-release is idempotent: $OUT"
