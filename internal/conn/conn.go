@@ -370,7 +370,19 @@ type qpPair struct {
 	cq  ibv.CQ
 	qpn uint32
 
-	destroyOnce sync.Once
+	// mu guards destroyed: ToError must never reach a destroyed QP (with
+	// verbs that is a use after free), and destroy happens once.
+	mu        sync.Mutex
+	destroyed bool
+}
+
+// toError moves the QP to ERROR unless it is already destroyed.
+func (p *qpPair) toError() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.destroyed {
+		_ = p.qp.ToError()
+	}
 }
 
 // newQPPair creates a CQ and an RC QP (INIT) on nic and counts it live.
@@ -392,7 +404,13 @@ func (m *Manager) newQPPair(nic *localNIC) (*qpPair, error) {
 
 // destroy releases the QP then its CQ, exactly once.
 func (p *qpPair) destroy(m *Manager) {
-	p.destroyOnce.Do(func() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.destroyed {
+		return
+	}
+	p.destroyed = true
+	{
 		if err := p.qp.Destroy(); err != nil {
 			m.log.Warn().Err(err).Uint32("qpn", p.qpn).Msg("destroy qp")
 		}
@@ -401,7 +419,7 @@ func (p *qpPair) destroy(m *Manager) {
 		}
 		m.liveQPs.Add(-1)
 		m.met.RDMAQPs.Dec()
-	})
+	}
 }
 
 func (m *Manager) maxRdAtomic(nic *localNIC) int {

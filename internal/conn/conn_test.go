@@ -622,12 +622,18 @@ func TestAcceptRejectsMalformed(t *testing.T) {
 			r.Nics = append(r.Nics, nil)
 			return r
 		}},
-		{"no endpoints", func(r *pegadv1.RdmaHandshakeRequest) *pegadv1.RdmaHandshakeRequest { r.Nics[0].Endpoints = nil; return r }},
+		{"no endpoints", func(r *pegadv1.RdmaHandshakeRequest) *pegadv1.RdmaHandshakeRequest {
+			r.Nics[0].Endpoints = nil
+			return r
+		}},
 		{"nil endpoint", func(r *pegadv1.RdmaHandshakeRequest) *pegadv1.RdmaHandshakeRequest {
 			r.Nics[0].Endpoints = append(r.Nics[0].Endpoints, nil)
 			return r
 		}},
-		{"qpn zero", func(r *pegadv1.RdmaHandshakeRequest) *pegadv1.RdmaHandshakeRequest { r.Nics[0].Endpoints[0].Qpn = 0; return r }},
+		{"qpn zero", func(r *pegadv1.RdmaHandshakeRequest) *pegadv1.RdmaHandshakeRequest {
+			r.Nics[0].Endpoints[0].Qpn = 0
+			return r
+		}},
 		{"qpn 25 bits", func(r *pegadv1.RdmaHandshakeRequest) *pegadv1.RdmaHandshakeRequest {
 			r.Nics[0].Endpoints[0].Qpn = 1 << 24
 			return r

@@ -128,15 +128,15 @@ func (c *AddrConnection) invalidate(reason error) {
 // abortInFlight moves every QP to ERROR so in-flight Reads drain fast
 // (shutdown only: a plain invalidation lets in-flight work finish).
 func (c *AddrConnection) abortInFlight() {
+	// Under mu: teardown cannot start meanwhile (it is decided under mu).
 	c.mu.Lock()
-	busy := !c.tornDown
-	c.mu.Unlock()
-	if !busy {
+	defer c.mu.Unlock()
+	if c.tornDown {
 		return
 	}
 	for _, cn := range c.nics {
 		for _, s := range cn.sessions {
-			_ = s.p.qp.ToError()
+			s.p.toError()
 		}
 	}
 }
@@ -236,7 +236,7 @@ func (c *AddrConnection) Read(ctx context.Context, ops []ReadOp) error {
 				continue
 			}
 			if b.state.Load() == batchRunning {
-				_ = b.s.p.qp.ToError()
+				b.s.p.toError()
 				qpErrored = true
 			}
 		}

@@ -24,6 +24,8 @@ const (
 	maxNICNameLen  = 256
 	maxAddrLen     = 512
 	maxHandshakeID = 128
+	// maxEndpoints bounds the QPs one handshake makes a holder create.
+	maxEndpoints = 256
 )
 
 // connect is the requester side of a handshake; it runs once per peer at
@@ -396,7 +398,7 @@ func (m *Manager) validateRequest(req *pegadv1.RdmaHandshakeRequest) ([]remoteNI
 		total += len(r.endpoints)
 		out[i] = r
 	}
-	if total > maxQPsPerPeer*maxNICs/4 {
+	if total > maxEndpoints {
 		return nil, fmt.Errorf("%w: %d endpoints in total", ErrInvalidHandshake, total)
 	}
 	return out, nil

@@ -61,6 +61,9 @@ type session struct {
 	exited chan struct{} // closed when the worker has returned
 	wcs    []ibv.WorkCompletion
 	seq    uint64 // worker-owned batch sequence, tags WR ids
+	// dead (worker-owned): execute destroyed the QP because it could not
+	// be drained; the worker must exit and touch it no more.
+	dead bool
 }
 
 func newSession(p *qpPair) *session {
@@ -141,6 +144,9 @@ func (s *session) run(done <-chan struct{}, m *Manager, log zerolog.Logger) {
 			r := s.execute(b, m, log)
 			b.state.Store(batchFinished)
 			b.res <- r
+			if s.dead {
+				return
+			}
 		}
 	}
 }
@@ -160,7 +166,6 @@ func (s *session) execute(b *batch, m *Manager, log zerolog.Logger) batchResult 
 		wrs[i].ID = seq<<32 | uint64(i)
 	}
 	depth := m.opts.SQDepth
-	qp := s.p.qp
 	var (
 		posted, completed int
 		stop              bool // post nothing more
@@ -181,7 +186,7 @@ func (s *session) execute(b *batch, m *Manager, log zerolog.Logger) batchResult 
 		}
 		stop = true
 		if !res.qpErrored && (qpBroken || posted > completed) {
-			_ = qp.ToError()
+			s.p.toError()
 			res.qpErrored = true
 			drainBy = time.Now().Add(drainTimeout)
 		}
@@ -201,7 +206,7 @@ func (s *session) execute(b *batch, m *Manager, log zerolog.Logger) batchResult 
 		}
 		if !stop && posted < len(wrs) && posted-completed < depth {
 			end := min(len(wrs), posted+depth-(posted-completed))
-			bad, err := qp.PostSend(wrs[posted:end])
+			bad, err := s.p.qp.PostSend(wrs[posted:end])
 			switch {
 			case err == nil:
 				posted = end
@@ -223,6 +228,7 @@ func (s *session) execute(b *batch, m *Manager, log zerolog.Logger) batchResult 
 			fail(fmt.Errorf("%w: poll cq of qp %d: %w", ErrConnectionBroken, s.p.qpn, err), false, true)
 			log.Error().Err(err).Msg("poll failed; destroying qp to stop outstanding reads")
 			s.p.destroy(m)
+			s.dead = true
 			return res
 		}
 		for _, wc := range s.wcs[:n] {
@@ -261,10 +267,12 @@ func (s *session) execute(b *batch, m *Manager, log zerolog.Logger) batchResult 
 				log.Error().Int("outstanding", posted-completed).Dur("waited", drainTimeout).
 					Msg("qp did not drain after ERROR; destroying it to stop outstanding reads")
 				s.p.destroy(m)
+				s.dead = true
 				return res
 			default:
 				fail(fmt.Errorf("%w: wait cq of qp %d: %w", ErrConnectionBroken, s.p.qpn, err2), false, true)
 				s.p.destroy(m)
+				s.dead = true
 				return res
 			}
 		}
