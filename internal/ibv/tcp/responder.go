@@ -181,11 +181,20 @@ func (r *responder) read(m msg) error {
 	}
 }
 
-// write applies one WRITE chunk and acknowledges the last one.
+// write applies one WRITE chunk and acknowledges the last one. The chunk
+// is applied under the QP's lock, only while the QP is RTR/RTS: once its
+// ToError or Destroy returned, no WRITE lands in its memory.
 func (r *responder) write(m msg) error {
+	q := r.q
+	q.mu.Lock()
+	if q.destroyed || (q.state != ibv.QPSRTR && q.state != ibv.QPSRTS) {
+		q.mu.Unlock()
+		return net.ErrClosed
+	}
 	ok := r.mr(m.rkey).use(r.q.pd, ibv.AccessRemoteWrite, m.raddr, uint64(m.length), func(b []byte) {
 		copy(b[m.offset:], m.payload)
 	})
+	q.mu.Unlock()
 	if !ok {
 		r.naked = true
 		return r.c.write(appendWriteAck(r.hdr[:0], m.seq, stRemAccess), nil)

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
 
 	"github.com/pegaflow/pegad/internal/ibv"
@@ -20,10 +21,11 @@ const peerQPNStart = 0x4242
 // identical QPNs, closed at cleanup.
 func newProvider(t *testing.T) (*Provider, [3]*Device) {
 	t.Helper()
+	log := zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.DebugLevel).With().Timestamp().Logger()
 	p, err := NewProvider(
-		DeviceOptions{Name: "req", QPNStart: 0x100},
-		DeviceOptions{Name: "peer1", QPNStart: peerQPNStart},
-		DeviceOptions{Name: "peer2", QPNStart: peerQPNStart},
+		DeviceOptions{Name: "req", QPNStart: 0x100, Logger: &log},
+		DeviceOptions{Name: "peer1", QPNStart: peerQPNStart, Logger: &log},
+		DeviceOptions{Name: "peer2", QPNStart: peerQPNStart, Logger: &log},
 	)
 	if err != nil {
 		t.Fatalf("new provider: %v", err)
@@ -331,5 +333,61 @@ func TestDeregWhileServing(t *testing.T) {
 	last := wcs[len(wcs)-1].Status
 	if last != ibv.WCRemAccessErr && last != ibv.WCWRFlushErr {
 		t.Fatalf("last READ after dereg: %s", last)
+	}
+}
+
+// TestLateResponder: the requester posts before the remote QP reached RTR;
+// as with verbs, it keeps retrying and succeeds once the remote connects
+// within the retry budget.
+func TestLateResponder(t *testing.T) {
+	_, d := newProvider(t)
+	req := ibvtest.NewSide(t, d[0], ibvtest.DefaultCap())
+	peer := ibvtest.NewSide(t, d[1], ibvtest.DefaultCap())
+	rmem, rmr := ibvtest.Region(t, peer, 4096, accRead, 1)
+	lmem, lmr := ibvtest.Region(t, req, 4096, accRead, 2)
+	attr := ibv.DefaultConnectAttr()
+	if err := req.QP.Connect(peer.QP.Endpoint(), attr); err != nil {
+		t.Fatal(err)
+	}
+	post(t, req.QP, readWR(1, lmr, rmr, 0, 4096))
+	time.Sleep(attr.RetryBudget() / 4)
+	if err := peer.QP.Connect(req.QP.Endpoint(), attr); err != nil {
+		t.Fatal(err)
+	}
+	expect(t, ibvtest.Collect(t, req.CQ, 1)[0], 1, ibv.WCSuccess)
+	if !bytes.Equal(lmem, rmem) {
+		t.Fatal("data differs")
+	}
+}
+
+// TestCloseWithOutstanding: closing the provider with READs in flight
+// flushes them, returns promptly, leaves no goroutine (goleak) and never
+// touches the memory afterwards.
+func TestCloseWithOutstanding(t *testing.T) {
+	p, d := newProvider(t)
+	d[1].SetFaults(Faults{ResponseDelay: 20 * time.Millisecond})
+	req, peer := ibvtest.Pair(t, d[0], d[1], ibvtest.DefaultCap())
+	_, rmr := ibvtest.Region(t, peer, 1<<20, accRead, 1)
+	lmem, lmr := ibvtest.Region(t, req, 1<<20, accRead, 2)
+	for i := range 32 {
+		post(t, req.QP, readWR(uint64(i), lmr, rmr, 0, 1<<20))
+	}
+	time.Sleep(30 * time.Millisecond)
+	start := time.Now()
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Fatalf("close took %v", took)
+	}
+	clear(lmem)
+	time.Sleep(100 * time.Millisecond)
+	for i, b := range lmem {
+		if b != 0 {
+			t.Fatalf("byte %d written after Close", i)
+		}
+	}
+	if st := req.QP.State(); st != ibv.QPSError {
+		t.Fatalf("QP state after close %s", st)
 	}
 }
