@@ -68,6 +68,7 @@ func TestErrorClasses(t *testing.T) {
 		{name: "qp broken", readErr: fmt.Errorf("%w: wc RETRY_EXC_ERR", conn.ErrConnectionBroken), class: ErrConnection, label: classConnection, invalidate: true, locked: true},
 		{name: "session invalidated", readErr: conn.ErrSessionInvalidated, class: ErrConnection, label: classConnection, invalidate: true, locked: true},
 		{name: "stale snapshot", readErr: conn.ErrRemoteMemory, class: ErrConnection, label: classConnection, invalidate: true, locked: true},
+		{name: "bad local op", readErr: fmt.Errorf("%w: outside registered memory", conn.ErrInvalidOp), class: ErrLocalResource, label: classLocal, locked: true},
 		{name: "unknown read error", readErr: errors.New("weird"), class: ErrConnection, label: classConnection, locked: true},
 	}
 	for _, c := range cases {

@@ -113,7 +113,8 @@ func classify(err, fallback error) error {
 		return ErrDeadline
 	case errors.Is(err, context.Canceled), errors.Is(err, ErrClosed):
 		return nil
-	case errors.Is(err, store.ErrNoSpace), errors.Is(err, pool.ErrNoSpace), errors.Is(err, pool.ErrInvalid):
+	case errors.Is(err, store.ErrNoSpace), errors.Is(err, pool.ErrNoSpace), errors.Is(err, pool.ErrInvalid),
+		errors.Is(err, conn.ErrInvalidOp): // staging outside registered memory: ours, not the link's
 		return ErrLocalResource
 	case errors.Is(err, conn.ErrConnectionBroken), errors.Is(err, conn.ErrSessionInvalidated),
 		errors.Is(err, conn.ErrRemoteMemory), errors.Is(err, conn.ErrHandshakeRejected):
