@@ -194,7 +194,7 @@ func (e *Engine) fetch(ctx context.Context, st *fetchState, keys []store.Key, ou
 
 	// Read, bounded by the lock's deadline (renewed while it runs).
 	e.hook(ctx, st, PhaseRead)
-	readCtx, cancelRead := context.WithCancelCause(ctx)
+	readCtx, cancelRead := context.WithCancelCause(conn.WithReqID(ctx, st.reqID))
 	renewerDone := e.startRenewer(readCtx, cancelRead, g, lockedAt, lockTimeout)
 	defer func() {
 		cancelRead(nil)
