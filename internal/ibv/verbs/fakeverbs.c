@@ -42,17 +42,21 @@ static uint32_t fk_next_key = 0x100, fk_next_qpn = 0x40;
 static struct ibv_device fk_dev;
 static pv_lib fk_lib;
 
+static int fk_hi; // tables are used below this index (scans stop there)
+
 static int fk_put(void **tab, void *p) {
 	for (int i = 0; i < FK_MAX; i++)
 		if (tab[i] == NULL) {
 			tab[i] = p;
+			if (i >= fk_hi)
+				fk_hi = i + 1;
 			return 0;
 		}
 	return ENOMEM;
 }
 
 static void fk_del(void **tab, void *p) {
-	for (int i = 0; i < FK_MAX; i++)
+	for (int i = 0; i < fk_hi; i++)
 		if (tab[i] == p)
 			tab[i] = NULL;
 }
@@ -157,7 +161,7 @@ static struct ibv_pd *fk_alloc_pd(struct ibv_context *ctx) {
 
 static int fk_dealloc_pd(struct ibv_pd *pd) {
 	pthread_mutex_lock(&fk_mu);
-	for (int i = 0; i < FK_MAX; i++)
+	for (int i = 0; i < fk_hi; i++)
 		if ((fk_mrs[i] && fk_mrs[i]->mr.pd == pd) || (fk_qps[i] && fk_qps[i]->qp.pd == pd)) {
 			pthread_mutex_unlock(&fk_mu);
 			return EBUSY;
@@ -216,7 +220,7 @@ static struct ibv_cq *fk_create_cq(struct ibv_context *ctx, int cqe, void *cq_ct
 
 static int fk_destroy_cq(struct ibv_cq *cq) {
 	pthread_mutex_lock(&fk_mu);
-	for (int i = 0; i < FK_MAX; i++)
+	for (int i = 0; i < fk_hi; i++)
 		if (fk_qps[i] && fk_qps[i]->qp.send_cq == cq) {
 			pthread_mutex_unlock(&fk_mu);
 			return EBUSY;
@@ -306,7 +310,7 @@ static int fk_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *a, int mask, struc
 }
 
 static fk_qp *fk_find_qp(uint32_t qpn) {
-	for (int i = 0; i < FK_MAX; i++)
+	for (int i = 0; i < fk_hi; i++)
 		if (fk_qps[i] && fk_qps[i]->qp.qp_num == qpn)
 			return fk_qps[i];
 	return NULL;
@@ -331,7 +335,7 @@ static int fk_destroy_qp(struct ibv_qp *qp) {
 }
 
 static fk_mr *fk_find_mr(struct ibv_pd *pd, uint32_t key, int remote, uint64_t addr, uint32_t len, int access) {
-	for (int i = 0; i < FK_MAX; i++) {
+	for (int i = 0; i < fk_hi; i++) {
 		fk_mr *m = fk_mrs[i];
 		if (m == NULL || m->mr.pd != pd || (remote ? m->mr.rkey : m->mr.lkey) != key)
 			continue;
