@@ -6,12 +6,15 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	"github.com/pegaflow/pegad/internal/ibv"
@@ -667,6 +670,9 @@ func TestAcceptRejectsMalformed(t *testing.T) {
 			if !errors.Is(err, ErrInvalidHandshake) || resp != nil {
 				t.Fatalf("Accept = %v, %v; want ErrInvalidHandshake", resp, err)
 			}
+			if c := status.Code(err); c != codes.InvalidArgument {
+				t.Errorf("wire code %v, want InvalidArgument", c)
+			}
 			hold.checkQPs(t, 0)
 		})
 	}
@@ -689,8 +695,8 @@ func TestAcceptAbortsOnFailure(t *testing.T) {
 	}})
 	req := newNode(t, d, nodeOpts{id: "req", nics: 2, qps: 2})
 	_, err := req.mgr.Get(ctxT(t, 5*time.Second), hold.addr)
-	if !errors.Is(err, ErrHandshakeRejected) {
-		t.Fatalf("Get = %v, want ErrHandshakeRejected", err)
+	if !errors.Is(err, ErrHandshakeRejected) || !strings.Contains(err.Error(), "Aborted") {
+		t.Fatalf("Get = %v, want ErrHandshakeRejected (Aborted)", err)
 	}
 	hold.checkQPs(t, 0)
 	req.checkQPs(t, 0)
@@ -733,4 +739,44 @@ func TestStaleRequesterReplaced(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkSpans(t, restarted, hold, []span{{0, 0, 64 << 10}})
+}
+
+// An older, slow accept of the same requester never replaces the newer
+// one that already completed: it is aborted and leaves no QP.
+func TestAcceptSupersededAttemptAborts(t *testing.T) {
+	d := newDialers(t)
+	hold := newNode(t, d, nodeOpts{id: "holder"})
+	mk := func(id string) *pegadv1.RdmaHandshakeRequest {
+		ep := &pegadv1.Endpoint{Qpn: 0x100, Psn: 7, Addr: "127.0.0.1:9"}
+		return &pegadv1.RdmaHandshakeRequest{
+			Requester: &pegadv1.Requester{NodeId: "r", Incarnation: "i"}, Transport: "tcp", HandshakeId: id,
+			Nics: []*pegadv1.NicHandshake{{Nic: "n", Endpoints: []*pegadv1.Endpoint{ep, ep}}},
+		}
+	}
+	entered := make(chan struct{})
+	release := make(chan struct{})
+	hold.mgr.hookAccept = func(r *pegadv1.RdmaHandshakeRequest) {
+		if r.GetHandshakeId() == "old" {
+			close(entered)
+			<-release
+		}
+	}
+	errc := make(chan error, 1)
+	go func() {
+		_, err := hold.mgr.Accept(context.Background(), mk("old"))
+		errc <- err
+	}()
+	<-entered
+	time.Sleep(5 * time.Millisecond) // "new" begins strictly later
+	if _, err := hold.mgr.Accept(context.Background(), mk("new")); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	if err := <-errc; status.Code(err) != codes.Aborted {
+		t.Fatalf("superseded accept = %v, want Aborted", err)
+	}
+	hold.checkQPs(t, 2)
+	if l := hold.mgr.List(); len(l) != 1 || l[0].QPs != 2 {
+		t.Fatalf("List = %+v", l)
+	}
 }

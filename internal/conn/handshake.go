@@ -279,7 +279,7 @@ type acceptedConn struct {
 	incarnation string
 	remoteAddr  string
 	handshakeID string
-	since       time.Time
+	since       time.Time // when Accept began (monotonic): orders attempts
 	// qps[i] are the QPs on local nic i%len(m.nics), paired with the
 	// requester's nic i.
 	nics [][]*qpPair
@@ -292,8 +292,12 @@ type acceptedConn struct {
 // any failure after QPs were created destroys them (the handshake is
 // aborted: nothing is left half-built on this side).
 func (m *Manager) Accept(ctx context.Context, req *pegadv1.RdmaHandshakeRequest) (_ *pegadv1.RdmaHandshakeResponse, err error) {
+	began := time.Now()
 	result := resultError
-	defer func() { m.met.Handshakes.WithLabelValues(RoleHolder, result).Inc() }()
+	defer func() {
+		m.met.Handshakes.WithLabelValues(RoleHolder, result).Inc()
+		err = withStatus(err)
+	}()
 	if m.hookAccept != nil {
 		m.hookAccept(req)
 	}
@@ -308,7 +312,7 @@ func (m *Manager) Accept(ctx context.Context, req *pegadv1.RdmaHandshakeRequest)
 		nodeID:      req.GetRequester().GetNodeId(),
 		incarnation: req.GetRequester().GetIncarnation(),
 		handshakeID: req.GetHandshakeId(),
-		since:       time.Now(),
+		since:       began,
 		remoteAddr:  req.GetRequester().GetNodeId(),
 	}
 	if p, ok := grpcpeer.FromContext(ctx); ok && p.Addr != nil {
@@ -355,6 +359,12 @@ func (m *Manager) Accept(ctx context.Context, req *pegadv1.RdmaHandshakeRequest)
 		return nil, ErrClosed
 	}
 	old := m.accepted[a.nodeID]
+	if old != nil && old.incarnation == a.incarnation && old.since.After(a.since) {
+		// A later attempt of the same requester already won: this one was
+		// given up by its requester (it handshakes one peer at a time).
+		m.mu.Unlock()
+		return nil, fmt.Errorf("conn: accept: superseded by handshake %s", old.handshakeID)
+	}
 	m.accepted[a.nodeID] = a
 	ok = true
 	m.mu.Unlock()
@@ -443,6 +453,39 @@ func (a *acceptedConn) info() ConnInfo {
 		ci.QPs += len(qs)
 	}
 	return ci
+}
+
+// acceptError carries the gRPC code an Accept failure should have on the
+// wire, so the holder's RPC layer (which passes status errors through)
+// needs no knowledge of conn's sentinels. errors.Is still sees the cause.
+type acceptError struct {
+	err  error
+	code codes.Code
+}
+
+func (e *acceptError) Error() string { return e.err.Error() }
+func (e *acceptError) Unwrap() error { return e.err }
+func (e *acceptError) GRPCStatus() *status.Status {
+	return status.New(e.code, e.err.Error())
+}
+
+// withStatus maps an Accept error: malformed metadata is InvalidArgument,
+// a closed manager Unavailable, a canceled or expired RPC keeps its
+// context error, and any other failure (resources, connect) is Aborted:
+// the handshake was aborted and left nothing behind; the requester may
+// retry.
+func withStatus(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return err
+	case errors.Is(err, ErrInvalidHandshake):
+		return &acceptError{err: err, code: codes.InvalidArgument}
+	case errors.Is(err, ErrClosed):
+		return &acceptError{err: err, code: codes.Unavailable}
+	}
+	return &acceptError{err: err, code: codes.Aborted}
 }
 
 func truncate(s string, n int) string {

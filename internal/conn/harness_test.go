@@ -68,16 +68,15 @@ func (s *peerServer) RdmaHandshake(ctx context.Context, req *pegadv1.RdmaHandsha
 	if f := s.n.reply.Load(); f != nil {
 		return (*f)(req)
 	}
+	// As the holder's RPC layer does: status errors pass through.
 	resp, err := s.n.mgr.Accept(ctx, req)
-	switch {
-	case err == nil:
-		return resp, nil
-	case errors.Is(err, ErrInvalidHandshake):
-		return nil, status.Error(codes.InvalidArgument, err.Error())
-	case errors.Is(err, ErrClosed):
-		return nil, status.Error(codes.Unavailable, err.Error())
+	if err != nil {
+		if _, ok := status.FromError(err); !ok {
+			return nil, status.Error(codes.Internal, err.Error())
+		}
+		return nil, err
 	}
-	return nil, status.Error(codes.Internal, err.Error())
+	return resp, nil
 }
 
 // dialers share gRPC client connections per test and close them at cleanup.
