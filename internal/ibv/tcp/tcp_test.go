@@ -2,6 +2,7 @@ package tcp
 
 import (
 	"bytes"
+	"math/rand/v2"
 	"net"
 	"testing"
 	"time"
@@ -232,9 +233,9 @@ func TestFaultCut(t *testing.T) {
 				t.Fatal("data differs after idle cut")
 			}
 
-			d[1].SetFaults(Faults{ResponseDelay: 200 * time.Millisecond})
+			d[1].SetFaults(Faults{ResponseDelay: time.Second})
 			post(t, req.QP, readWR(3, lmr, rmr, 0, 1<<20), readWR(4, lmr, rmr, 0, 1<<20))
-			time.Sleep(50 * time.Millisecond)
+			time.Sleep(100 * time.Millisecond)
 			d[cutSide].CutConnections() // in flight: error
 			wcs := ibvtest.Collect(t, req.CQ, 2)
 			expect(t, wcs[0], 3, ibv.WCRetryExcErr)
@@ -389,5 +390,94 @@ func TestCloseWithOutstanding(t *testing.T) {
 	}
 	if st := req.QP.State(); st != ibv.QPSError {
 		t.Fatalf("QP state after close %s", st)
+	}
+}
+
+// TestStressRandomFaults reuses one local buffer across many QPs, each hit
+// by a random fault while READs are in flight (none, ToError, Destroy, a
+// cut on either side, a delay). Every WR must complete exactly once and in
+// order, every success must carry the right bytes, and once the
+// completions are drained no byte may land in the reused buffer.
+func TestStressRandomFaults(t *testing.T) {
+	const slots, slot = 16, 256 << 10
+	_, d := newProvider(t)
+	peer := ibvtest.NewSide(t, d[1], ibvtest.DefaultCap())
+	rmem, rmr := ibvtest.Region(t, peer, slots*slot, accRead, 1)
+	lmem := ibvtest.MapMemory(t, slots*slot)
+	rng := rand.New(rand.NewPCG(7, 7))
+	for iter := range 24 {
+		fault := rng.IntN(6)
+		d[1].SetFaults(Faults{})
+		if fault == 5 {
+			d[1].SetFaults(Faults{ResponseDelay: 5 * time.Millisecond})
+		}
+		req := ibvtest.NewSide(t, d[0], ibvtest.DefaultCap())
+		lmr, err := req.PD.RegMR(lmem, accRead)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A responder QP per requester QP, in the PD of the remote MR.
+		rq, err := peer.PD.CreateQP(peer.CQ, ibvtest.DefaultCap())
+		if err != nil {
+			t.Fatal(err)
+		}
+		pq := &ibvtest.Side{Dev: d[1], PD: peer.PD, CQ: peer.CQ, QP: rq}
+		ibvtest.Connect(t, req, pq, ibvtest.PairAttr())
+
+		var wrs []ibv.SendWR
+		for i := range slots {
+			n := uint32(1 + rng.IntN(slot))
+			off := uint64(i * slot)
+			wrs = append(wrs, ibv.SendWR{ID: uint64(i), Op: ibv.OpRDMARead, Signaled: true,
+				LocalAddr: lmr.Addr() + off, Length: n, LKey: lmr.LKey(),
+				RemoteAddr: rmr.Addr() + uint64(rng.IntN(slots*slot-int(n)+1)), RKey: rmr.RKey()})
+		}
+		post(t, req.QP, wrs...)
+		time.Sleep(time.Duration(rng.IntN(3000)) * time.Microsecond)
+		switch fault {
+		case 1:
+			req.QP.ToError()
+		case 2:
+			req.QP.Destroy()
+		case 3:
+			d[0].CutConnections()
+		case 4:
+			d[1].CutConnections()
+		}
+		wcs := ibvtest.Collect(t, req.CQ, slots)
+		failed := false
+		for i, wc := range wcs {
+			w := wrs[i]
+			if wc.ID != w.ID {
+				t.Fatalf("iter %d fault %d: completion %d is wr %d", iter, fault, i, wc.ID)
+			}
+			switch {
+			case wc.Status == ibv.WCSuccess:
+				if failed {
+					t.Fatalf("iter %d: success after a failure", iter)
+				}
+				off, roff := w.LocalAddr-lmr.Addr(), w.RemoteAddr-rmr.Addr()
+				if !bytes.Equal(lmem[off:off+uint64(w.Length)], rmem[roff:roff+uint64(w.Length)]) {
+					t.Fatalf("iter %d fault %d: wrong data for wr %d", iter, fault, i)
+				}
+			case fault == 0 || fault == 5:
+				t.Fatalf("iter %d: %s without a fault", iter, wc.Status)
+			default:
+				failed = true
+			}
+		}
+		req.QP.ToError() // drain done: nothing may land any more
+		for i := range lmem {
+			lmem[i] = byte(iter)
+		}
+		time.Sleep(5 * time.Millisecond)
+		for i, b := range lmem {
+			if b != byte(iter) {
+				t.Fatalf("iter %d fault %d: late byte at %d", iter, fault, i)
+			}
+		}
+		req.QP.Destroy()
+		rq.Destroy()
+		lmr.Dereg()
 	}
 }
