@@ -569,3 +569,109 @@ func TestTwoNodePrefetch(t *testing.T) {
 		}
 	}
 }
+
+// TestGracefulShutdown: Close lets an in-flight RPC finish; past
+// shutdown-timeout it cuts one that does not.
+func TestGracefulShutdown(t *testing.T) {
+	t.Run("drains", func(t *testing.T) {
+		n := startNode(t, testConfig(t))
+		s, err := n.local.PutBlock(ctxT(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		body := pattern(64<<10, 5)
+		send := func(m *pegadv1.PutBlockRequest) {
+			t.Helper()
+			if err := s.Send(m); err != nil {
+				t.Fatal(err)
+			}
+		}
+		send(&pegadv1.PutBlockRequest{Msg: &pegadv1.PutBlockRequest_Header{Header: &pegadv1.PutBlockHeader{
+			Namespace: "ns", Hash: []byte{1}, Slots: []*pegadv1.SlotSize{{KSize: uint64(len(body))}}}}})
+		send(&pegadv1.PutBlockRequest{Msg: &pegadv1.PutBlockRequest_Data{Data: body[:1000]}})
+		closed := make(chan error, 1)
+		go func() { closed <- n.d.Close() }()
+		// Shutdown has begun: health says so; the put is still open.
+		eventually(t, "NOT_SERVING", 5*time.Second, func() bool {
+			r, err := n.lh.Check(ctxT(t), &healthpb.HealthCheckRequest{})
+			return err != nil || r.GetStatus() == healthpb.HealthCheckResponse_NOT_SERVING
+		})
+		select {
+		case err := <-closed:
+			t.Fatalf("Close returned (%v) with an RPC in flight", err)
+		default:
+		}
+		send(&pegadv1.PutBlockRequest{Msg: &pegadv1.PutBlockRequest_Data{Data: body[1000:]}})
+		resp, err := s.CloseAndRecv()
+		if err != nil || resp.GetBytes() != uint64(len(body)) {
+			t.Fatalf("in-flight put during shutdown: %v, %v", resp, err)
+		}
+		if err := <-closed; err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("cuts at the timeout", func(t *testing.T) {
+		cfg := testConfig(t)
+		cfg.ShutdownTimeout = 300 * time.Millisecond
+		n := startNode(t, cfg)
+		s, err := n.local.PutBlock(ctxT(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Send(&pegadv1.PutBlockRequest{Msg: &pegadv1.PutBlockRequest_Header{Header: &pegadv1.PutBlockHeader{
+			Namespace: "ns", Hash: []byte{1}, Slots: []*pegadv1.SlotSize{{KSize: 10}}}}}); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "put in flight", 5*time.Second, func() bool {
+			return strings.Contains(scrapeText(t, n.d.MetricsAddr()), `grpc_server_msg_received_total{grpc_method="PutBlock"`)
+		})
+		start := time.Now()
+		if err := n.d.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if el := time.Since(start); el > 3*time.Second {
+			t.Fatalf("Close took %v with a 300ms shutdown-timeout", el)
+		}
+		if _, err := s.CloseAndRecv(); err == nil {
+			t.Fatal("a stalled put survived a hard stop")
+		}
+		if got := n.d.store.Stats().Blocks; got != 0 {
+			t.Fatalf("a cut put stored %d blocks", got)
+		}
+	})
+}
+
+func scrapeText(t *testing.T, addr string) string {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return ""
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+// TestWatchdog: with WATCHDOG_USEC set (as systemd does), pegad pings.
+func TestWatchdog(t *testing.T) {
+	t.Setenv("WATCHDOG_USEC", "100000")
+	t.Setenv("WATCHDOG_PID", strconv.Itoa(os.Getpid()))
+	var mu sync.Mutex
+	var notes []string
+	d, err := Start(context.Background(), testConfig(t), WithLogger(zerolog.Nop()),
+		WithNotify(func(s string) { mu.Lock(); notes = append(notes, s); mu.Unlock() }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	eventually(t, "watchdog ping", 5*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, s := range notes {
+			if s == "WATCHDOG=1" {
+				return true
+			}
+		}
+		return false
+	})
+}
