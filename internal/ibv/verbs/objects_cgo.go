@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -273,7 +274,7 @@ func (c *cq) release() {
 // pollLocked polls up to n completions into dst's tail. c.mu held.
 func (c *cq) pollLocked(dst []C.pv_wc, n int) ([]C.pv_wc, error) {
 	start := len(dst)
-	dst = append(dst, make([]C.pv_wc, n)...)[:start+n]
+	dst = slices.Grow(dst, n)[:start+n] // allocates only when the buffer is too small
 	r := C.pv_poll_cq(c.c, C.int(n), &dst[start])
 	if r < 0 {
 		return dst[:start], verbsErr("ibv_poll_cq", syscall.Errno(-r))
@@ -460,6 +461,15 @@ func (q *qp) Connect(remote ibv.Endpoint, attr ibv.ConnectAttr) error {
 	return nil
 }
 
+// wrBuf is PostSend's scratch: the C view of a chain and the bad index.
+// Pooled so a post allocates nothing in steady state.
+type wrBuf struct {
+	wrs []C.pv_wr
+	bad C.int
+}
+
+var wrPool = sync.Pool{New: func() any { return new(wrBuf) }}
+
 // IBV_SEND_SIGNALED of enum ibv_send_flags.
 const sendSignaled = 1 << 1
 
@@ -484,7 +494,10 @@ func (q *qp) PostSend(wrs []ibv.SendWR) (int, error) {
 		return -1, fmt.Errorf("post on qp %d in state %v: %w", q.qpn, q.state, ibv.ErrInvalidState)
 	}
 	if len(wrs) > 0 {
-		cw := make([]C.pv_wr, len(wrs))
+		bp := wrPool.Get().(*wrBuf)
+		defer wrPool.Put(bp)
+		bp.wrs = slices.Grow(bp.wrs[:0], len(wrs))[:len(wrs)]
+		cw := bp.wrs
 		for i, w := range wrs {
 			var flags C.uint32_t
 			if w.Signaled {
@@ -494,9 +507,8 @@ func (q *qp) PostSend(wrs []ibv.SendWR) (int, error) {
 				len: C.uint32_t(w.Length), lkey: C.uint32_t(w.LKey), rkey: C.uint32_t(w.RKey),
 				opcode: C.uint32_t(w.Op), flags: flags}
 		}
-		var bad C.int
-		if rc := C.pv_post_send(q.p, &cw[0], C.int(len(cw)), &bad); rc != 0 {
-			return int(bad), fmt.Errorf("post on qp %d: %w", q.qpn, verbsErr("ibv_post_send", syscall.Errno(rc)))
+		if rc := C.pv_post_send(q.p, &cw[0], C.int(len(cw)), &bp.bad); rc != 0 {
+			return int(bp.bad), fmt.Errorf("post on qp %d: %w", q.qpn, verbsErr("ibv_post_send", syscall.Errno(rc)))
 		}
 	}
 	return badIdx, badErr

@@ -246,6 +246,9 @@ func TestChoosePort(t *testing.T) {
 				if !errors.Is(err, tc.wantErr) || !strings.Contains(err.Error(), tc.errText) {
 					t.Fatalf("got %+v, %v; want %v containing %q", c, err, tc.wantErr, tc.errText)
 				}
+				if strings.Contains(err.Error(), "ibv:") {
+					t.Fatalf("reason %q repeats the sentinel's text", err)
+				}
 				return
 			}
 			if err != nil || c.Port != tc.wantPort {
