@@ -514,10 +514,10 @@ func (q *qp) reader(c *dconn) {
 	defer q.wg.Done()
 	defer q.dev.untrackConn(c)
 	defer c.Close()
-	bp := bufPool.Get().(*[]byte)
-	defer bufPool.Put(bp)
+	fr := frameReader{r: c.c}
+	defer fr.release()
 	for {
-		m, err := readFrame(c.c, *bp)
+		m, err := fr.next()
 		q.mu.Lock()
 		if q.conn != c || q.state != ibv.QPSRTS {
 			q.mu.Unlock()

@@ -44,11 +44,11 @@ func (d *Device) serve(c *dconn) {
 	defer d.wg.Done()
 	defer d.untrackConn(c)
 	defer c.Close()
-	bp := bufPool.Get().(*[]byte)
-	defer bufPool.Put(bp)
+	fr := frameReader{r: c.c}
+	defer fr.release()
 
 	_ = c.c.SetReadDeadline(time.Now().Add(helloTimeout))
-	m, err := readFrame(c.c, *bp)
+	m, err := fr.next()
 	if err != nil || m.typ != tHello {
 		d.log.Debug().Err(err).Str("peer", c.c.RemoteAddr().String()).Msg("data connection without hello")
 		return
@@ -70,7 +70,7 @@ func (d *Device) serve(c *dconn) {
 
 	r := responder{d: d, q: q, c: c, hdr: make([]byte, 0, 64)}
 	for {
-		m, err := readFrame(c.c, *bp)
+		m, err := fr.next()
 		if err != nil {
 			return
 		}

@@ -147,9 +147,9 @@ func decode(body []byte) (msg, error) {
 	return m, nil
 }
 
-// readFrame reads one frame from r into buf (cap ≥ prefixLen+maxBody... only
-// len(buf) ≥ maxBody matters) and decodes it. The length prefix is checked
-// before anything else is read.
+// readFrame reads one frame from r into buf and decodes it; frames longer
+// than buf are rejected. The length prefix is checked before anything else
+// is read.
 func readFrame(r io.Reader, buf []byte) (msg, error) {
 	var pre [4]byte
 	if _, err := io.ReadFull(r, pre[:]); err != nil {
@@ -167,6 +167,51 @@ func readFrame(r io.Reader, buf []byte) (msg, error) {
 		return msg{}, err
 	}
 	return decode(body)
+}
+
+// frameReader reads frames off one connection. Control frames are read
+// into a small inline buffer; a frame with a payload borrows a maxBody
+// buffer from bufPool until the next call (or release), so an idle
+// connection holds no large buffer.
+type frameReader struct {
+	r     io.Reader
+	small [128]byte
+	big   *[]byte
+}
+
+// next reads one frame; the returned payload is valid until the next call.
+func (fr *frameReader) next() (msg, error) {
+	fr.release()
+	var pre [4]byte
+	if _, err := io.ReadFull(fr.r, pre[:]); err != nil {
+		return msg{}, err
+	}
+	n := binary.BigEndian.Uint32(pre[:])
+	if n < 1 || n > maxBody {
+		return msg{}, fmt.Errorf("%w: frame length %d", errFrame, n)
+	}
+	var body []byte
+	if int(n) <= len(fr.small) {
+		body = fr.small[:n]
+	} else {
+		fr.big = bufPool.Get().(*[]byte)
+		body = (*fr.big)[:n]
+	}
+	if _, err := io.ReadFull(fr.r, body); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return msg{}, err
+	}
+	return decode(body)
+}
+
+// release returns the borrowed buffer, if any.
+func (fr *frameReader) release() {
+	if fr.big != nil {
+		bufPool.Put(fr.big)
+		fr.big = nil
+	}
 }
 
 // header builders: each returns prefix + fixed fields; the payload (if any)

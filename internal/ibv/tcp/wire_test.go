@@ -102,6 +102,26 @@ func FuzzDecodeFrame(f *testing.F) {
 	})
 }
 
+// FuzzFrameReader runs the connection frame reader over arbitrary bytes.
+func FuzzFrameReader(f *testing.F) {
+	f.Add(append(appendReadReq(nil, 1, 2, 3, 4), appendHelloAck(nil, 0)...))
+	f.Add(append(appendWriteReq(nil, 1, 2, 3, 300, 0, 200), make([]byte, 200)...))
+	f.Add([]byte{0, 0, 0, 200, tReadResp, 1})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		fr := frameReader{r: bytes.NewReader(data)}
+		defer fr.release()
+		for {
+			m, err := fr.next()
+			if err != nil {
+				return
+			}
+			if len(m.payload) > chunkSize {
+				t.Fatalf("accepted oversized payload %d", len(m.payload))
+			}
+		}
+	})
+}
+
 // FuzzDecodeBody feeds arbitrary frame bodies to decode directly.
 func FuzzDecodeBody(f *testing.F) {
 	f.Add([]byte{tHelloAck, 0})
