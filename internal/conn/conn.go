@@ -90,6 +90,12 @@ type Options struct {
 	Log        zerolog.Logger
 	// HandshakeTimeout bounds one handshake (default 10s).
 	HandshakeTimeout time.Duration
+	// ConnectAttr are the RC attributes of every QP; the zero value means
+	// ibv.DefaultConnectAttr() (max_rd_atomic is further capped by the
+	// device). Its Timeout/RetryCnt set the retry budget after which a
+	// silent peer fails READs with RETRY_EXC_ERR: about 0.5 s by default,
+	// which a loaded host running the tcp provider may exceed spuriously.
+	ConnectAttr ibv.ConnectAttr
 }
 
 const (
@@ -170,7 +176,7 @@ type Manager struct {
 
 	sf singleflight.Group
 
-	// mu guards peers, accepted and closed. It is never held across an
+	// mu guards peers, accepted, connecting and closed. It is never held across an
 	// RPC, a verbs call that may block, or a wait for another goroutine.
 	// The requester map and the holder map are independent: Get/Invalidate
 	// touch only peers, Accept only accepted (two managers handshaking
@@ -178,7 +184,10 @@ type Manager struct {
 	mu       sync.Mutex
 	peers    map[string]*AddrConnection // requester side, by peer address
 	accepted map[string]*acceptedConn   // holder side, by requester node_id
-	closed   bool
+	// connecting: handshakes in flight (requester side), by peer address;
+	// informational only (List), singleflight does the deduplication.
+	connecting map[string]time.Time
+	closed     bool
 
 	liveQPs   atomic.Int64   // actual live QPs, both roles
 	handshake sync.WaitGroup // running handshakes (requester side)
@@ -215,6 +224,9 @@ func NewManager(opts Options) (m *Manager, err error) {
 	if opts.HandshakeTimeout <= 0 {
 		opts.HandshakeTimeout = defaultHandshakeTimeout
 	}
+	if opts.ConnectAttr == (ibv.ConnectAttr{}) {
+		opts.ConnectAttr = ibv.DefaultConnectAttr()
+	}
 	if opts.Metrics == nil {
 		opts.Metrics = metrics.NewForTest()
 	}
@@ -226,6 +238,8 @@ func NewManager(opts Options) (m *Manager, err error) {
 		memLen:   uint64(len(opts.Memory)),
 		peers:    make(map[string]*AddrConnection),
 		accepted: make(map[string]*acceptedConn),
+
+		connecting: make(map[string]time.Time),
 	}
 	defer func() {
 		if err != nil {
@@ -308,10 +322,15 @@ func (m *Manager) Invalidate(c *AddrConnection, reason error) {
 	c.invalidate(reason)
 }
 
-// List returns the live connections of both roles (invalidated ones that
-// still drain in-flight work are not listed).
+// List returns the live connections of both roles and the handshakes in
+// flight (state connecting). Invalidated connections that still drain
+// in-flight work are not listed.
 func (m *Manager) List() []ConnInfo {
 	m.mu.Lock()
+	var out []ConnInfo
+	for peer, since := range m.connecting {
+		out = append(out, ConnInfo{Peer: peer, Role: RoleRequester, State: StateConnecting, Since: since})
+	}
 	peers := make([]*AddrConnection, 0, len(m.peers))
 	for _, c := range m.peers {
 		peers = append(peers, c)
@@ -321,7 +340,6 @@ func (m *Manager) List() []ConnInfo {
 		acc = append(acc, a)
 	}
 	m.mu.Unlock()
-	out := make([]ConnInfo, 0, len(peers)+len(acc))
 	for _, c := range peers {
 		out = append(out, c.info())
 	}
@@ -423,7 +441,10 @@ func (p *qpPair) destroy(m *Manager) {
 }
 
 func (m *Manager) maxRdAtomic(nic *localNIC) int {
-	n := int(ibv.DefaultConnectAttr().MaxRdAtomic)
+	n := int(m.opts.ConnectAttr.MaxRdAtomic)
+	if n <= 0 {
+		n = int(ibv.DefaultConnectAttr().MaxRdAtomic)
+	}
 	if nic.info.MaxRdAtomic > 0 && nic.info.MaxRdAtomic < n {
 		n = nic.info.MaxRdAtomic
 	}
@@ -431,7 +452,7 @@ func (m *Manager) maxRdAtomic(nic *localNIC) int {
 }
 
 func (m *Manager) connectAttr(nic *localNIC) ibv.ConnectAttr {
-	a := ibv.DefaultConnectAttr()
+	a := m.opts.ConnectAttr
 	n := uint8(m.maxRdAtomic(nic))
 	a.MaxRdAtomic, a.MaxDestRd = n, n
 	return a

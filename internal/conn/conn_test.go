@@ -780,3 +780,58 @@ func TestAcceptSupersededAttemptAborts(t *testing.T) {
 		t.Fatalf("List = %+v", l)
 	}
 }
+
+// A handshake in flight is listed as connecting, and only once published
+// as connected.
+func TestListShowsConnecting(t *testing.T) {
+	d := newDialers(t)
+	hold := newNode(t, d, nodeOpts{id: "holder"})
+	req := newNode(t, d, nodeOpts{id: "req"})
+	reached, release := make(chan struct{}), make(chan struct{})
+	req.mgr.hookBeforeRPC = func(string) { close(reached); <-release }
+	errc := make(chan error, 1)
+	go func() {
+		_, err := req.mgr.Get(ctxT(t, 10*time.Second), hold.addr)
+		errc <- err
+	}()
+	<-reached
+	l := req.mgr.List()
+	if len(l) != 1 || l[0].State != StateConnecting || l[0].Peer != hold.addr {
+		t.Errorf("List during handshake = %+v", l)
+	}
+	if got := testutil.ToFloat64(req.met.Conns.WithLabelValues(RoleRequester, StateConnecting)); got != 1 {
+		t.Errorf("connecting gauge = %v", got)
+	}
+	close(release)
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	l = req.mgr.List()
+	if len(l) != 1 || l[0].State != StateConnected {
+		t.Errorf("List after handshake = %+v", l)
+	}
+}
+
+// BenchmarkRead measures Read throughput over the tcp provider: 64 ops of
+// 64 KiB per Read, 2 NICs × 2 QPs.
+func BenchmarkRead(b *testing.B) {
+	d := newDialers(b)
+	hold := newNode(b, d, nodeOpts{id: "holder", nics: 2, qps: 2, mem: 8 << 20})
+	req := newNode(b, d, nodeOpts{id: "req", nics: 2, qps: 2, mem: 8 << 20})
+	c, err := req.mgr.Get(ctxT(b, 10*time.Second), hold.addr)
+	if err != nil {
+		b.Fatal(err)
+	}
+	spans := make([]span, 64)
+	for i := range spans {
+		spans[i] = span{uint64(i) * 64 << 10, uint64(63-i) * 64 << 10, 64 << 10}
+	}
+	ops := opsOf(req, hold, spans)
+	b.SetBytes(64 * 64 << 10)
+	b.ResetTimer()
+	for b.Loop() {
+		if err := c.Read(context.Background(), ops); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -43,8 +43,8 @@ func (m *Manager) connect(peer string) (_ *AddrConnection, err error) {
 	hsID := newHandshakeID()
 	log := m.log.With().Str("peer", peer).Str("session", hsID).Logger()
 	start := time.Now()
-	m.met.Conns.WithLabelValues(RoleRequester, StateConnecting).Inc()
-	defer m.met.Conns.WithLabelValues(RoleRequester, StateConnecting).Dec()
+	m.setConnecting(peer, start)
+	defer m.setConnecting(peer, time.Time{})
 
 	result := resultError
 	defer func() {
@@ -161,6 +161,21 @@ func (m *Manager) connect(peer string) (_ *AddrConnection, err error) {
 	log.Info().Str("remote_node", c.remoteNodeID).Int("nics", len(c.nics)).
 		Int("qps", len(c.nics)*m.opts.QPsPerPeer).Dur("took", time.Since(start)).Msg("rdma connection established")
 	return c, nil
+}
+
+// setConnecting records (or, with a zero time, clears) a handshake in
+// flight toward peer, for List and the Conns gauge.
+func (m *Manager) setConnecting(peer string, since time.Time) {
+	g := m.met.Conns.WithLabelValues(RoleRequester, StateConnecting)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if since.IsZero() {
+		delete(m.connecting, peer)
+		g.Dec()
+		return
+	}
+	m.connecting[peer] = since
+	g.Inc()
 }
 
 func (m *Manager) localRegion(n *localNIC) *pegadv1.MemoryRegion {

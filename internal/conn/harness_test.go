@@ -44,7 +44,6 @@ type nodeOpts struct {
 // an mmap'd pool, a Manager, and a gRPC peer server whose RdmaHandshake
 // calls the Manager's Accept.
 type node struct {
-	t    *testing.T
 	id   string
 	prov *tcp.Provider
 	devs []*tcp.Device
@@ -85,7 +84,7 @@ type dialers struct {
 	conns map[string]*grpc.ClientConn
 }
 
-func newDialers(t *testing.T) *dialers {
+func newDialers(t testing.TB) *dialers {
 	d := &dialers{conns: make(map[string]*grpc.ClientConn)}
 	t.Cleanup(func() {
 		d.mu.Lock()
@@ -122,7 +121,7 @@ func mapMemory(t testing.TB, n int) []byte {
 	return b
 }
 
-func newNode(t *testing.T, d *dialers, o nodeOpts) *node {
+func newNode(t testing.TB, d *dialers, o nodeOpts) *node {
 	t.Helper()
 	if o.nics == 0 {
 		o.nics = 1
@@ -136,7 +135,7 @@ func newNode(t *testing.T, d *dialers, o nodeOpts) *node {
 	if o.incarnation == "" {
 		o.incarnation = "inc-1"
 	}
-	n := &node{t: t, id: o.id, met: metrics.NewForTest()}
+	n := &node{id: o.id, met: metrics.NewForTest()}
 	n.mem = mapMemory(t, o.mem) // unmapped last (cleanups run LIFO)
 	var dos []tcp.DeviceOptions
 	for i := 0; i < o.nics; i++ {
@@ -176,6 +175,7 @@ func newNode(t *testing.T, d *dialers, o nodeOpts) *node {
 		NodeID: o.id, Incarnation: o.incarnation, Transport: "tcp", Devices: devs,
 		Memory: n.mem, QPsPerPeer: o.qps, SQDepth: o.sqDepth, Dial: d.dial,
 		Metrics: n.met, Log: zerolog.Nop(), HandshakeTimeout: 5 * time.Second,
+		ConnectAttr: testConnectAttr(),
 	})
 	if err != nil {
 		t.Fatalf("NewManager: %v", err)
@@ -221,7 +221,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-func ctxT(t *testing.T, d time.Duration) context.Context {
+func ctxT(t testing.TB, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
 	return ctx
@@ -255,4 +255,13 @@ func (p faultyPD) CreateQP(cq ibv.CQ, c ibv.QPCap) (ibv.QP, error) {
 		return nil, errInjected
 	}
 	return p.PD.CreateQP(cq, c)
+}
+
+// testConnectAttr widens the retry budget to ~4 s (timeout exponent 17):
+// this 2-core machine runs other packages' tests at the same time, and
+// the default ~0.5 s budget can expire spuriously under that load.
+func testConnectAttr() ibv.ConnectAttr {
+	a := ibv.DefaultConnectAttr()
+	a.Timeout = 17
+	return a
 }
