@@ -51,7 +51,7 @@ func (s *syncBuf) String() string {
 
 // testConfig is a loopback, tcp-transport config with ephemeral ports and a
 // socket in a temp dir.
-func testConfig(t *testing.T) config.Config {
+func testConfig(t testing.TB) config.Config {
 	t.Helper()
 	c := config.Default()
 	c.NodeID = "test-" + t.Name()
