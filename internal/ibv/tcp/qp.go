@@ -260,15 +260,10 @@ func (q *qp) completeLocked() {
 	q.cq.push(wcs)
 }
 
-// inFlightLocked reports whether a sent WR awaits its response.
-func (q *qp) inFlightLocked() bool {
-	for _, w := range q.sq[:q.sendIdx] {
-		if !w.done {
-			return true
-		}
-	}
-	return false
-}
+// inFlightLocked reports whether a sent WR awaits its response. Responses
+// are accepted only in order (applyLocked) and done WRs are popped at once,
+// so in RTS every sent WR still in sq is in flight.
+func (q *qp) inFlightLocked() bool { return q.sendIdx > 0 }
 
 // firstPendingLocked is the oldest WR not yet completed (nil when none).
 func (q *qp) firstPendingLocked() *wqe {
@@ -542,18 +537,15 @@ func (q *qp) reader(c *dconn) {
 	}
 }
 
-// applyLocked applies one response frame.
+// applyLocked applies one response frame. As on an RC QP, responses come
+// in request order: anything but a response to the oldest WR in flight is
+// a bad response.
 func (q *qp) applyLocked(m msg) {
-	var w *wqe
-	if len(q.sq) > 0 && m.seq >= q.sq[0].seq {
-		if i := m.seq - q.sq[0].seq; i < uint64(q.sendIdx) {
-			w = q.sq[i]
-		}
-	}
-	if w == nil || w.done {
+	if q.sendIdx == 0 || q.sq[0].seq != m.seq || q.sq[0].done {
 		q.failLocked(q.firstPendingLocked(), ibv.WCBadRespErr)
 		return
 	}
+	w := q.sq[0]
 	q.lastProgress = time.Now()
 	nakStatus := func(st byte) ibv.WCStatus {
 		if st == stRemAccess {

@@ -481,3 +481,70 @@ func TestStressRandomFaults(t *testing.T) {
 		lmr.Dereg()
 	}
 }
+
+// TestMisbehavingResponder: a fake responder that answers out of order or
+// with garbage fails the requester QP cleanly (BAD_RESP_ERR, or
+// RETRY_EXC_ERR for a broken stream) without touching memory.
+func TestMisbehavingResponder(t *testing.T) {
+	tests := []struct {
+		name  string
+		reply func(seqs [2]uint64) []byte
+		want  ibv.WCStatus
+	}{
+		{"out_of_order", func(s [2]uint64) []byte { return appendReadResp(nil, s[1], stOK, 0, 0) }, ibv.WCBadRespErr},
+		{"unknown_seq", func(s [2]uint64) []byte { return appendReadResp(nil, 999, stOK, 0, 0) }, ibv.WCBadRespErr},
+		{"wrong_type", func(s [2]uint64) []byte { return appendWriteAck(nil, s[0], stOK) }, ibv.WCBadRespErr},
+		{"too_long", func(s [2]uint64) []byte { return append(appendReadResp(nil, s[0], stOK, 0, 20), make([]byte, 20)...) }, ibv.WCBadRespErr},
+		{"garbage", func([2]uint64) []byte { return []byte{0xff, 0xff, 0xff, 0xff, 0} }, ibv.WCRetryExcErr},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, d := newProvider(t)
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			served := make(chan struct{})
+			go func() {
+				defer close(served)
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				defer c.Close()
+				buf := make([]byte, maxBody)
+				if m, err := readFrame(c, buf); err != nil || m.typ != tHello {
+					return
+				}
+				c.Write(appendHelloAck(nil, stOK))
+				var seqs [2]uint64
+				for i := range seqs {
+					m, err := readFrame(c, buf)
+					if err != nil {
+						return
+					}
+					seqs[i] = m.seq
+				}
+				c.Write(tc.reply(seqs))
+				readFrame(c, buf) // until the requester closes
+			}()
+			req := ibvtest.NewSide(t, d[0], ibvtest.DefaultCap())
+			lmem, lmr := ibvtest.Region(t, req, 4096, accRead, 1)
+			clear(lmem)
+			if err := req.QP.Connect(ibv.Endpoint{QPN: 1, Addr: ln.Addr().String()}, ibvtest.PairAttr()); err != nil {
+				t.Fatal(err)
+			}
+			post(t, req.QP,
+				ibv.SendWR{ID: 1, Op: ibv.OpRDMARead, Signaled: true, LocalAddr: lmr.Addr(), Length: 10, LKey: lmr.LKey()},
+				ibv.SendWR{ID: 2, Op: ibv.OpRDMARead, Signaled: true, LocalAddr: lmr.Addr(), Length: 10, LKey: lmr.LKey()})
+			wcs := ibvtest.Collect(t, req.CQ, 2)
+			expect(t, wcs[0], 1, tc.want)
+			expect(t, wcs[1], 2, ibv.WCWRFlushErr)
+			if !bytes.Equal(lmem, make([]byte, 4096)) {
+				t.Fatal("memory touched")
+			}
+			<-served
+		})
+	}
+}
