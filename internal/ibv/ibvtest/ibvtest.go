@@ -21,7 +21,14 @@ import (
 )
 
 // Env is what one conformance test needs: a requester device and two peer
-// devices, fresh for the test and released by the caller's t.Cleanup.
+// devices, fresh for the test and released by the caller's t.Cleanup. On an
+// RDMA host with one HCA the three may be the same device (QPs connected in
+// loopback); the tcp provider gives three devices, the peers sharing a
+// QPNStart so that their QPNs collide.
+//
+// Every QP, MR and CQ the suite creates is released by t.Cleanup, and a QP
+// may be destroyed twice (once by a test, once at cleanup): providers must
+// return an error, not crash, on the second Destroy.
 type Env struct {
 	Requester ibv.Device
 	Peer1     ibv.Device
