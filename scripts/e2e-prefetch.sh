@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # e2e-prefetch.sh: issue 4's scripted check with two real pegads over the
 # tcp transport, loopback only. Holder A gets random blocks (1 KiB to
-# 24 MiB, K/V split and contiguous) through pegactl; requester B fetches
+# 64 MiB, K/V split and contiguous) through pegactl; requester B fetches
 # them with `pegactl --socket B prefetch --peer A ...`; then
 #   - every block read back from B is byte-identical to what was put on A;
 #   - a second prefetch answers already_local and fetches nothing;
@@ -20,7 +20,7 @@ QPS_PER_PEER=${E2E_QPS_PER_PEER:-2}
 build
 
 common=(--transport tcp --tcp-data-listen 127.0.0.1:0 --nics "$NICS" --qps-per-peer "$QPS_PER_PEER"
-	--pool-size 128MiB --lock-timeout 10s --gc-interval 200ms --log-format json --log-level info)
+	--pool-size 192MiB --lock-timeout 10s --gc-interval 200ms --log-format json --log-level info)
 SOCK_A=$WORK/a.sock
 SOCK_B=$WORK/b.sock
 PEER_A=127.0.0.1:$(free_port)
@@ -45,7 +45,7 @@ declare -A HASH SPEC=(
 	[kv]="kv 65536 65536 65536 65536"
 	[mixed]="k 3000 1 777777"
 	[big]="kv 8388608 8388608"
-	[huge]="k 25165824"
+	[huge]="k 67108864"
 )
 NAMES=(kib kv mixed big huge)
 for name in "${NAMES[@]}"; do
@@ -68,8 +68,10 @@ ALL=()
 for name in "${NAMES[@]}"; do ALL+=("${HASH[$name]}"); done
 
 # --- fetch and compare -------------------------------------------------------
-ctl_b -o json prefetch --peer "$PEER_A" --namespace "$NS" "${ALL[@]}" | check "prefetch on B: every block fetched" \
-	"len(d['blocks']) == ${#ALL[@]} and all(b['status'] == 'fetched' for b in d['blocks']) and d['bytes'] > 0"
+ctl_b -o json prefetch --peer "$PEER_A" --namespace "$NS" "${ALL[@]}" >"$D/prefetch.json"
+check "prefetch on B: every block fetched" \
+	"len(d['blocks']) == ${#ALL[@]} and all(b['status'] == 'fetched' for b in d['blocks']) and d['bytes'] > 0" <"$D/prefetch.json"
+log "prefetch: $(jq_py '"%d bytes in %.3f s" % (d["bytes"], d["duration_seconds"])' <"$D/prefetch.json")"
 for name in "${NAMES[@]}"; do
 	ctl_b blocks get --namespace "$NS" --hash "${HASH[$name]}" --out "$D/$name.got" >/dev/null
 	cmp "$D/$name.got" "$D/$name.expect" || fail "block $name fetched by B differs from what was put on A"
