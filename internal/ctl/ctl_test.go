@@ -540,3 +540,33 @@ func TestSocketFromEnv(t *testing.T) {
 		t.Errorf("--socket did not override PEGACTL_SOCKET: %+v", r)
 	}
 }
+
+// A put the daemon refuses mid-stream reports the daemon's status, not the
+// EOF the client's next Send sees.
+func TestBlocksPutRefused(t *testing.T) {
+	f := startFake(t)
+	dir := t.TempDir()
+	k, _ := writeRandom(t, dir, "k", 8<<20, 9)
+	tests := []struct {
+		err  error
+		code int
+		line string
+	}{
+		{status.Error(codes.ResourceExhausted, "no space: block needs 8.0 MiB, pool has 2.0 MiB free"), ExitError,
+			"Error: no space: block needs 8.0 MiB, pool has 2.0 MiB free\n"},
+		{status.Error(codes.InvalidArgument, "namespace longer than 256 bytes"), ExitUsage,
+			"Error: namespace longer than 256 bytes\n"},
+	}
+	for _, tc := range tests {
+		f.mu.Lock()
+		f.errs["PutBlock"] = tc.err
+		f.mu.Unlock()
+		r := run(t, f, "blocks", "put", "--namespace", "n", "--hash", "ab", "--file", k)
+		if r.code != tc.code || r.stderr != tc.line || r.stdout != "" {
+			t.Errorf("got code %d stderr %q stdout %q, want %d %q", r.code, r.stderr, r.stdout, tc.code, tc.line)
+		}
+	}
+	if f.block("n", []byte{0xab}) != nil {
+		t.Error("refused put stored a block")
+	}
+}
