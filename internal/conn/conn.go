@@ -191,6 +191,7 @@ type Manager struct {
 
 	liveQPs   atomic.Int64   // actual live QPs, both roles
 	handshake sync.WaitGroup // running handshakes (requester side)
+	accepts   sync.WaitGroup // running Accepts (holder side)
 	conns     sync.WaitGroup // requester connections not yet torn down
 	workers   sync.WaitGroup // session worker goroutines
 	closeOnce sync.Once
@@ -373,6 +374,7 @@ func (m *Manager) Close() error {
 			a.destroy("shutdown")
 		}
 		m.handshake.Wait()
+		m.accepts.Wait()
 		m.conns.Wait()
 		m.workers.Wait()
 		m.releaseNICs()

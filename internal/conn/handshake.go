@@ -313,6 +313,15 @@ func (m *Manager) Accept(ctx context.Context, req *pegadv1.RdmaHandshakeRequest)
 		m.met.Handshakes.WithLabelValues(RoleHolder, result).Inc()
 		err = withStatus(err)
 	}()
+	// Close waits for running accepts before it releases the PDs they use.
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return nil, ErrClosed
+	}
+	m.accepts.Add(1) // under mu: Close sets closed before it Waits
+	m.mu.Unlock()
+	defer m.accepts.Done()
 	if m.hookAccept != nil {
 		m.hookAccept(req)
 	}

@@ -250,3 +250,33 @@ func FuzzHandshakeDecode(f *testing.F) {
 		}
 	})
 }
+
+// Close waits for an Accept in flight, which then aborts (Unavailable)
+// and leaves no QP; the PDs are released only after it.
+func TestCloseDuringAccept(t *testing.T) {
+	d := newDialers(t)
+	hold := newNode(t, d, nodeOpts{id: "holder", nics: 2})
+	req := newNode(t, d, nodeOpts{id: "req", nics: 2, qps: 2})
+	entered, release := make(chan struct{}), make(chan struct{})
+	hold.mgr.hookAccept = func(*pegadv1.RdmaHandshakeRequest) { close(entered); <-release }
+	getErr := make(chan error, 1)
+	go func() {
+		_, err := req.mgr.Get(ctxT(t, 10*time.Second), hold.addr)
+		getErr <- err
+	}()
+	<-entered
+	closed := make(chan struct{})
+	go func() { hold.mgr.Close(); close(closed) }()
+	select {
+	case <-closed:
+		t.Fatal("Close returned while an Accept was running")
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(release)
+	<-closed
+	if err := <-getErr; !errors.Is(err, ErrConnectionBroken) {
+		t.Errorf("Get = %v, want ErrConnectionBroken (holder Unavailable)", err)
+	}
+	hold.checkQPs(t, 0)
+	req.checkQPs(t, 0)
+}
