@@ -262,6 +262,7 @@ func (d *Daemon) listen() error {
 	}
 	d.socket = cfg.Socket
 	d.localSrv = grpc.NewServer(
+		grpc.Creds(localapi.PeerCredentials()),
 		grpc.MaxRecvMsgSize(localapi.MaxRecvMsgSize),
 		grpc.ChainUnaryInterceptor(srvMetrics.UnaryServerInterceptor(), holder.RecoveryInterceptor(d.log)),
 		grpc.ChainStreamInterceptor(srvMetrics.StreamServerInterceptor(), streamRecovery(d.log)),

@@ -306,8 +306,8 @@ func TestHolderNode(t *testing.T) {
 	if _, err := n.admin.ReleaseLock(ctx, &pegadv1.ReleaseLockRequest{SessionId: q1.GetSessionId()}); status.Code(err) != codes.NotFound {
 		t.Fatalf("second force release: %v, want NotFound", err)
 	}
-	if !strings.Contains(n.logs.String(), "tester@host") {
-		t.Fatal("force release not logged with the operator")
+	if want := fmt.Sprintf(`"operator":"tester@host (uid=%d gid=%d pid=%d)"`, os.Getuid(), os.Getgid(), os.Getpid()); !strings.Contains(n.logs.String(), want) {
+		t.Fatalf("force release not logged with the operator and its peer credentials %s:\n%s", want, n.logs)
 	}
 	// The requester's own late release learns the session is gone.
 	rel, err := n.peer.ReleaseTransferLock(ctx, &pegadv1.ReleaseTransferLockRequest{SessionId: q1.GetSessionId(), Requester: req})

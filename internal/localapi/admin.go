@@ -9,7 +9,6 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/rs/zerolog"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -123,8 +122,9 @@ func (a *Admin) ReleaseLock(ctx context.Context, req *pegadv1.ReleaseLockRequest
 	if op == "" {
 		op = "unknown"
 	}
-	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil && p.Addr.String() != "" && p.Addr.String() != "@" {
-		op += " via " + p.Addr.String()
+	// The name is the client's claim; the kernel's SO_PEERCRED is not.
+	if who := callerOf(ctx); who != "" {
+		op += " (" + who + ")"
 	}
 	n, err := a.o.Locks.ForceRelease(req.GetSessionId(), op)
 	if err != nil {
