@@ -60,7 +60,7 @@ func (peerCreds) Info() credentials.ProtocolInfo {
 	return credentials.ProtocolInfo{SecurityProtocol: "peercred"}
 }
 func (peerCreds) Clone() credentials.TransportCredentials { return peerCreds{} }
-func (peerCreds) OverrideServerName(string) error        { return nil }
+func (peerCreds) OverrideServerName(string) error         { return nil }
 
 // callerOf describes the RPC's caller for logs: its SO_PEERCRED when known.
 func callerOf(ctx context.Context) string {
