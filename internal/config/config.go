@@ -477,3 +477,24 @@ func checkHostPort(s string, allowZero bool) error {
 	}
 	return nil
 }
+
+// UnknownEnv lists the PEGAD_* variables of environ ("K=V" pairs) that are
+// not settings (a typo such as PEGAD_POOLSIZE would otherwise be ignored
+// silently). PEGAD_CONFIG and PEGAD_TEST_* (test hooks) are not reported.
+// The daemon logs them as warnings; they are not errors, so that unrelated
+// tooling sharing the prefix cannot stop a node.
+func UnknownEnv(environ []string) []string {
+	known := map[string]bool{EnvPrefix + "_CONFIG": true}
+	for _, k := range Keys() {
+		known[EnvPrefix+"_"+strings.ToUpper(strings.ReplaceAll(k, "-", "_"))] = true
+	}
+	var out []string
+	for _, kv := range environ {
+		k, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(k, EnvPrefix+"_") && !known[k] && !strings.HasPrefix(k, EnvPrefix+"_TEST_") {
+			out = append(out, k)
+		}
+	}
+	sort.Strings(out)
+	return out
+}

@@ -294,3 +294,11 @@ func TestExampleConfig(t *testing.T) {
 	}
 	_ = c
 }
+
+func TestUnknownEnv(t *testing.T) {
+	got := UnknownEnv([]string{"PEGAD_POOL_SIZE=1", "PEGAD_POOLSIZE=2", "PEGAD_CONFIG=/x", "PEGAD_TEST_VERBS_DEVICE=mlx5_0",
+		"HOME=/root", "PEGAD_LOCK_TIMEOUT=1s", "PEGAD_LOG_LEVLE=debug", "PEGAD_TCP_QPN_START=1"})
+	if strings.Join(got, ",") != "PEGAD_LOG_LEVLE,PEGAD_POOLSIZE" {
+		t.Fatalf("UnknownEnv = %v", got)
+	}
+}

@@ -87,6 +87,7 @@ type Daemon struct {
 	socket                  string
 	advertise               string
 	serving                 atomic.Bool // /healthz: true between READY and shutdown
+	ready                   bool        // Start completed; set before Start returns
 
 	// cancel stops the background goroutines (sweeper, watchdog); wg waits
 	// for them and for the servers' Serve loops.
@@ -144,6 +145,9 @@ func Start(ctx context.Context, cfg config.Config, opts ...Option) (d *Daemon, e
 	}()
 	if err := ctx.Err(); err != nil {
 		return d, err
+	}
+	for _, k := range config.UnknownEnv(os.Environ()) {
+		d.log.Warn().Str("env", k).Msg("Ignoring environment variable: not a pegad setting")
 	}
 
 	d.reg = prometheus.NewRegistry()
@@ -212,6 +216,7 @@ func Start(ctx context.Context, cfg config.Config, opts ...Option) (d *Daemon, e
 		return d, err
 	}
 
+	d.ready = true
 	d.serving.Store(true)
 	d.notify(daemon.SdNotifyReady)
 	d.startWatchdog(bg)
@@ -248,6 +253,7 @@ func (d *Daemon) listen() error {
 	)
 	pegadv1.RegisterPeerServiceServer(d.peerSrv, d.holder)
 	d.peerHealth = health.NewServer()
+	d.peerHealth.SetServingStatus(pegadv1.PeerService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	healthpb.RegisterHealthServer(d.peerSrv, d.peerHealth)
 	if cfg.PeerReflection {
 		reflection.Register(d.peerSrv)
@@ -285,6 +291,9 @@ func (d *Daemon) listen() error {
 		Log: d.log.With().Str("component", "admin").Logger(),
 	}))
 	d.localHealth = health.NewServer()
+	for _, svc := range []string{pegadv1.LocalService_ServiceDesc.ServiceName, pegadv1.AdminService_ServiceDesc.ServiceName} {
+		d.localHealth.SetServingStatus(svc, healthpb.HealthCheckResponse_SERVING)
+	}
 	healthpb.RegisterHealthServer(d.localSrv, d.localHealth)
 	reflection.Register(d.localSrv)
 	srvMetrics.InitializeMetrics(d.localSrv)
@@ -426,9 +435,10 @@ func (d *Daemon) shutdown() error {
 		}
 	}
 	err := errors.Join(errs...)
-	if err != nil {
+	switch {
+	case err != nil:
 		d.log.Error().Err(err).Msg("Shutdown finished with errors")
-	} else {
+	case d.ready:
 		d.log.Info().Msg("Shutdown complete")
 	}
 	return err

@@ -225,10 +225,13 @@ func TestHolderNode(t *testing.T) {
 	m := n.d.MetricsAddr()
 
 	// Health on both servers, READY sent, /healthz answers.
-	for name, h := range map[string]healthpb.HealthClient{"local": n.lh, "peer": n.ph} {
-		r, err := h.Check(ctx, &healthpb.HealthCheckRequest{})
+	for _, c := range []struct {
+		h   healthpb.HealthClient
+		svc string
+	}{{n.lh, ""}, {n.lh, "pegad.v1.LocalService"}, {n.lh, "pegad.v1.AdminService"}, {n.ph, ""}, {n.ph, "pegad.v1.PeerService"}} {
+		r, err := c.h.Check(ctx, &healthpb.HealthCheckRequest{Service: c.svc})
 		if err != nil || r.GetStatus() != healthpb.HealthCheckResponse_SERVING {
-			t.Fatalf("%s health: %v, %v", name, r, err)
+			t.Fatalf("health %q: %v, %v", c.svc, r, err)
 		}
 	}
 	if len(*n.notes) == 0 || (*n.notes)[0] != "READY=1" {
@@ -674,4 +677,14 @@ func TestWatchdog(t *testing.T) {
 		}
 		return false
 	})
+}
+
+// TestUnknownEnvWarned: a misspelt PEGAD_ variable is logged, not ignored
+// silently.
+func TestUnknownEnvWarned(t *testing.T) {
+	t.Setenv("PEGAD_POOLSIZE", "1GiB")
+	n := startNode(t, testConfig(t))
+	if !strings.Contains(n.logs.String(), `"env":"PEGAD_POOLSIZE"`) {
+		t.Fatalf("unknown env not warned:\n%s", n.logs)
+	}
 }
