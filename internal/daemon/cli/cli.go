@@ -53,6 +53,9 @@ func newServeCommand() *cobra.Command {
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
+			// After the first signal, restore the default action: a second
+			// SIGTERM/SIGINT kills a shutdown that hangs.
+			context.AfterFunc(ctx, stop)
 			return daemon.Run(ctx, cfg)
 		},
 	}
