@@ -274,6 +274,9 @@ func TestWorkerExitsOnInvalidate(t *testing.T) {
 	if err := c.acquire(); err != nil {
 		t.Fatal(err)
 	}
+	var relOnce sync.Once
+	rel := func() { relOnce.Do(c.release) }
+	t.Cleanup(rel) // runs before the managers close, even on failure
 	mk := func(off uint64) (*batch, chan batchResult) {
 		res := make(chan batchResult, 1)
 		ops := opsOf(req, hold, []span{{off, off, 4096}})
@@ -321,7 +324,7 @@ func TestWorkerExitsOnInvalidate(t *testing.T) {
 		t.Errorf("workers = %d after invalidate", w)
 	}
 	req.checkQPs(t, 1) // still held by our reference
-	c.release()
+	rel()
 	req.checkQPs(t, 0)
 	if !bytes.Equal(req.mem[:4096], hold.mem[:4096]) {
 		t.Error("running batch data wrong")
