@@ -22,23 +22,23 @@ import (
 // ForceRelease.
 var (
 	// ErrInvalidSessionID: not 32 hex characters. Maps to InvalidArgument.
-	ErrInvalidSessionID = errors.New("holder: malformed session id")
+	ErrInvalidSessionID = errors.New("malformed session id")
 	// ErrUnknownSession: well-formed id that is not live (never seen, ended
 	// long ago, or — for ForceRelease — ended already). Maps to NotFound.
-	ErrUnknownSession = errors.New("holder: unknown session")
+	ErrUnknownSession = errors.New("unknown session")
 	// ErrSessionEnded: the session ended recently (see EndReason in the
 	// wrapped message). Renew maps it to NotFound.
-	ErrSessionEnded = errors.New("holder: session ended")
+	ErrSessionEnded = errors.New("session ended")
 	// ErrNotOwner: the caller is not the requester that took the session.
 	// Maps to PermissionDenied.
-	ErrNotOwner = errors.New("holder: session belongs to another requester")
+	ErrNotOwner = errors.New("session belongs to another requester")
 	// ErrStaleIncarnation: the request carries an incarnation of its node
 	// older than one already seen. Maps to FailedPrecondition.
-	ErrStaleIncarnation = errors.New("holder: stale requester incarnation")
+	ErrStaleIncarnation = errors.New("stale requester incarnation")
 	// ErrLifetimeExhausted: renewal refused, the session reached its maximum
 	// lifetime (it stays live until its current deadline). Maps to
 	// FailedPrecondition.
-	ErrLifetimeExhausted = errors.New("holder: session reached its maximum lifetime")
+	ErrLifetimeExhausted = errors.New("session reached its maximum lifetime")
 )
 
 // EndReason says how a session ended; kept in tombstones so that a late

@@ -224,7 +224,7 @@ func (l *Local) GetBlock(req *pegadv1.GetBlockRequest, stream pegadv1.LocalServi
 	// whose memory we then read; Read holds its own pin while copying.
 	pinned, missing := l.store.Pin([]store.Key{key})
 	if len(missing) > 0 || len(pinned) == 0 {
-		return status.Errorf(codes.NotFound, "block %s/%x not found", key.Namespace, req.GetHash())
+		return status.Errorf(codes.NotFound, "%v: namespace=%s hash=%x", store.ErrNotFound, key.Namespace, req.GetHash())
 	}
 	b := pinned[0]
 	defer l.store.Unpin(pinned)

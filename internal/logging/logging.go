@@ -67,6 +67,11 @@ func New(w io.Writer, level, format string) (zerolog.Logger, error) {
 		}
 	}
 	zerolog.TimeFieldFormat = time.RFC3339Nano
+	// Durations (age, took, budget, ...) are logged as float seconds, the
+	// unit Prometheus and operators use; zerolog's default is milliseconds
+	// under unit-less keys.
+	zerolog.DurationFieldUnit = time.Second
+	zerolog.DurationFieldInteger = false
 	if format == FormatConsole {
 		w = zerolog.ConsoleWriter{Out: w, TimeFormat: "15:04:05.000"}
 	}

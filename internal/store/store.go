@@ -35,7 +35,7 @@ import (
 )
 
 var (
-	ErrNotFound = errors.New("store: block not found")
+	ErrNotFound = errors.New("block not found")
 	// ErrNoSpace wraps pool.ErrNoSpace: even after evicting every unpinned
 	// block the allocation does not fit.
 	ErrNoSpace = pool.ErrNoSpace
@@ -444,7 +444,7 @@ func (s *Store) Delete(key Key) (deferred bool, err error) {
 	defer s.mu.Unlock()
 	b, ok := s.index[key]
 	if !ok {
-		return false, fmt.Errorf("%w: %s/%x", ErrNotFound, key.Namespace, key.Hash)
+		return false, fmt.Errorf("%w: namespace=%s hash=%x", ErrNotFound, key.Namespace, key.Hash)
 	}
 	s.removeLocked(b)
 	return b.pins > 0, nil
@@ -482,7 +482,7 @@ func (s *Store) List(ns string, limit int) (infos []Info, truncated bool) {
 func (s *Store) Read(key Key, w func(chunk []byte) error) (Info, error) {
 	blocks, _ := s.Pin([]Key{key})
 	if len(blocks) == 0 {
-		return Info{}, fmt.Errorf("%w: %s/%x", ErrNotFound, key.Namespace, key.Hash)
+		return Info{}, fmt.Errorf("%w: namespace=%s hash=%x", ErrNotFound, key.Namespace, key.Hash)
 	}
 	b := blocks[0]
 	defer s.Unpin(blocks)
