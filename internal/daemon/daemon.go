@@ -36,6 +36,7 @@ import (
 	"github.com/pegaflow/pegad/internal/conn"
 	"github.com/pegaflow/pegad/internal/gc"
 	"github.com/pegaflow/pegad/internal/holder"
+	"github.com/pegaflow/pegad/internal/ibv/tcp"
 	"github.com/pegaflow/pegad/internal/localapi"
 	"github.com/pegaflow/pegad/internal/logging"
 	"github.com/pegaflow/pegad/internal/metrics"
@@ -52,6 +53,11 @@ type Option func(*options)
 type options struct {
 	log    *zerolog.Logger
 	notify func(state string) // sd_notify; nil: go-systemd's SdNotify
+	// faults is passed to requester.Options.Faults (nil in production).
+	faults func(ctx context.Context, reqID, phase string)
+	// peerInterceptor, when set, is the innermost unary interceptor of the
+	// peer server (tests inject holder errors with it).
+	peerInterceptor grpc.UnaryServerInterceptor
 }
 
 // WithLogger makes the daemon log to l instead of building a logger from
@@ -61,9 +67,26 @@ func WithLogger(l zerolog.Logger) Option { return func(o *options) { o.log = &l 
 // WithNotify replaces sd_notify (tests observe READY/STOPPING).
 func WithNotify(f func(state string)) Option { return func(o *options) { o.notify = f } }
 
+// WithRequesterFaults installs a fault hook in the prefetch engine: f runs
+// as every fetch enters each phase and may panic or block (see
+// requester.Options.Faults). Tests only.
+func WithRequesterFaults(f func(ctx context.Context, reqID, phase string)) Option {
+	return func(o *options) { o.faults = f }
+}
+
+// WithPeerInterceptor adds i as the innermost unary interceptor of the peer
+// server, inside the metrics and panic-recovery interceptors, so it sees
+// each holder RPC just around its handler: it may fail a call before the
+// handler runs, or after it ran (the holder's state changed but the caller
+// gets an error). Tests only.
+func WithPeerInterceptor(i grpc.UnaryServerInterceptor) Option {
+	return func(o *options) { o.peerInterceptor = i }
+}
+
 // Daemon is a running pegad. Start creates one; Close stops it.
 type Daemon struct {
 	cfg         config.Config
+	opts        options
 	log         zerolog.Logger
 	notify      func(string)
 	incarnation string
@@ -121,7 +144,7 @@ func Start(ctx context.Context, cfg config.Config, opts ...Option) (d *Daemon, e
 	for _, f := range opts {
 		f(&o)
 	}
-	d = &Daemon{cfg: cfg, started: time.Now(), notify: o.notify}
+	d = &Daemon{cfg: cfg, opts: o, started: time.Now(), notify: o.notify}
 	if o.log != nil {
 		d.log = *o.log
 	} else {
@@ -174,6 +197,7 @@ func Start(ctx context.Context, cfg config.Config, opts ...Option) (d *Daemon, e
 		Devices:     d.tr.devices,
 		Memory:      d.pool.Bytes(),
 		QPsPerPeer:  cfg.QPsPerPeer,
+		ConnectAttr: connectAttr(d.tr.name),
 		Dial:        d.peers.Get,
 		Metrics:     d.metrics,
 		Log:         d.log.With().Str("component", "conn").Logger(),
@@ -199,6 +223,7 @@ func Start(ctx context.Context, cfg config.Config, opts ...Option) (d *Daemon, e
 		Peers:       d.peers.Get,
 		Metrics:     d.metrics,
 		Log:         d.log.With().Str("component", "requester").Logger(),
+		Faults:      o.faults,
 	})
 	if err != nil {
 		return d, fmt.Errorf("prefetch engine: %w", err)
@@ -247,8 +272,12 @@ func (d *Daemon) listen() error {
 	if d.advertise == "" {
 		d.advertise = d.peerAddr
 	}
+	peerUnary := []grpc.UnaryServerInterceptor{srvMetrics.UnaryServerInterceptor(), holder.RecoveryInterceptor(d.log)}
+	if d.opts.peerInterceptor != nil {
+		peerUnary = append(peerUnary, d.opts.peerInterceptor)
+	}
 	d.peerSrv = grpc.NewServer(
-		grpc.ChainUnaryInterceptor(srvMetrics.UnaryServerInterceptor(), holder.RecoveryInterceptor(d.log)),
+		grpc.ChainUnaryInterceptor(peerUnary...),
 		grpc.ChainStreamInterceptor(srvMetrics.StreamServerInterceptor(), streamRecovery(d.log)),
 	)
 	pegadv1.RegisterPeerServiceServer(d.peerSrv, d.holder)
@@ -491,3 +520,18 @@ func (d *Daemon) Registry() *prometheus.Registry { return d.reg }
 
 // Config is the configuration the daemon runs with.
 func (d *Daemon) Config() config.Config { return d.cfg }
+
+// TCPDevices are the tcp provider's devices in NIC order, for tests that
+// inject transport faults (SetFaults, CutConnections); nil with verbs.
+func (d *Daemon) TCPDevices() []*tcp.Device {
+	var out []*tcp.Device
+	for _, dev := range d.tr.devices {
+		if td, ok := dev.(*tcp.Device); ok {
+			out = append(out, td)
+		}
+	}
+	return out
+}
+
+// Conns is the connection manager (tests invalidate connections with it).
+func (d *Daemon) Conns() *conn.Manager { return d.conns }

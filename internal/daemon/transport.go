@@ -29,6 +29,25 @@ type transport struct {
 	close          func()
 }
 
+// tcpConnectTimeout is the ack timeout exponent of QPs on the tcp provider:
+// 4.096us * 2^17 ≈ 0.54 s per try, ≈ 4.3 s with the default 7 retries.
+// The default (14: ≈ 67 ms per try, ≈ 0.54 s in all) suits a NIC that
+// answers in microseconds, but the tcp provider's responder is a goroutine
+// that a loaded host (CI under -race, a busy node) can leave unscheduled
+// for longer than that, and the requester then fails healthy connections
+// with spurious RETRY_EXC_ERR. Verbs keeps the default: a real NIC that
+// stays silent for 0.5 s is gone.
+const tcpConnectTimeout = 17
+
+// connectAttr are the RC attributes of the QPs of transport name.
+func connectAttr(name string) ibv.ConnectAttr {
+	a := ibv.DefaultConnectAttr()
+	if name == config.TransportTCP {
+		a.Timeout = tcpConnectTimeout
+	}
+	return a
+}
+
 // verbsProbe is verbs.Available, swappable in tests.
 var verbsProbe = verbs.Available
 

@@ -68,6 +68,13 @@ type Options struct {
 	// ReleaseTimeout bounds the release RPC, retries included; the release
 	// runs on a fresh context, never the fetch's (0: 5s).
 	ReleaseTimeout time.Duration
+	// Faults, when set, runs as each fetch enters each phase (PhaseConnect,
+	// PhaseLock, PhaseStage, PhaseRead, PhaseRelease, PhaseIndex) with the
+	// fetch's context and req_id. It exists for fault-injection tests: it
+	// may panic (the engine recovers at the Prefetch boundary and the
+	// release guard frees any lock taken), block, or cancel what ctx
+	// derives from. Nil in production.
+	Faults func(ctx context.Context, reqID, phase string)
 }
 
 // Status of one block in a fetch.
@@ -219,7 +226,7 @@ func New(opts Options) (*Engine, error) {
 	if opts.Store == nil || opts.Conns == nil || opts.Peers == nil {
 		return nil, errors.New("requester: Store, Conns and Peers are required")
 	}
-	return newEngine(opts, storeAdapter{opts.Store}, managerConns{opts.Conns}, hooks{})
+	return newEngine(opts, storeAdapter{opts.Store}, managerConns{opts.Conns}, hooks{phase: opts.Faults})
 }
 
 // newEngine builds an engine over any store and connector (tests use fakes).
