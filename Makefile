@@ -7,10 +7,11 @@ COMMIT ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 LDFLAGS := -X $(MODULE)/internal/version.Version=$(VERSION) -X $(MODULE)/internal/version.Commit=$(COMMIT)
 TEST_TIMEOUT ?= 15m
 FUZZTIME ?= 10s
-BENCHTIME ?= 1s
+BENCHTIME ?=
+BENCHCOUNT ?=
 PROTOS := $(wildcard api/pegad/v1/*.proto)
 
-.PHONY: all build test test-short bench fuzz proto proto-check lint vet fmt-check nocgo e2e clean help
+.PHONY: all build test test-short bench bench-all fuzz proto proto-check lint vet fmt-check nocgo e2e clean help
 
 all: build
 
@@ -27,8 +28,11 @@ test: ## every test, with the race detector
 test-short: ## quick tests (-short), no race detector
 	$(GO) test -short -count=1 -timeout 5m ./...
 
-bench: ## benchmarks, printed beside bench/baseline.txt (BENCH_SAVE=1 records a new one)
-	BENCHTIME=$(BENCHTIME) GO=$(GO) scripts/bench.sh
+bench: ## paired benchmarks: pegad paths vs baselines measured in the same run, table of ratios (BENCHTIME, BENCHCOUNT)
+	BENCHTIME=$(BENCHTIME) BENCHCOUNT=$(BENCHCOUNT) GO=$(GO) scripts/bench.sh
+
+bench-all: ## every Benchmark in the module, raw go test output (BENCHTIME, BENCHCOUNT)
+	BENCHTIME=$(BENCHTIME) BENCHCOUNT=$(BENCHCOUNT) GO=$(GO) scripts/bench.sh all
 
 fuzz: ## every fuzz target for FUZZTIME each (default 10s)
 	FUZZTIME=$(FUZZTIME) GO=$(GO) scripts/fuzz.sh

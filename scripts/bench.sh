@@ -1,39 +1,142 @@
 #!/usr/bin/env bash
-# bench.sh: runs every Benchmark in the module and prints each result next
-# to the saved baseline (bench/baseline.txt) with the ns/op change.
-#   scripts/bench.sh            # run, compare, write bin/bench-current.txt (ignored)
-#   BENCH_SAVE=1 scripts/bench.sh   # also make this run the new baseline
-#   BENCHTIME=2s BENCHCOUNT=3 scripts/bench.sh
+# bench.sh: pegad's performance figures, each beside a baseline measured in
+# the same run (absolute times on a shared machine are noise; a ratio of two
+# figures measured side by side is not).
+#
+#   scripts/bench.sh        # the curated pairs below, then a table:
+#                           #   pair | subject | baseline | ratio | better
+#   scripts/bench.sh all    # every Benchmark in the module, raw go test output
+#
+# Environment: BENCHTIME (go test -benchtime, default 1s), BENCHCOUNT (runs
+# of each benchmark, default 3 for the pairs, the table shows medians; 1
+# for all), GO (default go).
+# Raw output is kept in bin/bench-current.txt (git-ignored).
+#
+# Each pair is one Benchmark that times its subject and its baseline in the
+# same iterations and reports both with b.ReportMetric; the ratio is
+# subject/baseline of each run, and the table shows the median of those.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 GO=${GO:-go}
 BENCHTIME=${BENCHTIME:-1s}
-BENCHCOUNT=${BENCHCOUNT:-1}
-mkdir -p bench bin
-"$GO" test -run='^$' -bench=. -benchmem -benchtime="$BENCHTIME" -count="$BENCHCOUNT" ./... | tee bin/bench-current.txt
+mkdir -p bin
+RAW=bin/bench-current.txt
+
+if [[ ${1:-} == all ]]; then
+	exec "$GO" test -run='^$' -bench=. -benchmem -benchtime="$BENCHTIME" -count="${BENCHCOUNT:-1}" ./...
+fi
+BENCHCOUNT=${BENCHCOUNT:-3}
+
+# The pairs. Fields (|-separated): label | package | benchmark (as go test
+# prints it, without the -GOMAXPROCS suffix) | subject metric | baseline
+# metric | which ratio is better (higher, lower, or ~1).
+PAIRS=(
+	"tcp provider READ 64MiB vs plain TCP, 1 QP|./internal/ibv/tcp|BenchmarkReadVsTCP/qps=1|provider-MB/s|plain-tcp-MB/s|higher"
+	"tcp provider READ 64MiB vs plain TCP, 4 QPs|./internal/ibv/tcp|BenchmarkReadVsTCP/qps=4|provider-MB/s|plain-tcp-MB/s|higher"
+	"query+release 32 blocks vs gRPC echo|./bench|BenchmarkLockVsEcho|lock-ns/op|echo-ns/op|lower"
+	"prefetch 16x4MiB (2 daemons) vs plain TCP|./bench|BenchmarkPrefetchVsTCP|prefetch-MB/s|tcp-MB/s|higher"
+	"local PutBlock 4MiB vs raw unix stream|./bench|BenchmarkLocalPutGetVsUnix|put-MB/s|unix-MB/s|higher"
+	"local GetBlock 4MiB vs raw unix stream|./bench|BenchmarkLocalPutGetVsUnix|get-MB/s|unix-MB/s|higher"
+	"ExpireBefore 10 of 100k live vs of 1k live|./bench|BenchmarkExpireScaling|live100k-ns/op|live1k-ns/op|~1"
+)
+
+# One go test run per package, selecting the pairs' top-level benchmarks.
+declare -A BENCHES
+PKGS=()
+for p in "${PAIRS[@]}"; do
+	IFS='|' read -r _ pkg bench _ <<<"$p"
+	top=${bench%%/*}
+	if [[ -z ${BENCHES[$pkg]+x} ]]; then
+		PKGS+=("$pkg")
+		BENCHES[$pkg]=$top
+	elif [[ "|${BENCHES[$pkg]}|" != *"|$top|"* ]]; then
+		BENCHES[$pkg]+="|$top"
+	fi
+done
+
+: >"$RAW"
+failed=0
+start=$SECONDS
+for pkg in "${PKGS[@]}"; do
+	echo "==> $pkg: ${BENCHES[$pkg]} (benchtime $BENCHTIME, count $BENCHCOUNT)"
+	# The package path goes before the output so the parser can tell apart
+	# same-named benchmarks of different packages.
+	echo "bench.sh-package: $pkg" >>"$RAW"
+	set +e
+	"$GO" test -run='^$' -bench="^(${BENCHES[$pkg]})\$" -benchtime="$BENCHTIME" -count="$BENCHCOUNT" \
+		"$pkg" 2>&1 | tee -a "$RAW" | grep --line-buffered -E '^(Benchmark|--- FAIL|FAIL|panic|ok )'
+	status=${PIPESTATUS[0]}
+	set -e
+	if ((status != 0)); then
+		echo "    $pkg: go test failed (exit $status; see $RAW)"
+		failed=1
+	fi
+done
+echo "    ($((SECONDS - start)) s; raw output in $RAW)"
 echo
-if [[ -f bench/baseline.txt ]]; then
-	# Average ns/op per benchmark name (over -count runs), joined on name.
-	awk '
-	function key(l) { return l }
-	FNR == 1 { file++ }
-	/^pkg: / { pkg = $2; next }
-	/^Benchmark/ {
-		for (i = 3; i <= NF; i++) if ($(i+1) == "ns/op") { ns = $i; break }
-		k = pkg "." $1; sum[file, k] += ns; n[file, k]++; names[k] = 1
+
+# Parse: a result line is "Name[-P] N value ns/op value unit ...". A result
+# can be split when something prints while the benchmark runs (go test
+# prints the name, then that output, then the figures): a Benchmark line
+# without figures is remembered and joined with the next line that has them.
+printf '%s\n' "${PAIRS[@]}" >bin/bench-pairs.txt
+awk -v count="$BENCHCOUNT" '
+function strip(name) { sub(/-[0-9]+$/, "", name); return name }
+function median(list,    a, n, i, j, t) {
+	n = split(list, a, " ")
+	if (n == 0) return ""
+	for (i = 2; i <= n; i++) { t = a[i] + 0; for (j = i - 1; j >= 1 && a[j] + 0 > t; j--) a[j+1] = a[j]; a[j+1] = t }
+	return (n % 2) ? a[(n+1)/2] + 0 : (a[n/2] + a[n/2+1]) / 2
+}
+function fmt(v, unit) {
+	if (v == "") return "-"
+	if (unit ~ /ns\/op$/) {
+		if (v >= 1e6) return sprintf("%.2f ms/op", v / 1e6)
+		if (v >= 1e4) return sprintf("%.1f us/op", v / 1e3)
+		return sprintf("%.0f ns/op", v)
 	}
-	END {
-		printf "%-70s %14s %14s %9s\n", "benchmark", "baseline ns/op", "current ns/op", "delta"
-		for (k in names) {
-			b = (n[1, k] ? sum[1, k] / n[1, k] : 0); c = (n[2, k] ? sum[2, k] / n[2, k] : 0)
-			d = (b > 0 && c > 0) ? sprintf("%+.1f%%", (c - b) / b * 100) : "n/a"
-			printf "%-70s %14s %14s %9s\n", k, (b ? sprintf("%.1f", b) : "-"), (c ? sprintf("%.1f", c) : "-"), d
-		}
-	}' bench/baseline.txt bin/bench-current.txt | { read -r h; echo "$h"; sort; }
-else
-	echo "no bench/baseline.txt yet: run BENCH_SAVE=1 $0 to record one"
-fi
-if [[ ${BENCH_SAVE:-0} == 1 ]]; then
-	cp bin/bench-current.txt bench/baseline.txt
-	echo "saved bench/baseline.txt"
-fi
+	return sprintf("%.0f %s", v, unit)
+}
+function unitof(metric) { return (metric ~ /MB\/s$/) ? "MB/s" : (metric ~ /ns\/op$/) ? "ns/op" : metric }
+# The pair definitions come first, in their own file.
+FNR == NR {
+	split($0, f, "|")
+	np++; label[np] = f[1]; pkg[np] = f[2]; bench[np] = f[3]; subj[np] = f[4]; base[np] = f[5]; better[np] = f[6]
+	next
+}
+/^bench\.sh-package: / { curpkg = $2; pending = ""; next }
+{
+	if ($1 ~ /^Benchmark/ && $0 !~ /[ \t]ns\/op([ \t]|$)/) { pending = $1; next }   # figures to follow
+	for (first = 1; first <= NF && $first != "ns/op"; first++) {}
+	if (first > NF) next
+	first--                                # the ns/op value; metrics are value-unit pairs from here
+	if ($1 ~ /^Benchmark/) name = $1
+	else if (pending != "") name = pending
+	else next
+	pending = ""
+	name = strip(name)
+	delete m
+	for (i = first; i < NF; i += 2) m[$(i+1)] = $i
+	for (k = 1; k <= np; k++) {
+		if (pkg[k] != curpkg || bench[k] != name) continue
+		if (!(subj[k] in m) || !(base[k] in m)) continue
+		s = m[subj[k]] + 0; b = m[base[k]] + 0
+		svals[k] = svals[k] " " s; bvals[k] = bvals[k] " " b; runs[k]++
+		if (b > 0) rvals[k] = rvals[k] " " (s / b)
+	}
+}
+END {
+	printf "%-45s %14s %14s %7s  %-7s %s\n", "pair (subject vs baseline)", "subject", "baseline", "ratio", "better", "runs"
+	for (k = 1; k <= np; k++) {
+		u = unitof(subj[k])
+		if (!runs[k]) { printf "%-45s %14s %14s %7s  %-7s %s\n", label[k], "-", "-", "n/a", better[k], "0 (no result)"; missing++; continue }
+		r = median(rvals[k])
+		printf "%-45s %14s %14s %7s  %-7s %d\n", label[k], fmt(median(svals[k]), u), fmt(median(bvals[k]), unitof(base[k])),
+			(r == "" ? "n/a" : sprintf("%.2f", r)), better[k], runs[k]
+	}
+	printf "\nmedians of the runs (BENCHCOUNT=%d); ratio = subject/baseline per run (median). higher: throughput pairs (1 = no\n", count
+	printf "overhead over the plain stream); lower: latency pairs (1 = no overhead over the bare echo); ~1: scaling pair\n"
+	printf "(cost independent of the number of live sessions). Absolute figures are noise on a shared machine.\n"
+	exit (missing ? 2 : 0)
+}' bin/bench-pairs.txt "$RAW" || failed=1
+exit "$failed"

@@ -1,0 +1,236 @@
+package bench
+
+import (
+	"context"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+	"github.com/pegaflow/pegad/internal/config"
+	"github.com/pegaflow/pegad/internal/daemon"
+)
+
+// clock accumulates the time of one side of a pair over the iterations.
+type clock struct {
+	total time.Duration
+	n     int
+}
+
+// time runs f and adds its duration.
+func (c *clock) time(f func()) {
+	start := time.Now()
+	f()
+	c.total += time.Since(start)
+	c.n++
+}
+
+// mbps is the rate of bytesPerOp per timed call, in MB/s (1e6 bytes).
+func (c *clock) mbps(bytesPerOp int) float64 {
+	if c.total <= 0 {
+		return 0
+	}
+	return float64(c.n) * float64(bytesPerOp) / c.total.Seconds() / 1e6
+}
+
+// nsPerOp is the mean duration of one timed call.
+func (c *clock) nsPerOp() float64 {
+	if c.n == 0 {
+		return 0
+	}
+	return float64(c.total.Nanoseconds()) / float64(c.n)
+}
+
+// reportRate reports subject and baseline rates (MB/s) and their ratio.
+func reportRate(b *testing.B, subject, baseline string, s, base *clock, bytesPerOp int) {
+	b.Helper()
+	sv, bv := s.mbps(bytesPerOp), base.mbps(bytesPerOp)
+	b.ReportMetric(sv, subject+"-MB/s")
+	b.ReportMetric(bv, baseline+"-MB/s")
+	if bv > 0 {
+		b.ReportMetric(sv/bv, subject+"-ratio")
+	}
+}
+
+// reportLatency reports subject and baseline per-op latencies (ns/op) and
+// their ratio.
+func reportLatency(b *testing.B, subject, baseline string, s, base *clock) {
+	b.Helper()
+	sv, bv := s.nsPerOp(), base.nsPerOp()
+	b.ReportMetric(sv, subject+"-ns/op")
+	b.ReportMetric(bv, baseline+"-ns/op")
+	if bv > 0 {
+		b.ReportMetric(sv/bv, subject+"-ratio")
+	}
+}
+
+// streams are n plain connections of one network (tcp on 127.0.0.1, or
+// unix) carrying bytes from send[i] to recv[i].
+type streams struct {
+	send, recv []net.Conn
+}
+
+func newStreams(b *testing.B, network string, n int) *streams {
+	b.Helper()
+	addr := "127.0.0.1:0"
+	if network == "unix" {
+		addr = filepath.Join(shortTempDir(b), "raw.sock")
+	}
+	ln, err := net.Listen(network, addr)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	s := &streams{}
+	b.Cleanup(func() {
+		for _, c := range append(s.send, s.recv...) {
+			c.Close()
+		}
+	})
+	for range n {
+		c, err := net.Dial(network, ln.Addr().String())
+		if err != nil {
+			b.Fatal(err)
+		}
+		s.send = append(s.send, c)
+		a, err := ln.Accept()
+		if err != nil {
+			b.Fatal(err)
+		}
+		s.recv = append(s.recv, a)
+	}
+	return s
+}
+
+// copy moves src into dst (same length) over the streams, each carrying an
+// equal share in writes of chunk bytes, and returns when all of it arrived.
+func (s *streams) copy(b *testing.B, src, dst []byte, chunk int) {
+	n := len(s.send)
+	per := len(src) / n
+	var wg sync.WaitGroup
+	for i := range n {
+		part, out := src[i*per:(i+1)*per], dst[i*per:(i+1)*per]
+		wg.Go(func() {
+			for off := 0; off < len(part); off += chunk {
+				if _, err := s.send[i].Write(part[off:min(off+chunk, len(part))]); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+		wg.Go(func() {
+			if _, err := io.ReadFull(s.recv[i], out); err != nil {
+				b.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// shortTempDir is a temporary directory with a short path: unix socket
+// paths are limited to 108 bytes and b.TempDir embeds the benchmark name.
+func shortTempDir(b *testing.B) string {
+	b.Helper()
+	dir, err := os.MkdirTemp("", "pegab")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+// pattern is n bytes of a seed-dependent pattern (every page touched).
+func pattern(n int, seed byte) []byte {
+	p := make([]byte, n)
+	for i := range p {
+		p[i] = seed + byte(i*7)
+	}
+	return p
+}
+
+// node is a daemon started in-process on loopback (tcp transport) with a
+// client of its local API.
+type node struct {
+	d     *daemon.Daemon
+	local pegadv1.LocalServiceClient
+}
+
+func startNode(b *testing.B, name string, poolSize config.ByteSize) *node {
+	b.Helper()
+	c := config.Default()
+	c.NodeID = "bench-" + name
+	c.Listen = "127.0.0.1:0"
+	c.MetricsListen = ""
+	c.Socket = filepath.Join(shortTempDir(b), "pegad.sock")
+	c.PoolSize = poolSize
+	c.Transport = config.TransportTCP
+	c.TCPDataListen = "127.0.0.1:0"
+	c.ShutdownTimeout = 5 * time.Second
+	d, err := daemon.Start(context.Background(), c, daemon.WithLogger(zerolog.Nop()), daemon.WithNotify(func(string) {}))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = d.Close() })
+	cc, err := grpc.NewClient("unix://"+d.SocketPath(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { cc.Close() })
+	return &node{d: d, local: pegadv1.NewLocalServiceClient(cc)}
+}
+
+// put stores body as a one-slot block, streamed in 1 MiB data messages
+// (what pegactl and the connector send).
+func (n *node) put(b *testing.B, ns string, hash, body []byte) {
+	s, err := n.local.PutBlock(context.Background())
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := s.Send(&pegadv1.PutBlockRequest{Msg: &pegadv1.PutBlockRequest_Header{Header: &pegadv1.PutBlockHeader{
+		Namespace: ns, Hash: hash, Slots: []*pegadv1.SlotSize{{KSize: uint64(len(body))}}}}}); err != nil {
+		b.Fatal(err)
+	}
+	for p := body; len(p) > 0; {
+		k := min(len(p), 1<<20)
+		if err := s.Send(&pegadv1.PutBlockRequest{Msg: &pegadv1.PutBlockRequest_Data{Data: p[:k]}}); err != nil {
+			b.Fatal(err)
+		}
+		p = p[k:]
+	}
+	if _, err := s.CloseAndRecv(); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// get reads a block back and returns how many data bytes arrived.
+func (n *node) get(b *testing.B, ns string, hash []byte) int {
+	s, err := n.local.GetBlock(context.Background(), &pegadv1.GetBlockRequest{Namespace: ns, Hash: hash})
+	if err != nil {
+		b.Fatal(err)
+	}
+	got := 0
+	for {
+		m, err := s.Recv()
+		if err == io.EOF {
+			return got
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+		got += len(m.GetData())
+	}
+}
+
+func (n *node) delete(b *testing.B, ns string, hash []byte) {
+	if _, err := n.local.DeleteBlock(context.Background(), &pegadv1.DeleteBlockRequest{Namespace: ns, Hash: hash}); err != nil {
+		b.Fatal(err)
+	}
+}
