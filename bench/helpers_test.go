@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -18,6 +19,10 @@ import (
 	"github.com/pegaflow/pegad/internal/config"
 	"github.com/pegaflow/pegad/internal/daemon"
 )
+
+// TestMain: every daemon, server and stream a benchmark starts is stopped
+// by its cleanup.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // clock accumulates the time of one side of a pair over the iterations.
 type clock struct {

@@ -8,7 +8,7 @@
 #   scripts/bench.sh all    # every Benchmark in the module, raw go test output
 #
 # Environment: BENCHTIME (go test -benchtime, default 1s), BENCHCOUNT (runs
-# of each benchmark, default 3 for the pairs, the table shows medians; 1
+# of each benchmark, default 5 for the pairs, the table shows medians; 1
 # for all), GO (default go).
 # Raw output is kept in bin/bench-current.txt (git-ignored).
 #
@@ -25,7 +25,7 @@ RAW=bin/bench-current.txt
 if [[ ${1:-} == all ]]; then
 	exec "$GO" test -run='^$' -bench=. -benchmem -benchtime="$BENCHTIME" -count="${BENCHCOUNT:-1}" ./...
 fi
-BENCHCOUNT=${BENCHCOUNT:-3}
+BENCHCOUNT=${BENCHCOUNT:-5}
 
 # The pairs. Fields (|-separated): label | package | benchmark (as go test
 # prints it, without the -GOMAXPROCS suffix) | subject metric | baseline
