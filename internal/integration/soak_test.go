@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -203,6 +205,15 @@ func TestFaultSoak(t *testing.T) {
 	rc.PoolSize = 64 << 20
 	r := start(t, rc, daemon.WithRequesterFaults(rf.hook))
 	setup := time.Since(began)
+	if dir := os.Getenv("SOAK_LOG_DIR"); dir != "" { // keep the logs for a post-mortem
+		t.Cleanup(func() {
+			_ = os.WriteFile(filepath.Join(dir, "requester.log"), []byte(r.logs.String()), 0o644)
+			for i, h := range holders {
+				n, _ := h.get()
+				_ = os.WriteFile(filepath.Join(dir, fmt.Sprintf("holder-%d.log", i)), []byte(n.logs.String()), 0o644)
+			}
+		})
+	}
 
 	var (
 		fetches, fetchOK, fetchErr, blocksFetched, cancels, bytesFetched atomic.Int64
@@ -242,10 +253,10 @@ func TestFaultSoak(t *testing.T) {
 				case p < 0.09: // panic in a random phase
 					ctx = metadata.AppendToOutgoingContext(ctx, faultKey, "panic:"+faultPhases[rng.IntN(len(faultPhases))])
 				case p < 0.12: // held in a random phase until the deadline
-					var c2 context.CancelFunc
-					ctx, c2 = context.WithTimeout(ctx, 30*time.Millisecond)
-					defer c2()
-					ctx = metadata.AppendToOutgoingContext(ctx, faultKey, "hang:"+faultPhases[rng.IntN(len(faultPhases))])
+					short, cancelShort := context.WithTimeout(ctx, 30*time.Millisecond)
+					outer := cancel
+					cancel = func() { cancelShort(); outer() }
+					ctx = metadata.AppendToOutgoingContext(short, faultKey, "hang:"+faultPhases[rng.IntN(len(faultPhases))])
 				}
 				resp, err := prefetch(ctx, r, h.peer, ns, hashes...)
 				cancel()
