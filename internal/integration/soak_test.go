@@ -219,6 +219,7 @@ func TestFaultSoak(t *testing.T) {
 		fetches, fetchOK, fetchErr, blocksFetched, cancels, bytesFetched atomic.Int64
 		cuts, delays                                                     atomic.Int64
 		killedAt, preKillQueries, queries                                atomic.Int64
+		restartedAt, firstOKAfterRestart                                 atomic.Int64 // unix ns
 		errMu                                                            sync.Mutex
 		badData                                                          []string
 	)
@@ -266,6 +267,11 @@ func TestFaultSoak(t *testing.T) {
 					continue
 				}
 				fetchOK.Add(1)
+				if hi == 1 && resp.GetSessionId() != "" {
+					if at := restartedAt.Load(); at != 0 && firstOKAfterRestart.Load() == 0 {
+						firstOKAfterRestart.CompareAndSwap(0, time.Now().UnixNano())
+					}
+				}
 				bytesFetched.Add(int64(resp.GetBytes()))
 				var got [][]byte
 				for _, b := range resp.GetBlocks() {
@@ -317,6 +323,7 @@ func TestFaultSoak(t *testing.T) {
 					t.Errorf("kill holder: %v", err)
 				}
 				startHolder(1, h.peer)
+				restartedAt.Store(time.Now().UnixNano())
 				continue
 			}
 			n, up := holders[rng.IntN(len(holders))].get()
@@ -428,6 +435,12 @@ func TestFaultSoak(t *testing.T) {
 	t.Logf("requester: %v handshakes ok, %v invalidations", handshakes, invalidations)
 	if handshakes < 3 || invalidations < 1 {
 		t.Errorf("requester made %v handshakes and %v invalidations: the kill and the cuts did not force reconnects", handshakes, invalidations)
+	}
+	if firstOKAfterRestart.Load() == 0 {
+		t.Error("no fetch from the restarted holder succeeded")
+	} else {
+		gap := time.Duration(firstOKAfterRestart.Load() - restartedAt.Load())
+		t.Logf("first fetch from the restarted holder succeeded %v after it was back", gap.Round(time.Millisecond))
 	}
 	if n, _ := holders[1].get(); scrape(t, n)[mReleaseOK] == 0 {
 		t.Error("the restarted holder served no fetch: the requester did not reconnect")
