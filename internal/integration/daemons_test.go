@@ -202,8 +202,9 @@ func TestQPCount(t *testing.T) {
 		}
 		return nil
 	})
-	// Closing the requester leaves the holders' mirrors to be replaced at the
-	// next handshake; a fresh fetch reconnects with the same count.
+	// Invalidation is requester-side only: the holders keep their mirrors
+	// until the next handshake from this requester replaces them. A fresh
+	// fetch reconnects with the same count on both sides.
 	if _, err := prefetch(ctx, r, holders[0].d.PeerAddr(), ns, []byte("absent")); err != nil {
 		t.Fatal(err)
 	}
