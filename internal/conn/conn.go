@@ -53,6 +53,10 @@ var (
 	ErrSessionInvalidated = errors.New("session invalidated before batch execution")
 	// ErrRemoteMemory: an address is outside the peer's handshake snapshot.
 	ErrRemoteMemory = errors.New("conn: remote memory not found in handshake snapshot")
+	// ErrPeerRestarted: the peer answers with another incarnation than the
+	// one this connection handshook with; its QPs and memory snapshot are
+	// gone. Connection class: the caller invalidates and reconnects.
+	ErrPeerRestarted = errors.New("conn: peer restarted since handshake")
 	// ErrHandshakeRejected: the peer refused the handshake (retryable).
 	ErrHandshakeRejected = errors.New("conn: handshake rejected")
 	// ErrClosed: the manager is shut down.
@@ -69,7 +73,8 @@ var (
 // IsConnectionClass reports whether err means the connection it came from
 // must be invalidated (and a new handshake made before more work).
 func IsConnectionClass(err error) bool {
-	return errors.Is(err, ErrConnectionBroken) || errors.Is(err, ErrSessionInvalidated)
+	return errors.Is(err, ErrConnectionBroken) || errors.Is(err, ErrSessionInvalidated) ||
+		errors.Is(err, ErrPeerRestarted)
 }
 
 // Dialer returns a peer-service client for a peer address.
@@ -233,7 +238,7 @@ func NewManager(opts Options) (m *Manager, err error) {
 	}
 	m = &Manager{
 		opts:     opts,
-		log:      opts.Log.With().Str("component", "conn").Logger(),
+		log:      opts.Log,
 		met:      opts.Metrics,
 		memBase:  uint64(uintptr(unsafe.Pointer(&opts.Memory[0]))),
 		memLen:   uint64(len(opts.Memory)),
@@ -484,6 +489,10 @@ func reasonLabel(err error) string {
 		return "session_invalidated"
 	case errors.Is(err, ErrConnectionBroken):
 		return "connection_broken"
+	case errors.Is(err, ErrPeerRestarted):
+		return "peer_restarted"
+	case errors.Is(err, ErrRemoteMemory):
+		return "remote_memory"
 	}
 	return "other"
 }

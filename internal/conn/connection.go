@@ -50,6 +50,9 @@ func (c *AddrConnection) Peer() string { return c.peer }
 // RemoteNodeID is the holder's node id from the handshake.
 func (c *AddrConnection) RemoteNodeID() string { return c.remoteNodeID }
 
+// RemoteIncarnation is the holder's incarnation from the handshake.
+func (c *AddrConnection) RemoteIncarnation() string { return c.remoteInc }
+
 // Invalid reports whether c was invalidated (it never becomes valid again).
 func (c *AddrConnection) Invalid() bool {
 	c.mu.Lock()

@@ -284,7 +284,7 @@ func (s *Service) QueryBlocksForTransfer(ctx context.Context, req *pegadv1.Query
 		}
 	}()
 
-	resp = &pegadv1.QueryBlocksForTransferResponse{}
+	resp = &pegadv1.QueryBlocksForTransferResponse{HolderIncarnation: s.opts.Incarnation}
 	for _, i := range missing {
 		resp.Missing = append(resp.Missing, req.Hashes[i])
 	}

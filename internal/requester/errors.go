@@ -117,7 +117,8 @@ func classify(err, fallback error) error {
 		errors.Is(err, conn.ErrInvalidOp): // staging outside registered memory: ours, not the link's
 		return ErrLocalResource
 	case errors.Is(err, conn.ErrConnectionBroken), errors.Is(err, conn.ErrSessionInvalidated),
-		errors.Is(err, conn.ErrRemoteMemory), errors.Is(err, conn.ErrHandshakeRejected):
+		errors.Is(err, conn.ErrRemoteMemory), errors.Is(err, conn.ErrHandshakeRejected),
+		errors.Is(err, conn.ErrPeerRestarted):
 		return ErrConnection
 	case errors.Is(err, conn.ErrClosed):
 		return nil // the daemon is shutting down
@@ -142,7 +143,7 @@ func classify(err, fallback error) error {
 // allocation failure or a refused RPC leaves a healthy connection up.
 func invalidates(err error) bool {
 	return errors.Is(err, conn.ErrConnectionBroken) || errors.Is(err, conn.ErrSessionInvalidated) ||
-		errors.Is(err, conn.ErrRemoteMemory)
+		errors.Is(err, conn.ErrRemoteMemory) || errors.Is(err, conn.ErrPeerRestarted)
 }
 
 // ctxErr is the error of a done ctx: its Err, also wrapping its cause when

@@ -157,6 +157,12 @@ func (e *Engine) fetch(ctx context.Context, st *fetchState, keys []store.Key, ou
 	if ctx.Err() != nil {
 		return fail(PhaseLock, ctxErr(ctx), ErrDeadline)
 	}
+	// A holder that restarted since our handshake answers with another
+	// incarnation: our QPs and its memory snapshot are stale. Reconnect now
+	// instead of learning it from a failed READ or a retry budget of silence.
+	if rd, err = e.ensureCurrent(ctx, st, rd, resp.GetHolderIncarnation()); err != nil {
+		return handled(PhaseConnect, err, ErrConnection)
+	}
 
 	// Stage.
 	e.hook(ctx, st, PhaseStage)
@@ -428,4 +434,31 @@ func (e *Engine) startRenewer(ctx context.Context, cancelRead context.CancelCaus
 		}
 	}()
 	return done
+}
+
+// incarnated is a connection that knows which incarnation of the holder it
+// handshook with (*conn.AddrConnection does).
+type incarnated interface{ RemoteIncarnation() string }
+
+// ensureCurrent returns rd when it was handshaken with holderInc (or either
+// side does not say), else invalidates it and connects again.
+func (e *Engine) ensureCurrent(ctx context.Context, st *fetchState, rd reader, holderInc string) (reader, error) {
+	ic, ok := rd.(incarnated)
+	if !ok || holderInc == "" || ic.RemoteIncarnation() == "" || ic.RemoteIncarnation() == holderInc {
+		return rd, nil
+	}
+	stale := fmt.Errorf("%w: handshook with incarnation %q, holder now answers as %q",
+		conn.ErrPeerRestarted, ic.RemoteIncarnation(), holderInc)
+	e.log.Info().Str("remote", st.peer).Str("req_id", st.reqID).Str("old_incarnation", ic.RemoteIncarnation()).
+		Str("incarnation", holderInc).Msg("holder restarted since handshake; reconnecting before the read")
+	e.conns.Invalidate(rd, stale)
+	nrd, err := e.conns.Get(ctx, st.peer)
+	if err != nil {
+		return nil, err
+	}
+	if nic, ok := nrd.(incarnated); ok && nic.RemoteIncarnation() != holderInc {
+		return nil, fmt.Errorf("%w: reconnected to incarnation %q, lock taken from %q",
+			conn.ErrPeerRestarted, nic.RemoteIncarnation(), holderInc)
+	}
+	return nrd, nil
 }

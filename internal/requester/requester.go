@@ -236,7 +236,7 @@ func newEngine(opts Options, st blockStore, cs connector, h hooks) (*Engine, err
 	}
 	e := &Engine{
 		opts:           opts,
-		log:            opts.Log.With().Str("component", "requester").Logger(),
+		log:            opts.Log,
 		m:              opts.Metrics,
 		store:          st,
 		conns:          cs,

@@ -392,9 +392,13 @@ type QueryBlocksForTransferResponse struct {
 	// Found blocks, in request order.
 	Blocks []*BlockLocation `protobuf:"bytes,4,rep,name=blocks,proto3" json:"blocks,omitempty"`
 	// Hashes the holder does not have.
-	Missing       [][]byte `protobuf:"bytes,5,rep,name=missing,proto3" json:"missing,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Missing [][]byte `protobuf:"bytes,5,rep,name=missing,proto3" json:"missing,omitempty"`
+	// The holder daemon's incarnation (changes at every start). A requester
+	// whose connection was handshaken with another incarnation holds a stale
+	// memory snapshot and dead QPs: it reconnects before reading.
+	HolderIncarnation string `protobuf:"bytes,6,opt,name=holder_incarnation,json=holderIncarnation,proto3" json:"holder_incarnation,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *QueryBlocksForTransferResponse) Reset() {
@@ -460,6 +464,13 @@ func (x *QueryBlocksForTransferResponse) GetMissing() [][]byte {
 		return x.Missing
 	}
 	return nil
+}
+
+func (x *QueryBlocksForTransferResponse) GetHolderIncarnation() string {
+	if x != nil {
+		return x.HolderIncarnation
+	}
+	return ""
 }
 
 type ReleaseTransferLockRequest struct {
@@ -1050,7 +1061,7 @@ const file_pegad_v1_peer_proto_rawDesc = "" +
 	"\x01v\x18\x02 \x01(\v2\x11.pegad.v1.SegmentR\x01v\"I\n" +
 	"\rBlockLocation\x12\x12\n" +
 	"\x04hash\x18\x01 \x01(\fR\x04hash\x12$\n" +
-	"\x05slots\x18\x02 \x03(\v2\x0e.pegad.v1.SlotR\x05slots\"\x83\x02\n" +
+	"\x05slots\x18\x02 \x03(\v2\x0e.pegad.v1.SlotR\x05slots\"\xb2\x02\n" +
 	"\x1eQueryBlocksForTransferResponse\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12<\n" +
@@ -1058,7 +1069,8 @@ const file_pegad_v1_peer_proto_rawDesc = "" +
 	"\n" +
 	"expires_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12/\n" +
 	"\x06blocks\x18\x04 \x03(\v2\x17.pegad.v1.BlockLocationR\x06blocks\x12\x18\n" +
-	"\amissing\x18\x05 \x03(\fR\amissing\"\x91\x01\n" +
+	"\amissing\x18\x05 \x03(\fR\amissing\x12-\n" +
+	"\x12holder_incarnation\x18\x06 \x01(\tR\x11holderIncarnation\"\x91\x01\n" +
 	"\x1aReleaseTransferLockRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12!\n" +
