@@ -27,27 +27,10 @@ import (
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	"github.com/pegaflow/pegad/internal/config"
+	"github.com/pegaflow/pegad/internal/testutil"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-// syncBuf is a log sink tests can read while the daemon writes.
-type syncBuf struct {
-	mu sync.Mutex // guards b
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // testConfig is a loopback, tcp-transport config with ephemeral ports and a
 // socket in a temp dir.
@@ -69,7 +52,7 @@ func testConfig(t testing.TB) config.Config {
 
 type node struct {
 	d     *Daemon
-	logs  *syncBuf
+	logs  *testutil.LogBuffer
 	local pegadv1.LocalServiceClient
 	admin pegadv1.AdminServiceClient
 	peer  pegadv1.PeerServiceClient
@@ -82,7 +65,7 @@ type node struct {
 // daemon is closed at cleanup unless the test closed it.
 func startNode(t *testing.T, cfg config.Config) *node {
 	t.Helper()
-	logs := &syncBuf{}
+	logs := &testutil.LogBuffer{}
 	var mu sync.Mutex
 	notes := &[]string{}
 	d, err := Start(context.Background(), cfg,

@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
@@ -258,30 +256,17 @@ func (e *env) state() state {
 	e.pins.mu.Unlock()
 	return state{
 		sessions: e.svc.locks.Len(), locked: e.svc.locks.LockedBlocks(), outstanding: e.pins.outstanding(),
-		gActive: toFloat64(e.m.SessionsActive), gLocked: toFloat64(e.m.LockActive),
-		timeouts: toFloat64(e.m.LockTimeouts), renewals: toFloat64(e.m.LockRenewals),
-		reclaims: toFloat64(e.m.IncarnationReclaim), force: toFloat64(e.m.LockForceReleases),
-		notLive: toFloat64(e.m.LockEndedNotLive), pinCalls: float64(pc),
+		gActive: metrics.Value(e.m.SessionsActive), gLocked: metrics.Value(e.m.LockActive),
+		timeouts: metrics.Value(e.m.LockTimeouts), renewals: metrics.Value(e.m.LockRenewals),
+		reclaims: metrics.Value(e.m.IncarnationReclaim), force: metrics.Value(e.m.LockForceReleases),
+		notLive: metrics.Value(e.m.LockEndedNotLive), pinCalls: float64(pc),
 	}
 }
 
 func (e *env) rpcCount(rpc, code string) float64 {
-	return toFloat64(e.m.HolderRPC.WithLabelValues(rpc, code))
+	return metrics.Value(e.m.HolderRPC.WithLabelValues(rpc, code))
 }
 
 func req(node, inc string) *pegadv1.Requester {
 	return &pegadv1.Requester{NodeId: node, Incarnation: inc}
-}
-
-// toFloat64 reads a counter or gauge (testutil would need a module this
-// tree does not carry).
-func toFloat64(c prometheus.Metric) float64 {
-	var m dto.Metric
-	if err := c.Write(&m); err != nil {
-		panic(err)
-	}
-	if m.Counter != nil {
-		return m.Counter.GetValue()
-	}
-	return m.Gauge.GetValue()
 }

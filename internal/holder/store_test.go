@@ -141,8 +141,8 @@ func TestQueryOverRealStore(t *testing.T) {
 	if n := svc.Locks().ExpireBefore(clock.Advance(time.Minute)); n != 1 {
 		t.Fatalf("expired %d", n)
 	}
-	if st.Stats().Pinned != 0 || toFloat64(m.LockTimeouts) != 1 {
-		t.Fatalf("after expiry: pinned %d, timeouts %v", st.Stats().Pinned, toFloat64(m.LockTimeouts))
+	if st.Stats().Pinned != 0 || metrics.Value(m.LockTimeouts) != 1 {
+		t.Fatalf("after expiry: pinned %d, timeouts %v", st.Stats().Pinned, metrics.Value(m.LockTimeouts))
 	}
 	if st.Stats().RefUnderflows != 0 {
 		t.Fatalf("store saw %d unbalanced unpins", st.Stats().RefUnderflows)
@@ -163,7 +163,7 @@ func TestQueryTooManySlotsLocksNothing(t *testing.T) {
 	if st.Stats().Pinned != 0 || svc.Locks().Len() != 0 {
 		t.Fatalf("refused query left pinned=%d sessions=%d", st.Stats().Pinned, svc.Locks().Len())
 	}
-	if got := toFloat64(m.HolderRPC.WithLabelValues(metrics.RPCQueryBlocks, "ResourceExhausted")); got != 1 {
+	if got := metrics.Value(m.HolderRPC.WithLabelValues(metrics.RPCQueryBlocks, "ResourceExhausted")); got != 1 {
 		t.Fatalf("holder_rpc_total{ResourceExhausted} = %v", got)
 	}
 }
@@ -255,7 +255,7 @@ func TestQueryCanceledCallerLeavesNoSession(t *testing.T) {
 		Namespace: "ns", Hashes: [][]byte{[]byte("a")}, RequesterId: "peer",
 	})
 	wantCode(t, err, codes.Canceled, "")
-	if st.Stats().Pinned != 0 || svc.Locks().Len() != 0 || toFloat64(m.SessionsActive) != 0 {
+	if st.Stats().Pinned != 0 || svc.Locks().Len() != 0 || metrics.Value(m.SessionsActive) != 0 {
 		t.Fatalf("canceled query left pinned=%d sessions=%d", st.Stats().Pinned, svc.Locks().Len())
 	}
 }

@@ -24,6 +24,7 @@ import (
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	"github.com/pegaflow/pegad/internal/config"
 	"github.com/pegaflow/pegad/internal/daemon"
+	"github.com/pegaflow/pegad/internal/testutil"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -31,24 +32,6 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // httpc scrapes /metrics without keep-alives, so no client goroutine
 // outlives a test (goleak).
 var httpc = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second}
-
-// logSink keeps a daemon's logs for a failure message.
-type logSink struct {
-	mu sync.Mutex // guards b
-	b  bytes.Buffer
-}
-
-func (s *logSink) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *logSink) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // baseConfig is a loopback tcp-transport node with ephemeral ports.
 func baseConfig(t testing.TB, nodeID string) config.Config {
@@ -71,7 +54,7 @@ func baseConfig(t testing.TB, nodeID string) config.Config {
 type node struct {
 	d     *daemon.Daemon
 	cfg   config.Config
-	logs  *logSink
+	logs  *testutil.LogBuffer
 	cc    *grpc.ClientConn
 	local pegadv1.LocalServiceClient
 	admin pegadv1.AdminServiceClient
@@ -83,7 +66,7 @@ type node struct {
 // start starts a daemon; it is closed at cleanup unless closed before.
 func start(t *testing.T, cfg config.Config, opts ...daemon.Option) *node {
 	t.Helper()
-	logs := &logSink{}
+	logs := &testutil.LogBuffer{}
 	opts = append([]daemon.Option{
 		daemon.WithLogger(zerolog.New(logs).Level(zerolog.InfoLevel).With().Timestamp().Logger()),
 		daemon.WithNotify(func(string) {}),

@@ -5,8 +5,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"github.com/rs/zerolog"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -182,31 +180,16 @@ func (a *Admin) Stats(context.Context, *pegadv1.StatsRequest) (*pegadv1.StatsRes
 		resp.Conns = uint32(len(a.o.Conns.List()))
 	}
 	if m := a.o.Metrics; m != nil {
-		resp.LockTimeouts = uint64(value(m.LockTimeouts))
-		resp.FetchesOk = uint64(value(m.FetchTotal.WithLabelValues(metrics.FetchOK)))
+		resp.LockTimeouts = uint64(metrics.Value(m.LockTimeouts))
+		resp.FetchesOk = uint64(metrics.Value(m.FetchTotal.WithLabelValues(metrics.FetchOK)))
 		var failed float64
 		for _, s := range []string{metrics.FetchError, metrics.FetchCanceled, metrics.FetchDiscarded, metrics.FetchPanic} {
-			failed += value(m.FetchTotal.WithLabelValues(s))
+			failed += metrics.Value(m.FetchTotal.WithLabelValues(s))
 		}
 		resp.FetchesFailed = uint64(failed)
-		resp.FetchBytes = uint64(value(m.FetchBytes))
+		resp.FetchBytes = uint64(metrics.Value(m.FetchBytes))
 	}
 	return resp, nil
-}
-
-// value reads a counter or gauge.
-func value(c prometheus.Metric) float64 {
-	var m dto.Metric
-	if err := c.Write(&m); err != nil {
-		return 0
-	}
-	switch {
-	case m.Counter != nil:
-		return m.Counter.GetValue()
-	case m.Gauge != nil:
-		return m.Gauge.GetValue()
-	}
-	return 0
 }
 
 // Version reports the build and the transport in use.

@@ -8,6 +8,7 @@ package metrics
 import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // Holder RPC names used as the rpc label of HolderRPC.
@@ -179,3 +180,18 @@ func New(reg prometheus.Registerer, runtime bool) *Metrics {
 
 // NewForTest returns metrics on a private registry.
 func NewForTest() *Metrics { return New(prometheus.NewRegistry(), false) }
+
+// Value reads the current value of a counter or gauge (0 for other kinds).
+func Value(c prometheus.Metric) float64 {
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		return 0
+	}
+	switch {
+	case m.Counter != nil:
+		return m.Counter.GetValue()
+	case m.Gauge != nil:
+		return m.Gauge.GetValue()
+	}
+	return 0
+}

@@ -38,7 +38,7 @@ func TestLocalAllocationFailureKeepsConnection(t *testing.T) {
 		t.Fatalf("Invalidate called %d times for a local error", n)
 	}
 	hs.h.checkReleasedOnce(t)
-	if got := value(hs.m.GuardAborts); got != 0 {
+	if got := metrics.Value(hs.m.GuardAborts); got != 0 {
 		t.Errorf("guard aborts = %v", got)
 	}
 	if got := fetchErrors(hs.m, classLocal); got != 1 {
@@ -233,7 +233,7 @@ func TestTransferDeadline(t *testing.T) {
 	if took < 150*time.Millisecond || took > 2*time.Second {
 		t.Errorf("read cut after %v, want about lock timeout minus margin (180ms)", took)
 	}
-	if got := value(hs.m.GuardAborts); got != 0 {
+	if got := metrics.Value(hs.m.GuardAborts); got != 0 {
 		t.Errorf("guard aborts = %v, want 0 (handled error)", got)
 	}
 	if hs.cs.invalidations() != 0 {
@@ -425,11 +425,11 @@ func TestReadPanicQuarantinesStaging(t *testing.T) {
 	if u := hs.st.stagingUsed(); u == 0 {
 		t.Error("staging memory returned although Read did not return")
 	}
-	if got := value(hs.m.StagingQuarantine); got == 0 {
+	if got := metrics.Value(hs.m.StagingQuarantine); got == 0 {
 		t.Error("quarantine gauge not raised")
 	}
 	hs.h.checkReleasedOnce(t)
-	if got := value(hs.m.GuardAborts); got != 1 {
+	if got := metrics.Value(hs.m.GuardAborts); got != 1 {
 		t.Errorf("guard aborts = %v", got)
 	}
 }
@@ -454,7 +454,7 @@ func TestInFlightPhases(t *testing.T) {
 		fi[0].Blocks != 5 || fi[0].Bytes != 5*4*4096 || fi[0].ReqID == "" {
 		t.Fatalf("in flight = %+v", fi)
 	}
-	if got := value(hs.m.FetchesInFlight); got != 1 {
+	if got := metrics.Value(hs.m.FetchesInFlight); got != 1 {
 		t.Errorf("fetches in flight gauge = %v", got)
 	}
 	close(release)
@@ -490,7 +490,7 @@ func TestReleaseRetried(t *testing.T) {
 		t.Fatal(err)
 	}
 	hs.h.checkReleasedOnce(t)
-	if got := value(hs.m.GuardReleaseFails); got != 0 {
+	if got := metrics.Value(hs.m.GuardReleaseFails); got != 0 {
 		t.Errorf("release failures = %v", got)
 	}
 }
@@ -507,7 +507,7 @@ func TestReleaseFailureDiscards(t *testing.T) {
 	if res.Blocks[0].Status != StatusFailed || hs.st.Has(store.Key{Namespace: "ns", Hash: string(res.Blocks[0].Hash)}) {
 		t.Error("block indexed without a confirmed release")
 	}
-	if got := value(hs.m.GuardReleaseFails); got != 1 {
+	if got := metrics.Value(hs.m.GuardReleaseFails); got != 1 {
 		t.Errorf("release failures = %v", got)
 	}
 }

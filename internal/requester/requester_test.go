@@ -1,7 +1,6 @@
 package requester
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -10,8 +9,6 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc/codes"
@@ -21,27 +18,10 @@ import (
 	"github.com/pegaflow/pegad/internal/conn"
 	"github.com/pegaflow/pegad/internal/metrics"
 	"github.com/pegaflow/pegad/internal/store"
+	"github.com/pegaflow/pegad/internal/testutil"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-// syncBuf is a goroutine-safe log sink.
-type syncBuf struct {
-	mu sync.Mutex // guards b
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 type harness struct {
 	e     *Engine
@@ -49,7 +29,7 @@ type harness struct {
 	st    *fakeStore
 	cs    *fakeConns
 	m     *metrics.Metrics
-	log   *syncBuf
+	log   *testutil.LogBuffer
 	hooks hooks
 }
 
@@ -67,7 +47,7 @@ func newHarness(t *testing.T, opts ...option) *harness {
 		st:  newFakeStore(1 << 40),
 		cs:  &fakeConns{r: &fakeReader{}},
 		m:   metrics.NewForTest(),
-		log: &syncBuf{},
+		log: &testutil.LogBuffer{},
 	}
 	o := Options{
 		NodeID: "req-node", Incarnation: "inc-1",
@@ -95,25 +75,12 @@ func hashes(prefix string, n int) [][]byte {
 	return out
 }
 
-// value reads a counter or gauge (client_golang's testutil would pull in
-// a module this repo does not carry).
-func value(m prometheus.Metric) float64 {
-	var d dto.Metric
-	if err := m.Write(&d); err != nil {
-		panic(err)
-	}
-	if c := d.GetCounter(); c != nil {
-		return c.GetValue()
-	}
-	return d.GetGauge().GetValue()
-}
-
 func fetchTotal(m *metrics.Metrics, status string) float64 {
-	return value(m.FetchTotal.WithLabelValues(status))
+	return metrics.Value(m.FetchTotal.WithLabelValues(status))
 }
 
 func fetchErrors(m *metrics.Metrics, class string) float64 {
-	return value(m.FetchErrors.WithLabelValues(class))
+	return metrics.Value(m.FetchErrors.WithLabelValues(class))
 }
 
 func TestPrefetchSuccess(t *testing.T) {
@@ -176,13 +143,13 @@ func TestPrefetchSuccess(t *testing.T) {
 	if got := fetchTotal(hs.m, metrics.FetchOK); got != 2 {
 		t.Errorf("fetch_total{ok} = %v", got)
 	}
-	if got := value(hs.m.FetchBytes); got != float64(3*(2*4196)+1000) {
+	if got := metrics.Value(hs.m.FetchBytes); got != float64(3*(2*4196)+1000) {
 		t.Errorf("fetch bytes = %v", got)
 	}
-	if got := value(hs.m.GuardAborts); got != 0 {
+	if got := metrics.Value(hs.m.GuardAborts); got != 0 {
 		t.Errorf("guard aborts = %v", got)
 	}
-	if got := value(hs.m.FetchesInFlight); got != 0 {
+	if got := metrics.Value(hs.m.FetchesInFlight); got != 0 {
 		t.Errorf("in flight gauge = %v", got)
 	}
 }
@@ -249,7 +216,7 @@ func TestGuardExactlyOnce(t *testing.T) {
 			if n, _, _ := hs.h.counts(); n != 1 {
 				t.Fatalf("sessions = %d, want 1", n)
 			}
-			if got := value(hs.m.GuardAborts); got != c.wantAbort {
+			if got := metrics.Value(hs.m.GuardAborts); got != c.wantAbort {
 				t.Errorf("guard aborts = %v, want %v", got, c.wantAbort)
 			}
 			if got := fetchTotal(hs.m, c.wantTotal); got != 1 {
@@ -361,13 +328,13 @@ func TestRandomFaults(t *testing.T) {
 	hs.st.check(t)
 	sessions, rel, _ := hs.h.counts()
 	t.Logf("sessions %d, release ok %d, aborts %v, panics %v, canceled %v, errors %v, ok %v", sessions, rel,
-		value(hs.m.GuardAborts), fetchTotal(hs.m, metrics.FetchPanic),
+		metrics.Value(hs.m.GuardAborts), fetchTotal(hs.m, metrics.FetchPanic),
 		fetchTotal(hs.m, metrics.FetchCanceled), fetchTotal(hs.m, metrics.FetchError), fetchTotal(hs.m, metrics.FetchOK))
 	if fetchTotal(hs.m, metrics.FetchPanic) == 0 || fetchTotal(hs.m, metrics.FetchCanceled) == 0 ||
 		fetchTotal(hs.m, metrics.FetchError) == 0 || fetchTotal(hs.m, metrics.FetchOK) == 0 {
 		t.Error("fault mix did not exercise every outcome")
 	}
-	if len(hs.e.InFlight()) != 0 || value(hs.m.FetchesInFlight) != 0 {
+	if len(hs.e.InFlight()) != 0 || metrics.Value(hs.m.FetchesInFlight) != 0 {
 		t.Error("fetches still in flight")
 	}
 }

@@ -10,8 +10,6 @@ import (
 
 	"github.com/pegaflow/pegad/internal/metrics"
 	"github.com/pegaflow/pegad/internal/pool"
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
 )
@@ -34,19 +32,6 @@ func newStore(t testing.TB, size uint64) (*Store, *metrics.Metrics) {
 	t.Cleanup(func() { _ = p.Close() })
 	m := metrics.NewForTest()
 	return New(p, m), m
-}
-
-// value reads a gauge or counter (client_golang's testutil would need a
-// module go.sum lacks).
-func value(c prometheus.Metric) float64 {
-	var m dto.Metric
-	if err := c.Write(&m); err != nil {
-		panic(err)
-	}
-	if m.Counter != nil {
-		return m.Counter.GetValue()
-	}
-	return m.Gauge.GetValue()
 }
 
 func key(i int) Key { return Key{Namespace: "ns", Hash: fmt.Sprintf("h%04d", i)} }
@@ -358,8 +343,8 @@ func TestLRUEvictionOrder(t *testing.T) {
 		}
 	}
 	st := s.Stats()
-	if st.Evictions != 6 || st.Blocks != 16 || value(m.Evictions) != 6 || value(m.Blocks) != 16 {
-		t.Fatalf("stats %+v, metric evictions %v", st, value(m.Evictions))
+	if st.Evictions != 6 || st.Blocks != 16 || metrics.Value(m.Evictions) != 6 || metrics.Value(m.Blocks) != 16 {
+		t.Fatalf("stats %+v, metric evictions %v", st, metrics.Value(m.Evictions))
 	}
 	for i := 0; i < 22; i++ {
 		if have[key(i)] {
@@ -546,7 +531,7 @@ func TestPinnedNeverEvictedAndReused(t *testing.T) {
 	if err != nil || !deferred {
 		t.Fatalf("Delete = %v, %v", deferred, err)
 	}
-	if st := s.Stats(); st.DeferredFree != 1 || value(m.PinnedDeferred) != 1 {
+	if st := s.Stats(); st.DeferredFree != 1 || metrics.Value(m.PinnedDeferred) != 1 {
 		t.Fatalf("deferred stats %+v", st)
 	}
 	for i := 160; i < 200; i++ {
@@ -557,7 +542,7 @@ func TestPinnedNeverEvictedAndReused(t *testing.T) {
 		t.Fatal("deleted-but-pinned block's bytes changed")
 	}
 	s.Unpin(pinned)
-	if st := s.Stats(); st.DeferredFree != 0 || st.Pinned != 0 || value(m.PinnedDeferred) != 0 {
+	if st := s.Stats(); st.DeferredFree != 0 || st.Pinned != 0 || metrics.Value(m.PinnedDeferred) != 0 {
 		t.Fatalf("after unpin %+v", st)
 	}
 	// Its memory is now reusable: one more put fits without eviction.
@@ -595,8 +580,8 @@ func TestLeftIndexWhilePinnedFreesOnLastUnpin(t *testing.T) {
 	if got := s.Pool().Stats().Used; got != base {
 		t.Fatalf("used %d after last unpin, want baseline %d", got, base)
 	}
-	if value(m.PoolUsed) != float64(base) {
-		t.Fatalf("PoolUsed metric %v", value(m.PoolUsed))
+	if metrics.Value(m.PoolUsed) != float64(base) {
+		t.Fatalf("PoolUsed metric %v", metrics.Value(m.PoolUsed))
 	}
 	if _, err := s.Delete(key(0)); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("second Delete: %v", err)

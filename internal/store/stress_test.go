@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"sync"
 	"testing"
+
+	"github.com/pegaflow/pegad/internal/metrics"
 )
 
 // TestConcurrentStress runs puts, staged multi-block inserts, pins held
@@ -117,7 +119,7 @@ func TestConcurrentStress(t *testing.T) {
 	if st.Evictions == 0 {
 		t.Fatal("stress never evicted: the pool is too large to test pressure")
 	}
-	if value(m.Blocks) != float64(st.Blocks) || value(m.BlockBytes) != float64(st.Bytes) || value(m.PoolUsed) != float64(st.Pool.Used) {
+	if metrics.Value(m.Blocks) != float64(st.Blocks) || metrics.Value(m.BlockBytes) != float64(st.Bytes) || metrics.Value(m.PoolUsed) != float64(st.Pool.Used) {
 		t.Fatalf("metrics disagree with stats %+v", st)
 	}
 	t.Logf("stress: %d evictions, %d blocks left, pool used %d", st.Evictions, st.Blocks, st.Pool.Used)
@@ -134,11 +136,11 @@ func TestConcurrentStress(t *testing.T) {
 	if st.Pool.LargestFree != st.Pool.Size {
 		t.Fatalf("pool not coalesced back: %+v", st.Pool)
 	}
-	if value(m.PoolUsed) != 0 || value(m.Blocks) != 0 || value(m.BlockBytes) != 0 || value(m.PinnedDeferred) != 0 {
+	if metrics.Value(m.PoolUsed) != 0 || metrics.Value(m.Blocks) != 0 || metrics.Value(m.BlockBytes) != 0 || metrics.Value(m.PinnedDeferred) != 0 {
 		t.Fatal("metrics not back to zero")
 	}
-	if value(m.Evictions) != float64(st.Evictions) {
-		t.Fatalf("evictions metric %v, stats %d", value(m.Evictions), st.Evictions)
+	if metrics.Value(m.Evictions) != float64(st.Evictions) {
+		t.Fatalf("evictions metric %v, stats %d", metrics.Value(m.Evictions), st.Evictions)
 	}
 }
 
