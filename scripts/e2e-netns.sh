@@ -21,7 +21,7 @@
 #   a. B prefetches from A: byte-identical, no lock left on A;
 #   d. 5% packet loss both ways on the A link: prefetch still byte-identical
 #      (TCP retransmits), in bounded time;
-#   b1. slow link (tbf 20mbit) to C (lock-timeout 2s): a 16 MiB fetch taking
+#   b1. slow link (tbf 40mbit) to C (lock-timeout 2s): a 32 MiB fetch taking
 #      more than 3 lock timeouts succeeds because B renews the lock; C counts
 #      renewals, no lock timeout, no not-live release;
 #   b2. slow link to D (lock-max-lifetime 5s): the renewals stop at the
@@ -337,244 +337,319 @@ qps_sane() {
 	QPS_OF=$metric
 }
 
-# --- e. mutual prefetch ------------------------------------------------------------
-ROUNDS=${E2E_MUTUAL_ROUNDS:-10}
-for i in $(seq 1 "$ROUNDS"); do
-	mkblock "ma$i" kv 131072 131072
-	mkblock "mb$i" k 262144
-	put a mut "ma$i"
-	put b mut "mb$i"
-done
-pass "e: $ROUNDS blocks put on A and on B"
-T0=$(now)
-for i in $(seq 1 "$ROUNDS"); do
-	bg_prefetch "$D/mut.a.$i" a "$PEER_B" mut "mb$i"
-	pa=$BG
-	bg_prefetch "$D/mut.b.$i" b "$PEER_A" mut "ma$i"
-	pb=$BG
-	bg_wait "$pa" 40
-	rc_a=$BG_RC
-	bg_wait "$pb" 40
-	rc_b=$BG_RC
-	for side in a b; do
-		rc=rc_$side
-		[[ ${!rc} -eq 0 ]] || fail "e: round $i: prefetch on $side exited ${!rc}: $(cat "$D/mut.$side.$i.err")"
-		[[ $(jq_py "[b['status'] for b in d['blocks']] == ['fetched']" <"$D/mut.$side.$i.json") == true ]] ||
-			fail "e: round $i: $side: $(cat "$D/mut.$side.$i.json")"
+# phase_e: mutual prefetch. Run first, it also races both sides' first
+# handshakes with each other.
+phase_e() {
+	local i side rc n other row pa pb rc_a rc_b T0
+	local rounds=${E2E_MUTUAL_ROUNDS:-10}
+	for i in $(seq 1 "$rounds"); do
+		mkblock "ma$i" kv 131072 131072
+		mkblock "mb$i" k 262144
+		put a mut "ma$i"
+		put b mut "mb$i"
+	done
+	T0=$(now)
+	for i in $(seq 1 "$rounds"); do
+		bg_prefetch "$D/mut.a.$i" a "$PEER_B" mut "mb$i"
+		pa=$BG
+		bg_prefetch "$D/mut.b.$i" b "$PEER_A" mut "ma$i"
+		pb=$BG
+		bg_wait "$pa" 40
+		rc_a=$BG_RC
+		bg_wait "$pb" 40
+		rc_b=$BG_RC
+		for side in a b; do
+			rc=rc_$side
+			[[ ${!rc} -eq 0 ]] || fail "e: round $i: prefetch on $side exited ${!rc}: $(cat "$D/mut.$side.$i.err")"
+			[[ $(jq_py "[b['status'] for b in d['blocks']] == ['fetched']" <"$D/mut.$side.$i.json") == true ]] ||
+				fail "e: round $i: $side: $(cat "$D/mut.$side.$i.json")"
+		done
+	done
+	log "e: $rounds mutual rounds in $(since "$T0") s"
+	for i in $(seq 1 "$rounds"); do
+		same a mut "mb$i"
+		same b mut "ma$i"
+	done
+	pass "e: all $((2 * rounds)) prefetches succeeded; every block byte-identical on the other side"
+	for n in a b; do
+		other=$PEER_A
+		[[ $n == a ]] && other=$PEER_B
+		row=$(conn_row "$n" "$other" requester)
+		[[ $row == "connected $((NICS * QPP)) $NICS" ]] || fail "e: $n's connection to $other: '$row'"
+		qps_sane "$n"
+		# A only ever talks to B: one requester and one holder connection.
+		# B too while no other phase ran before this one.
+		[[ $n == a || $FIRST == e ]] &&
+			expect_eq "e: $n: pegaflow_rdma_qps (one requester + one holder connection)" "$QPS_OF" $((2 * NICS * QPP))
+		log "e: $n: handshakes ok as requester $(mval "$n" 'pegaflow_rdma_handshakes_total{result="ok",role="requester"}'), as holder $(mval "$n" 'pegaflow_rdma_handshakes_total{result="ok",role="holder"}'); pegaflow_rdma_qps $QPS_OF"
+		wait_until 10 "$n to hold no session" holder_quiet "$n"
+	done
+	pass "e: connected both ways, pegaflow_rdma_qps sane on both, no session left"
+}
+
+# phase_a: a plain prefetch between hosts.
+phase_a() {
+	local q0 r0 q r
+	mkblock kib k 1024
+	mkblock kv kv 65536 65536 65536 65536
+	mkblock mixed k 3000 1 777777
+	mkblock big kv 4194304 4194304
+	put a e2e kib kv mixed big
+	snap a
+	q0=$(mval a 'pegaflow_holder_rpc_total{code="OK",rpc="query_blocks_for_transfer"}')
+	r0=$(mval a 'pegaflow_holder_rpc_total{code="OK",rpc="release_transfer_lock"}')
+	ctl b -o json prefetch --peer "$PEER_A" --namespace e2e $(hashes kib kv mixed big) >"$D/a.json"
+	check "a: B fetched every block from A" "all(b['status'] == 'fetched' for b in d['blocks']) and len(d['blocks']) == 4" <"$D/a.json"
+	log "a: $(jq_py '"%d bytes in %.3f s" % (d["bytes"], d["duration_seconds"])' <"$D/a.json")"
+	same b e2e kib kv mixed big
+	pass "a: all blocks byte-identical on B"
+	wait_until 10 "A to hold no session" holder_quiet a
+	snap a
+	q=$(($(mval a 'pegaflow_holder_rpc_total{code="OK",rpc="query_blocks_for_transfer"}') - q0))
+	r=$(($(mval a 'pegaflow_holder_rpc_total{code="OK",rpc="release_transfer_lock"}') - r0))
+	[[ $q == 1 && $r == 1 ]] || fail "a: A answered $q queries and $r releases OK, want 1 and 1"
+	pass "a: A holds no session; one query, one release"
+}
+
+# retrans NODE: TCP segments NODE's stack has retransmitted (per namespace).
+retrans() {
+	ip netns exec "${NSOF[$1]}" awk '$1 == "Tcp:" && !h { for (i = 1; i <= NF; i++) c[$i] = i; h = 1; next }
+		$1 == "Tcp:" { print $c["RetransSegs"] }' /proc/net/snmp
+}
+
+# phase_d: packet loss both ways on the A-B link.
+phase_d() {
+	local loss=${E2E_LOSS_PCT:-5} rt0 rt rc=0 T0 took
+	mkblock l1 k 1048576
+	mkblock l2 kv 2097152 2097152
+	mkblock l3 k 3000000
+	put a e2e l1 l2 l3
+	rt0=$(($(retrans a) + $(retrans b)))
+	# 200mbit: tbf cuts A's GSO super-packets into MTU-sized ones, so a
+	# drop loses one segment as on a wire.
+	shape a b 200mbit
+	lossy b a "$loss"
+	lossy a b "$loss"
+	T0=$(now)
+	ctl b -o json prefetch --peer "$PEER_A" --namespace e2e $(hashes l1 l2 l3) >"$D/d.json" 2>"$D/d.err" || rc=$?
+	took=$(since "$T0")
+	unlossy b a
+	unlossy a b
+	unshape a b
+	rt=$(($(retrans a) + $(retrans b) - rt0))
+	[[ $rc -eq 0 ]] || fail "d: prefetch under ${loss}% loss exited $rc: $(cat "$D/d.err")"
+	check "d: fetched under ${loss}% loss" "all(b['status'] == 'fetched' for b in d['blocks'])" <"$D/d.json"
+	same b e2e l1 l2 l3
+	lt "$took" 30 || fail "d: prefetch under loss took $took s, want < 30 s"
+	expect_ge "d: TCP retransmissions on A and B (the loss was real)" "$rt" 1
+	pass "d: ${loss}% loss both ways: 8.2 MiB byte-identical in $took s ($rt TCP retransmissions)"
+}
+
+# phase_b1: a slow link to C (lock-timeout 2s); the fetch outlasts several
+# lock timeouts and succeeds because B renews the lock.
+phase_b1() {
+	local ren0 to0 nl0 rf0 ren rc=0 T0 took
+	mkblock r1 kv 8388608 8388608
+	mkblock r2 k 16777216
+	put c e2e r1 r2
+	shape c b "$SLOW_RATE"
+	snap c
+	ren0=$(mval c pegaflow_transfer_lock_renewals_total)
+	to0=$(mval c pegaflow_transfer_lock_timeouts_total)
+	nl0=$(mval c pegaflow_transfer_lock_release_not_live_total)
+	rf0=$(grep -c 'renewal failed' "$WORK/b.log" || true)
+	T0=$(now)
+	ctl b -o json prefetch --peer "$PEER_C" --namespace e2e $(hashes r1 r2) >"$D/b1.json" 2>"$D/b1.err" || rc=$?
+	took=$(since "$T0")
+	unshape c b
+	[[ $rc -eq 0 ]] || fail "b1: 32 MiB over $SLOW_RATE with lock-timeout 2s exited $rc: $(cat "$D/b1.err")"
+	check "b1: fetched over the slow link" "all(b['status'] == 'fetched' for b in d['blocks'])" <"$D/b1.json"
+	same b e2e r1 r2
+	lt 6 "$took" || fail "b1: the fetch took $took s; it must outlast 3 lock timeouts (6 s) to prove anything"
+	wait_until 10 "C to hold no session" holder_quiet c
+	snap c
+	ren=$(($(mval c pegaflow_transfer_lock_renewals_total) - ren0))
+	expect_ge "b1: C renewals (pegaflow_transfer_lock_renewals_total)" "$ren" 3
+	expect_eq "b1: C lock timeouts" $(($(mval c pegaflow_transfer_lock_timeouts_total) - to0)) 0
+	expect_eq "b1: C not-live releases" $(($(mval c pegaflow_transfer_lock_release_not_live_total) - nl0)) 0
+	expect_eq "b1: renewals B logged as failed" $(($(grep -c 'renewal failed' "$WORK/b.log" || true) - rf0)) 0
+	pass "b1: 32 MiB in $took s (> 3 x lock-timeout 2s): C renewed $ren times, 0 lock timeouts, 0 not-live releases"
+}
+
+# phase_b2: a slow link to D (lock-timeout 4s, lock-max-lifetime 5s); the
+# fetch (40 MiB) would need ~8.4 s. B renews at 1.33 s (D caps the deadline at the
+# 5 s lifetime: B's read deadline becomes 5 - 0.4 margin = 4.6 s), its
+# renewals at 2.67 s and 4 s are refused (FailedPrecondition), and at 4.6 s
+# its renewer cancels the read: the fetch fails with a transfer deadline
+# before D's own deadline, so its release still finds the session live.
+phase_b2() {
+	local inv0 dl0 ren0 fp0 rel0 to0 nl0 rc=0 T0 took
+	mkblock x1 k 20971520
+	mkblock x2 kv 10485760 10485760
+	put d e2e x1 x2
+	shape d b "$SLOW_RATE"
+	snap b
+	snap d
+	inv0=$(mval b 'pegaflow_rdma_connection_invalidations_total{reason="canceled"}')
+	dl0=$(mval b 'pegaflow_rdma_fetch_errors_total{class="deadline"}')
+	ren0=$(mval d pegaflow_transfer_lock_renewals_total)
+	fp0=$(mval d 'pegaflow_holder_rpc_total{code="FailedPrecondition",rpc="renew_transfer_lock"}')
+	rel0=$(mval d 'pegaflow_holder_rpc_total{code="OK",rpc="release_transfer_lock"}')
+	to0=$(mval d pegaflow_transfer_lock_timeouts_total)
+	nl0=$(mval d pegaflow_transfer_lock_release_not_live_total)
+	T0=$(now)
+	ctl b -o json prefetch --peer "$PEER_D" --namespace e2e $(hashes x1 x2) >"$D/b2.json" 2>"$D/b2.err" || rc=$?
+	took=$(since "$T0")
+	unshape d b
+	# The fetch fails as a whole: pegad answers an error, no per-block list.
+	[[ $rc -eq 1 ]] || fail "b2: prefetch past the lifetime cap exited $rc, want 1: $(cat "$D/b2.err") $(cat "$D/b2.json")"
+	grep -q 'transfer deadline' "$D/b2.err" || fail "b2: error does not name the transfer deadline: $(cat "$D/b2.err")"
+	{ lt 4 "$took" && lt "$took" 9; } || fail "b2: the fetch failed after $took s, want about 4.6 s (lifetime 5s minus margin)"
+	absent b e2e x1 x2
+	snap b
+	expect_eq "b2: B deadline-class fetch errors" $(($(mval b 'pegaflow_rdma_fetch_errors_total{class="deadline"}') - dl0)) 1
+	expect_eq "b2: B invalidations (reason canceled: its QPs were moved to ERROR)" \
+		$(($(mval b 'pegaflow_rdma_connection_invalidations_total{reason="canceled"}') - inv0)) 1
+	[[ -z $(conn_row b "$PEER_D" requester) ]] || fail "b2: B still lists a connection to D: $(conn_row b "$PEER_D" requester)"
+	wait_until 10 "D to hold no session" holder_quiet d
+	snap d
+	expect_ge "b2: D renewals" $(($(mval d pegaflow_transfer_lock_renewals_total) - ren0)) 1
+	expect_ge "b2: D renewals refused (FailedPrecondition: lifetime reached)" \
+		$(($(mval d 'pegaflow_holder_rpc_total{code="FailedPrecondition",rpc="renew_transfer_lock"}') - fp0)) 1
+	expect_eq "b2: D release OK" $(($(mval d 'pegaflow_holder_rpc_total{code="OK",rpc="release_transfer_lock"}') - rel0)) 1
+	expect_eq "b2: D lock timeouts" $(($(mval d pegaflow_transfer_lock_timeouts_total) - to0)) 0
+	expect_eq "b2: D not-live releases" $(($(mval d pegaflow_transfer_lock_release_not_live_total) - nl0)) 0
+	pass "b2: lifetime 5s exceeded: failed after $took s with a transfer deadline, nothing indexed, D saw renewals refused and a live release"
+}
+
+# sum_invalidations NODE: every pegaflow_rdma_connection_invalidations_total sample in NODE's last snap.
+sum_invalidations() {
+	awk '$1 ~ /^pegaflow_rdma_connection_invalidations_total/ { s += $2 } END { printf "%.0f\n", s }' "$WORK/metrics.$1"
+}
+
+F1_PENDING=0 # b3's block, not indexed on B: phase c fetches it after reconnecting
+# phase_b3: an operator force-releases the session on A (lock-timeout 10s)
+# in the middle of a slow read. B's renewal then fails (NotFound) but its
+# read deadline (lock + 9 s) is far: the read completes, the release answers
+# was_live=false (force-released), B discards the blocks.
+phase_b3() {
+	local fr0 nl0 to0 disc0 inv0 pf sid
+	mkblock f1 kv 8388608 8388608
+	put a e2e f1
+	shape a b "$SLOW_RATE"
+	snap a
+	snap b
+	fr0=$(mval a pegaflow_transfer_lock_force_releases_total)
+	nl0=$(mval a pegaflow_transfer_lock_release_not_live_total)
+	to0=$(mval a pegaflow_transfer_lock_timeouts_total)
+	disc0=$(mval b 'pegaflow_rdma_fetch_total{status="discarded"}')
+	inv0=$(sum_invalidations b)
+	bg_prefetch "$D/b3" b "$PEER_A" e2e f1
+	pf=$BG
+	wait_until 20 "B reading from A" reading b "$PEER_A"
+	sid=$(ctl a -o json sessions list | jq_py "([s['session_id'] for s in d['sessions']] + [''])[0]")
+	[[ -n $sid ]] || fail "b3: no session on A while B reads"
+	ctl a locks release "$sid" >/dev/null
+	bg_wait "$pf" 30
+	unshape a b
+	[[ $BG_RC -eq 1 ]] || fail "b3: prefetch whose lock was force-released exited $BG_RC, want 1: $(cat "$D/b3.err")"
+	grep -q 'discarded' "$D/b3.err" || fail "b3: error does not say discarded: $(cat "$D/b3.err")"
+	absent b e2e f1
+	F1_PENDING=1
+	snap a
+	snap b
+	expect_eq "b3: A force releases" $(($(mval a pegaflow_transfer_lock_force_releases_total) - fr0)) 1
+	expect_eq "b3: A not-live releases" $(($(mval a pegaflow_transfer_lock_release_not_live_total) - nl0)) 1
+	expect_eq "b3: A lock timeouts" $(($(mval a pegaflow_transfer_lock_timeouts_total) - to0)) 0
+	expect_eq "b3: B fetches discarded" $(($(mval b 'pegaflow_rdma_fetch_total{status="discarded"}') - disc0)) 1
+	expect_eq "b3: B invalidations (a discard is not a connection error)" $(($(sum_invalidations b) - inv0)) 0
+	[[ $(conn_row b "$PEER_A" requester) == "connected $((NICS * QPP)) $NICS" ]] || fail "b3: B's connection to A is not up: $(conn_row b "$PEER_A" requester)"
+	holder_quiet a || fail "b3: A still holds a session"
+	pass "b3: force-released mid-read: B discarded the blocks (exit 1), nothing indexed, A counted a not-live release, connection kept"
+}
+
+# phase_c: the B-A link goes down in the middle of a slow read.
+phase_c() {
+	local to0 qps0 inv0 cls0 grf0 hs0 pf took keys=(k1) want T0 tcut
+	mkblock k1 k 16777216
+	put a e2e k1
+	shape a b "$SLOW_RATE"
+	snap a
+	snap b
+	to0=$(mval a pegaflow_transfer_lock_timeouts_total)
+	qps0=$(mval b pegaflow_rdma_qps)
+	inv0=$(mval b 'pegaflow_rdma_connection_invalidations_total{reason="completion_error"}')
+	cls0=$(mval b 'pegaflow_rdma_fetch_errors_total{class="connection"}')
+	grf0=$(mval b pegaflow_transfer_lock_guard_release_failures_total)
+	hs0=$(mval b 'pegaflow_rdma_handshakes_total{result="ok",role="requester"}')
+	bg_prefetch "$D/c" b "$PEER_A" e2e k1
+	pf=$BG
+	wait_until 20 "B reading from A" reading b "$PEER_A"
+	sleep 0.5
+	ip -n "${NSOF[b]}" link set to-a down
+	tcut=$(now)
+	log "c: B-A link down"
+	# The READs fail after the tcp provider's retry budget (4.096us x 2^17
+	# x 8 ≈ 4.3 s without a response); then the guard's release, which
+	# cannot arrive (5 s release timeout). B's read deadline (lock + 9 s)
+	# is later than both, so the error is connection class.
+	bg_wait "$pf" 30
+	took=$(since "$tcut")
+	[[ $BG_RC -eq 4 ]] || fail "c: prefetch over a cut link exited $BG_RC, want 4 (unavailable): $(cat "$D/c.err")"
+	lt "$took" 15 || fail "c: the failure took $took s after the cut, want < 15 s (retry budget + release timeout)"
+	log "c: prefetch failed $took s after the cut: $(cat "$D/c.err")"
+	snap b
+	expect_eq "c: B completion-error invalidations" \
+		$(($(mval b 'pegaflow_rdma_connection_invalidations_total{reason="completion_error"}') - inv0)) 1
+	expect_eq "c: B connection-class fetch errors" $(($(mval b 'pegaflow_rdma_fetch_errors_total{class="connection"}') - cls0)) 1
+	expect_eq "c: B guard release failures (A unreachable)" $(($(mval b pegaflow_transfer_lock_guard_release_failures_total) - grf0)) 1
+	expect_eq "c: B pegaflow_rdma_qps after the invalidation" "$(mval b pegaflow_rdma_qps)" $((qps0 - NICS * QPP))
+	[[ -z $(conn_row b "$PEER_A" requester) ]] || fail "c: B still lists its connection to A: $(conn_row b "$PEER_A" requester)"
+	absent b e2e k1
+	# A never hears the release: its sweeper ends the session lock-timeout
+	# (10 s) after the lock or the last renewal that reached it.
+	wait_until 15 "A's sweeper to expire the session" holder_quiet a
+	log "c: A's session gone $(since "$tcut") s after the cut: $(grep 'Transfer lock expired' "$WORK/a.log" | tail -n 1 |
+		jq_py '"expired at age %.2f s after %d renewals" % (d["age"], d["renewals"])')"
+	snap a
+	expect_eq "c: A lock timeouts" $(($(mval a pegaflow_transfer_lock_timeouts_total) - to0)) 1
+	ip -n "${NSOF[b]}" link set to-a up
+	unshape a b
+	((F1_PENDING)) && keys+=(f1)
+	want=$(printf "'fetched', %.0s" "${keys[@]}")
+	T0=$(now)
+	ctl b -o json prefetch --peer "$PEER_A" --namespace e2e $(hashes "${keys[@]}") >"$D/c2.json" 2>"$D/c2.err" ||
+		fail "c: prefetch after the link came back failed: $(cat "$D/c2.err")"
+	check "c: after link up, B reconnected and fetched ${keys[*]} (nothing of them was indexed before)" \
+		"[b['status'] for b in d['blocks']] == [${want%, }]" <"$D/c2.json"
+	log "c: reconnect + fetch took $(since "$T0") s"
+	same b e2e "${keys[@]}"
+	F1_PENDING=0
+	snap b
+	expect_eq "c: B requester handshakes ok" $(($(mval b 'pegaflow_rdma_handshakes_total{result="ok",role="requester"}') - hs0)) 1
+	[[ $(conn_row b "$PEER_A" requester) == "connected $((NICS * QPP)) $NICS" ]] || fail "c: B's new connection to A: $(conn_row b "$PEER_A" requester)"
+	pass "c: cut link: exit 4 in $took s, connection invalidated, A expired the lock; after link up reconnected, byte-identical"
+}
+
+# The slow link: 40mbit (5 MB/s). Not slower: B reads over 4 QPs, i.e. 4 TCP
+# flows through one tail-drop queue, and TCP's unfairness there leaves one
+# flow without a complete 1 MiB response frame for 3-5.5 s at 20mbit
+# (measured with plain sockets: the longest gap between any two received
+# bytes stayed under 0.6 s). The tcp provider counts only whole frames as
+# progress against its 4.3 s retry budget, so at 20mbit healthy READs fail
+# with RETRY_EXC_ERR now and then. At 40mbit the worst frame gap measured
+# was 1.9 s.
+SLOW_RATE=${E2E_SLOW_RATE:-40mbit}
+PHASES=${E2E_PHASES:-e a d b1 b2 b3 c}
+FIRST=${PHASES%% *}
+for r in $(seq 1 "${E2E_REPEAT:-1}"); do
+	for p in $PHASES; do
+		declare -F "phase_$p" >/dev/null || fail "unknown phase $p (E2E_PHASES: e a d b1 b2 b3 c)"
+		T_PHASE=$(now)
+		"phase_$p"
+		log "phase $p took $(since "$T_PHASE") s"
 	done
 done
-log "e: $ROUNDS mutual rounds in $(since "$T0") s"
-for i in $(seq 1 "$ROUNDS"); do
-	same a mut "mb$i"
-	same b mut "ma$i"
-done
-pass "e: all $((2 * ROUNDS)) prefetches succeeded; every block byte-identical on the other side"
-for n in a b; do
-	other=$PEER_A
-	[[ $n == a ]] && other=$PEER_B
-	row=$(conn_row "$n" "$other" requester)
-	[[ $row == "connected $((NICS * QPP)) $NICS" ]] || fail "e: $n's connection to $other: '$row'"
-	qps_sane "$n"
-	expect_eq "e: $n: pegaflow_rdma_qps (one requester + one holder connection)" "$QPS_OF" $((2 * NICS * QPP))
-	log "e: $n: handshakes ok as requester $(mval "$n" 'pegaflow_rdma_handshakes_total{result="ok",role="requester"}'), as holder $(mval "$n" 'pegaflow_rdma_handshakes_total{result="ok",role="holder"}'); pegaflow_rdma_qps $QPS_OF"
-	wait_until 10 "$n to hold no session" holder_quiet "$n"
-done
-pass "e: both sides connected both ways, pegaflow_rdma_qps = $((2 * NICS * QPP)) on each, no session left"
-
-# --- a. prefetch between hosts -------------------------------------------------------
-mkblock kib k 1024
-mkblock kv kv 65536 65536 65536 65536
-mkblock mixed k 3000 1 777777
-mkblock big kv 4194304 4194304
-put a e2e kib kv mixed big
-T0=$(now)
-ctl b -o json prefetch --peer "$PEER_A" --namespace e2e $(hashes kib kv mixed big) >"$D/a.json"
-check "a: B fetched every block from A" "all(b['status'] == 'fetched' for b in d['blocks']) and len(d['blocks']) == 4" <"$D/a.json"
-log "a: $(jq_py '"%d bytes in %.3f s" % (d["bytes"], d["duration_seconds"])' <"$D/a.json")"
-same b e2e kib kv mixed big
-pass "a: all blocks byte-identical on B"
-wait_until 10 "A to hold no session" holder_quiet a
-snap a
-expect_eq "a: A query OK == release OK" "$(mval a 'pegaflow_holder_rpc_total{code="OK",rpc="query_blocks_for_transfer"}')" \
-	"$(mval a 'pegaflow_holder_rpc_total{code="OK",rpc="release_transfer_lock"}')"
-pass "a: A holds no session; its query OK count equals its release OK count"
-
-# --- d. packet loss -------------------------------------------------------------------
-LOSS=${E2E_LOSS_PCT:-5}
-mkblock l1 k 1048576
-mkblock l2 kv 2097152 2097152
-mkblock l3 k 3000000
-put a e2e l1 l2 l3
-# retrans NODE: TCP segments NODE's stack has retransmitted (per namespace).
-retrans() { ip netns exec "${NSOF[$1]}" awk '$1 == "Tcp:" && !h { for (i = 1; i <= NF; i++) c[$i] = i; h = 1; next } $1 == "Tcp:" { print $c["RetransSegs"] }' /proc/net/snmp; }
-rt0=$(($(retrans a) + $(retrans b)))
-# 200mbit: tbf cuts A's GSO super-packets into MTU-sized ones, so a drop
-# loses one segment as on a wire.
-shape a b 200mbit
-lossy b a "$LOSS"
-lossy a b "$LOSS"
-T0=$(now)
-rc=0
-ctl b -o json prefetch --peer "$PEER_A" --namespace e2e $(hashes l1 l2 l3) >"$D/d.json" 2>"$D/d.err" || rc=$?
-took=$(since "$T0")
-unlossy b a
-unlossy a b
-unshape a b
-rt=$(($(retrans a) + $(retrans b) - rt0))
-[[ $rc -eq 0 ]] || fail "d: prefetch under ${LOSS}% loss exited $rc: $(cat "$D/d.err")"
-check "d: fetched under ${LOSS}% loss" "all(b['status'] == 'fetched' for b in d['blocks'])" <"$D/d.json"
-same b e2e l1 l2 l3
-lt "$took" 30 || fail "d: prefetch under loss took $took s, want < 30 s"
-expect_ge "d: TCP retransmissions on A and B (the loss was real)" "$rt" 1
-pass "d: ${LOSS}% loss both ways: 8.2 MiB byte-identical in $took s ($rt TCP retransmissions)"
-
-# --- b1. slow link, lock renewals ---------------------------------------------------------
-mkblock r1 kv 4194304 4194304
-mkblock r2 k 8388608
-put c e2e r1 r2
-shape c b 20mbit
-snap c
-ren0=$(mval c pegaflow_transfer_lock_renewals_total)
-T0=$(now)
-rc=0
-ctl b -o json prefetch --peer "$PEER_C" --namespace e2e $(hashes r1 r2) >"$D/b1.json" 2>"$D/b1.err" || rc=$?
-took=$(since "$T0")
-unshape c b
-[[ $rc -eq 0 ]] || fail "b1: 16 MiB over 20mbit with lock-timeout 2s exited $rc: $(cat "$D/b1.err")"
-check "b1: fetched over the slow link" "all(b['status'] == 'fetched' for b in d['blocks'])" <"$D/b1.json"
-same b e2e r1 r2
-lt 6 "$took" || fail "b1: the fetch took $took s; it must outlast 3 lock timeouts (6 s) to prove anything"
-wait_until 10 "C to hold no session" holder_quiet c
-snap c
-ren=$(($(mval c pegaflow_transfer_lock_renewals_total) - ren0))
-expect_ge "b1: C pegaflow_transfer_lock_renewals_total" "$ren" 3
-expect_eq "b1: C pegaflow_transfer_lock_timeouts_total" "$(mval c pegaflow_transfer_lock_timeouts_total)" 0
-expect_eq "b1: C pegaflow_transfer_lock_release_not_live_total" "$(mval c pegaflow_transfer_lock_release_not_live_total)" 0
-grep -q 'renewal failed' "$WORK/b.log" && fail "b1: B logged a failed renewal on a link that is only slow"
-pass "b1: 16 MiB in $took s (> 3 x lock-timeout 2s): C renewed $ren times, 0 lock timeouts, 0 not-live releases"
-
-# --- b2. lifetime cap exceeded ------------------------------------------------------------
-mkblock x1 k 12582912
-mkblock x2 kv 6291456 6291456
-put d e2e x1 x2
-shape d b 20mbit
-snap b
-inv0=$(mval b 'pegaflow_rdma_connection_invalidations_total{reason="canceled"}')
-dl0=$(mval b 'pegaflow_rdma_fetch_errors_total{class="deadline"}')
-T0=$(now)
-rc=0
-ctl b -o json prefetch --peer "$PEER_D" --namespace e2e $(hashes x1 x2) >"$D/b2.json" 2>"$D/b2.err" || rc=$?
-took=$(since "$T0")
-unshape d b
-# Renewals: 1.33s ok (deadline capped at 5s: B's read deadline 5 - 0.4 margin
-# = 4.6s), 2.67s and 4s refused (lifetime exhausted); at 4.6s the read is
-# cancelled. The fetch fails as a whole: pegad answers an error, no per-block list.
-[[ $rc -eq 1 ]] || fail "b2: prefetch past the lifetime cap exited $rc, want 1: $(cat "$D/b2.err") $(cat "$D/b2.json")"
-grep -q 'transfer deadline' "$D/b2.err" || fail "b2: error does not name the transfer deadline: $(cat "$D/b2.err")"
-lt 4 "$took" && lt "$took" 9 || fail "b2: the fetch failed after $took s, want about 4.6 s (lifetime 5s minus margin)"
-absent b e2e x1 x2
-snap b
-expect_eq "b2: B deadline-class fetch errors" $(($(mval b 'pegaflow_rdma_fetch_errors_total{class="deadline"}') - dl0)) 1
-expect_eq "b2: B invalidations (reason canceled: QPs moved to ERROR)" \
-	$(($(mval b 'pegaflow_rdma_connection_invalidations_total{reason="canceled"}') - inv0)) 1
-[[ -z $(conn_row b "$PEER_D" requester) ]] || fail "b2: B still lists a connection to D: $(conn_row b "$PEER_D" requester)"
-wait_until 10 "D to hold no session" holder_quiet d
-snap d
-expect_ge "b2: D renewals" "$(mval d pegaflow_transfer_lock_renewals_total)" 1
-expect_ge "b2: D renewals refused (FailedPrecondition)" \
-	"$(mval d 'pegaflow_holder_rpc_total{code="FailedPrecondition",rpc="renew_transfer_lock"}')" 1
-expect_eq "b2: D release OK" "$(mval d 'pegaflow_holder_rpc_total{code="OK",rpc="release_transfer_lock"}')" 1
-expect_eq "b2: D lock timeouts" "$(mval d pegaflow_transfer_lock_timeouts_total)" 0
-expect_eq "b2: D not-live releases" "$(mval d pegaflow_transfer_lock_release_not_live_total)" 0
-pass "b2: lifetime 5s exceeded: failed after $took s with a transfer deadline, nothing indexed, D saw renewals refused and a live release"
-
-# --- b3. force-release mid-read → discarded ----------------------------------------------
-mkblock f1 k 8388608
-put a e2e f1
-shape a b 20mbit
-snap a
-snap b
-fr0=$(mval a pegaflow_transfer_lock_force_releases_total)
-nl0=$(mval a pegaflow_transfer_lock_release_not_live_total)
-to0=$(mval a pegaflow_transfer_lock_timeouts_total)
-disc0=$(mval b 'pegaflow_rdma_fetch_total{status="discarded"}')
-inv0=$(awk '$1 ~ /^pegaflow_rdma_connection_invalidations_total/ { s += $2 } END { printf "%.0f", s }' "$WORK/metrics.b")
-bg_prefetch "$D/b3" b "$PEER_A" e2e f1
-pf=$BG
-wait_until 20 "B reading from A" reading b "$PEER_A"
-SID=$(ctl a -o json sessions list | jq_py "d['sessions'][0]['session_id']")
-ctl a locks release "$SID" >/dev/null
-bg_wait "$pf" 30
-unshape a b
-rc=$BG_RC
-[[ $rc -eq 1 ]] || fail "b3: prefetch whose lock was force-released exited $rc, want 1: $(cat "$D/b3.err")"
-grep -q 'discarded' "$D/b3.err" || fail "b3: error does not say discarded: $(cat "$D/b3.err")"
-absent b e2e f1
-snap a
-snap b
-expect_eq "b3: A force releases" $(($(mval a pegaflow_transfer_lock_force_releases_total) - fr0)) 1
-expect_eq "b3: A not-live releases" $(($(mval a pegaflow_transfer_lock_release_not_live_total) - nl0)) 1
-expect_eq "b3: A lock timeouts" $(($(mval a pegaflow_transfer_lock_timeouts_total) - to0)) 0
-expect_eq "b3: B fetches discarded" $(($(mval b 'pegaflow_rdma_fetch_total{status="discarded"}') - disc0)) 1
-inv=$(awk '$1 ~ /^pegaflow_rdma_connection_invalidations_total/ { s += $2 } END { printf "%.0f", s }' "$WORK/metrics.b")
-expect_eq "b3: B invalidations (a discard is not a connection error)" $((inv - inv0)) 0
-[[ $(conn_row b "$PEER_A" requester) == "connected $((NICS * QPP)) $NICS" ]] || fail "b3: B's connection to A is not up: $(conn_row b "$PEER_A" requester)"
-holder_quiet a || fail "b3: A still holds a session"
-pass "b3: force-released mid-read: B discarded the blocks (exit 1), nothing indexed, A counted a not-live release, connection kept"
-
-# --- c. cut link -----------------------------------------------------------------------------
-mkblock k1 kv 4194304 4194304
-put a e2e k1
-shape a b 20mbit
-snap a
-snap b
-to0=$(mval a pegaflow_transfer_lock_timeouts_total)
-qps0=$(mval b pegaflow_rdma_qps)
-inv0=$(mval b 'pegaflow_rdma_connection_invalidations_total{reason="completion_error"}')
-cls0=$(mval b 'pegaflow_rdma_fetch_errors_total{class="connection"}')
-grf0=$(mval b pegaflow_transfer_lock_guard_release_failures_total)
-hs0=$(mval b 'pegaflow_rdma_handshakes_total{result="ok",role="requester"}')
-bg_prefetch "$D/c" b "$PEER_A" e2e k1
-pf=$BG
-wait_until 20 "B reading from A" reading b "$PEER_A"
-sleep 0.5
-ip -n "${NSOF[b]}" link set to-a down
-TCUT=$(now)
-log "c: B-A link down"
-# Retry budget of the tcp provider's QPs (4.096us x 2^17 x 8 ≈ 4.3 s), then
-# the guard's release, which cannot arrive (5 s release timeout).
-bg_wait "$pf" 30
-took=$(since "$TCUT")
-rc=$BG_RC
-[[ $rc -eq 4 ]] || fail "c: prefetch over a cut link exited $rc, want 4 (unavailable): $(cat "$D/c.err")"
-lt "$took" 15 || fail "c: the failure took $took s after the cut, want < 15 s (retry budget + release timeout)"
-log "c: prefetch failed $took s after the cut: $(cat "$D/c.err")"
-snap b
-expect_eq "c: B completion-error invalidations" $(($(mval b 'pegaflow_rdma_connection_invalidations_total{reason="completion_error"}') - inv0)) 1
-expect_eq "c: B connection-class fetch errors" $(($(mval b 'pegaflow_rdma_fetch_errors_total{class="connection"}') - cls0)) 1
-expect_eq "c: B guard release failures (A unreachable)" $(($(mval b pegaflow_transfer_lock_guard_release_failures_total) - grf0)) 1
-expect_eq "c: B pegaflow_rdma_qps after the invalidation" "$(mval b pegaflow_rdma_qps)" $((qps0 - NICS * QPP))
-[[ -z $(conn_row b "$PEER_A" requester) ]] || fail "c: B still lists its connection to A: $(conn_row b "$PEER_A" requester)"
-absent b e2e k1
-# A never hears the release: its sweeper ends the session lock-timeout (10s)
-# after the last renewal that reached it.
-wait_until 15 "A's sweeper to expire the session" holder_quiet a
-log "c: A's session gone $(since "$TCUT") s after the cut: $(grep 'Transfer lock expired' "$WORK/a.log" | tail -n 1 | jq_py '"expired at age %.2f s after %d renewals" % (d["age"], d["renewals"])')"
-snap a
-expect_eq "c: A lock timeouts" $(($(mval a pegaflow_transfer_lock_timeouts_total) - to0)) 1
-ip -n "${NSOF[b]}" link set to-a up
-unshape a b
-T0=$(now)
-ctl b -o json prefetch --peer "$PEER_A" --namespace e2e $(hashes k1 f1) >"$D/c2.json" 2>"$D/c2.err" ||
-	fail "c: prefetch after the link came back failed: $(cat "$D/c2.err")"
-check "c: after link up, B reconnected and fetched (nothing was indexed before)" \
-	"[b['status'] for b in d['blocks']] == ['fetched', 'fetched']" <"$D/c2.json"
-log "c: reconnect + fetch took $(since "$T0") s"
-same b e2e k1 f1
-snap b
-expect_eq "c: B requester handshakes ok" $(($(mval b 'pegaflow_rdma_handshakes_total{result="ok",role="requester"}') - hs0)) 1
-[[ $(conn_row b "$PEER_A" requester) == "connected $((NICS * QPP)) $NICS" ]] || fail "c: B's new connection to A: $(conn_row b "$PEER_A" requester)"
-pass "c: cut link: exit 4 in $took s, connection invalidated, A expired the lock; after link up reconnected, byte-identical"
 
 # --- end state ---------------------------------------------------------------------------------
 for n in a c d; do
@@ -585,8 +660,8 @@ for n in a b c d; do
 	log "end: $n pegaflow_rdma_qps=$QPS_OF"
 done
 pass "end: no session on any holder; pegaflow_rdma_qps matches conns list everywhere"
-# B dropped its connection to D in b2; D, as holder, keeps its side until B
-# handshakes again (or D stops): nothing tells a holder its requester left.
+# If b2 ran, B dropped its connection to D; D, as holder, keeps its side
+# until B handshakes again (or D stops): nothing tells a holder its requester left.
 log "end: D's connections: $(ctl d -o json conns list | jq_py "', '.join('%s %s %d QPs' % (c['role'], c['state'], c['qps']) for c in d['conns'])")"
 for n in b a c d; do
 	pid=PID_$n
