@@ -50,6 +50,7 @@ type Metrics struct {
 	FetchErrors       *prometheus.CounterVec // class (connection, local_resource, remote, deadline, invalid)
 	GuardAborts       prometheus.Counter
 	GuardReleaseFails prometheus.Counter
+	RenewFailures     prometheus.Counter
 	FetchesInFlight   prometheus.Gauge
 	StagingQuarantine prometheus.Gauge // bytes held back until QPs are flushed
 
@@ -60,6 +61,10 @@ type Metrics struct {
 	Handshakes      *prometheus.CounterVec // role, result
 	Invalidations   *prometheus.CounterVec // reason
 	WorkCompletions *prometheus.CounterVec // status
+	// Batches answered "session invalidated before batch execution".
+	BatchesInvalidated prometheus.Counter
+	// QPs destroyed because they did not drain after ERROR.
+	QPDrainFailures prometheus.Counter
 
 	// Pool and store.
 	PoolSize       prometheus.Gauge
@@ -118,6 +123,9 @@ func New(reg prometheus.Registerer, runtime bool) *Metrics {
 		GuardReleaseFails: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "pegaflow_transfer_lock_guard_release_failures_total", Help: "Guard release RPCs that failed (the holder's GC reclaims those).",
 		}),
+		RenewFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "pegaflow_transfer_lock_renew_failures_total", Help: "Lock renewals the requester sent that the holder refused or that failed.",
+		}),
 		FetchesInFlight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "pegaflow_rdma_fetches_in_flight", Help: "Prefetches running now.",
 		}),
@@ -142,6 +150,12 @@ func New(reg prometheus.Registerer, runtime bool) *Metrics {
 		WorkCompletions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pegaflow_rdma_work_completions_total", Help: "Work completions polled, by ibv_wc_status.",
 		}, []string{"status"}),
+		BatchesInvalidated: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "pegaflow_session_batches_invalidated_total", Help: "READ batches accepted by a QP session but answered 'session invalidated before batch execution'.",
+		}),
+		QPDrainFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "pegaflow_rdma_qp_drain_failures_total", Help: "QPs destroyed because their work requests did not drain after ERROR.",
+		}),
 		PoolSize: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "pegaflow_pool_size_bytes", Help: "Size of the pinned host memory pool.",
 		}),
@@ -168,8 +182,9 @@ func New(reg prometheus.Registerer, runtime bool) *Metrics {
 		m.HolderRPC, m.SessionsActive, m.LockActive, m.LockTimeouts, m.LockForceReleases,
 		m.LockRenewals, m.IncarnationReclaim, m.LockEndedNotLive,
 		m.FetchTotal, m.FetchBytes, m.FetchDuration, m.FetchErrors, m.GuardAborts,
-		m.GuardReleaseFails, m.FetchesInFlight, m.StagingQuarantine,
+		m.GuardReleaseFails, m.RenewFailures, m.FetchesInFlight, m.StagingQuarantine,
 		m.RDMAQPs, m.SessionWorkers, m.Conns, m.Handshakes, m.Invalidations, m.WorkCompletions,
+		m.BatchesInvalidated, m.QPDrainFailures,
 		m.PoolSize, m.PoolUsed, m.PoolLocked, m.Blocks, m.BlockBytes, m.Evictions, m.PinnedDeferred,
 	)
 	if runtime {
