@@ -27,6 +27,7 @@ import (
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	"github.com/pegaflow/pegad/internal/config"
+	"github.com/pegaflow/pegad/internal/requester"
 	"github.com/pegaflow/pegad/internal/testutil"
 )
 
@@ -63,14 +64,14 @@ type node struct {
 
 // startNode starts a daemon and clients of its socket and peer port. The
 // daemon is closed at cleanup unless the test closed it.
-func startNode(t *testing.T, cfg config.Config) *node {
+func startNode(t *testing.T, cfg config.Config, opts ...Option) *node {
 	t.Helper()
 	logs := &testutil.LogBuffer{}
 	var mu sync.Mutex
 	notes := &[]string{}
-	d, err := Start(context.Background(), cfg,
+	d, err := Start(context.Background(), cfg, append([]Option{
 		WithLogger(zerolog.New(logs).With().Timestamp().Logger()),
-		WithNotify(func(s string) { mu.Lock(); *notes = append(*notes, s); mu.Unlock() }))
+		WithNotify(func(s string) { mu.Lock(); *notes = append(*notes, s); mu.Unlock() })}, opts...)...)
 	if err != nil {
 		t.Fatalf("start: %v", err)
 	}
@@ -384,6 +385,75 @@ func TestShutdownReleasesSessions(t *testing.T) {
 	}
 	if !strings.Contains(n.logs.String(), "Released all transfer locks") {
 		t.Fatalf("sessions not released at shutdown:\n%s", n.logs)
+	}
+}
+
+// TestIncarnationPerStart (issue 5 bullet 5): two starts of one config are
+// two incarnations, and the one a holder records on the requester's
+// transfer lock is the running start's. Without that, a holder cannot tell
+// a restarted requester from the old one and keeps the old locks until they
+// time out.
+func TestIncarnationPerStart(t *testing.T) {
+	hcfg := testConfig(t)
+	hcfg.NodeID = "holder"
+	hcfg.LockTimeout = time.Minute
+	h := startNode(t, hcfg)
+	putBlock(t, h, "ns", []byte{9}, pattern(4096, 9), false)
+
+	rcfg := testConfig(t)
+	rcfg.NodeID = "requester"
+	var incs []string
+	for start := range 2 {
+		atRelease := make(chan struct{})
+		unblock := make(chan struct{})
+		r := startNode(t, rcfg, WithRequesterFaults(func(ctx context.Context, _, phase string) {
+			if phase != requester.PhaseRelease {
+				return
+			}
+			close(atRelease)
+			select { // hold the lock while the holder's sessions are listed
+			case <-unblock:
+			case <-ctx.Done():
+			}
+		}))
+		inc := r.d.Incarnation()
+		if inc == "" {
+			t.Fatalf("start %d: empty incarnation", start)
+		}
+		if !strings.Contains(r.logs.String(), inc) {
+			t.Errorf("start %d: incarnation %q not in the start-up log", start, inc)
+		}
+		done := make(chan error, 1)
+		go func() {
+			_, err := r.local.Prefetch(ctxT(t), &pegadv1.PrefetchRequest{Peer: h.d.PeerAddr(), Namespace: "ns", Hashes: [][]byte{{9}}})
+			done <- err
+		}()
+		select {
+		case <-atRelease:
+		case err := <-done:
+			t.Fatalf("start %d: prefetch ended before its release: %v", start, err)
+		case <-time.After(15 * time.Second):
+			t.Fatalf("start %d: prefetch did not reach its release", start)
+		}
+		ls, err := h.admin.ListSessions(ctxT(t), &pegadv1.ListSessionsRequest{})
+		close(unblock)
+		if perr := <-done; perr != nil {
+			t.Errorf("start %d: prefetch: %v", start, perr)
+		}
+		if err != nil || len(ls.GetSessions()) != 1 {
+			t.Fatalf("start %d: holder sessions %v %v, want 1", start, ls, err)
+		}
+		if s := ls.GetSessions()[0]; s.GetRequesterId() != "requester" || s.GetRequesterIncarnation() != inc {
+			t.Fatalf("start %d: holder records the lock as %q/%q, want requester/%q",
+				start, s.GetRequesterId(), s.GetRequesterIncarnation(), inc)
+		}
+		if err := r.d.Close(); err != nil {
+			t.Fatal(err)
+		}
+		incs = append(incs, inc)
+	}
+	if incs[0] == incs[1] {
+		t.Fatalf("two starts of one config share incarnation %q", incs[0])
 	}
 }
 

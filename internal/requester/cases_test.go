@@ -187,6 +187,68 @@ func TestWasLiveFalseDiscards(t *testing.T) {
 	hs.st.check(t)
 }
 
+// TestReleaseRefusedAsStaleDiscards: issue 5 bullet 5 from the old
+// incarnation's side. The holder refuses the release of a requester whose
+// newer incarnation it has seen (FailedPrecondition), having reclaimed the
+// session: the fetch is discarded, not failed, and no release failure is
+// counted (nothing is left for the holder's GC).
+func TestReleaseRefusedAsStaleDiscards(t *testing.T) {
+	hs := newHarness(t)
+	hs.h.releaseErr = func(string, int) error {
+		return status.Error(codes.FailedPrecondition, `stale requester incarnation: "inc-1", current is "inc-2"`)
+	}
+	res, err := hs.e.Prefetch(context.Background(), "peer:1", "ns", hashes("stale", 2))
+	if !errors.Is(err, ErrDiscarded) {
+		t.Fatalf("err = %v, want ErrDiscarded", err)
+	}
+	for i, b := range res.Blocks {
+		if b.Status != StatusDiscarded {
+			t.Errorf("block %d: %v, want discarded", i, b.Status)
+		}
+		if hs.st.Has(store.Key{Namespace: "ns", Hash: string(b.Hash)}) {
+			t.Errorf("block %d indexed under a reclaimed lock", i)
+		}
+	}
+	if got := fetchTotal(hs.m, metrics.FetchDiscarded); got != 1 {
+		t.Errorf("fetch_total{discarded} = %v, want 1", got)
+	}
+	if got := metrics.Value(hs.m.GuardReleaseFails); got != 0 {
+		t.Errorf("guard release failures = %v, want 0", got)
+	}
+	if u := hs.st.stagingUsed(); u != 0 {
+		t.Errorf("staging bytes not returned: %d", u)
+	}
+	hs.st.check(t)
+}
+
+// TestFakeHolderChecksOwner: the fake holder refuses a renewal or release
+// from another node, as the real one does, so the renew and release tests
+// above prove the engine sends its identity.
+func TestFakeHolderChecksOwner(t *testing.T) {
+	h := newFakeHolder()
+	ctx := context.Background()
+	q, err := h.QueryBlocksForTransfer(ctx, &pegadv1.QueryBlocksForTransferRequest{
+		Namespace: "ns", Hashes: [][]byte{[]byte("x")}, Requester: &pegadv1.Requester{NodeId: "a"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sid := q.GetSessionId()
+	for _, who := range []*pegadv1.Requester{nil, {NodeId: "b"}} {
+		if _, err := h.RenewTransferLock(ctx, &pegadv1.RenewTransferLockRequest{SessionId: sid, Requester: who}); status.Code(err) != codes.PermissionDenied {
+			t.Errorf("renew as %v: %v, want PermissionDenied", who, err)
+		}
+		if _, err := h.ReleaseTransferLock(ctx, &pegadv1.ReleaseTransferLockRequest{SessionId: sid, Requester: who}); status.Code(err) != codes.PermissionDenied {
+			t.Errorf("release as %v: %v, want PermissionDenied", who, err)
+		}
+	}
+	if _, err := h.RenewTransferLock(ctx, &pegadv1.RenewTransferLockRequest{SessionId: sid, Requester: &pegadv1.Requester{NodeId: "a"}}); err != nil {
+		t.Errorf("renew as owner: %v", err)
+	}
+	if r, err := h.ReleaseTransferLock(ctx, &pegadv1.ReleaseTransferLockRequest{SessionId: sid, RequesterId: "a"}); err != nil || !r.GetWasLive() {
+		t.Errorf("release as owner (legacy id): %v %v", r, err)
+	}
+}
+
 // TestRenewDuringLongRead: a read longer than the lock timeout renews the
 // lock and completes.
 func TestRenewDuringLongRead(t *testing.T) {
@@ -210,6 +272,9 @@ func TestRenewDuringLongRead(t *testing.T) {
 	if _, _, renewals := hs.h.counts(); renewals < 2 {
 		t.Errorf("renewals = %d, want >= 2 over a read of 3+ lock timeouts", renewals)
 	}
+	if got := metrics.Value(hs.m.RenewFailures); got != 0 {
+		t.Errorf("renew failures = %v, want 0", got)
+	}
 	hs.h.checkReleasedOnce(t)
 }
 
@@ -232,6 +297,10 @@ func TestTransferDeadline(t *testing.T) {
 	}
 	if took < 150*time.Millisecond || took > 2*time.Second {
 		t.Errorf("read cut after %v, want about lock timeout minus margin (180ms)", took)
+	}
+	// Renewals tick every 66ms until the cut at 180ms: at least two failed.
+	if got := metrics.Value(hs.m.RenewFailures); got < 2 {
+		t.Errorf("renew failures = %v, want >= 2 (every renewal was refused)", got)
 	}
 	if got := metrics.Value(hs.m.GuardAborts); got != 0 {
 		t.Errorf("guard aborts = %v, want 0 (handled error)", got)

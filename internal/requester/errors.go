@@ -146,6 +146,14 @@ func invalidates(err error) bool {
 		errors.Is(err, conn.ErrRemoteMemory) || errors.Is(err, conn.ErrPeerRestarted)
 }
 
+// reclaimedRelease reports whether a release was refused because the
+// holder has seen a newer incarnation of this node: it refuses a stale
+// incarnation (FailedPrecondition) only after it reclaimed every session
+// of it, so the lock is known to be gone, not leaked.
+func reclaimedRelease(err error) bool {
+	return status.Code(err) == codes.FailedPrecondition
+}
+
 // ctxErr is the error of a done ctx: its Err, also wrapping its cause when
 // that differs (ErrClosed at shutdown, errTransferDeadline).
 func ctxErr(ctx context.Context) error {

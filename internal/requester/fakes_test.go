@@ -22,7 +22,8 @@ import (
 // --- fake holder: a pegadv1.PeerServiceClient that keeps a session table ---
 
 type fakeSession struct {
-	releases  int // successful ReleaseTransferLock calls
+	owner     string // requester node id of the query that opened it
+	releases  int    // successful ReleaseTransferLock calls
 	firstLive bool
 	renewals  int
 	expired   bool
@@ -94,7 +95,7 @@ func (h *fakeHolder) QueryBlocksForTransfer(ctx context.Context, in *pegadv1.Que
 	if len(resp.Blocks) > 0 {
 		h.nextSID++
 		resp.SessionId = fmt.Sprintf("s-%d", h.nextSID)
-		h.sessions[resp.SessionId] = &fakeSession{}
+		h.sessions[resp.SessionId] = &fakeSession{owner: in.GetRequester().GetNodeId()}
 	}
 	h.queryOK++
 	return resp, nil
@@ -126,6 +127,15 @@ func (h *fakeHolder) ReleaseTransferLock(ctx context.Context, in *pegadv1.Releas
 	if !ok {
 		return nil, status.Error(codes.NotFound, "no such session")
 	}
+	// As the real holder: only the owner releases (requester wins over the
+	// deprecated requester_id).
+	owner := in.GetRequester().GetNodeId()
+	if owner == "" {
+		owner = in.GetRequesterId()
+	}
+	if owner != s.owner {
+		return nil, status.Errorf(codes.PermissionDenied, "session %s is owned by %q, not %q", in.GetSessionId(), s.owner, owner)
+	}
 	s.releases++
 	if s.releases > 1 {
 		return &pegadv1.ReleaseTransferLockResponse{End: pegadv1.SessionEnd_SESSION_END_ALREADY_RELEASED}, nil
@@ -151,6 +161,11 @@ func (h *fakeHolder) RenewTransferLock(ctx context.Context, in *pegadv1.RenewTra
 	s, ok := h.sessions[in.GetSessionId()]
 	if !ok || s.releases > 0 {
 		return nil, status.Error(codes.NotFound, "no live session")
+	}
+	// As the real holder: only the owner renews, and renew has no legacy id.
+	if in.GetRequester().GetNodeId() != s.owner {
+		return nil, status.Errorf(codes.PermissionDenied, "session %s is owned by %q, not %q",
+			in.GetSessionId(), s.owner, in.GetRequester().GetNodeId())
 	}
 	s.renewals++
 	return &pegadv1.RenewTransferLockResponse{ExpiresAt: timestamppb.New(time.Now().Add(h.lockTimeout)),

@@ -228,6 +228,14 @@ func (e *Engine) fetch(ctx context.Context, st *fetchState, keys []store.Key, ou
 	e.hook(ctx, st, PhaseRelease)
 	rresp, err := g.Release()
 	if err != nil {
+		if reclaimedRelease(err) {
+			// A newer incarnation of this node reached the holder, which
+			// reclaimed our session at once: the read ran under a lock that
+			// may have ended (issue 5, fast reclaim).
+			return &FetchError{Peer: st.peer, Phase: PhaseRelease,
+				Err: fmt.Errorf("%w (session %s reclaimed: holder saw a newer incarnation than %q: %w)",
+					ErrDiscarded, g.sid, e.opts.Incarnation, err)}
+		}
 		// Whether the lock held during the read is unknown: discard.
 		return fail(PhaseRelease, err, ErrRemote)
 	}
@@ -386,7 +394,8 @@ func buildOps(plan []*planBlock) []conn.ReadOp {
 // context) is done; the returned channel closes when it has. It renews at
 // lock_timeout/3 and cancels the read (errTransferDeadline) when the lock's
 // deadline minus a safety margin passes without a renewal. A failed
-// renewal is logged and retried at the next tick; the fetch goes on, and
+// renewal is counted (pegaflow_transfer_lock_renew_failures_total), logged
+// and retried at the next tick; the fetch goes on, and
 // the release's was_live decides whether the data is kept.
 func (e *Engine) startRenewer(ctx context.Context, cancelRead context.CancelCauseFunc, g *lockGuard,
 	lockedAt time.Time, lockTimeout time.Duration) <-chan struct{} {
@@ -417,6 +426,7 @@ func (e *Engine) startRenewer(ctx context.Context, cancelRead context.CancelCaus
 					if ctx.Err() != nil {
 						return
 					}
+					e.m.RenewFailures.Inc()
 					e.log.Warn().Err(err).Str("session", g.sid).Str("remote", g.st.peer).Str("req_id", g.st.reqID).
 						Msg("transfer lock renewal failed; the read goes on until the lock's deadline")
 					continue

@@ -89,6 +89,14 @@ func (g *lockGuard) release() (*pegadv1.ReleaseTransferLockResponse, error) {
 		}
 		backoff *= 4
 	}
+	if reclaimedRelease(err) {
+		// Not a failure to release: the holder already ended the session
+		// when it saw this node's newer incarnation.
+		g.e.log.Warn().Err(err).Str("session", g.sid).Str("remote", g.st.peer).Str("req_id", g.st.reqID).
+			Str("incarnation", g.e.opts.Incarnation).
+			Msg("transfer lock release refused: the holder reclaimed this incarnation's sessions")
+		return nil, err
+	}
 	g.e.m.GuardReleaseFails.Inc()
 	g.e.log.Warn().Err(err).Str("session", g.sid).Str("remote", g.st.peer).Str("req_id", g.st.reqID).
 		Msg("transfer lock release failed; the holder's GC will reclaim the session")

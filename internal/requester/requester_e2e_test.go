@@ -22,6 +22,7 @@ import (
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	"github.com/pegaflow/pegad/internal/conn"
+	"github.com/pegaflow/pegad/internal/gc"
 	"github.com/pegaflow/pegad/internal/holder"
 	"github.com/pegaflow/pegad/internal/ibv"
 	"github.com/pegaflow/pegad/internal/ibv/tcp"
@@ -36,6 +37,7 @@ const mib = 1 << 20
 
 type e2eNode struct {
 	id     string
+	devs   []*tcp.Device // the tcp provider's devices (faults are set on them)
 	pool   *pool.Pool
 	store  *store.Store
 	m      *metrics.Metrics
@@ -49,9 +51,38 @@ type e2eNode struct {
 // newE2ENode starts a node; serve makes it a holder on 127.0.0.1:0.
 func newE2ENode(t *testing.T, id string, poolSize uint64, serve bool, lockTimeout time.Duration) *e2eNode {
 	t.Helper()
+	return startE2ENode(t, e2eOptions{id: id, poolSize: poolSize, serve: serve, lockTimeout: lockTimeout})
+}
+
+// e2eOptions configure startE2ENode.
+type e2eOptions struct {
+	id          string
+	incarnation string // "" = id+"-inc"
+	poolSize    uint64
+	serve       bool          // a holder on 127.0.0.1:0, with its lock sweeper
+	lockTimeout time.Duration // the holder's (0 = its default)
+	// faults is requester.Options.Faults.
+	faults func(ctx context.Context, reqID, phase string)
+}
+
+// e2eConnectAttr: the tcp provider's responder is a goroutine that a loaded
+// 2-core host under -race can leave unscheduled past the verbs default
+// 0.5 s retry budget; the daemon uses the same exponent for tcp (~4 s).
+func e2eConnectAttr() ibv.ConnectAttr {
+	a := ibv.DefaultConnectAttr()
+	a.Timeout = 17
+	return a
+}
+
+func startE2ENode(t *testing.T, o e2eOptions) *e2eNode {
+	t.Helper()
+	id, inc := o.id, o.incarnation
+	if inc == "" {
+		inc = id + "-inc"
+	}
 	n := &e2eNode{id: id, m: metrics.NewForTest()}
 	var err error
-	n.pool, err = pool.New(pool.Options{Size: poolSize, Log: zerolog.Nop()})
+	n.pool, err = pool.New(pool.Options{Size: o.poolSize, Log: zerolog.Nop()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,24 +105,32 @@ func newE2ENode(t *testing.T, id string, poolSize uint64, serve bool, lockTimeou
 			t.Fatal(err)
 		}
 		devs = append(devs, d)
+		n.devs = append(n.devs, d.(*tcp.Device))
 	}
 	n.peers = peer.NewClientsWithOptions(grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64 * mib)))
 	t.Cleanup(func() { _ = n.peers.Close() })
 	n.mgr, err = conn.NewManager(conn.Options{
-		NodeID: id, Incarnation: id + "-inc", Transport: "tcp", Devices: devs,
+		NodeID: id, Incarnation: inc, Transport: "tcp", Devices: devs,
 		Memory: n.pool.Bytes(), QPsPerPeer: 2, Dial: conn.Dialer(n.peers.Get),
 		Metrics: n.m, Log: zerolog.Nop(), HandshakeTimeout: 5 * time.Second,
+		ConnectAttr: e2eConnectAttr(),
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = n.mgr.Close() })
 
-	if serve {
+	if o.serve {
 		n.holder = holder.New(holder.Options{
 			Store: n.store, Acceptor: n.mgr, Metrics: n.m, Log: zerolog.Nop(),
-			NodeID: id, Incarnation: id + "-inc", LockTimeout: lockTimeout,
+			NodeID: id, Incarnation: inc, LockTimeout: o.lockTimeout,
 		})
+		// The lock sweeper, as the daemon runs it: a lock that lapses ends
+		// (and is counted in pegaflow_transfer_lock_timeouts_total).
+		gcCtx, gcStop := context.WithCancel(context.Background())
+		gcDone := make(chan struct{})
+		go func() { defer close(gcDone); gc.Run(gcCtx, 20*time.Millisecond, n.holder.Locks(), nil) }()
+		t.Cleanup(func() { gcStop(); <-gcDone })
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			t.Fatal(err)
@@ -105,8 +144,8 @@ func newE2ENode(t *testing.T, id string, poolSize uint64, serve bool, lockTimeou
 	}
 
 	n.engine, err = requester.New(requester.Options{
-		NodeID: id, Incarnation: id + "-inc", Store: n.store, Conns: n.mgr,
-		Peers: n.peers.Get, Metrics: n.m, Log: zerolog.Nop(),
+		NodeID: id, Incarnation: inc, Store: n.store, Conns: n.mgr,
+		Peers: n.peers.Get, Metrics: n.m, Log: zerolog.Nop(), Faults: o.faults,
 	})
 	if err != nil {
 		t.Fatal(err)
