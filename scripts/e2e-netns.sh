@@ -34,18 +34,21 @@
 #      the blocks (status discarded, exit 1), nothing is indexed, the
 #      connection stays up;
 #   c. the B-A link goes down in the middle of a slow read: the READs fail
-#      after the tcp provider's retry budget (connection class: exit 4), B
-#      invalidates the connection, the release cannot reach A (B's guard gives
-#      up after its release timeout) so A's sweeper expires the session after
-#      its lock timeout; after `ip link set up` the next prefetch reconnects
-#      and fetches the same blocks byte-identical.
+#      after the tcp provider's retry budget (connection class: exit 4, about
+#      4 + 5 s: budget, then the guard's release timeout), B invalidates the
+#      connection, the release cannot reach A (B's guard gives up) so A's
+#      sweeper expires the session after its lock timeout; after `ip link set
+#      up` the next prefetch reconnects and fetches the same blocks (and b3's
+#      discarded one) byte-identical.
 # Finally every pegad's pegaflow_rdma_qps equals the QPs its `conns list`
 # shows, no holder holds a session, and all exit 0 on SIGTERM.
 #
 # Needs root, iproute2 (ip, tc) and python3; prints "SKIP: ..." and exits 0
 # where network namespaces or the qdiscs/filters it uses are not available.
 # Bounded: fails after E2E_TIMEOUT seconds (default 300; it takes about a
-# minute). E2E_LOGDIR=DIR keeps the daemons' logs.
+# minute). E2E_LOGDIR=DIR keeps the daemons' logs; E2E_PHASES (default
+# "e a d b1 b2 b3 c") and E2E_REPEAT=N run a selection N times; E2E_SLOW_RATE
+# (default 40mbit, see SLOW_RATE) and E2E_LOSS_PCT (default 5) tune the links.
 # Namespaces, qdiscs, processes and the temp dir are removed on every exit.
 
 skip() {
@@ -504,6 +507,7 @@ phase_b2() {
 	# The fetch fails as a whole: pegad answers an error, no per-block list.
 	[[ $rc -eq 1 ]] || fail "b2: prefetch past the lifetime cap exited $rc, want 1: $(cat "$D/b2.err") $(cat "$D/b2.json")"
 	grep -q 'transfer deadline' "$D/b2.err" || fail "b2: error does not name the transfer deadline: $(cat "$D/b2.err")"
+	failed_as "$D/b2.json" failed
 	{ lt 4 "$took" && lt "$took" 9; } || fail "b2: the fetch failed after $took s, want about 4.6 s (lifetime 5s minus margin)"
 	absent b e2e x1 x2
 	snap b
@@ -520,6 +524,15 @@ phase_b2() {
 	expect_eq "b2: D lock timeouts" $(($(mval d pegaflow_transfer_lock_timeouts_total) - to0)) 0
 	expect_eq "b2: D not-live releases" $(($(mval d pegaflow_transfer_lock_release_not_live_total) - nl0)) 0
 	pass "b2: lifetime 5s exceeded: failed after $took s with a transfer deadline, nothing indexed, D saw renewals refused and a live release"
+}
+
+# failed_as FILE STATUS: pegactl's JSON output of a failed prefetch lists
+# every block as STATUS, or is empty (pegad answered the whole fetch with an
+# error, so pegactl has no per-block list to print).
+failed_as() {
+	[[ -s $1 ]] || return 0
+	[[ $(jq_py "all(b['status'] == '$2' for b in d['blocks']) and len(d['blocks']) > 0" <"$1") == true ]] ||
+		fail "$1: want every block $2: $(cat "$1")"
 }
 
 # sum_invalidations NODE: every pegaflow_rdma_connection_invalidations_total sample in NODE's last snap.
@@ -554,6 +567,7 @@ phase_b3() {
 	unshape a b
 	[[ $BG_RC -eq 1 ]] || fail "b3: prefetch whose lock was force-released exited $BG_RC, want 1: $(cat "$D/b3.err")"
 	grep -q 'discarded' "$D/b3.err" || fail "b3: error does not say discarded: $(cat "$D/b3.err")"
+	failed_as "$D/b3.json" discarded
 	absent b e2e f1
 	F1_PENDING=1
 	snap a
@@ -597,6 +611,7 @@ phase_c() {
 	took=$(since "$tcut")
 	[[ $BG_RC -eq 4 ]] || fail "c: prefetch over a cut link exited $BG_RC, want 4 (unavailable): $(cat "$D/c.err")"
 	lt "$took" 15 || fail "c: the failure took $took s after the cut, want < 15 s (retry budget + release timeout)"
+	failed_as "$D/c.json" failed
 	log "c: prefetch failed $took s after the cut: $(cat "$D/c.err")"
 	snap b
 	expect_eq "c: B completion-error invalidations" \
