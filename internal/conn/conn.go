@@ -201,9 +201,17 @@ type Manager struct {
 	workers   sync.WaitGroup // session worker goroutines
 	closeOnce sync.Once
 
-	// Test hooks (nil in production), set by export_test.go.
+	// drainTimeout bounds waiting for a QP in ERROR to flush (the
+	// drainTimeout constant; tests shorten it).
+	drainTimeout time.Duration
+
+	// Test hooks (nil in production), set by the package's tests before
+	// the manager is used.
 	hookBeforeRPC func(peer string)
 	hookAccept    func(req *pegadv1.RdmaHandshakeRequest)
+	// hookInvalidated runs in AddrConnection.invalidate right after the
+	// connection is marked invalid (c.mu released).
+	hookInvalidated func(c *AddrConnection)
 }
 
 // NewManager registers Options.Memory on every device and returns a
@@ -246,6 +254,8 @@ func NewManager(opts Options) (m *Manager, err error) {
 		accepted: make(map[string]*acceptedConn),
 
 		connecting: make(map[string]time.Time),
+
+		drainTimeout: drainTimeout,
 	}
 	defer func() {
 		if err != nil {

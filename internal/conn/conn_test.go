@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -210,13 +211,17 @@ func TestConnectInvalidateCycles(t *testing.T) {
 	req := newNode(t, d, nodeOpts{id: "req", nics: nics, qps: qps, mem: 1 << 20})
 	hold.fillRandom(5)
 
-	var wg sync.WaitGroup
+	var (
+		wg       sync.WaitGroup
+		progress atomic.Int64 // cycles completed
+	)
 	errs := make(chan error, par)
 	for g := 0; g < par; g++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for i := 0; i < cycles/par; i++ {
+				progress.Add(1)
 				c, err := req.mgr.Get(context.Background(), hold.addr)
 				if err != nil {
 					errs <- fmt.Errorf("cycle %d: Get: %w", i, err)
@@ -234,16 +239,36 @@ func TestConnectInvalidateCycles(t *testing.T) {
 			}
 		}()
 	}
-	wg.Wait()
+	// Watchdog: Invalidate tears an idle connection down at once, and
+	// teardown waits for the workers; a worker that ignores its
+	// connection's done would hang a cycle forever. Fail by name instead,
+	// leaving the stuck goroutines to goleak.
+	finished := make(chan struct{})
+	go func() { wg.Wait(); close(finished) }()
+	for last, lastAt := int64(-1), time.Now(); ; {
+		select {
+		case <-finished:
+		case <-time.After(100 * time.Millisecond):
+			if p := progress.Load(); p != last {
+				last, lastAt = p, time.Now()
+			} else if time.Since(lastAt) > 10*time.Second {
+				req.abandon()
+				t.Fatalf("no cycle completed for 10s after %d: a session worker did not exit after invalidation (teardown waits for it)", p)
+			}
+			continue
+		}
+		break
+	}
 	close(errs)
 	for err := range errs {
 		t.Fatal(err)
 	}
-	waitFor(t, "requester QPs to drain", func() bool { return req.mgr.QPs() == 0 && req.workers() == 0 })
-	req.checkQPs(t, 0)
-	if w := req.workers(); w != 0 {
-		t.Errorf("session workers = %d after cycles", w)
+	if !eventually(5*time.Second, func() bool { return req.workers() == 0 }) {
+		req.abandon()
+		t.Fatalf("pegaflow_session_workers = %d after every connection was invalidated, want 0", req.workers())
 	}
+	waitFor(t, "requester QPs to drain", func() bool { return req.mgr.QPs() == 0 })
+	req.checkQPs(t, 0)
 	// The holder keeps only the latest accepted connection of "req".
 	hold.checkQPs(t, nics*qps)
 	if n := len(hold.mgr.List()); n != 1 {
@@ -271,12 +296,7 @@ func TestWorkerExitsOnInvalidate(t *testing.T) {
 	s := c.nics[0].sessions[0]
 
 	// Hold a reference as a Read would, so the QP outlives invalidation.
-	if err := c.acquire(); err != nil {
-		t.Fatal(err)
-	}
-	var relOnce sync.Once
-	rel := func() { relOnce.Do(c.release) }
-	t.Cleanup(rel) // runs before the managers close, even on failure
+	rel := holdRef(t, req, c)
 	mk := func(off uint64) (*batch, chan batchResult) {
 		res := make(chan batchResult, 1)
 		ops := opsOf(req, hold, []span{{off, off, 4096}})
@@ -309,7 +329,14 @@ func TestWorkerExitsOnInvalidate(t *testing.T) {
 			t.Fatalf("queued batch %d got no reply", i)
 		}
 	}
-	<-s.exited
+	select {
+	case <-s.exited:
+	case <-time.After(5 * time.Second):
+		// Releasing the reference (teardown) or closing the manager would
+		// wait for the worker forever: leave both to goleak.
+		req.abandon()
+		t.Fatal("worker did not exit after invalidation")
+	}
 	late, lateRes := mk(12288)
 	s.submit(late)
 	select {
@@ -322,6 +349,10 @@ func TestWorkerExitsOnInvalidate(t *testing.T) {
 	}
 	if w := req.workers(); w != 0 {
 		t.Errorf("workers = %d after invalidate", w)
+	}
+	// queued1, queued2 and the late submission; never the running batch.
+	if got := testutil.ToFloat64(req.met.BatchesInvalidated); got != 3 {
+		t.Errorf("pegaflow_session_batches_invalidated_total = %v, want 3", got)
 	}
 	req.checkQPs(t, 1) // still held by our reference
 	rel()
@@ -337,60 +368,91 @@ func TestWorkerExitsOnInvalidate(t *testing.T) {
 
 // Lesson 9: after a deadline, Read returns only when no late READ can
 // land; a sentinel written after it returns survives the late responses.
+// "async flush" models a real HCA (tcp Faults.AsyncFlush on the
+// requester's devices): ToError returns at once while responses in flight
+// are still written until the flush completions arrive, so Read must wait
+// for those completions, not merely for ToError. Responses come every
+// 100 ms per QP, so several land inside the 300 ms flush window.
+// Another Read holds the connection meanwhile (as concurrent fetches do):
+// otherwise the failed Read's own release would be the last reference,
+// and teardown, which waits for the workers, would hide a Read that
+// returns before its batches.
 func TestReadDeadlineDrainsBeforeReturn(t *testing.T) {
-	const delay = 300 * time.Millisecond
-	d := newDialers(t)
-	hold := newNode(t, d, nodeOpts{id: "holder", nics: 2, qps: 2, mem: 8 << 20})
-	req := newNode(t, d, nodeOpts{id: "req", nics: 2, qps: 2, mem: 8 << 20})
-	hold.fillRandom(3)
-	c, err := req.mgr.Get(ctxT(t, 5*time.Second), hold.addr)
-	if err != nil {
-		t.Fatal(err)
+	tests := []struct {
+		name       string
+		delay      time.Duration // holder ResponseDelay per READ
+		asyncFlush time.Duration // requester AsyncFlush
+	}{
+		{"sync flush", 300 * time.Millisecond, 0},
+		{"async flush", 100 * time.Millisecond, 300 * time.Millisecond},
 	}
-	for _, dev := range hold.devs {
-		dev.SetFaults(tcp.Faults{ResponseDelay: delay})
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			d := newDialers(t)
+			hold := newNode(t, d, nodeOpts{id: "holder", nics: 2, qps: 2, mem: 8 << 20})
+			req := newNode(t, d, nodeOpts{id: "req", nics: 2, qps: 2, mem: 8 << 20})
+			hold.fillRandom(3)
+			c, err := req.mgr.Get(ctxT(t, 5*time.Second), hold.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, dev := range hold.devs {
+				dev.SetFaults(tcp.Faults{ResponseDelay: tc.delay})
+			}
+			for _, dev := range req.devs {
+				dev.SetFaults(tcp.Faults{AsyncFlush: tc.asyncFlush})
+			}
+			other := holdRef(t, req, c)
+			spans := scattered(rand.New(rand.NewPCG(1, 2)), 64, 4096, 64<<10, 8<<20, 8<<20)
+			ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+			defer cancel()
+			start := time.Now()
+			err = c.Read(ctx, opsOf(req, hold, spans))
+			took := time.Since(start)
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("Read = %v, want deadline exceeded", err)
+			}
+			if tc.asyncFlush == 0 && took >= tc.delay {
+				t.Errorf("Read took %v: it should abort (ERROR + flush), not wait for the responses", took)
+			}
+			// Reuse the memory at once, as the requester's pool would.
+			for i := range req.mem {
+				req.mem[i] = 0xA5
+			}
+			time.Sleep(max(tc.delay, tc.asyncFlush) + 300*time.Millisecond)
+			for i, b := range req.mem {
+				if b != 0xA5 {
+					t.Fatalf("late READ landed at offset %d after Read returned (Read took %v)", i, took)
+				}
+			}
+			if tc.asyncFlush > 0 && took < tc.asyncFlush {
+				t.Errorf("Read took %v, less than the %v flush window: it returned before its QPs flushed", took, tc.asyncFlush)
+			}
+			if !c.Invalid() {
+				t.Error("a connection whose QPs went to ERROR must be invalidated")
+			}
+			other()
+			waitFor(t, "QPs destroyed", func() bool { return req.mgr.QPs() == 0 })
+			if got := testutil.ToFloat64(req.met.Invalidations.WithLabelValues("deadline")); got != 1 {
+				t.Errorf("invalidations{deadline} = %v", got)
+			}
+			if got := testutil.ToFloat64(req.met.QPDrainFailures); got != 0 {
+				t.Errorf("qp drain failures = %v, want 0 (every QP flushed)", got)
+			}
+			// A fresh connection works.
+			for _, dev := range hold.devs {
+				dev.SetFaults(tcp.Faults{})
+			}
+			c2, err := req.mgr.Get(ctxT(t, 5*time.Second), hold.addr)
+			if err != nil || c2 == c {
+				t.Fatalf("re-Get: %v (same=%v)", err, c2 == c)
+			}
+			if err := c2.Read(ctxT(t, 5*time.Second), opsOf(req, hold, spans)); err != nil {
+				t.Fatal(err)
+			}
+			checkSpans(t, req, hold, spans)
+		})
 	}
-	spans := scattered(rand.New(rand.NewPCG(1, 2)), 64, 4096, 64<<10, 8<<20, 8<<20)
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-	defer cancel()
-	start := time.Now()
-	err = c.Read(ctx, opsOf(req, hold, spans))
-	took := time.Since(start)
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Read = %v, want deadline exceeded", err)
-	}
-	if took >= delay {
-		t.Errorf("Read took %v: it should abort (ERROR + flush), not wait for the responses", took)
-	}
-	// Reuse the memory at once, as the requester's pool would.
-	for i := range req.mem {
-		req.mem[i] = 0xA5
-	}
-	time.Sleep(delay + 300*time.Millisecond)
-	for i, b := range req.mem {
-		if b != 0xA5 {
-			t.Fatalf("late READ landed at offset %d after Read returned", i)
-		}
-	}
-	if !c.Invalid() {
-		t.Error("a connection whose QPs went to ERROR must be invalidated")
-	}
-	waitFor(t, "QPs destroyed", func() bool { return req.mgr.QPs() == 0 })
-	if got := testutil.ToFloat64(req.met.Invalidations.WithLabelValues("deadline")); got != 1 {
-		t.Errorf("invalidations{deadline} = %v", got)
-	}
-	// A fresh connection works.
-	for _, dev := range hold.devs {
-		dev.SetFaults(tcp.Faults{})
-	}
-	c2, err := req.mgr.Get(ctxT(t, 5*time.Second), hold.addr)
-	if err != nil || c2 == c {
-		t.Fatalf("re-Get: %v (same=%v)", err, c2 == c)
-	}
-	if err := c2.Read(ctxT(t, 5*time.Second), opsOf(req, hold, spans)); err != nil {
-		t.Fatal(err)
-	}
-	checkSpans(t, req, hold, spans)
 }
 
 // A ctx that is already done posts nothing and leaves the connection up.

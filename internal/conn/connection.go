@@ -118,6 +118,9 @@ func (c *AddrConnection) invalidate(reason error) {
 	}
 	refs := c.refs
 	c.mu.Unlock()
+	if c.m.hookInvalidated != nil {
+		c.m.hookInvalidated(c)
+	}
 
 	c.m.met.Conns.WithLabelValues(RoleRequester, StateConnected).Dec()
 	c.m.met.Conns.WithLabelValues(RoleRequester, StateInvalidated).Inc()

@@ -132,7 +132,7 @@ func (m *Manager) connect(peer string) (_ *AddrConnection, err error) {
 			if err := p.qp.Connect(remote[i].endpoints[q], attr); err != nil {
 				return nil, fmt.Errorf("%w: connect qp %d on %s to %s: %w", ErrConnectionBroken, p.qpn, n.info.Name, peer, err)
 			}
-			cn.sessions = append(cn.sessions, newSession(p))
+			cn.sessions = append(cn.sessions, newSession(p, m.met))
 		}
 		c.nics = append(c.nics, cn)
 	}

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
@@ -53,6 +54,11 @@ type node struct {
 	addr string // peer gRPC address
 
 	handshakes atomic.Int32 // RdmaHandshake calls served
+	// abandoned: a test found a worker that never exits; the cleanup
+	// must not Close the manager (Close waits for every worker, so it
+	// would hang the package until go test's timeout, hiding the failure
+	// message). goleak then reports the stuck goroutine.
+	abandoned atomic.Bool
 	// reply, when set, replaces Accept (a misbehaving peer).
 	reply atomic.Pointer[func(*pegadv1.RdmaHandshakeRequest) (*pegadv1.RdmaHandshakeResponse, error)]
 }
@@ -180,8 +186,26 @@ func newNode(t testing.TB, d *dialers, o nodeOpts) *node {
 	if err != nil {
 		t.Fatalf("NewManager: %v", err)
 	}
-	t.Cleanup(func() { n.mgr.Close() })
+	t.Cleanup(func() {
+		if !n.abandoned.Load() {
+			n.mgr.Close()
+		}
+	})
 	return n
+}
+
+// abandon gives up on closing n's manager at cleanup; see node.abandoned.
+func (n *node) abandon() { n.abandoned.Store(true) }
+
+// sumOf adds up every series of a counter or gauge vector.
+func sumOf(c prometheus.Collector) float64 {
+	ch := make(chan prometheus.Metric, 16)
+	go func() { c.Collect(ch); close(ch) }()
+	var sum float64
+	for m := range ch {
+		sum += metrics.Value(m)
+	}
+	return sum
 }
 
 func (n *node) base() uint64 { return n.mgr.memBase }
@@ -212,13 +236,21 @@ func (n *node) workers() int { return int(testutil.ToFloat64(n.met.SessionWorker
 // waitFor polls cond for up to 5 s.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	if !eventually(5*time.Second, cond) {
+		t.Fatalf("timed out waiting for %s", what)
+	}
+}
+
+// eventually polls cond for up to d and reports whether it held.
+func eventually(d time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(d)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
+			return false
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
+	return true
 }
 
 func ctxT(t testing.TB, d time.Duration) context.Context {
@@ -264,4 +296,24 @@ func testConnectAttr() ibv.ConnectAttr {
 	a := ibv.DefaultConnectAttr()
 	a.Timeout = 17
 	return a
+}
+
+// holdRef takes a reference on c (a connection of n's manager) as an
+// in-flight Read would, so that c outlives its invalidation. The returned
+// release is idempotent and also runs at cleanup (before the managers
+// close), even on failure, unless n was abandoned: with a stuck worker the
+// last release would wait for it forever.
+func holdRef(t *testing.T, n *node, c *AddrConnection) (release func()) {
+	t.Helper()
+	if err := c.acquire(); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	release = func() { once.Do(c.release) }
+	t.Cleanup(func() {
+		if !n.abandoned.Load() {
+			release()
+		}
+	})
+	return release
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/pegaflow/pegad/internal/ibv"
+	"github.com/pegaflow/pegad/internal/metrics"
 )
 
 // Batch states. Whoever moves a batch out of batchQueued owns its reply:
@@ -38,11 +39,14 @@ type batchResult struct {
 	qpErrored bool
 }
 
-// finishUnrun replies for a batch that never ran, if nobody else owns it.
-func (b *batch) finishUnrun(err error) {
+// finishUnrun replies for a batch that never ran, if nobody else owns it,
+// and reports whether it did.
+func (b *batch) finishUnrun(err error) bool {
 	if b.state.CompareAndSwap(batchQueued, batchFinished) {
 		b.res <- batchResult{err: err}
+		return true
 	}
+	return false
 }
 
 // session is one QP with its worker's command queue. The worker holds
@@ -50,7 +54,8 @@ func (b *batch) finishUnrun(err error) {
 // connection's done channel closes, replying ErrSessionInvalidated to
 // every batch it accepted but did not run.
 type session struct {
-	p *qpPair
+	p   *qpPair
+	met *metrics.Metrics
 
 	// mu guards queue and closed.
 	mu     sync.Mutex
@@ -66,8 +71,8 @@ type session struct {
 	dead bool
 }
 
-func newSession(p *qpPair) *session {
-	return &session{p: p, kick: make(chan struct{}, 1), exited: make(chan struct{}), wcs: make([]ibv.WorkCompletion, 64)}
+func newSession(p *qpPair, met *metrics.Metrics) *session {
+	return &session{p: p, met: met, kick: make(chan struct{}, 1), exited: make(chan struct{}), wcs: make([]ibv.WorkCompletion, 64)}
 }
 
 // submit queues b; once the worker is gone, b gets ErrSessionInvalidated
@@ -76,7 +81,7 @@ func (s *session) submit(b *batch) {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		b.finishUnrun(s.invalidatedErr())
+		s.answerInvalidated(b)
 		return
 	}
 	s.queue = append(s.queue, b)
@@ -99,8 +104,12 @@ func (s *session) pop() *batch {
 	return b
 }
 
-func (s *session) invalidatedErr() error {
-	return fmt.Errorf("%w (qpn %d)", ErrSessionInvalidated, s.p.qpn)
+// answerInvalidated replies ErrSessionInvalidated to a batch that will
+// never run (unless its Read canceled it first) and counts it.
+func (s *session) answerInvalidated(b *batch) {
+	if b.finishUnrun(fmt.Errorf("%w (qpn %d)", ErrSessionInvalidated, s.p.qpn)) {
+		s.met.BatchesInvalidated.Inc()
+	}
 }
 
 // run is the session worker: it executes batches one at a time until
@@ -116,7 +125,7 @@ func (s *session) run(done <-chan struct{}, m *Manager, log zerolog.Logger) {
 		s.queue = nil
 		s.mu.Unlock()
 		for _, b := range q {
-			b.finishUnrun(s.invalidatedErr())
+			s.answerInvalidated(b)
 		}
 		close(s.exited)
 		log.Debug().Int("dropped_batches", len(q)).Msg("session worker exited")
@@ -134,7 +143,7 @@ func (s *session) run(done <-chan struct{}, m *Manager, log zerolog.Logger) {
 			}
 			select {
 			case <-done:
-				b.finishUnrun(s.invalidatedErr())
+				s.answerInvalidated(b)
 				return
 			default:
 			}
@@ -188,7 +197,7 @@ func (s *session) execute(b *batch, m *Manager, log zerolog.Logger) batchResult 
 		if !res.qpErrored && (qpBroken || posted > completed) {
 			s.p.toError()
 			res.qpErrored = true
-			drainBy = time.Now().Add(drainTimeout)
+			drainBy = time.Now().Add(m.drainTimeout)
 		}
 	}
 	defer func() {
@@ -227,8 +236,7 @@ func (s *session) execute(b *batch, m *Manager, log zerolog.Logger) batchResult 
 			// only other guarantee that no WR touches memory afterwards.
 			fail(fmt.Errorf("%w: poll cq of qp %d: %w", ErrConnectionBroken, s.p.qpn, err), false, true)
 			log.Error().Err(err).Msg("poll failed; destroying qp to stop outstanding reads")
-			s.p.destroy(m)
-			s.dead = true
+			s.destroyUndrained(m)
 			return res
 		}
 		for _, wc := range s.wcs[:n] {
@@ -253,7 +261,7 @@ func (s *session) execute(b *batch, m *Manager, log zerolog.Logger) batchResult 
 			err2 = s.p.cq.Wait(b.ctx)
 		} else {
 			if drainBy.IsZero() { // unreachable: outstanding WRs after stop imply ERROR
-				drainBy = time.Now().Add(drainTimeout)
+				drainBy = time.Now().Add(m.drainTimeout)
 			}
 			wctx, cancel := context.WithDeadline(context.Background(), drainBy)
 			err2 = s.p.cq.Wait(wctx)
@@ -264,18 +272,27 @@ func (s *session) execute(b *batch, m *Manager, log zerolog.Logger) batchResult 
 			case !stop && b.ctx.Err() != nil:
 				fail(b.ctx.Err(), false, false)
 			case stop && !time.Now().Before(drainBy):
-				log.Error().Int("outstanding", posted-completed).Dur("waited", drainTimeout).
+				log.Error().Int("outstanding", posted-completed).Dur("waited", m.drainTimeout).
 					Msg("qp did not drain after ERROR; destroying it to stop outstanding reads")
-				s.p.destroy(m)
-				s.dead = true
+				s.destroyUndrained(m)
 				return res
 			default:
 				fail(fmt.Errorf("%w: wait cq of qp %d: %w", ErrConnectionBroken, s.p.qpn, err2), false, true)
-				s.p.destroy(m)
-				s.dead = true
+				log.Error().Err(err2).Int("outstanding", posted-completed).Msg("wait failed; destroying qp to stop outstanding reads")
+				s.destroyUndrained(m)
 				return res
 			}
 		}
 	}
 	return res
+}
+
+// destroyUndrained destroys the QP while WRs are still outstanding (it
+// would not drain after ERROR, or its CQ broke): destroying is the other
+// guarantee that none of them touches memory afterwards. The worker must
+// exit and touch the QP no more.
+func (s *session) destroyUndrained(m *Manager) {
+	s.p.destroy(m)
+	s.dead = true
+	m.met.QPDrainFailures.Inc()
 }

@@ -18,8 +18,10 @@
 // The provider touches it only under the MR's lock while the MR is
 // registered, and writes READ response data into local memory only under the
 // QP's lock while the work request is still outstanding. So after Dereg
-// returns, after Destroy returns, and after ToError returns (or its flush
-// completions are polled), no byte is read from or written to that memory.
+// returns, after Destroy returns, and after ToError's flush completions are
+// polled (by default ToError flushes before it returns; with
+// Faults.AsyncFlush, as on a real HCA, the flush comes later), no byte is
+// read from or written to that memory.
 package tcp
 
 import (
@@ -60,10 +62,21 @@ type DeviceOptions struct {
 	Logger *zerolog.Logger
 }
 
-// Faults are injected by tests into the responder side of a device.
+// Faults are injected by tests into a device. ResponseDelay and
+// DropResponses act on its responder side (requests it serves);
+// AsyncFlush acts on its own QPs (the requester side).
 type Faults struct {
 	ResponseDelay time.Duration // delay every READ response served by this device
 	DropResponses bool          // serve nothing (requester sees RETRY_EXC_ERR after its retry budget)
+	// AsyncFlush models a real HCA's ERROR transition: ToError on a QP of
+	// this device with WRs outstanding returns at once (the QP reports
+	// ERROR and sends nothing more), but READ responses already in flight
+	// are still written into local memory for this long; only then are
+	// the outstanding WRs completed with WR_FLUSH_ERR and the data
+	// connection closed. Until those flush completions are polled (or the
+	// QP is destroyed), local memory may still change. Zero: ToError
+	// flushes synchronously.
+	AsyncFlush time.Duration
 }
 
 // Provider is the tcp provider: a fixed set of devices, each with a data

@@ -51,6 +51,11 @@ type qp struct {
 	conn         *dconn
 	lastProgress time.Time // last request sent with nothing in flight, or last response
 	respConns    map[*dconn]struct{}
+	// flushPending (Faults.AsyncFlush): ToError moved the QP to ERROR but
+	// its outstanding WRs are not flushed yet; the reader still applies
+	// responses meanwhile, as a real HCA may still DMA them. Cleared by
+	// failLocked.
+	flushPending bool
 }
 
 // wqe is one posted work request.
@@ -168,15 +173,50 @@ func (q *qp) PostSend(wrs []ibv.SendWR) (int, error) {
 
 // ToError moves the QP to ERROR: every outstanding WR is completed with
 // WR_FLUSH_ERR before ToError returns, and no response byte is applied to
-// local memory afterwards.
+// local memory afterwards. With Faults.AsyncFlush set on the device and WRs
+// outstanding, it returns at once instead: responses in flight may still
+// land until the flush completions are delivered, AsyncFlush later.
 func (q *qp) ToError() error {
+	delay := q.dev.currentFaults().AsyncFlush
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.destroyed {
 		return ibv.ErrClosed
 	}
-	q.failLocked(nil, ibv.WCWRFlushErr)
+	if q.flushPending {
+		return nil // already going to ERROR; the flush is scheduled
+	}
+	if delay <= 0 || q.state != ibv.QPSRTS || len(q.sq) == 0 {
+		q.failLocked(nil, ibv.WCWRFlushErr)
+		return nil
+	}
+	// ERROR now for everyone else (State, PostSend, the sender, which
+	// exits), but the reader keeps applying responses until the flush.
+	q.state = ibv.QPSError
+	q.flushPending = true
+	q.log.Debug().Dur("async_flush", delay).Int("outstanding", len(q.sq)).Msg("QP to ERROR; flush delayed")
+	q.wg.Add(1)
+	go q.delayedFlush(delay)
 	return nil
+}
+
+// delayedFlush completes ToError under Faults.AsyncFlush: after delay it
+// flushes every outstanding WR, unless failLocked ran meanwhile (Destroy,
+// a connection loss) or the QP was cancelled. Counted by q.wg.
+func (q *qp) delayedFlush(delay time.Duration) {
+	defer q.wg.Done()
+	t := time.NewTimer(delay)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-q.ctx.Done():
+		return // failLocked ran (it cancels ctx and clears flushPending)
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.flushPending && !q.destroyed {
+		q.failLocked(nil, ibv.WCWRFlushErr)
+	}
 }
 
 // Destroy flushes outstanding WRs (their completions go to the CQ), closes
@@ -219,6 +259,7 @@ func (q *qp) failLocked(w *wqe, st ibv.WCStatus) {
 	}
 	q.completeLocked()
 	q.state = ibv.QPSError
+	q.flushPending = false
 	q.rdOut = 0
 	q.sendIdx = 0
 	q.cancel()
@@ -514,13 +555,17 @@ func (q *qp) reader(c *dconn) {
 	for {
 		m, err := fr.next()
 		q.mu.Lock()
-		if q.conn != c || q.state != ibv.QPSRTS {
+		// Under Faults.AsyncFlush an ERROR QP whose flush is pending still
+		// applies responses (a real HCA may DMA them until it flushes).
+		if q.conn != c || (q.state != ibv.QPSRTS && !q.flushPending) {
 			q.mu.Unlock()
 			return
 		}
 		if err != nil {
 			q.conn = nil
-			if q.inFlightLocked() {
+			if q.flushPending {
+				q.failLocked(nil, ibv.WCWRFlushErr)
+			} else if q.inFlightLocked() {
 				q.log.Warn().Err(err).Msg("data connection lost with work in flight")
 				q.failLocked(q.firstPendingLocked(), ibv.WCRetryExcErr)
 			} else {

@@ -163,6 +163,110 @@ func TestFaultDelayToErrorNoLateByte(t *testing.T) {
 	}
 }
 
+// TestFaultAsyncFlush: with Faults.AsyncFlush, ToError returns at once but
+// READ responses in flight still land until the WR_FLUSH_ERR completions
+// are delivered, AsyncFlush later (a real HCA); after those completions
+// nothing lands. A WR posted in the window is flushed after the others.
+func TestFaultAsyncFlush(t *testing.T) {
+	const (
+		delay = 100 * time.Millisecond // per READ, served one after another
+		flush = 300 * time.Millisecond
+		chunk = 64 << 10
+		count = 8
+	)
+	_, d := newProvider(t)
+	d[1].SetFaults(Faults{ResponseDelay: delay})
+	d[0].SetFaults(Faults{AsyncFlush: flush})
+	req, peer := ibvtest.Pair(t, d[0], d[1], ibvtest.DefaultCap())
+	rmem, rmr := ibvtest.Region(t, peer, count*chunk, accRead, 1)
+	lmem, lmr := ibvtest.Region(t, req, count*chunk, accRead, 2)
+	for i := range count {
+		post(t, req.QP, readWR(uint64(i), lmr, rmr, uint64(i)*chunk, chunk))
+	}
+	time.Sleep(delay / 2)
+	start := time.Now()
+	if err := req.QP.ToError(); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > delay/2 {
+		t.Errorf("ToError took %v with AsyncFlush: it must return at once", took)
+	}
+	if st := req.QP.State(); st != ibv.QPSError {
+		t.Errorf("state after ToError = %s, want ERROR", st)
+	}
+	clear(lmem) // premature reuse: responses in flight may still land
+	post(t, req.QP, readWR(count, lmr, rmr, 0, chunk))
+	wcs := ibvtest.Collect(t, req.CQ, count+1)
+	drained := time.Since(start)
+	if drained < flush {
+		t.Errorf("flush completions after %v, want ≥ AsyncFlush %v", drained, flush)
+	}
+	success := 0
+	for i, wc := range wcs {
+		if wc.ID != uint64(i) {
+			t.Fatalf("completion %d is wr_id %d: out of order", i, wc.ID)
+		}
+		switch wc.Status {
+		case ibv.WCSuccess:
+			success++
+			if !bytes.Equal(lmem[i*chunk:(i+1)*chunk], rmem[i*chunk:(i+1)*chunk]) {
+				t.Errorf("wr %d completed successfully but its bytes differ", i)
+			}
+		case ibv.WCWRFlushErr:
+		default:
+			t.Errorf("wr %d: %s, want SUCCESS or WR_FLUSH_ERR", i, wc.Status)
+		}
+	}
+	if success == 0 {
+		t.Error("no response landed in the flush window: the fault did not delay the flush")
+	}
+	if wcs[count].Status != ibv.WCWRFlushErr {
+		t.Errorf("wr posted after ToError: %s, want WR_FLUSH_ERR", wcs[count].Status)
+	}
+	clear(lmem)
+	time.Sleep(2 * delay)
+	for i, b := range lmem {
+		if b != 0 {
+			t.Fatalf("late byte at %d after the flush completions were polled", i)
+		}
+	}
+}
+
+// TestFaultAsyncFlushDestroy: Destroy during the flush window returns at
+// once, flushes every outstanding WR, and no byte lands afterwards.
+func TestFaultAsyncFlushDestroy(t *testing.T) {
+	const delay = 100 * time.Millisecond
+	_, d := newProvider(t)
+	d[1].SetFaults(Faults{ResponseDelay: delay})
+	d[0].SetFaults(Faults{AsyncFlush: time.Minute})
+	req, peer := ibvtest.Pair(t, d[0], d[1], ibvtest.DefaultCap())
+	_, rmr := ibvtest.Region(t, peer, 1<<20, accRead, 1)
+	lmem, lmr := ibvtest.Region(t, req, 1<<20, accRead, 2)
+	for i := range 4 {
+		post(t, req.QP, readWR(uint64(i), lmr, rmr, 0, 1<<20))
+	}
+	if err := req.QP.ToError(); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := req.QP.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > time.Second {
+		t.Errorf("Destroy took %v during the flush window", took)
+	}
+	for i, wc := range ibvtest.Collect(t, req.CQ, 4) {
+		expect(t, wc, uint64(i), ibv.WCWRFlushErr)
+	}
+	clear(lmem)
+	time.Sleep(3 * delay)
+	for i, b := range lmem {
+		if b != 0 {
+			t.Fatalf("late byte at %d after Destroy", i)
+		}
+	}
+}
+
 // TestFaultDelayWithinBudget: a delay shorter than the retry budget only
 // slows READs down.
 func TestFaultDelayWithinBudget(t *testing.T) {
