@@ -298,9 +298,10 @@ func TestTransferDeadline(t *testing.T) {
 	if took < 150*time.Millisecond || took > 2*time.Second {
 		t.Errorf("read cut after %v, want about lock timeout minus margin (180ms)", took)
 	}
-	// Renewals tick every 66ms until the cut at 180ms: at least two failed.
-	if got := metrics.Value(hs.m.RenewFailures); got < 2 {
-		t.Errorf("renew failures = %v, want >= 2 (every renewal was refused)", got)
+	// Renewals tick every 66ms until the cut at 180ms, each refused (two
+	// on an idle host; at least one however late the ticker runs).
+	if got := metrics.Value(hs.m.RenewFailures); got < 1 {
+		t.Errorf("renew failures = %v, want >= 1 (every renewal was refused)", got)
 	}
 	if got := metrics.Value(hs.m.GuardAborts); got != 0 {
 		t.Errorf("guard aborts = %v, want 0 (handled error)", got)
