@@ -140,7 +140,7 @@ func TestQPDrainFailureDestroysQP(t *testing.T) {
 	if got := testutil.ToFloat64(req.met.QPDrainFailures); got != 1 {
 		t.Errorf("pegaflow_rdma_qp_drain_failures_total = %v, want 1", got)
 	}
-	req.checkQPs(t, 0) // destroyed by the worker although a Read holds c
+	req.checkQPs(t, 0)    // destroyed by the worker although a Read holds c
 	time.Sleep(8 * delay) // every delayed response would have come by now
 	checkSentinel(t, req.mem, 0xA5, "local memory")
 	if !c.Invalid() {
