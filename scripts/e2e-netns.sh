@@ -21,6 +21,8 @@
 #   a. B prefetches from A: byte-identical, no lock left on A;
 #   d. 5% packet loss both ways on the A link: prefetch still byte-identical
 #      (TCP retransmits), in bounded time;
+#   f. the B-A link flaps (down 1 s) in the middle of a slow read: shorter
+#      than the retry budget, so the fetch succeeds, no invalidation;
 #   b1. slow link (tbf 40mbit) to C (lock-timeout 2s): a 32 MiB fetch taking
 #      more than 3 lock timeouts succeeds because B renews the lock; C counts
 #      renewals, no lock timeout, no not-live release;
@@ -39,7 +41,9 @@
 #      connection, the release cannot reach A (B's guard gives up) so A's
 #      sweeper expires the session after its lock timeout; after `ip link set
 #      up` the next prefetch reconnects and fetches the same blocks (and b3's
-#      discarded one) byte-identical.
+#      discarded one) byte-identical;
+#   r. B is killed mid-read and restarted: A releases the dead incarnation's
+#      session at B's next request (incarnation reclaim), not after 10 s.
 # Finally every pegad's pegaflow_rdma_qps equals the QPs its `conns list`
 # shows, no holder holds a session, and all exit 0 on SIGTERM.
 #
@@ -47,7 +51,7 @@
 # where network namespaces or the qdiscs/filters it uses are not available.
 # Bounded: fails after E2E_TIMEOUT seconds (default 300; it takes about a
 # minute). E2E_LOGDIR=DIR keeps the daemons' logs; E2E_PHASES (default
-# "e a d b1 b2 b3 c") and E2E_REPEAT=N run a selection N times; E2E_SLOW_RATE
+# "e a d f b1 b2 b3 c r") and E2E_REPEAT=N run a selection N times; E2E_SLOW_RATE
 # (default 40mbit, see SLOW_RATE) and E2E_LOSS_PCT (default 5) tune the links.
 # Namespaces, qdiscs, processes and the temp dir are removed on every exit.
 
@@ -646,6 +650,73 @@ phase_c() {
 	pass "c: cut link: exit 4 in $took s, connection invalidated, A expired the lock; after link up reconnected, byte-identical"
 }
 
+# phase_f: the B-A link flaps (down for E2E_FLAP seconds, default 1) in the
+# middle of a slow read: shorter than the retry budget, so TCP retransmits
+# and the fetch succeeds byte-identical, with no invalidation.
+phase_f() {
+	local inv0 pf flap=${E2E_FLAP:-1}
+	mkblock g1 k 16777216
+	put a e2e g1
+	shape a b "$SLOW_RATE"
+	snap b
+	inv0=$(sum_invalidations b)
+	bg_prefetch "$D/f" b "$PEER_A" e2e g1
+	pf=$BG
+	wait_until 20 "B reading from A" reading b "$PEER_A"
+	sleep 0.5
+	ip -n "${NSOF[b]}" link set to-a down
+	sleep "$flap"
+	ip -n "${NSOF[b]}" link set to-a up
+	bg_wait "$pf" 30
+	unshape a b
+	[[ $BG_RC -eq 0 ]] || fail "f: prefetch across a ${flap}s link flap exited $BG_RC: $(cat "$D/f.err")"
+	same b e2e g1
+	snap b
+	expect_eq "f: B invalidations" $(($(sum_invalidations b) - inv0)) 0
+	pass "f: a ${flap}s link flap mid-read: fetched byte-identical in $(jq_py '"%.2f" % d["duration_seconds"]' <"$D/f.json") s, connection kept"
+}
+
+# phase_r: B is killed (SIGKILL) in the middle of a slow read from A, and
+# started again (same node id, new incarnation). A keeps the dead fetch's
+# session until B's next request: the handshake of B's next prefetch carries
+# the new incarnation, and A releases the old incarnation's sessions at once
+# (counted, logged) instead of pinning the blocks for its 10 s lock timeout.
+phase_r() {
+	local rc0 to0 pf tkill owner
+	mkblock h1 k 16777216
+	put a e2e h1
+	shape a b "$SLOW_RATE"
+	snap a
+	rc0=$(mval a pegaflow_transfer_lock_incarnation_reclaims_total)
+	to0=$(mval a pegaflow_transfer_lock_timeouts_total)
+	bg_prefetch "$D/r" b "$PEER_A" e2e h1
+	pf=$BG
+	wait_until 20 "B reading from A" reading b "$PEER_A"
+	kill -KILL "$PID_b"
+	tkill=$(now)
+	wait "$PID_b" 2>/dev/null || true
+	bg_wait "$pf" 10
+	unshape a b
+	owner=$(ctl a -o json sessions list | jq_py "','.join(s['requester_id'] for s in d['sessions'])")
+	[[ $owner == e2e-b ]] || fail "r: A's sessions after B was killed: '$owner', want the dead fetch's"
+	mv -f "$WORK/b.log" "$WORK/b.before-kill.log"
+	LOGS+=("$WORK/b.before-kill.log")
+	start_in b --pool-size 192MiB --lock-timeout 10s
+	unset 'LOGS[-1]' # b.log is listed already
+	wait_ready "$PID_b" "$WORK/b.sock"
+	ctl b -o json prefetch --peer "$PEER_A" --namespace e2e "${HASH[h1]}" >"$D/r2.json" 2>"$D/r2.err" ||
+		fail "r: prefetch from the restarted B failed: $(cat "$D/r2.err")"
+	check "r: the restarted B fetched the block" "[b['status'] for b in d['blocks']] == ['fetched']" <"$D/r2.json"
+	same b e2e h1
+	holder_quiet a || fail "r: A still holds a session after the restarted B's prefetch"
+	lt "$(since "$tkill")" 9 || fail "r: too slow to tell a reclaim from A's 10 s lock timeout"
+	snap a
+	expect_eq "r: A incarnation reclaims" $(($(mval a pegaflow_transfer_lock_incarnation_reclaims_total) - rc0)) 1
+	expect_eq "r: A lock timeouts" $(($(mval a pegaflow_transfer_lock_timeouts_total) - to0)) 0
+	grep -q 'Requester restarted' "$WORK/a.log" || fail "r: A did not log the reclaim"
+	pass "r: B killed mid-read and restarted: A released the old incarnation's session at B's next request ($(since "$tkill") s after the kill), no lock timeout"
+}
+
 # The slow link: 40mbit (5 MB/s). Not slower: B reads over 4 QPs, i.e. 4 TCP
 # flows through one tail-drop queue, and TCP's unfairness there leaves one
 # flow without a complete 1 MiB response frame for 3-5.5 s at 20mbit
@@ -655,11 +726,11 @@ phase_c() {
 # with RETRY_EXC_ERR now and then. At 40mbit the worst frame gap measured
 # was 1.9 s.
 SLOW_RATE=${E2E_SLOW_RATE:-40mbit}
-PHASES=${E2E_PHASES:-e a d b1 b2 b3 c}
+PHASES=${E2E_PHASES:-e a d f b1 b2 b3 c r}
 FIRST=${PHASES%% *}
 for r in $(seq 1 "${E2E_REPEAT:-1}"); do
 	for p in $PHASES; do
-		declare -F "phase_$p" >/dev/null || fail "unknown phase $p (E2E_PHASES: e a d b1 b2 b3 c)"
+		declare -F "phase_$p" >/dev/null || fail "unknown phase $p (E2E_PHASES: e a d f b1 b2 b3 c r)"
 		T_PHASE=$(now)
 		"phase_$p"
 		log "phase $p took $(since "$T_PHASE") s"
