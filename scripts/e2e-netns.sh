@@ -153,7 +153,7 @@ shape() {
 }
 unshape() { tc -n "${NSOF[$1]}" qdisc del dev "to-$2" root 2>/dev/null || true; }
 
-# lossy NODE PEER PCT: NODE drops PCT% of the packets it receives from PEER
+# lossy NODE PEER PCT: NODE drops PCT% (< 100) of the packets it receives from PEER
 # (classic BPF: a random u32 below the threshold → TC_ACT_SHOT). Dropped on
 # the receiving side, so the sender's TCP sees real loss, not local back-pressure.
 lossy() {
@@ -223,7 +223,7 @@ for line in urllib.request.urlopen(sys.argv[1], timeout=5).read().decode().split
     if line and not line.startswith("#"):
         print(line)
 PY
-# snap NODE: NODE's /metrics now, for mv.
+# snap NODE: NODE's /metrics now, for mval.
 snap() { ip netns exec "${NSOF[$1]}" python3 "$PROM" "http://${ADDR[$1]}:9464/metrics" >"$WORK/metrics.$1"; }
 # mval NODE SAMPLE: SAMPLE's value in NODE's last snap (0 when absent).
 mval() { awk -v s="$2" '$1 == s { v = $2 } END { printf "%.0f\n", v + 0 }' "$WORK/metrics.$1"; }
@@ -512,6 +512,7 @@ phase_b2() {
 	[[ $rc -eq 1 ]] || fail "b2: prefetch past the lifetime cap exited $rc, want 1: $(cat "$D/b2.err") $(cat "$D/b2.json")"
 	grep -q 'transfer deadline' "$D/b2.err" || fail "b2: error does not name the transfer deadline: $(cat "$D/b2.err")"
 	failed_as "$D/b2.json" failed
+	log "b2: $(cat "$D/b2.err")"
 	{ lt 4 "$took" && lt "$took" 9; } || fail "b2: the fetch failed after $took s, want about 4.6 s (lifetime 5s minus margin)"
 	absent b e2e x1 x2
 	snap b
@@ -572,6 +573,7 @@ phase_b3() {
 	[[ $BG_RC -eq 1 ]] || fail "b3: prefetch whose lock was force-released exited $BG_RC, want 1: $(cat "$D/b3.err")"
 	grep -q 'discarded' "$D/b3.err" || fail "b3: error does not say discarded: $(cat "$D/b3.err")"
 	failed_as "$D/b3.json" discarded
+	log "b3: $(cat "$D/b3.err")"
 	absent b e2e f1
 	F1_PENDING=1
 	snap a
