@@ -456,6 +456,28 @@ func TestPrefetch(t *testing.T) {
 	f.mu.Unlock()
 	wantError(t, run(t, f, "prefetch", "--peer", "127.0.0.1:50055", "--namespace", "ns", "aa"), ExitUnavailable,
 		"Error: connection to 127.0.0.1:50055 broken")
+
+	// A failed fetch carries its per-block results as a status detail:
+	// they are printed before the error line.
+	st, serr := status.New(codes.Aborted, "lock lapsed during the read; fetched data discarded").WithDetails(
+		&pegadv1.PrefetchResponse{Blocks: []*pegadv1.PrefetchBlockResult{
+			{Hash: []byte{0xaa}, Status: pegadv1.PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_DISCARDED, Error: "lapsed"},
+		}})
+	if serr != nil {
+		t.Fatal(serr)
+	}
+	f.mu.Lock()
+	f.errs["Prefetch"] = st.Err()
+	f.mu.Unlock()
+	failed := run(t, f, "-o", "json", "prefetch", "--peer", "127.0.0.1:50055", "--namespace", "ns", "aa")
+	if failed.code != ExitError || failed.stderr != "Error: lock lapsed during the read; fetched data discarded\n" {
+		t.Errorf("failed prefetch: exit %d, stderr %q", failed.code, failed.stderr)
+	}
+	var failedRes prefetchResult
+	decodeJSON(t, failed.stdout, &failedRes)
+	if len(failedRes.Blocks) != 1 || failedRes.Blocks[0].Status != "discarded" || failedRes.Blocks[0].Hash != "aa" {
+		t.Errorf("failed prefetch printed %+v, want the discarded block", failedRes)
+	}
 }
 
 func TestErrorMapping(t *testing.T) {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
@@ -67,6 +68,10 @@ func NewPrefetchCommand(g *globalFlags) *cobra.Command {
 				return err
 			})
 			if err != nil {
+				// A failed fetch still says what happened to each block.
+				if d := failedPrefetch(err); d != nil {
+					_ = g.printer(cmd.OutOrStdout()).print(prefetchOf(peer, namespace, d))
+				}
 				return err
 			}
 			out := prefetchOf(peer, namespace, res)
@@ -192,4 +197,19 @@ func (r *prefetchResult) writeTable(w io.Writer) error {
 	_, err := fmt.Fprintf(w, "%s from %s in %s (session %s)\n",
 		humanBytes(r.Bytes), r.Peer, humanDur(time.Duration(r.DurationSeconds*float64(time.Second))), sess)
 	return err
+}
+
+// failedPrefetch is the per-block result pegad attaches to a failed
+// prefetch's status, or nil.
+func failedPrefetch(err error) *pegadv1.PrefetchResponse {
+	st, ok := status.FromError(err)
+	if !ok {
+		return nil
+	}
+	for _, d := range st.Details() {
+		if r, ok := d.(*pegadv1.PrefetchResponse); ok && len(r.GetBlocks()) > 0 {
+			return r
+		}
+	}
+	return nil
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/pegaflow/pegad/internal/conn"
 	"github.com/pegaflow/pegad/internal/holder"
 	"github.com/pegaflow/pegad/internal/pool"
+	"github.com/pegaflow/pegad/internal/requester"
 	"github.com/pegaflow/pegad/internal/store"
 )
 
@@ -28,6 +29,20 @@ func toStatus(err error) error {
 
 func codeOf(err error) codes.Code {
 	switch {
+	// A failed prefetch's class first: its cause may be a context error
+	// (a transfer deadline cancels the read) that says less.
+	case errors.Is(err, requester.ErrInvalidInput):
+		return codes.InvalidArgument
+	case errors.Is(err, requester.ErrDeadline):
+		return codes.DeadlineExceeded
+	case errors.Is(err, requester.ErrLocalResource):
+		return codes.ResourceExhausted
+	case errors.Is(err, requester.ErrDiscarded):
+		return codes.Aborted
+	case errors.Is(err, requester.ErrConnection):
+		return codes.Unavailable
+	case errors.Is(err, requester.ErrRemote):
+		return codes.FailedPrecondition
 	case errors.Is(err, context.DeadlineExceeded):
 		return codes.DeadlineExceeded
 	case errors.Is(err, context.Canceled):

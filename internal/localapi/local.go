@@ -351,7 +351,15 @@ func (l *Local) Prefetch(ctx context.Context, req *pegadv1.PrefetchRequest) (*pe
 	}
 	res, err := l.fetcher.Prefetch(ctx, req.GetPeer(), req.GetNamespace(), hashes)
 	if err != nil {
-		return nil, toStatus(err)
+		// The per-block outcomes travel as a detail of the error status,
+		// so pegactl can show which blocks failed and how.
+		st := status.Convert(toStatus(err))
+		if res != nil {
+			if ds, derr := st.WithDetails(prefetchResponse(res)); derr == nil {
+				st = ds
+			}
+		}
+		return nil, st.Err()
 	}
 	return prefetchResponse(res), nil
 }

@@ -446,12 +446,34 @@ func TestPrefetch(t *testing.T) {
 		{context.DeadlineExceeded, codes.DeadlineExceeded},
 		{conn.ErrRemoteMemory, codes.FailedPrecondition},
 		{errors.New("other"), codes.Internal},
+		// A fetch error's class decides, not the context error under it.
+		{&requester.FetchError{Phase: "read", Class: requester.ErrDeadline, Err: context.Canceled}, codes.DeadlineExceeded},
+		{&requester.FetchError{Phase: "stage", Class: requester.ErrLocalResource, Err: store.ErrNoSpace}, codes.ResourceExhausted},
+		{&requester.FetchError{Phase: "read", Class: requester.ErrConnection, Err: conn.ErrConnectionBroken}, codes.Unavailable},
+		{&requester.FetchError{Phase: "lock", Class: requester.ErrRemote, Err: errors.New("refused")}, codes.FailedPrecondition},
+		{fmt.Errorf("release: %w", requester.ErrDiscarded), codes.Aborted},
 	} {
 		e.fetcher.res, e.fetcher.err = nil, tc.err
 		_, err := e.local.Prefetch(ctx, &pegadv1.PrefetchRequest{Peer: "h:1", Namespace: "ns", Hashes: [][]byte{{1}}})
 		if status.Code(err) != tc.code {
 			t.Errorf("engine error %v → %v, want %s", tc.err, err, tc.code)
 		}
+	}
+
+	// A failed fetch's per-block results ride along as a status detail.
+	e.fetcher.res = &requester.Result{Blocks: []requester.BlockResult{
+		{Hash: []byte{7}, Status: requester.StatusDiscarded, Err: requester.ErrDiscarded}}}
+	e.fetcher.err = fmt.Errorf("release: %w", requester.ErrDiscarded)
+	_, err = e.local.Prefetch(ctx, &pegadv1.PrefetchRequest{Peer: "h:1", Namespace: "ns", Hashes: [][]byte{{7}}})
+	var detail *pegadv1.PrefetchResponse
+	for _, d := range status.Convert(err).Details() {
+		if r, ok := d.(*pegadv1.PrefetchResponse); ok {
+			detail = r
+		}
+	}
+	if status.Code(err) != codes.Aborted || detail == nil || len(detail.GetBlocks()) != 1 ||
+		detail.GetBlocks()[0].GetStatus() != pegadv1.PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_DISCARDED {
+		t.Fatalf("failed prefetch: %v, detail %v", err, detail)
 	}
 }
 
