@@ -3,9 +3,11 @@ package tcp
 import (
 	"context"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -37,6 +39,13 @@ type qp struct {
 	cancel context.CancelFunc
 	kick   chan struct{} // cap 1: wakes the sender
 	wg     sync.WaitGroup
+	// lastRecv is when the reader last received any byte on the data
+	// connection (monotonic nanoseconds since clockBase). As on an RC QP,
+	// whose ACK timeout runs per MTU-sized packet, a response arriving
+	// byte by byte is progress even before a whole frame (up to 1 MiB) is
+	// in: on a slow shared link one frame may take seconds. Atomic, not
+	// under mu: the reader stamps it between reads without the lock.
+	lastRecv atomic.Int64
 
 	mu           sync.Mutex // guards everything below
 	state        ibv.QPState
@@ -49,7 +58,7 @@ type qp struct {
 	sendIdx      int // sq[:sendIdx] were sent (or completed); sq[sendIdx] is next
 	rdOut        int // READs sent and not completed
 	conn         *dconn
-	lastProgress time.Time // last request sent with nothing in flight, or last response
+	lastProgress time.Time // last request sent with nothing in flight, or last response frame; see also lastRecv
 	respConns    map[*dconn]struct{}
 	// flushPending (Faults.AsyncFlush): ToError moved the QP to ERROR but
 	// its outstanding WRs are not flushed yet; the reader still applies
@@ -378,7 +387,7 @@ func (q *qp) sendStepLocked() step {
 		return stepExit
 	}
 	inFlight := q.inFlightLocked()
-	if inFlight && time.Since(q.lastProgress) > q.budget {
+	if inFlight && time.Since(q.progressLocked()) > q.budget {
 		q.log.Warn().Dur("budget", q.budget).Msg("no response within retry budget")
 		q.failLocked(q.firstPendingLocked(), ibv.WCRetryExcErr)
 		return stepExit
@@ -410,6 +419,35 @@ func (q *qp) sendStepLocked() step {
 		return stepExit
 	}
 	return stepSend
+}
+
+// progressLocked is when the QP last made progress: a request sent with
+// nothing in flight, a response frame applied, or any response byte
+// received (lastRecv). The retry budget runs from it.
+func (q *qp) progressLocked() time.Time {
+	last := q.lastProgress
+	if r := clockBase.Add(time.Duration(q.lastRecv.Load())); r.After(last) {
+		last = r
+	}
+	return last
+}
+
+// clockBase anchors lastRecv stamps; times derived from it keep Go's
+// monotonic clock reading.
+var clockBase = time.Now()
+
+// progressReader stamps q.lastRecv whenever a read returns bytes.
+type progressReader struct {
+	r io.Reader
+	q *qp
+}
+
+func (p progressReader) Read(b []byte) (int, error) {
+	n, err := p.r.Read(b)
+	if n > 0 {
+		p.q.lastRecv.Store(int64(time.Since(clockBase)))
+	}
+	return n, err
 }
 
 func (q *qp) tickLocked() time.Duration {
@@ -550,7 +588,9 @@ func (q *qp) reader(c *dconn) {
 	defer q.wg.Done()
 	defer q.dev.untrackConn(c)
 	defer c.Close()
-	fr := frameReader{r: c.c}
+	// Bytes are only stamped here; they reach local memory in applyLocked,
+	// under mu and after the state check (lesson 9).
+	fr := frameReader{r: progressReader{r: c.c, q: q}}
 	defer fr.release()
 	for {
 		m, err := fr.next()
