@@ -95,6 +95,10 @@ type Options struct {
 	Log        zerolog.Logger
 	// HandshakeTimeout bounds one handshake (default 10s).
 	HandshakeTimeout time.Duration
+	// DisconnectTimeout bounds one best-effort RdmaDisconnect sent to a
+	// holder when a connection to it is torn down (default 2s); Close
+	// waits at most about this long for them.
+	DisconnectTimeout time.Duration
 	// ConnectAttr are the RC attributes of every QP; the zero value means
 	// ibv.DefaultConnectAttr() (max_rd_atomic is further capped by the
 	// device). Its Timeout/RetryCnt set the retry budget after which a
@@ -104,8 +108,9 @@ type Options struct {
 }
 
 const (
-	defaultSQDepth          = 256
-	defaultHandshakeTimeout = 10 * time.Second
+	defaultSQDepth           = 256
+	defaultHandshakeTimeout  = 10 * time.Second
+	defaultDisconnectTimeout = 2 * time.Second
 	// maxQPsPerPeer bounds what a handshake may ask a holder to create.
 	maxQPsPerPeer = 64
 	// maxWRBytes splits large ops so one segment spreads across QPs.
@@ -199,7 +204,11 @@ type Manager struct {
 	accepts   sync.WaitGroup // running Accepts (holder side)
 	conns     sync.WaitGroup // requester connections not yet torn down
 	workers   sync.WaitGroup // session worker goroutines
-	closeOnce sync.Once
+	// disconnects: RdmaDisconnect goroutines (goDisconnect). Adds happen
+	// only in connect (under handshake) and in teardown (under conns), so
+	// Close, which waits for those first, waits for every one.
+	disconnects sync.WaitGroup
+	closeOnce   sync.Once
 
 	// drainTimeout bounds waiting for a QP in ERROR to flush (the
 	// drainTimeout constant; tests shorten it).
@@ -237,6 +246,9 @@ func NewManager(opts Options) (m *Manager, err error) {
 	}
 	if opts.HandshakeTimeout <= 0 {
 		opts.HandshakeTimeout = defaultHandshakeTimeout
+	}
+	if opts.DisconnectTimeout <= 0 {
+		opts.DisconnectTimeout = defaultDisconnectTimeout
 	}
 	if opts.ConnectAttr == (ibv.ConnectAttr{}) {
 		opts.ConnectAttr = ibv.DefaultConnectAttr()
@@ -392,9 +404,38 @@ func (m *Manager) Close() error {
 		m.accepts.Wait()
 		m.conns.Wait()
 		m.workers.Wait()
+		m.disconnects.Wait() // each bounded by DisconnectTimeout
 		m.releaseNICs()
 	})
 	return nil
+}
+
+// goDisconnect tells peer, from a goroutine the manager waits for at
+// Close, that the connection of handshake hsID is abandoned, so the holder
+// frees its QPs now. Best effort and bounded by DisconnectTimeout: the
+// holder may well be dead (that is often why the connection was
+// invalidated), so a failure is only logged at debug. It never blocks its
+// caller. Its context is not m.ctx: Close cancels that first, and the
+// disconnects of Close's own teardowns must still go out.
+func (m *Manager) goDisconnect(client pegadv1.PeerServiceClient, peer, hsID string, log zerolog.Logger) {
+	if client == nil || hsID == "" {
+		return
+	}
+	m.disconnects.Add(1)
+	go func() {
+		defer m.disconnects.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), m.opts.DisconnectTimeout)
+		defer cancel()
+		resp, err := client.RdmaDisconnect(ctx, &pegadv1.RdmaDisconnectRequest{
+			Requester:   &pegadv1.Requester{NodeId: m.opts.NodeID, Incarnation: m.opts.Incarnation},
+			HandshakeId: hsID,
+		})
+		if err != nil {
+			log.Debug().Err(err).Str("peer", peer).Msg("rdma disconnect not delivered")
+			return
+		}
+		log.Debug().Str("peer", peer).Uint32("qps_released", resp.GetQpsReleased()).Msg("rdma disconnect delivered")
+	}()
 }
 
 // qpPair is one QP with its own CQ: completions never mix across QPs or

@@ -9,12 +9,14 @@ import (
 
 	"github.com/rs/zerolog"
 
+	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	"github.com/pegaflow/pegad/internal/ibv"
 )
 
 // AddrConnection is one connection to a peer address.
 type AddrConnection struct {
 	m            *Manager
+	client       pegadv1.PeerServiceClient // the holder's, for RdmaDisconnect
 	peer         string
 	remoteNodeID string
 	remoteInc    string
@@ -148,7 +150,10 @@ func (c *AddrConnection) abortInFlight() {
 }
 
 // teardown waits for the workers (told to stop by done; no batch is
-// running since no Read holds c) and destroys the QPs and CQs.
+// running since no Read holds c), destroys the QPs and CQs, and tells the
+// holder to drop its side. The disconnect goes only now, not at
+// invalidation, so in-flight Reads of an invalidated connection keep a
+// working peer until they return.
 func (c *AddrConnection) teardown() {
 	for _, cn := range c.nics {
 		for _, s := range cn.sessions {
@@ -156,6 +161,8 @@ func (c *AddrConnection) teardown() {
 			s.p.destroy(c.m)
 		}
 	}
+	// Before conns.Done: Close waits for conns, then for disconnects.
+	c.m.goDisconnect(c.client, c.peer, c.handshakeID, c.log)
 	c.m.met.Conns.WithLabelValues(RoleRequester, StateInvalidated).Dec()
 	c.m.conns.Done()
 	c.log.Debug().Msg("rdma connection torn down")

@@ -97,6 +97,15 @@ func (m *Manager) connect(peer string) (_ *AddrConnection, err error) {
 	hctx, cancel := context.WithTimeout(m.ctx, m.opts.HandshakeTimeout)
 	defer cancel()
 	resp, err := client.RdmaHandshake(hctx, req)
+	if err == nil {
+		// From here on the holder has an accepted connection for hsID:
+		// if this side gives up before publishing, tell it.
+		defer func() {
+			if !ok {
+				m.goDisconnect(client, peer, hsID, log)
+			}
+		}()
+	}
 	if err != nil {
 		switch status.Code(err) {
 		case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled:
@@ -117,6 +126,7 @@ func (m *Manager) connect(peer string) (_ *AddrConnection, err error) {
 
 	c := &AddrConnection{
 		m:            m,
+		client:       client,
 		peer:         peer,
 		remoteNodeID: resp.GetHolderNodeId(),
 		remoteInc:    resp.GetHolderIncarnation(),
@@ -401,6 +411,46 @@ func (m *Manager) Accept(ctx context.Context, req *pegadv1.RdmaHandshakeRequest)
 	}
 	log.Info().Int("nics", len(a.nics)).Int("qps", a.qpCount()).Msg("rdma handshake accepted")
 	return resp, nil
+}
+
+// Disconnect is the holder side of RdmaDisconnect: the requester abandoned
+// the connection made by one handshake, so its accepted side (QPs, CQs) is
+// torn down now rather than when that requester next handshakes. Only the
+// connection of req's node with req's handshake id and incarnation goes: a
+// disconnect that races with (or arrives after) a newer handshake of the
+// same node never touches the newer connection. Unknown or mismatched is
+// not an error (0 QPs released); malformed metadata wraps
+// ErrInvalidHandshake (codes.InvalidArgument on the wire).
+func (m *Manager) Disconnect(ctx context.Context, req *pegadv1.RdmaDisconnectRequest) (_ *pegadv1.RdmaDisconnectResponse, err error) {
+	defer func() { err = withStatus(err) }()
+	node, hsID := req.GetRequester().GetNodeId(), req.GetHandshakeId()
+	switch {
+	case node == "":
+		return nil, fmt.Errorf("%w: requester node_id missing", ErrInvalidHandshake)
+	case len(node) > maxNodeIDLen || len(req.GetRequester().GetIncarnation()) > maxNodeIDLen:
+		return nil, fmt.Errorf("%w: requester id too long", ErrInvalidHandshake)
+	case hsID == "":
+		return nil, fmt.Errorf("%w: handshake_id missing", ErrInvalidHandshake)
+	case len(hsID) > maxHandshakeID:
+		return nil, fmt.Errorf("%w: handshake_id too long", ErrInvalidHandshake)
+	}
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return &pegadv1.RdmaDisconnectResponse{}, nil // Close tears everything down
+	}
+	a := m.accepted[node]
+	if a == nil || a.handshakeID != hsID || a.incarnation != req.GetRequester().GetIncarnation() {
+		m.mu.Unlock()
+		return &pegadv1.RdmaDisconnectResponse{}, nil
+	}
+	delete(m.accepted, node)
+	m.mu.Unlock()
+	n := a.qpCount()
+	a.destroy("disconnect")
+	m.log.Info().Str("peer", a.remoteAddr).Str("remote_node", node).Str("session", hsID).Int("qps", n).
+		Msg("accepted rdma connection released by its requester")
+	return &pegadv1.RdmaDisconnectResponse{QpsReleased: uint32(n)}, nil
 }
 
 // validateRequest checks everything in a handshake request that comes off

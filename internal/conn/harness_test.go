@@ -37,6 +37,8 @@ type nodeOpts struct {
 	qpnStart    uint32
 	mem         int
 	sqDepth     int
+	// disconnectTimeout is Options.DisconnectTimeout (0: the default).
+	disconnectTimeout time.Duration
 	// wrapDevice lets a test inject failures into the verbs calls.
 	wrapDevice func(ibv.Device) ibv.Device
 }
@@ -53,7 +55,12 @@ type node struct {
 	mgr  *Manager
 	addr string // peer gRPC address
 
-	handshakes atomic.Int32 // RdmaHandshake calls served
+	handshakes  atomic.Int32 // RdmaHandshake calls served
+	disconnects atomic.Int32 // RdmaDisconnect calls served
+	// stallDisconnect makes RdmaDisconnect hang until its caller gives up
+	// (a holder that is alive on TCP but no longer answers).
+	stallDisconnect atomic.Bool
+	srv             *grpc.Server
 	// abandoned: a test found a worker that never exits; the cleanup
 	// must not Close the manager (Close waits for every worker, so it
 	// would hang the package until go test's timeout, hiding the failure
@@ -82,6 +89,15 @@ func (s *peerServer) RdmaHandshake(ctx context.Context, req *pegadv1.RdmaHandsha
 		return nil, err
 	}
 	return resp, nil
+}
+
+func (s *peerServer) RdmaDisconnect(ctx context.Context, req *pegadv1.RdmaDisconnectRequest) (*pegadv1.RdmaDisconnectResponse, error) {
+	s.n.disconnects.Add(1)
+	if s.n.stallDisconnect.Load() {
+		<-ctx.Done()
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+	return s.n.mgr.Disconnect(ctx, req)
 }
 
 // dialers share gRPC client connections per test and close them at cleanup.
@@ -173,6 +189,7 @@ func newNode(t testing.TB, d *dialers, o nodeOpts) *node {
 	}
 	n.addr = ln.Addr().String()
 	srv := grpc.NewServer()
+	n.srv = srv
 	pegadv1.RegisterPeerServiceServer(srv, &peerServer{n: n})
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(srv.Stop)
@@ -181,7 +198,8 @@ func newNode(t testing.TB, d *dialers, o nodeOpts) *node {
 		NodeID: o.id, Incarnation: o.incarnation, Transport: "tcp", Devices: devs,
 		Memory: n.mem, QPsPerPeer: o.qps, SQDepth: o.sqDepth, Dial: d.dial,
 		Metrics: n.met, Log: zerolog.Nop(), HandshakeTimeout: 5 * time.Second,
-		ConnectAttr: testConnectAttr(),
+		DisconnectTimeout: o.disconnectTimeout,
+		ConnectAttr:       testConnectAttr(),
 	})
 	if err != nil {
 		t.Fatalf("NewManager: %v", err)

@@ -33,6 +33,12 @@
 //     message says expired/released/... when remembered);
 //     FailedPrecondition when its maximum lifetime is used up (it stays live
 //     until its current deadline) or the incarnation is stale.
+//   - RdmaDisconnect is best effort and idempotent: it frees the holder's
+//     side of the connection that requester node made with that handshake
+//     id, and nothing else (an unknown, replaced or foreign handshake is OK
+//     with qps_released 0). It does not observe the incarnation (it must
+//     not reclaim sessions). Unavailable without an Acceptor, Unimplemented
+//     when the Acceptor cannot disconnect.
 //   - An incarnation the holder has seen replaced by a newer one of the
 //     same node is stale: FailedPrecondition on every RPC.
 package holder
@@ -67,6 +73,14 @@ type Pinner interface {
 // (context errors keep their codes).
 type Acceptor interface {
 	Accept(ctx context.Context, req *pegadv1.RdmaHandshakeRequest) (*pegadv1.RdmaHandshakeResponse, error)
+}
+
+// Disconnector is the optional release side of RdmaDisconnect. An Acceptor
+// that implements it (internal/conn.Manager does) lets a requester free the
+// holder's side of a connection it abandoned; it follows Acceptor's error
+// conventions.
+type Disconnector interface {
+	Disconnect(ctx context.Context, req *pegadv1.RdmaDisconnectRequest) (*pegadv1.RdmaDisconnectResponse, error)
 }
 
 // Defaults and bounds.
@@ -417,6 +431,31 @@ func (s *Service) RdmaHandshake(ctx context.Context, req *pegadv1.RdmaHandshakeR
 		}
 	}
 	resp, err = s.opts.Acceptor.Accept(ctx, req)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return resp, nil
+}
+
+// RdmaDisconnect hands a requester's abandoned connection to the
+// Acceptor's Disconnector, which frees it only when node and handshake id
+// match (see Disconnector).
+func (s *Service) RdmaDisconnect(ctx context.Context, req *pegadv1.RdmaDisconnectRequest) (resp *pegadv1.RdmaDisconnectResponse, err error) {
+	defer s.done(metrics.RPCDisconnect, &err)
+	if _, _, err := requesterOf(req.GetRequester(), ""); err != nil {
+		return nil, invalid("%v", err)
+	}
+	if req.GetHandshakeId() == "" {
+		return nil, invalid("handshake_id is required")
+	}
+	if s.opts.Acceptor == nil {
+		return nil, status.Error(codes.Unavailable, "rdma not configured")
+	}
+	d, ok := s.opts.Acceptor.(Disconnector)
+	if !ok {
+		return nil, status.Error(codes.Unimplemented, "rdma disconnect not supported by this acceptor")
+	}
+	resp, err = d.Disconnect(ctx, req)
 	if err != nil {
 		return nil, toStatus(err)
 	}

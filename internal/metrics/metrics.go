@@ -17,6 +17,7 @@ const (
 	RPCReleaseLock  = "release_transfer_lock"
 	RPCRenewLock    = "renew_transfer_lock"
 	RPCHandshake    = "rdma_handshake"
+	RPCDisconnect   = "rdma_disconnect"
 	RPCForceRelease = "admin_release_lock"
 )
 

@@ -386,3 +386,7 @@ func (s *fakeStore) allocSizes() []uint64 {
 	defer s.mu.Unlock()
 	return append([]uint64(nil), s.allocs...)
 }
+
+func (h *fakeHolder) RdmaDisconnect(context.Context, *pegadv1.RdmaDisconnectRequest, ...grpc.CallOption) (*pegadv1.RdmaDisconnectResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "fake")
+}

@@ -1039,6 +1039,105 @@ func (x *RdmaHandshakeResponse) GetNics() []*NicHandshake {
 	return nil
 }
 
+type RdmaDisconnectRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Must be the node that made the handshake.
+	Requester *Requester `protobuf:"bytes,1,opt,name=requester,proto3" json:"requester,omitempty"`
+	// The handshake_id of the RdmaHandshakeRequest that made the connection.
+	HandshakeId   string `protobuf:"bytes,2,opt,name=handshake_id,json=handshakeId,proto3" json:"handshake_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RdmaDisconnectRequest) Reset() {
+	*x = RdmaDisconnectRequest{}
+	mi := &file_pegad_v1_peer_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RdmaDisconnectRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RdmaDisconnectRequest) ProtoMessage() {}
+
+func (x *RdmaDisconnectRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_pegad_v1_peer_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RdmaDisconnectRequest.ProtoReflect.Descriptor instead.
+func (*RdmaDisconnectRequest) Descriptor() ([]byte, []int) {
+	return file_pegad_v1_peer_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *RdmaDisconnectRequest) GetRequester() *Requester {
+	if x != nil {
+		return x.Requester
+	}
+	return nil
+}
+
+func (x *RdmaDisconnectRequest) GetHandshakeId() string {
+	if x != nil {
+		return x.HandshakeId
+	}
+	return ""
+}
+
+type RdmaDisconnectResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Holder QPs this call destroyed (0 when nothing matched).
+	QpsReleased   uint32 `protobuf:"varint,1,opt,name=qps_released,json=qpsReleased,proto3" json:"qps_released,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RdmaDisconnectResponse) Reset() {
+	*x = RdmaDisconnectResponse{}
+	mi := &file_pegad_v1_peer_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RdmaDisconnectResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RdmaDisconnectResponse) ProtoMessage() {}
+
+func (x *RdmaDisconnectResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_pegad_v1_peer_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RdmaDisconnectResponse.ProtoReflect.Descriptor instead.
+func (*RdmaDisconnectResponse) Descriptor() ([]byte, []int) {
+	return file_pegad_v1_peer_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *RdmaDisconnectResponse) GetQpsReleased() uint32 {
+	if x != nil {
+		return x.QpsReleased
+	}
+	return 0
+}
+
 var File_pegad_v1_peer_proto protoreflect.FileDescriptor
 
 const file_pegad_v1_peer_proto_rawDesc = "" +
@@ -1111,7 +1210,12 @@ const file_pegad_v1_peer_proto_rawDesc = "" +
 	"\x15RdmaHandshakeResponse\x12$\n" +
 	"\x0eholder_node_id\x18\x01 \x01(\tR\fholderNodeId\x12-\n" +
 	"\x12holder_incarnation\x18\x02 \x01(\tR\x11holderIncarnation\x12*\n" +
-	"\x04nics\x18\x03 \x03(\v2\x16.pegad.v1.NicHandshakeR\x04nics*\xc3\x01\n" +
+	"\x04nics\x18\x03 \x03(\v2\x16.pegad.v1.NicHandshakeR\x04nics\"m\n" +
+	"\x15RdmaDisconnectRequest\x121\n" +
+	"\trequester\x18\x01 \x01(\v2\x13.pegad.v1.RequesterR\trequester\x12!\n" +
+	"\fhandshake_id\x18\x02 \x01(\tR\vhandshakeId\";\n" +
+	"\x16RdmaDisconnectResponse\x12!\n" +
+	"\fqps_released\x18\x01 \x01(\rR\vqpsReleased*\xc3\x01\n" +
 	"\n" +
 	"SessionEnd\x12\x1b\n" +
 	"\x17SESSION_END_UNSPECIFIED\x10\x00\x12\x18\n" +
@@ -1119,12 +1223,13 @@ const file_pegad_v1_peer_proto_rawDesc = "" +
 	"\x1cSESSION_END_ALREADY_RELEASED\x10\x02\x12\x17\n" +
 	"\x13SESSION_END_EXPIRED\x10\x03\x12\x1e\n" +
 	"\x1aSESSION_END_FORCE_RELEASED\x10\x04\x12#\n" +
-	"\x1fSESSION_END_REQUESTER_RESTARTED\x10\x052\x8e\x03\n" +
+	"\x1fSESSION_END_REQUESTER_RESTARTED\x10\x052\xe3\x03\n" +
 	"\vPeerService\x12k\n" +
 	"\x16QueryBlocksForTransfer\x12'.pegad.v1.QueryBlocksForTransferRequest\x1a(.pegad.v1.QueryBlocksForTransferResponse\x12b\n" +
 	"\x13ReleaseTransferLock\x12$.pegad.v1.ReleaseTransferLockRequest\x1a%.pegad.v1.ReleaseTransferLockResponse\x12\\\n" +
 	"\x11RenewTransferLock\x12\".pegad.v1.RenewTransferLockRequest\x1a#.pegad.v1.RenewTransferLockResponse\x12P\n" +
-	"\rRdmaHandshake\x12\x1e.pegad.v1.RdmaHandshakeRequest\x1a\x1f.pegad.v1.RdmaHandshakeResponseB0Z.github.com/pegaflow/pegad/api/pegad/v1;pegadv1b\x06proto3"
+	"\rRdmaHandshake\x12\x1e.pegad.v1.RdmaHandshakeRequest\x1a\x1f.pegad.v1.RdmaHandshakeResponse\x12S\n" +
+	"\x0eRdmaDisconnect\x12\x1f.pegad.v1.RdmaDisconnectRequest\x1a .pegad.v1.RdmaDisconnectResponseB0Z.github.com/pegaflow/pegad/api/pegad/v1;pegadv1b\x06proto3"
 
 var (
 	file_pegad_v1_peer_proto_rawDescOnce sync.Once
@@ -1139,7 +1244,7 @@ func file_pegad_v1_peer_proto_rawDescGZIP() []byte {
 }
 
 var file_pegad_v1_peer_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_pegad_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_pegad_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_pegad_v1_peer_proto_goTypes = []any{
 	(SessionEnd)(0),                        // 0: pegad.v1.SessionEnd
 	(*Requester)(nil),                      // 1: pegad.v1.Requester
@@ -1157,40 +1262,45 @@ var file_pegad_v1_peer_proto_goTypes = []any{
 	(*NicHandshake)(nil),                   // 13: pegad.v1.NicHandshake
 	(*RdmaHandshakeRequest)(nil),           // 14: pegad.v1.RdmaHandshakeRequest
 	(*RdmaHandshakeResponse)(nil),          // 15: pegad.v1.RdmaHandshakeResponse
-	(*durationpb.Duration)(nil),            // 16: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),          // 17: google.protobuf.Timestamp
+	(*RdmaDisconnectRequest)(nil),          // 16: pegad.v1.RdmaDisconnectRequest
+	(*RdmaDisconnectResponse)(nil),         // 17: pegad.v1.RdmaDisconnectResponse
+	(*durationpb.Duration)(nil),            // 18: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),          // 19: google.protobuf.Timestamp
 }
 var file_pegad_v1_peer_proto_depIdxs = []int32{
 	1,  // 0: pegad.v1.QueryBlocksForTransferRequest.requester:type_name -> pegad.v1.Requester
 	3,  // 1: pegad.v1.Slot.k:type_name -> pegad.v1.Segment
 	3,  // 2: pegad.v1.Slot.v:type_name -> pegad.v1.Segment
 	4,  // 3: pegad.v1.BlockLocation.slots:type_name -> pegad.v1.Slot
-	16, // 4: pegad.v1.QueryBlocksForTransferResponse.lock_timeout:type_name -> google.protobuf.Duration
-	17, // 5: pegad.v1.QueryBlocksForTransferResponse.expires_at:type_name -> google.protobuf.Timestamp
+	18, // 4: pegad.v1.QueryBlocksForTransferResponse.lock_timeout:type_name -> google.protobuf.Duration
+	19, // 5: pegad.v1.QueryBlocksForTransferResponse.expires_at:type_name -> google.protobuf.Timestamp
 	5,  // 6: pegad.v1.QueryBlocksForTransferResponse.blocks:type_name -> pegad.v1.BlockLocation
 	1,  // 7: pegad.v1.ReleaseTransferLockRequest.requester:type_name -> pegad.v1.Requester
 	0,  // 8: pegad.v1.ReleaseTransferLockResponse.end:type_name -> pegad.v1.SessionEnd
 	1,  // 9: pegad.v1.RenewTransferLockRequest.requester:type_name -> pegad.v1.Requester
-	17, // 10: pegad.v1.RenewTransferLockResponse.expires_at:type_name -> google.protobuf.Timestamp
-	16, // 11: pegad.v1.RenewTransferLockResponse.lifetime_left:type_name -> google.protobuf.Duration
+	19, // 10: pegad.v1.RenewTransferLockResponse.expires_at:type_name -> google.protobuf.Timestamp
+	18, // 11: pegad.v1.RenewTransferLockResponse.lifetime_left:type_name -> google.protobuf.Duration
 	11, // 12: pegad.v1.NicHandshake.endpoints:type_name -> pegad.v1.Endpoint
 	12, // 13: pegad.v1.NicHandshake.memory:type_name -> pegad.v1.MemoryRegion
 	1,  // 14: pegad.v1.RdmaHandshakeRequest.requester:type_name -> pegad.v1.Requester
 	13, // 15: pegad.v1.RdmaHandshakeRequest.nics:type_name -> pegad.v1.NicHandshake
 	13, // 16: pegad.v1.RdmaHandshakeResponse.nics:type_name -> pegad.v1.NicHandshake
-	2,  // 17: pegad.v1.PeerService.QueryBlocksForTransfer:input_type -> pegad.v1.QueryBlocksForTransferRequest
-	7,  // 18: pegad.v1.PeerService.ReleaseTransferLock:input_type -> pegad.v1.ReleaseTransferLockRequest
-	9,  // 19: pegad.v1.PeerService.RenewTransferLock:input_type -> pegad.v1.RenewTransferLockRequest
-	14, // 20: pegad.v1.PeerService.RdmaHandshake:input_type -> pegad.v1.RdmaHandshakeRequest
-	6,  // 21: pegad.v1.PeerService.QueryBlocksForTransfer:output_type -> pegad.v1.QueryBlocksForTransferResponse
-	8,  // 22: pegad.v1.PeerService.ReleaseTransferLock:output_type -> pegad.v1.ReleaseTransferLockResponse
-	10, // 23: pegad.v1.PeerService.RenewTransferLock:output_type -> pegad.v1.RenewTransferLockResponse
-	15, // 24: pegad.v1.PeerService.RdmaHandshake:output_type -> pegad.v1.RdmaHandshakeResponse
-	21, // [21:25] is the sub-list for method output_type
-	17, // [17:21] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	1,  // 17: pegad.v1.RdmaDisconnectRequest.requester:type_name -> pegad.v1.Requester
+	2,  // 18: pegad.v1.PeerService.QueryBlocksForTransfer:input_type -> pegad.v1.QueryBlocksForTransferRequest
+	7,  // 19: pegad.v1.PeerService.ReleaseTransferLock:input_type -> pegad.v1.ReleaseTransferLockRequest
+	9,  // 20: pegad.v1.PeerService.RenewTransferLock:input_type -> pegad.v1.RenewTransferLockRequest
+	14, // 21: pegad.v1.PeerService.RdmaHandshake:input_type -> pegad.v1.RdmaHandshakeRequest
+	16, // 22: pegad.v1.PeerService.RdmaDisconnect:input_type -> pegad.v1.RdmaDisconnectRequest
+	6,  // 23: pegad.v1.PeerService.QueryBlocksForTransfer:output_type -> pegad.v1.QueryBlocksForTransferResponse
+	8,  // 24: pegad.v1.PeerService.ReleaseTransferLock:output_type -> pegad.v1.ReleaseTransferLockResponse
+	10, // 25: pegad.v1.PeerService.RenewTransferLock:output_type -> pegad.v1.RenewTransferLockResponse
+	15, // 26: pegad.v1.PeerService.RdmaHandshake:output_type -> pegad.v1.RdmaHandshakeResponse
+	17, // 27: pegad.v1.PeerService.RdmaDisconnect:output_type -> pegad.v1.RdmaDisconnectResponse
+	23, // [23:28] is the sub-list for method output_type
+	18, // [18:23] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_pegad_v1_peer_proto_init() }
@@ -1204,7 +1314,7 @@ func file_pegad_v1_peer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_pegad_v1_peer_proto_rawDesc), len(file_pegad_v1_peer_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   15,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

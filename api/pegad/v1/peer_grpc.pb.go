@@ -29,6 +29,7 @@ const (
 	PeerService_ReleaseTransferLock_FullMethodName    = "/pegad.v1.PeerService/ReleaseTransferLock"
 	PeerService_RenewTransferLock_FullMethodName      = "/pegad.v1.PeerService/RenewTransferLock"
 	PeerService_RdmaHandshake_FullMethodName          = "/pegad.v1.PeerService/RdmaHandshake"
+	PeerService_RdmaDisconnect_FullMethodName         = "/pegad.v1.PeerService/RdmaDisconnect"
 )
 
 // PeerServiceClient is the client API for PeerService service.
@@ -47,6 +48,14 @@ type PeerServiceClient interface {
 	// Exchanges queue-pair endpoints and memory snapshots so the requester can
 	// READ the holder's pool. The holder connects its QPs before answering.
 	RdmaHandshake(ctx context.Context, in *RdmaHandshakeRequest, opts ...grpc.CallOption) (*RdmaHandshakeResponse, error)
+	// Best effort: the requester abandoned the connection made by one
+	// handshake (it invalidated it or is shutting down); the holder tears its
+	// side down (QPs and CQs) now instead of keeping it until the requester
+	// handshakes again. Only the connection of that requester node with that
+	// handshake id goes, so a late disconnect never touches a newer
+	// connection. Idempotent: an unknown or already replaced handshake is OK
+	// with qps_released 0.
+	RdmaDisconnect(ctx context.Context, in *RdmaDisconnectRequest, opts ...grpc.CallOption) (*RdmaDisconnectResponse, error)
 }
 
 type peerServiceClient struct {
@@ -97,6 +106,16 @@ func (c *peerServiceClient) RdmaHandshake(ctx context.Context, in *RdmaHandshake
 	return out, nil
 }
 
+func (c *peerServiceClient) RdmaDisconnect(ctx context.Context, in *RdmaDisconnectRequest, opts ...grpc.CallOption) (*RdmaDisconnectResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RdmaDisconnectResponse)
+	err := c.cc.Invoke(ctx, PeerService_RdmaDisconnect_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PeerServiceServer is the server API for PeerService service.
 // All implementations must embed UnimplementedPeerServiceServer
 // for forward compatibility.
@@ -113,6 +132,14 @@ type PeerServiceServer interface {
 	// Exchanges queue-pair endpoints and memory snapshots so the requester can
 	// READ the holder's pool. The holder connects its QPs before answering.
 	RdmaHandshake(context.Context, *RdmaHandshakeRequest) (*RdmaHandshakeResponse, error)
+	// Best effort: the requester abandoned the connection made by one
+	// handshake (it invalidated it or is shutting down); the holder tears its
+	// side down (QPs and CQs) now instead of keeping it until the requester
+	// handshakes again. Only the connection of that requester node with that
+	// handshake id goes, so a late disconnect never touches a newer
+	// connection. Idempotent: an unknown or already replaced handshake is OK
+	// with qps_released 0.
+	RdmaDisconnect(context.Context, *RdmaDisconnectRequest) (*RdmaDisconnectResponse, error)
 	mustEmbedUnimplementedPeerServiceServer()
 }
 
@@ -134,6 +161,9 @@ func (UnimplementedPeerServiceServer) RenewTransferLock(context.Context, *RenewT
 }
 func (UnimplementedPeerServiceServer) RdmaHandshake(context.Context, *RdmaHandshakeRequest) (*RdmaHandshakeResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RdmaHandshake not implemented")
+}
+func (UnimplementedPeerServiceServer) RdmaDisconnect(context.Context, *RdmaDisconnectRequest) (*RdmaDisconnectResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RdmaDisconnect not implemented")
 }
 func (UnimplementedPeerServiceServer) mustEmbedUnimplementedPeerServiceServer() {}
 func (UnimplementedPeerServiceServer) testEmbeddedByValue()                     {}
@@ -228,6 +258,24 @@ func _PeerService_RdmaHandshake_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _PeerService_RdmaDisconnect_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RdmaDisconnectRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServiceServer).RdmaDisconnect(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: PeerService_RdmaDisconnect_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServiceServer).RdmaDisconnect(ctx, req.(*RdmaDisconnectRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // PeerService_ServiceDesc is the grpc.ServiceDesc for PeerService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -250,6 +298,10 @@ var PeerService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RdmaHandshake",
 			Handler:    _PeerService_RdmaHandshake_Handler,
+		},
+		{
+			MethodName: "RdmaDisconnect",
+			Handler:    _PeerService_RdmaDisconnect_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
