@@ -23,10 +23,11 @@ import (
 // TestDaemonConnectInvalidateCycles: 1,000 connect/invalidate cycles
 // between two daemons (each a RdmaHandshake over the peer port, QPs on both
 // sides, session workers on the requester), with a prefetch every few
-// cycles. Afterwards the requester has no QP or session worker left, the
-// holder keeps exactly one accepted connection's QPs (each new handshake
-// replaced the stale one), and the process's goroutines are back to their
-// baseline (goleak checks the rest after the daemons close).
+// cycles. Afterwards the requester has no QP or session worker left, nor
+// does the holder (each invalidation sent an RdmaDisconnect for its
+// handshake; a late one never removed a newer connection, or the fetches
+// would break), and the process's goroutines are back to their baseline
+// (goleak checks the rest after the daemons close).
 func TestDaemonConnectInvalidateCycles(t *testing.T) {
 	const (
 		ns     = "cycles"
@@ -147,14 +148,18 @@ func TestDaemonConnectInvalidateCycles(t *testing.T) {
 		}
 		return nil
 	})
-	eventually(t, "holder keeps only the latest accepted connection", 15*time.Second, func() error {
+	eventually(t, "holder released every accepted connection", 15*time.Second, func() error {
 		m := scrape(t, h)
 		cs, err := h.admin.ListConns(ctx, &pegadv1.ListConnsRequest{})
 		if err != nil {
 			return err
 		}
-		if m[mRDMAQPs] != nics*qps || len(cs.GetConns()) != 1 {
+		if m[mRDMAQPs] != 0 || len(cs.GetConns()) != 0 {
 			return fmt.Errorf("holder %s=%v with %d connections listed", mRDMAQPs, m[mRDMAQPs], len(cs.GetConns()))
+		}
+		// One disconnect per connection the holder accepted.
+		if acc := m[`pegaflow_rdma_handshakes_total{result="ok",role="holder"}`]; m[mDisconnectOK] != acc {
+			return fmt.Errorf("holder served %v disconnects for %v accepted handshakes", m[mDisconnectOK], acc)
 		}
 		return nil
 	})

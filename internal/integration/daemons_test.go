@@ -202,8 +202,7 @@ func TestQPCount(t *testing.T) {
 		}
 		return nil
 	})
-	// Invalidation is requester-side only: the holders keep their mirrors
-	// until the next handshake from this requester replaces them. A fresh
+	// (The holders' side of invalidation: TestHolderQPsReleased.) A fresh
 	// fetch reconnects with the same count on both sides.
 	if _, err := prefetch(ctx, r, holders[0].d.PeerAddr(), ns, []byte("absent")); err != nil {
 		t.Fatal(err)
