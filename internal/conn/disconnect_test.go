@@ -8,11 +8,14 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/rs/zerolog"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	"github.com/pegaflow/pegad/internal/ibv"
+	"github.com/pegaflow/pegad/internal/metrics"
 )
 
 // disconnectBound is how long a holder may keep an abandoned connection's
@@ -260,4 +263,47 @@ func TestDeadHolderDoesNotBlock(t *testing.T) {
 			r.checkQPs(t, 0)
 		})
 	}
+}
+
+// FuzzDisconnectDecode feeds arbitrary bytes, decoded as an RdmaDisconnect
+// request, to the holder side: never a panic, a failure is always a typed
+// InvalidArgument, and the installed connection goes exactly when node,
+// incarnation and handshake id all match it.
+func FuzzDisconnectDecode(f *testing.F) {
+	for _, r := range []*pegadv1.RdmaDisconnectRequest{
+		{Requester: &pegadv1.Requester{NodeId: "r", Incarnation: "i"}, HandshakeId: "h"},
+		{Requester: &pegadv1.Requester{NodeId: "r", Incarnation: "i"}, HandshakeId: "other"},
+		{Requester: &pegadv1.Requester{NodeId: "x", Incarnation: "i"}, HandshakeId: "h"},
+		{HandshakeId: "h"},
+	} {
+		b, err := proto.Marshal(r)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Add([]byte{})
+	f.Add([]byte{0x0a, 0xff, 0xff, 0xff, 0xff, 0x0f})
+	m := &Manager{opts: Options{Transport: "tcp"}, met: metrics.NewForTest(), log: zerolog.Nop(),
+		accepted: make(map[string]*acceptedConn)}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var req pegadv1.RdmaDisconnectRequest
+		if proto.Unmarshal(data, &req) != nil {
+			return
+		}
+		a := &acceptedConn{m: m, nodeID: "r", incarnation: "i", handshakeID: "h"}
+		m.accepted = map[string]*acceptedConn{"r": a}
+		resp, err := m.Disconnect(context.Background(), &req)
+		if err != nil {
+			if !errors.Is(err, ErrInvalidHandshake) || status.Code(err) != codes.InvalidArgument {
+				t.Fatalf("error %v (code %v), want a typed InvalidArgument", err, status.Code(err))
+			}
+		} else if resp.GetQpsReleased() != 0 {
+			t.Fatalf("released %d QPs of a connection that has none", resp.GetQpsReleased())
+		}
+		match := req.GetRequester().GetNodeId() == "r" && req.GetRequester().GetIncarnation() == "i" && req.GetHandshakeId() == "h"
+		if _, still := m.accepted["r"]; still == match {
+			t.Fatalf("request %v: connection still installed = %v", &req, still)
+		}
+	})
 }
