@@ -201,7 +201,7 @@ type Manager struct {
 
 	liveQPs   atomic.Int64   // actual live QPs, both roles
 	handshake sync.WaitGroup // running handshakes (requester side)
-	accepts   sync.WaitGroup // running Accepts (holder side)
+	accepts   sync.WaitGroup // running Accepts and Disconnects (holder side)
 	conns     sync.WaitGroup // requester connections not yet torn down
 	workers   sync.WaitGroup // session worker goroutines
 	// disconnects: RdmaDisconnect goroutines (goDisconnect). Adds happen

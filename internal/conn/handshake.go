@@ -445,7 +445,10 @@ func (m *Manager) Disconnect(ctx context.Context, req *pegadv1.RdmaDisconnectReq
 		return &pegadv1.RdmaDisconnectResponse{}, nil
 	}
 	delete(m.accepted, node)
+	// Close must not release the PDs while this destroys a's QPs.
+	m.accepts.Add(1) // under mu: Close sets closed before it Waits
 	m.mu.Unlock()
+	defer m.accepts.Done()
 	n := a.qpCount()
 	a.destroy("disconnect")
 	m.log.Info().Str("peer", a.remoteAddr).Str("remote_node", node).Str("session", hsID).Int("qps", n).
