@@ -19,7 +19,9 @@
 //   - AddrConnection (requester side) owns its QPs, one CQ per QP, and one
 //     session worker goroutine per QP. Workers stop when the connection is
 //     invalidated (its done channel closes); QPs and CQs are destroyed once
-//     the last in-flight Read has returned.
+//     the last in-flight Read has returned; then a best-effort
+//     RdmaDisconnect goroutine (tracked, bounded by DisconnectTimeout)
+//     tells the holder to free its side.
 //   - acceptedConn (holder side) owns its QPs and CQs; it runs no worker,
 //     since a holder posts nothing (READs are one-sided).
 package conn

@@ -296,8 +296,9 @@ func (m *Manager) endpointFromProto(e *pegadv1.Endpoint) (ibv.Endpoint, error) {
 }
 
 // acceptedConn is the holder side of one requester's connection: QPs that
-// the requester READs through. It runs nothing; it is destroyed when the
-// same requester handshakes again (a restart or a reconnect) or at Close.
+// the requester READs through. It runs nothing; it is destroyed when its
+// requester disconnects it (RdmaDisconnect with its handshake id), when the
+// same requester handshakes again (a restart or a reconnect), or at Close.
 type acceptedConn struct {
 	m           *Manager
 	nodeID      string
