@@ -18,6 +18,7 @@ import (
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	"github.com/pegaflow/pegad/internal/config"
 	"github.com/pegaflow/pegad/internal/daemon"
+	"github.com/pegaflow/pegad/internal/testutil"
 )
 
 // TestMain: every daemon, server and stream a benchmark starts is stopped
@@ -195,43 +196,18 @@ func startNode(b *testing.B, name string, poolSize config.ByteSize) *node {
 // put stores body as a one-slot block, streamed in 1 MiB data messages
 // (what pegactl and the connector send).
 func (n *node) put(b *testing.B, ns string, hash, body []byte) {
-	s, err := n.local.PutBlock(context.Background())
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := s.Send(&pegadv1.PutBlockRequest{Msg: &pegadv1.PutBlockRequest_Header{Header: &pegadv1.PutBlockHeader{
-		Namespace: ns, Hash: hash, Slots: []*pegadv1.SlotSize{{KSize: uint64(len(body))}}}}}); err != nil {
-		b.Fatal(err)
-	}
-	for p := body; len(p) > 0; {
-		k := min(len(p), 1<<20)
-		if err := s.Send(&pegadv1.PutBlockRequest{Msg: &pegadv1.PutBlockRequest_Data{Data: p[:k]}}); err != nil {
-			b.Fatal(err)
-		}
-		p = p[k:]
-	}
-	if _, err := s.CloseAndRecv(); err != nil {
+	if _, err := testutil.PutBlock(context.Background(), n.local, ns, hash, body, false); err != nil {
 		b.Fatal(err)
 	}
 }
 
 // get reads a block back and returns how many data bytes arrived.
 func (n *node) get(b *testing.B, ns string, hash []byte) int {
-	s, err := n.local.GetBlock(context.Background(), &pegadv1.GetBlockRequest{Namespace: ns, Hash: hash})
+	body, err := testutil.GetBlock(context.Background(), n.local, ns, hash)
 	if err != nil {
 		b.Fatal(err)
 	}
-	got := 0
-	for {
-		m, err := s.Recv()
-		if err == io.EOF {
-			return got
-		}
-		if err != nil {
-			b.Fatal(err)
-		}
-		got += len(m.GetData())
-	}
+	return len(body)
 }
 
 func (n *node) delete(b *testing.B, ns string, hash []byte) {

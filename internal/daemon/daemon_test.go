@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -100,26 +99,7 @@ func ctxT(t *testing.T) context.Context {
 
 func putBlock(t *testing.T, n *node, ns string, hash []byte, body []byte, kv bool) {
 	t.Helper()
-	s, err := n.local.PutBlock(ctxT(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	slot := &pegadv1.SlotSize{KSize: uint64(len(body))}
-	if kv {
-		slot = &pegadv1.SlotSize{KSize: uint64(len(body) / 2), VSize: uint64(len(body) - len(body)/2)}
-	}
-	if err := s.Send(&pegadv1.PutBlockRequest{Msg: &pegadv1.PutBlockRequest_Header{Header: &pegadv1.PutBlockHeader{
-		Namespace: ns, Hash: hash, Slots: []*pegadv1.SlotSize{slot}}}}); err != nil {
-		t.Fatal(err)
-	}
-	for b := body; len(b) > 0; {
-		k := min(len(b), 1<<20)
-		if err := s.Send(&pegadv1.PutBlockRequest{Msg: &pegadv1.PutBlockRequest_Data{Data: b[:k]}}); err != nil {
-			t.Fatal(err)
-		}
-		b = b[k:]
-	}
-	resp, err := s.CloseAndRecv()
+	resp, err := testutil.PutBlock(ctxT(t), n.local, ns, hash, body, kv)
 	if err != nil || resp.GetBytes() != uint64(len(body)) || !resp.GetCreated() {
 		t.Fatalf("put %x: %v, %v", hash, resp, err)
 	}
@@ -127,47 +107,21 @@ func putBlock(t *testing.T, n *node, ns string, hash []byte, body []byte, kv boo
 
 func getBlock(t *testing.T, n *node, ns string, hash []byte) []byte {
 	t.Helper()
-	s, err := n.local.GetBlock(ctxT(t), &pegadv1.GetBlockRequest{Namespace: ns, Hash: hash})
+	b, err := testutil.GetBlock(ctxT(t), n.local, ns, hash)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("get %x: %v", hash, err)
 	}
-	var buf bytes.Buffer
-	for {
-		m, err := s.Recv()
-		if errors.Is(err, io.EOF) {
-			return buf.Bytes()
-		}
-		if err != nil {
-			t.Fatalf("get %x: %v", hash, err)
-		}
-		buf.Write(m.GetData())
-	}
+	return b
 }
 
 // scrape returns the samples of /metrics as "name{labels}" → value.
 func scrape(t *testing.T, addr string) map[string]float64 {
 	t.Helper()
-	resp, err := http.Get("http://" + addr + "/metrics")
+	m, err := testutil.ScrapeMetrics(http.DefaultClient, addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	out := map[string]float64{}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		v, err := strconv.ParseFloat(line[i+1:], 64)
-		if err != nil {
-			t.Fatalf("metrics line %q: %v", line, err)
-		}
-		out[line[:i]] = v
-	}
-	return out
+	return m
 }
 
 func metric(t *testing.T, addr, name string) float64 {

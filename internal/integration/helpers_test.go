@@ -1,17 +1,12 @@
 package integration
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net/http"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -132,26 +127,7 @@ func randomBlocks(rng *rand.Rand, prefix string, n, minLen, maxLen int) []block 
 
 // put stores b on n through the local API.
 func put(ctx context.Context, n *node, ns string, b block) error {
-	s, err := n.local.PutBlock(ctx)
-	if err != nil {
-		return err
-	}
-	slot := &pegadv1.SlotSize{KSize: uint64(len(b.body))}
-	if b.kv {
-		slot = &pegadv1.SlotSize{KSize: uint64(len(b.body) / 2), VSize: uint64(len(b.body) - len(b.body)/2)}
-	}
-	if err := s.Send(&pegadv1.PutBlockRequest{Msg: &pegadv1.PutBlockRequest_Header{Header: &pegadv1.PutBlockHeader{
-		Namespace: ns, Hash: b.hash, Slots: []*pegadv1.SlotSize{slot}}}}); err != nil {
-		return err
-	}
-	for rest := b.body; len(rest) > 0; {
-		k := min(len(rest), 1<<20)
-		if err := s.Send(&pegadv1.PutBlockRequest{Msg: &pegadv1.PutBlockRequest_Data{Data: rest[:k]}}); err != nil {
-			return err
-		}
-		rest = rest[k:]
-	}
-	resp, err := s.CloseAndRecv()
+	resp, err := testutil.PutBlock(ctx, n.local, ns, b.hash, b.body, b.kv)
 	if err != nil {
 		return err
 	}
@@ -173,50 +149,17 @@ func putAll(t *testing.T, n *node, ns string, blocks []block) {
 
 // get reads a block through the local API.
 func get(ctx context.Context, n *node, ns string, hash []byte) ([]byte, error) {
-	s, err := n.local.GetBlock(ctx, &pegadv1.GetBlockRequest{Namespace: ns, Hash: hash})
-	if err != nil {
-		return nil, err
-	}
-	var buf bytes.Buffer
-	for {
-		m, err := s.Recv()
-		if errors.Is(err, io.EOF) {
-			return buf.Bytes(), nil
-		}
-		if err != nil {
-			return nil, err
-		}
-		buf.Write(m.GetData())
-	}
+	return testutil.GetBlock(ctx, n.local, ns, hash)
 }
 
 // scrape returns the samples of n's /metrics as "name{labels}" → value.
 func scrape(t *testing.T, n *node) map[string]float64 {
 	t.Helper()
-	resp, err := httpc.Get("http://" + n.d.MetricsAddr() + "/metrics")
+	m, err := testutil.ScrapeMetrics(httpc, n.d.MetricsAddr())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	out := map[string]float64{}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		v, err := strconv.ParseFloat(line[i+1:], 64)
-		if err != nil {
-			t.Fatalf("metrics line %q: %v", line, err)
-		}
-		out[line[:i]] = v
-	}
-	if err := sc.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return out
+	return m
 }
 
 // Sample names the tests read.
