@@ -2,11 +2,8 @@ package bench
 
 import (
 	"context"
-	"io"
-	"net"
 	"os"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -78,67 +75,15 @@ func reportLatency(b *testing.B, subject, baseline string, s, base *clock) {
 	}
 }
 
-// streams are n plain connections of one network (tcp on 127.0.0.1, or
-// unix) carrying bytes from send[i] to recv[i].
-type streams struct {
-	send, recv []net.Conn
-}
-
-func newStreams(b *testing.B, network string, n int) *streams {
+// newStreams is the plain-stream baseline: n tcp streams on 127.0.0.1, or
+// one unix socket in a short temp dir.
+func newStreams(b *testing.B, network string, n int) *testutil.Streams {
 	b.Helper()
 	addr := "127.0.0.1:0"
 	if network == "unix" {
 		addr = filepath.Join(shortTempDir(b), "raw.sock")
 	}
-	ln, err := net.Listen(network, addr)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer ln.Close()
-	s := &streams{}
-	b.Cleanup(func() {
-		for _, c := range append(s.send, s.recv...) {
-			c.Close()
-		}
-	})
-	for range n {
-		c, err := net.Dial(network, ln.Addr().String())
-		if err != nil {
-			b.Fatal(err)
-		}
-		s.send = append(s.send, c)
-		a, err := ln.Accept()
-		if err != nil {
-			b.Fatal(err)
-		}
-		s.recv = append(s.recv, a)
-	}
-	return s
-}
-
-// copy moves src into dst (same length) over the streams, each carrying an
-// equal share in writes of chunk bytes, and returns when all of it arrived.
-func (s *streams) copy(b *testing.B, src, dst []byte, chunk int) {
-	n := len(s.send)
-	per := len(src) / n
-	var wg sync.WaitGroup
-	for i := range n {
-		part, out := src[i*per:(i+1)*per], dst[i*per:(i+1)*per]
-		wg.Go(func() {
-			for off := 0; off < len(part); off += chunk {
-				if _, err := s.send[i].Write(part[off:min(off+chunk, len(part))]); err != nil {
-					b.Error(err)
-					return
-				}
-			}
-		})
-		wg.Go(func() {
-			if _, err := io.ReadFull(s.recv[i], out); err != nil {
-				b.Error(err)
-			}
-		})
-	}
-	wg.Wait()
+	return testutil.NewStreams(b, network, addr, n)
 }
 
 // shortTempDir is a temporary directory with a short path: unix socket

@@ -29,7 +29,7 @@ func BenchmarkLocalPutGetVsUnix(b *testing.B) {
 			}
 		})
 		n.delete(b, "bench", hash)
-		unix.time(func() { raw.copy(b, body, dst, 1<<20) })
+		unix.time(func() { raw.Copy(b, body, dst, 1<<20) })
 	}
 	iter(-1) // warm up: connections, first touch of pool pages
 	put, get, unix = clock{}, clock{}, clock{}

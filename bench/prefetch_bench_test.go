@@ -56,7 +56,7 @@ func BenchmarkPrefetchVsTCP(b *testing.B) {
 		for _, h := range hashes {
 			req.delete(b, "bench", h)
 		}
-		plain.time(func() { raw.copy(b, src, dst, 1<<20) })
+		plain.time(func() { raw.Copy(b, src, dst, 1<<20) })
 	}
 	iter() // warm up: connection handshake, first touch of pool pages
 	pf, plain = clock{}, clock{}

@@ -2,14 +2,13 @@ package tcp
 
 import (
 	"fmt"
-	"io"
-	"net"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/pegaflow/pegad/internal/ibv"
 	"github.com/pegaflow/pegad/internal/ibv/ibvtest"
+	"github.com/pegaflow/pegad/internal/testutil"
 )
 
 // BenchmarkReadVsTCP measures READ throughput of the provider (64 MiB in
@@ -36,7 +35,7 @@ func BenchmarkReadVsTCP(b *testing.B) {
 			src := ibvtest.MapMemory(b, total)
 			dst := ibvtest.MapMemory(b, total)
 			ibvtest.Fill(src, 1)
-			streams := newStreams(b, nqp)
+			streams := testutil.NewStreams(b, "tcp", "127.0.0.1:0", nqp)
 
 			var provDur, plainDur time.Duration
 			run := func() {
@@ -60,7 +59,7 @@ func BenchmarkReadVsTCP(b *testing.B) {
 				provDur += time.Since(start)
 
 				start = time.Now()
-				streams.copy(b, src, dst)
+				streams.Copy(b, src, dst, 1<<20)
 				plainDur += time.Since(start)
 			}
 			run() // warm up: first touch of every page, connections dialed
@@ -93,63 +92,4 @@ func newBenchProvider(b *testing.B) (*Provider, [2]*Device) {
 		d[i] = dev.(*Device)
 	}
 	return p, d
-}
-
-// streams are n plain loopback TCP connections.
-type streams struct {
-	send, recv []net.Conn
-}
-
-func newStreams(b *testing.B, n int) *streams {
-	b.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer ln.Close()
-	s := &streams{}
-	for range n {
-		c, err := net.Dial("tcp", ln.Addr().String())
-		if err != nil {
-			b.Fatal(err)
-		}
-		a, err := ln.Accept()
-		if err != nil {
-			b.Fatal(err)
-		}
-		s.send, s.recv = append(s.send, c), append(s.recv, a)
-	}
-	b.Cleanup(func() {
-		for i := range s.send {
-			s.send[i].Close()
-			s.recv[i].Close()
-		}
-	})
-	return s
-}
-
-// copy moves src to dst over the streams, each carrying an equal share in
-// 1 MiB writes.
-func (s *streams) copy(b *testing.B, src, dst []byte) {
-	n := len(s.send)
-	per := len(src) / n
-	var wg sync.WaitGroup
-	for i := range n {
-		part := src[i*per : (i+1)*per]
-		out := dst[i*per : (i+1)*per]
-		wg.Go(func() {
-			for off := 0; off < len(part); off += 1 << 20 {
-				if _, err := s.send[i].Write(part[off:min(off+1<<20, len(part))]); err != nil {
-					b.Error(err)
-					return
-				}
-			}
-		})
-		wg.Go(func() {
-			if _, err := io.ReadFull(s.recv[i], out); err != nil {
-				b.Error(err)
-			}
-		})
-	}
-	wg.Wait()
 }
