@@ -47,19 +47,11 @@ declare -A SPEC=(
 )
 for name in big kvsplit slots huge tiny; do
 	read -r mode sizes <<<"${SPEC[$name]}"
-	args=()
-	: >"$D/$name.expect"
-	i=0
-	for size in $sizes; do
-		random_file "$D/$name.$i" "$size"
-		cat "$D/$name.$i" >>"$D/$name.expect"
-		args+=(--file "$D/$name.$i")
-		i=$((i + 1))
-	done
-	[[ $mode == kv ]] && args+=(--kv)
+	# shellcheck disable=SC2086 # sizes is a list
+	block_files "$D" "$name" "$mode" $sizes
 	HASH[$name]=$(random_hash)
 	EXPECT[$name]=$D/$name.expect
-	ctl -o json blocks put --namespace "$NS" --hash "${HASH[$name]}" "${args[@]}" |
+	ctl -o json blocks put --namespace "$NS" --hash "${HASH[$name]}" "${BLOCK_ARGS[@]}" |
 		check "put $name ($sizes)" "d['created'] and d['bytes'] == $(stat -c %s "$D/$name.expect")"
 done
 for name in big kvsplit slots huge tiny; do

@@ -251,18 +251,9 @@ declare -A HASH PUTARGS
 # mkblock KEY MODE SIZE...: random block files; MODE k (one K per file) or
 # kv (K,V pairs per slot). Sets HASH[KEY]; the expected bytes go to $D/KEY.expect.
 mkblock() {
-	local key=$1 mode=$2 i=0 size args=()
-	shift 2
-	: >"$D/$key.expect"
-	for size in "$@"; do
-		random_file "$D/$key.$i" "$size"
-		cat "$D/$key.$i" >>"$D/$key.expect"
-		args+=(--file "$D/$key.$i")
-		i=$((i + 1))
-	done
-	[[ $mode == kv ]] && args+=(--kv)
-	HASH[$key]=$(random_hash)
-	PUTARGS[$key]="${args[*]}"
+	block_files "$D" "$@"
+	HASH[$1]=$(random_hash)
+	PUTARGS[$1]="${BLOCK_ARGS[*]}"
 }
 # put NODE NSNAME KEY...
 put() {

@@ -50,18 +50,10 @@ declare -A HASH SPEC=(
 NAMES=(kib kv mixed big huge)
 for name in "${NAMES[@]}"; do
 	read -r mode sizes <<<"${SPEC[$name]}"
-	args=()
-	: >"$D/$name.expect"
-	i=0
-	for size in $sizes; do
-		random_file "$D/$name.$i" "$size"
-		cat "$D/$name.$i" >>"$D/$name.expect"
-		args+=(--file "$D/$name.$i")
-		i=$((i + 1))
-	done
-	[[ $mode == kv ]] && args+=(--kv)
+	# shellcheck disable=SC2086 # sizes is a list
+	block_files "$D" "$name" "$mode" $sizes
 	HASH[$name]=$(random_hash)
-	ctl_a blocks put --namespace "$NS" --hash "${HASH[$name]}" "${args[@]}" >/dev/null
+	ctl_a blocks put --namespace "$NS" --hash "${HASH[$name]}" "${BLOCK_ARGS[@]}" >/dev/null
 done
 pass "put ${#NAMES[@]} blocks on A"
 ALL=()

@@ -169,3 +169,21 @@ random_file() { head -c "$2" /dev/urandom >"$1"; }
 
 # random_hash prints 16 random bytes in hex.
 random_hash() { od -An -tx1 -N16 /dev/urandom | tr -d ' \n'; }
+
+# block_files DIR NAME MODE SIZE...: random segment files DIR/NAME.0, .1, ...
+# and their concatenation DIR/NAME.expect (what a get must return). MODE k:
+# one K segment per file; kv: consecutive files are one slot's K and V.
+# Sets BLOCK_ARGS to pegactl's matching --file/--kv flags.
+block_files() {
+	local dir=$1 name=$2 mode=$3 i=0 size
+	shift 3
+	BLOCK_ARGS=()
+	: >"$dir/$name.expect"
+	for size in "$@"; do
+		random_file "$dir/$name.$i" "$size"
+		cat "$dir/$name.$i" >>"$dir/$name.expect"
+		BLOCK_ARGS+=(--file "$dir/$name.$i")
+		i=$((i + 1))
+	done
+	if [[ $mode == kv ]]; then BLOCK_ARGS+=(--kv); fi
+}
