@@ -157,6 +157,18 @@ func (q *qp) PostSend(wrs []ibv.SendWR) (int, error) {
 		return 0, fmt.Errorf("tcp: post on qpn=%d in %s: %w", q.qpn, q.state, ibv.ErrInvalidState)
 	}
 	defer q.completeLocked()
+	// The WRs posted before a refused one are posted (as with verbs): the
+	// sender must hear of them on every return path, or they would sit in
+	// the queue with nothing in flight and no retry budget running.
+	posted := 0
+	defer func() {
+		if posted > 0 && q.state == ibv.QPSRTS {
+			select {
+			case q.kick <- struct{}{}:
+			default:
+			}
+		}
+	}()
 	for i, wr := range wrs {
 		if wr.Op != ibv.OpRDMARead && wr.Op != ibv.OpRDMAWrite {
 			return i, fmt.Errorf("tcp: post wr_id=%d opcode %s: %w", wr.ID, wr.Op, ibv.ErrInvalidArgument)
@@ -170,12 +182,7 @@ func (q *qp) PostSend(wrs []ibv.SendWR) (int, error) {
 			w.done, w.status = true, ibv.WCWRFlushErr
 		}
 		q.sq = append(q.sq, w)
-	}
-	if q.state == ibv.QPSRTS {
-		select {
-		case q.kick <- struct{}{}:
-		default:
-		}
+		posted++
 	}
 	return -1, nil
 }
