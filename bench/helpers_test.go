@@ -116,15 +116,10 @@ type node struct {
 
 func startNode(b *testing.B, name string, poolSize config.ByteSize) *node {
 	b.Helper()
-	c := config.Default()
-	c.NodeID = "bench-" + name
-	c.Listen = "127.0.0.1:0"
+	c := testutil.LoopbackConfig("bench-"+name, filepath.Join(shortTempDir(b), "pegad.sock"))
 	c.MetricsListen = ""
-	c.Socket = filepath.Join(shortTempDir(b), "pegad.sock")
 	c.PoolSize = poolSize
-	c.Transport = config.TransportTCP
-	c.TCPDataListen = "127.0.0.1:0"
-	c.ShutdownTimeout = 5 * time.Second
+	c.GCInterval = config.Default().GCInterval
 	d, err := daemon.Start(context.Background(), c, daemon.WithLogger(zerolog.Nop()), daemon.WithNotify(func(string) {}))
 	if err != nil {
 		b.Fatal(err)

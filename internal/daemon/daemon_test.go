@@ -36,17 +36,8 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // socket in a temp dir.
 func testConfig(t testing.TB) config.Config {
 	t.Helper()
-	c := config.Default()
-	c.NodeID = "test-" + t.Name()
-	c.Listen = "127.0.0.1:0"
-	c.MetricsListen = "127.0.0.1:0"
-	c.Socket = filepath.Join(t.TempDir(), "pegad.sock")
-	c.PoolSize = 32 << 20
-	c.Transport = config.TransportTCP
-	c.TCPDataListen = "127.0.0.1:0"
+	c := testutil.LoopbackConfig("test-"+t.Name(), filepath.Join(t.TempDir(), "pegad.sock"))
 	c.LockTimeout = 2 * time.Second
-	c.GCInterval = 50 * time.Millisecond
-	c.ShutdownTimeout = 5 * time.Second
 	return c
 }
 

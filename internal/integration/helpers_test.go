@@ -31,17 +31,8 @@ var httpc = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Ti
 // baseConfig is a loopback tcp-transport node with ephemeral ports.
 func baseConfig(t testing.TB, nodeID string) config.Config {
 	t.Helper()
-	c := config.Default()
-	c.NodeID = nodeID
-	c.Listen = "127.0.0.1:0"
-	c.MetricsListen = "127.0.0.1:0"
-	c.Socket = filepath.Join(t.TempDir(), "pegad.sock")
-	c.PoolSize = 32 << 20
-	c.Transport = config.TransportTCP
-	c.TCPDataListen = "127.0.0.1:0"
+	c := testutil.LoopbackConfig(nodeID, filepath.Join(t.TempDir(), "pegad.sock"))
 	c.LockTimeout = 3 * time.Second
-	c.GCInterval = 50 * time.Millisecond
-	c.ShutdownTimeout = 5 * time.Second
 	return c
 }
 

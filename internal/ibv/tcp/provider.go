@@ -28,9 +28,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 	"unsafe"
@@ -298,14 +300,8 @@ func (d *Device) CreateCQ(depth int) (ibv.CQ, error) {
 // device can be used again.
 func (d *Device) Close() error {
 	d.mu.Lock()
-	pds := make([]*pd, 0, len(d.pds))
-	for p := range d.pds {
-		pds = append(pds, p)
-	}
-	cqs := make([]*cq, 0, len(d.cqs))
-	for c := range d.cqs {
-		cqs = append(cqs, c)
-	}
+	pds := slices.Collect(maps.Keys(d.pds))
+	cqs := slices.Collect(maps.Keys(d.cqs))
 	d.mu.Unlock()
 	for _, p := range pds {
 		p.Close()
@@ -494,14 +490,8 @@ func (p *pd) Close() error {
 		return nil
 	}
 	p.closed = true
-	qps := make([]*qp, 0, len(p.qps))
-	for q := range p.qps {
-		qps = append(qps, q)
-	}
-	mrs := make([]*mr, 0, len(p.mrs))
-	for m := range p.mrs {
-		mrs = append(mrs, m)
-	}
+	qps := slices.Collect(maps.Keys(p.qps))
+	mrs := slices.Collect(maps.Keys(p.mrs))
 	p.mu.Unlock()
 	for _, q := range qps {
 		q.Destroy()
