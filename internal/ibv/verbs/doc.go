@@ -8,7 +8,8 @@
 // and never pass Go memory that contains Go pointers to C.
 //
 // Build: the cgo implementation (linux && cgo && !noverbs) compiles against
-// Debian's libibverbs-dev headers and links only -ldl; ibv_post_send,
+// the rdma-core headers carried in include/ (pinned release, see
+// include/README.md; no system libibverbs-dev needed) and links only -ldl; ibv_post_send,
 // ibv_poll_cq and the port query dispatch through the context's ops (they
 // are static inline in verbs.h), every other entry point is resolved with
 // dlsym. Any other build (CGO_ENABLED=0, -tags noverbs, non-Linux) compiles

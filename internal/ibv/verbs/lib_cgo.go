@@ -3,7 +3,9 @@
 package verbs
 
 /*
-#cgo CFLAGS: -O2 -Wall
+// The verbs declarations come from include/ (rdma-core 44.0, carried in the
+// repo), never from the system, so the build needs no libibverbs-dev.
+#cgo CFLAGS: -O2 -Wall -I${SRCDIR}/include
 #cgo LDFLAGS: -ldl
 #include <stdlib.h>
 #include "shim.h"
