@@ -11,7 +11,7 @@ BENCHTIME ?=
 BENCHCOUNT ?=
 PROTOS := $(wildcard api/pegad/v1/*.proto)
 
-.PHONY: all build test test-short bench bench-all fuzz proto proto-check lint vet fmt-check nocgo e2e clean help
+.PHONY: all build test test-short bench bench-all fuzz proto proto-check lint vet fmt-check nocgo tidy-check staticcheck e2e clean help
 
 all: build
 
@@ -57,7 +57,13 @@ fmt-check:
 nocgo: ## the binaries build without cgo (tcp transport only)
 	CGO_ENABLED=0 $(GO) build ./...
 
-lint: vet fmt-check nocgo ## go vet, gofmt, CGO_ENABLED=0 build
+tidy-check: ## go.mod and go.sum tidy (direct dependencies not marked indirect)
+	$(GO) mod tidy -diff
+
+staticcheck: ## staticcheck, pinned in go.mod's tool block: 0 findings
+	$(GO) tool staticcheck ./...
+
+lint: vet fmt-check nocgo tidy-check staticcheck ## go vet, gofmt, CGO_ENABLED=0 build, go mod tidy -diff, staticcheck
 
 e2e: ## scripted end-to-end checks (scripts/e2e-*.sh) on real binaries
 	@set -e; for s in scripts/e2e-*.sh; do echo "==> $$s"; bash "$$s"; done

@@ -70,14 +70,6 @@ func timestamp(t *timestamppb.Timestamp) string {
 	return t.AsTime().UTC().Format(time.RFC3339Nano)
 }
 
-// humanDuration is the table form of a duration: "850ms", "12s", "3m4s".
-func humanDuration(d *durationpb.Duration) string {
-	if d == nil {
-		return "-"
-	}
-	return humanDur(d.AsDuration())
-}
-
 func humanDur(v time.Duration) string {
 	switch {
 	case v < 0:

@@ -130,11 +130,11 @@ func TestQueryStorePanicIsInternalAndLeavesNothing(t *testing.T) {
 func TestReleaseAndRenewBadInput(t *testing.T) {
 	e := newEnv(t, nil)
 	c := e.client(t)
-	id := e.open(t, "owner", "inc-1", 3)
-	if _, err := e.svc.ObserveIncarnation("owner", "inc-2"); err != nil { // reclaims id
+	e.open(t, "owner", "inc-1", 3)
+	if _, err := e.svc.ObserveIncarnation("owner", "inc-2"); err != nil { // reclaims that session
 		t.Fatal(err)
 	}
-	id = e.open(t, "owner", "inc-2", 3)
+	id := e.open(t, "owner", "inc-2", 3)
 	unknown := strings.Repeat("ab", 16)
 	tests := []struct {
 		name  string

@@ -181,8 +181,7 @@ func TestGuardExactlyOnce(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			var hs *harness
-			hs = newHarness(t, withHooks(hooks{phase: func(_ context.Context, _, phase string) {
+			hs := newHarness(t, withHooks(hooks{phase: func(_ context.Context, _, phase string) {
 				if phase == c.hookPhase {
 					panic("injected panic in " + phase)
 				}
@@ -265,8 +264,7 @@ func TestRandomFaults(t *testing.T) {
 		}
 		return f
 	}
-	var hs *harness
-	hs = newHarness(t, withHooks(hooks{phase: func(ctx context.Context, reqID, phase string) {
+	hs := newHarness(t, withHooks(hooks{phase: func(ctx context.Context, reqID, phase string) {
 		f := pick(reqID)
 		switch {
 		case f.kind == 1 && f.phase == phase:
