@@ -348,6 +348,36 @@ func (t *LockTable) ObserveIncarnation(nodeID, inc string) (reclaimed int, err e
 	return t.reclaim(nodeID, prev, inc, victims), nil
 }
 
+// observeKnown is ObserveIncarnation for a node the table already tracks;
+// it creates no state, so a query that pins nothing cannot grow the node
+// table (a node it does not know holds no session to reclaim, and open
+// checks the incarnation again when it does pin).
+func (t *LockTable) observeKnown(nodeID, inc string) (reclaimed int, err error) {
+	if nodeID == "" || inc == "" {
+		return 0, nil
+	}
+	for {
+		t.nodesMu.Lock()
+		n := t.nodes[nodeID]
+		t.nodesMu.Unlock()
+		if n == nil {
+			return 0, nil
+		}
+		n.mu.Lock()
+		if n.dead {
+			n.mu.Unlock()
+			continue // evicted meanwhile: look again
+		}
+		prev := n.current
+		victims, err := n.observeLocked(inc)
+		n.mu.Unlock()
+		if err != nil {
+			return 0, err
+		}
+		return t.reclaim(nodeID, prev, inc, victims), nil
+	}
+}
+
 func (t *LockTable) reclaim(nodeID, prev, inc string, victims []*session) int {
 	if len(victims) == 0 {
 		return 0
@@ -478,6 +508,7 @@ func (t *LockTable) Release(id, owner, inc string) (ReleaseResult, error) {
 	if err := t.checkIncarnation(owner, inc); err != nil {
 		return ReleaseResult{}, err
 	}
+	now := t.now()
 	sh := t.shardOf(id)
 	sh.mu.Lock()
 	if s := sh.live[id]; s != nil {
@@ -485,10 +516,18 @@ func (t *LockTable) Release(id, owner, inc string) (ReleaseResult, error) {
 			sh.mu.Unlock()
 			return ReleaseResult{}, fmt.Errorf("%w: session %s", ErrNotOwner, id)
 		}
+		if !s.deadline.After(now) {
+			// The lease ended at its deadline, whether or not the sweeper
+			// has ticked since: what was read under it may be stale.
+			t.removeLocked(sh, s, EndExpired)
+			sh.mu.Unlock()
+			t.expired(s, now)
+			return ReleaseResult{End: EndExpired, Age: now.Sub(s.created)}, nil
+		}
 		t.removeLocked(sh, s, EndReleased)
 		sh.mu.Unlock()
 		t.finish(s)
-		return ReleaseResult{Released: len(s.blocks), WasLive: true, End: EndReleased, Age: t.now().Sub(s.created)}, nil
+		return ReleaseResult{Released: len(s.blocks), WasLive: true, End: EndReleased, Age: now.Sub(s.created)}, nil
 	}
 	ts, ok := sh.tomb[id]
 	sh.mu.Unlock()
@@ -529,8 +568,16 @@ func (t *LockTable) Renew(id, owner, inc string) (expires time.Time, lifetimeLef
 	now := t.now()
 	sh := t.shardOf(id)
 	sh.mu.Lock()
-	defer sh.mu.Unlock()
 	s := sh.live[id]
+	if s != nil && s.owner == owner && !s.deadline.After(now) {
+		// Past its deadline the lease is over even if the sweeper has not
+		// ticked yet: a renewal must not revive it.
+		t.removeLocked(sh, s, EndExpired)
+		sh.mu.Unlock()
+		t.expired(s, now)
+		return time.Time{}, 0, fmt.Errorf("%w: session %s %s", ErrSessionEnded, id, EndExpired)
+	}
+	defer sh.mu.Unlock()
 	if s == nil {
 		if ts, ok := sh.tomb[id]; ok {
 			if ts.owner != owner {
@@ -577,13 +624,19 @@ func (t *LockTable) ExpireBefore(now time.Time) int {
 		sh.mu.Unlock()
 	}
 	for _, s := range expired {
-		t.finish(s)
-		t.m.LockTimeouts.Inc()
-		t.log.Warn().Str("session", s.id).Str("requester", s.owner).Str("incarnation", s.incarnation).
-			Int("blocks", len(s.blocks)).Uint64("bytes", s.bytes).Dur("age", now.Sub(s.created)).
-			Int("renewals", s.renewals).Msg("Transfer lock expired")
+		t.expired(s, now)
 	}
 	return len(expired)
+}
+
+// expired finishes s, just removed with EndExpired by the sweeper or by a
+// release or renewal that found it past its deadline.
+func (t *LockTable) expired(s *session, now time.Time) {
+	t.finish(s)
+	t.m.LockTimeouts.Inc()
+	t.log.Warn().Str("session", s.id).Str("requester", s.owner).Str("incarnation", s.incarnation).
+		Int("blocks", len(s.blocks)).Uint64("bytes", s.bytes).Dur("age", now.Sub(s.created)).
+		Int("renewals", s.renewals).Msg("Transfer lock expired")
 }
 
 // ForceRelease ends live session id for an operator; logged with who.

@@ -29,6 +29,10 @@
 //     REQUESTER_RESTARTED mean the lock lapsed and what was read must be
 //     discarded. A well-formed id the holder does not remember (tombstones
 //     are bounded) is NotFound: treat it as not live.
+//   - A session ends at its deadline, not at the sweeper's next tick: a
+//     release after the deadline answers EXPIRED (was_live false) and a
+//     renewal after it is NotFound, whether or not the sweeper has run.
+//   - A query that pins nothing creates no per-requester state.
 //   - RenewTransferLock: NotFound when the session is not live (the
 //     message says expired/released/... when remembered);
 //     FailedPrecondition when its maximum lifetime is used up (it stays live
@@ -285,8 +289,10 @@ func (s *Service) QueryBlocksForTransfer(ctx context.Context, req *pegadv1.Query
 		return nil, err
 	}
 	// A new incarnation reclaims the node's old sessions even when nothing
-	// is found; a stale one is refused before anything is pinned.
-	if _, err := s.locks.ObserveIncarnation(node, inc); err != nil {
+	// is found; a stale one is refused before anything is pinned. A node
+	// not tracked yet is not added here: only a query that pins something
+	// creates state (open).
+	if _, err := s.locks.observeKnown(node, inc); err != nil {
 		return nil, toStatus(err)
 	}
 
