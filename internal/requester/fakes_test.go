@@ -35,10 +35,13 @@ type fakeHolder struct {
 	// node; ok false = holder does not have it. Default: 2 slots of 4 KiB K/V.
 	shape func(hash string) (slots []store.SlotSize, numa int, ok bool)
 	// Fault injection; nil = none.
-	queryErr   func() error
-	releaseErr func(sid string, attempt int) error
-	renewErr   func() error
-	notLive    func(sid string) bool
+	queryErr  func() error
+	queryHook func(ctx context.Context) // runs first in each query (may block)
+	// releaseLost: the release is executed, then its reply is lost.
+	releaseLost func(sid string, attempt int) bool
+	releaseErr  func(sid string, attempt int) error
+	renewErr    func() error
+	notLive     func(sid string) bool
 
 	mu        sync.Mutex // guards everything below
 	nextAddr  uint64
@@ -59,6 +62,9 @@ func newFakeHolder() *fakeHolder {
 }
 
 func (h *fakeHolder) QueryBlocksForTransfer(ctx context.Context, in *pegadv1.QueryBlocksForTransferRequest, _ ...grpc.CallOption) (*pegadv1.QueryBlocksForTransferResponse, error) {
+	if h.queryHook != nil {
+		h.queryHook(ctx)
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, status.FromContextError(err).Err()
 	}
@@ -121,6 +127,14 @@ func (h *fakeHolder) ReleaseTransferLock(ctx context.Context, in *pegadv1.Releas
 			return nil, err
 		}
 	}
+	resp, err := h.release(in)
+	if err == nil && h.releaseLost != nil && h.releaseLost(in.GetSessionId(), attempt) {
+		return nil, status.Error(codes.Unavailable, "reply lost")
+	}
+	return resp, err
+}
+
+func (h *fakeHolder) release(in *pegadv1.ReleaseTransferLockRequest) (*pegadv1.ReleaseTransferLockResponse, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	s, ok := h.sessions[in.GetSessionId()]

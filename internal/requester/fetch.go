@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"runtime/debug"
 	"sort"
+	"sync"
 	"time"
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
@@ -99,24 +100,16 @@ func (e *Engine) fetch(ctx context.Context, st *fetchState, keys []store.Key, ou
 		return fail(PhaseConnect, err, ErrConnection)
 	}
 
-	// Lock. The RPC runs detached from ctx (bounded by its own timeout): a
-	// cancellation must not lose the answer of a query the holder executed,
-	// or the session it created would be pinned until its GC.
+	// Lock.
 	e.hook(ctx, st, PhaseLock)
 	hashes := make([][]byte, len(keys))
 	for i, k := range keys {
 		hashes[i] = []byte(k.Hash)
 	}
 	lockedAt := time.Now()
-	// Shutdown still cuts it: the holder reclaims what an old incarnation
-	// held when this daemon comes back.
-	qctx, qcancel := context.WithTimeout(context.WithoutCancel(ctx), e.lockRPCTimeout)
-	stopQ := context.AfterFunc(e.ctx, qcancel)
-	resp, err := client.QueryBlocksForTransfer(qctx, &pegadv1.QueryBlocksForTransferRequest{
+	resp, err := e.lock(ctx, st, client, &pegadv1.QueryBlocksForTransferRequest{
 		Namespace: st.ns, Hashes: hashes, RequesterId: e.opts.NodeID, Requester: e.requester(),
 	})
-	stopQ()
-	qcancel()
 	if err != nil {
 		return fail(PhaseLock, err, ErrRemote)
 	}
@@ -127,10 +120,14 @@ func (e *Engine) fetch(ctx context.Context, st *fetchState, keys []store.Key, ou
 		// Runs on every exit; a no-op when the normal path released.
 		defer func() { g.Abort(abortReason(ctx)) }()
 	}
+	// stopRenewer stops the renewer once it runs (below); it must return
+	// before the lock is released.
+	stopRenewer := func() {}
 	// handled releases the lock on a handled error (the normal path of a
 	// failure). A cancelled fetch leaves that to the guard's abort path.
 	handled := func(phase string, cause, fallback error) error {
 		ferr := fail(phase, cause, fallback)
+		stopRenewer()
 		if g != nil && ctx.Err() == nil {
 			_, _ = g.Release()
 		}
@@ -157,11 +154,31 @@ func (e *Engine) fetch(ctx context.Context, st *fetchState, keys []store.Key, ou
 	if ctx.Err() != nil {
 		return fail(PhaseLock, ctxErr(ctx), ErrDeadline)
 	}
+	// The lease counts from the lock, so renewals do too, through the
+	// reconnect and the staging as well as the read; lockCtx ends at the
+	// lock's deadline (errTransferDeadline) when no renewal extends it.
+	lockCtx, cancelLock := context.WithCancelCause(ctx)
+	renewerDone := e.startRenewer(lockCtx, cancelLock, g, lockedAt, lockTimeout)
+	var stopOnce sync.Once
+	stopRenewer = func() {
+		stopOnce.Do(func() {
+			cancelLock(nil)
+			<-renewerDone
+		})
+	}
+	defer stopRenewer()
+	// pastDeadline marks err as caused by the lock's deadline when it was.
+	pastDeadline := func(err error) error {
+		if c := context.Cause(lockCtx); errors.Is(c, errTransferDeadline) && ctx.Err() == nil {
+			return fmt.Errorf("%w: %w", errTransferDeadline, err)
+		}
+		return err
+	}
 	// A holder that restarted since our handshake answers with another
 	// incarnation: our QPs and its memory snapshot are stale. Reconnect now
 	// instead of learning it from a failed READ or a retry budget of silence.
-	if rd, err = e.ensureCurrent(ctx, st, rd, resp.GetHolderIncarnation()); err != nil {
-		return handled(PhaseConnect, err, ErrConnection)
+	if rd, err = e.ensureCurrent(lockCtx, st, rd, resp.GetHolderIncarnation()); err != nil {
+		return handled(PhaseConnect, pastDeadline(err), ErrConnection)
 	}
 
 	// Stage.
@@ -200,24 +217,35 @@ func (e *Engine) fetch(ctx context.Context, st *fetchState, keys []store.Key, ou
 
 	// Read, bounded by the lock's deadline (renewed while it runs).
 	e.hook(ctx, st, PhaseRead)
-	readCtx, cancelRead := context.WithCancelCause(conn.WithReqID(ctx, st.reqID))
-	renewerDone := e.startRenewer(readCtx, cancelRead, g, lockedAt, lockTimeout)
-	defer func() {
-		cancelRead(nil)
-		<-renewerDone
-	}()
+	readCtx := conn.WithReqID(lockCtx, st.reqID)
 	readPending = true
 	rerr := rd.Read(readCtx, ops)
+	if rerr != nil && innocent(rerr) && lockCtx.Err() == nil {
+		// The connection broke under us while our own context is fine:
+		// most often another fetch's cancel moved shared QPs to ERROR.
+		// Read returned, so nothing can land in the staging memory any
+		// more: read it all again, once, on a fresh connection.
+		e.log.Info().Err(rerr).Str("req_id", st.reqID).Str("remote", st.peer).Str("session", g.sid).
+			Msg("read failed on a broken connection; retrying once on a fresh one")
+		e.conns.Invalidate(rd, rerr)
+		nrd, gerr := e.conns.Get(lockCtx, st.peer)
+		if gerr == nil {
+			nrd, gerr = e.ensureCurrent(lockCtx, st, nrd, resp.GetHolderIncarnation())
+		}
+		if gerr != nil {
+			rerr = fmt.Errorf("reconnect after %w: %w", rerr, gerr)
+		} else {
+			rd = nrd
+			rerr = rd.Read(readCtx, ops)
+		}
+	}
 	// Read returned: the connection has flushed every QP that could write
 	// into the staging memory, so from here on it may go back to the pool
 	// (the deferred release above). Keep this order (lesson 9).
 	readPending = false
-	cancelRead(nil)
-	<-renewerDone
+	stopRenewer()
 	if rerr != nil {
-		if c := context.Cause(readCtx); errors.Is(c, errTransferDeadline) && ctx.Err() == nil {
-			rerr = fmt.Errorf("%w: %w", errTransferDeadline, rerr)
-		}
+		rerr = pastDeadline(rerr)
 		if invalidates(rerr) {
 			e.conns.Invalidate(rd, rerr)
 		}
@@ -239,7 +267,7 @@ func (e *Engine) fetch(ctx context.Context, st *fetchState, keys []store.Key, ou
 		// Whether the lock held during the read is unknown: discard.
 		return fail(PhaseRelease, err, ErrRemote)
 	}
-	if !rresp.GetWasLive() {
+	if !g.releasedLive(rresp) {
 		e.log.Warn().Str("req_id", st.reqID).Str("remote", st.peer).Str("session", g.sid).
 			Str("end", rresp.GetEnd().String()).Int("blocks", len(plan)).
 			Msg("transfer lock lapsed during the read; fetched blocks discarded")
@@ -262,6 +290,54 @@ func (e *Engine) fetch(ctx context.Context, st *fetchState, keys []store.Key, ou
 		}
 	}
 	return nil
+}
+
+// lock sends the query. The fetch waits for its answer only until ctx
+// ends (the caller's cancel or deadline); the RPC itself runs detached
+// from ctx, bounded by its own timeout and cut only by shutdown, because
+// a query the holder executed must not lose its answer: a session granted
+// after the fetch left is released by a guard here. The goroutine is
+// counted in e.wg, so Close waits for it.
+func (e *Engine) lock(ctx context.Context, st *fetchState, client pegadv1.PeerServiceClient,
+	req *pegadv1.QueryBlocksForTransferRequest) (*pegadv1.QueryBlocksForTransferResponse, error) {
+	type answer struct {
+		resp *pegadv1.QueryBlocksForTransferResponse
+		err  error
+	}
+	ans := make(chan answer) // unbuffered: either the fetch takes it or left is closed
+	left := make(chan struct{})
+	// Shutdown still cuts it: the holder reclaims what an old incarnation
+	// held when this daemon comes back.
+	qctx, qcancel := context.WithTimeout(context.WithoutCancel(ctx), e.lockRPCTimeout)
+	stopQ := context.AfterFunc(e.ctx, qcancel)
+	e.wg.Add(1) // inside a running Prefetch (counted): Close cannot be past Wait
+	go func() {
+		defer e.wg.Done()
+		resp, err := client.QueryBlocksForTransfer(qctx, req)
+		stopQ()
+		qcancel()
+		select {
+		case ans <- answer{resp, err}:
+		case <-left:
+			if sid := resp.GetSessionId(); err == nil && sid != "" {
+				e.newGuard(client, st, sid).Abort("fetch left before the lock was granted")
+			}
+		}
+	}()
+	select {
+	case a := <-ans:
+		return a.resp, a.err
+	case <-ctx.Done():
+		close(left)
+		return nil, errors.New("left before the holder answered the lock query")
+	}
+}
+
+// innocent reports whether a read failed because its connection broke
+// under it (a batch flushed or never run), which a fresh connection need
+// not repeat: another fetch's cancel breaks the QPs it shares with us.
+func innocent(err error) bool {
+	return errors.Is(err, conn.ErrSessionInvalidated) || errors.Is(err, conn.ErrConnectionBroken)
 }
 
 func abortReason(ctx context.Context) string {
@@ -389,10 +465,11 @@ func buildOps(plan []*planBlock) []conn.ReadOp {
 	return ops
 }
 
-// startRenewer starts the goroutine that keeps the lock alive while the
-// Read runs. It belongs to the fetch and exits when ctx (the read's
-// context) is done; the returned channel closes when it has. It renews at
-// lock_timeout/3 and cancels the read (errTransferDeadline) when the lock's
+// startRenewer starts the goroutine that keeps the lock alive from the lock
+// on (reconnect, staging, read). It belongs to the fetch and exits when ctx
+// is done; the returned channel closes when it has. It renews every
+// lock_timeout/3 counted from lockedAt (the lease's own clock, not when the
+// read began) and cancels ctx (errTransferDeadline) when the lock's
 // deadline minus a safety margin passes without a renewal. A failed
 // renewal is counted (pegaflow_transfer_lock_renew_failures_total), logged
 // and retried at the next tick; the fetch goes on, and
@@ -407,7 +484,8 @@ func (e *Engine) startRenewer(ctx context.Context, cancelRead context.CancelCaus
 		defer close(done)
 		dl := time.NewTimer(time.Until(deadline))
 		defer dl.Stop()
-		tick := time.NewTicker(interval)
+		next := lockedAt.Add(interval)
+		tick := time.NewTimer(time.Until(next))
 		defer tick.Stop()
 		req := &pegadv1.RenewTransferLockRequest{SessionId: g.sid, Requester: e.requester()}
 		for {
@@ -418,6 +496,10 @@ func (e *Engine) startRenewer(ctx context.Context, cancelRead context.CancelCaus
 				cancelRead(errTransferDeadline)
 				return
 			case <-tick.C:
+				// Behind schedule (slow renewals) it renews back to back;
+				// each RPC is bounded by interval.
+				next = next.Add(interval)
+				tick.Reset(time.Until(next))
 				sent := time.Now()
 				rctx, cancel := context.WithTimeout(ctx, interval)
 				resp, err := g.client.RenewTransferLock(rctx, req)

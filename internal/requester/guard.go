@@ -30,6 +30,9 @@ type lockGuard struct {
 	// Written inside once, read after it.
 	resp *pegadv1.ReleaseTransferLockResponse
 	err  error
+	// retried: the answer came from a second or later attempt, after one
+	// whose reply was lost (the holder may have executed it).
+	retried bool
 }
 
 func (e *Engine) newGuard(client pegadv1.PeerServiceClient, st *fetchState, sid string) *lockGuard {
@@ -73,6 +76,7 @@ func (g *lockGuard) release() (*pegadv1.ReleaseTransferLockResponse, error) {
 		var resp *pegadv1.ReleaseTransferLockResponse
 		resp, err = g.client.ReleaseTransferLock(ctx, req)
 		if err == nil {
+			g.retried = attempt > 1
 			return resp, nil
 		}
 		if attempt >= 3 || !retryableRelease(err) {
@@ -101,6 +105,17 @@ func (g *lockGuard) release() (*pegadv1.ReleaseTransferLockResponse, error) {
 	g.e.log.Warn().Err(err).Str("session", g.sid).Str("remote", g.st.peer).Str("req_id", g.st.reqID).
 		Msg("transfer lock release failed; the holder's GC will reclaim the session")
 	return nil, err
+}
+
+// releasedLive reports whether the session was live when this guard
+// released it. Besides was_live, a retried release that answers
+// ALREADY_RELEASED counts: only the owner can release, so an earlier
+// attempt of ours ended the live session and only its reply was lost.
+func (g *lockGuard) releasedLive(resp *pegadv1.ReleaseTransferLockResponse) bool {
+	if resp.GetWasLive() {
+		return true
+	}
+	return g.retried && resp.GetEnd() == pegadv1.SessionEnd_SESSION_END_ALREADY_RELEASED
 }
 
 func retryableRelease(err error) bool {

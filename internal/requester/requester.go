@@ -181,13 +181,16 @@ type Engine struct {
 	running map[string]*fetchState
 }
 
-// flight is one block's in-flight fetch. The owner sets status and err and
-// then closes done; joiners read them after done is closed.
+// flight is one block's in-flight fetch. The owner sets status, err and
+// ownerGone and then closes done; joiners read them after done is closed.
 type flight struct {
 	peer   string // the peer it fetches from
 	done   chan struct{}
 	status Status
 	err    error
+	// ownerGone: the owner's own context ended (its cancel or deadline),
+	// which says nothing about a joiner's; a joiner fetches again.
+	ownerGone bool
 }
 
 // fetchState is the live view of one Prefetch, for InFlight and logs.
@@ -343,44 +346,7 @@ func (e *Engine) Prefetch(ctx context.Context, peer, namespace string, hashes []
 		res.Blocks[i] = BlockResult{Hash: h, Status: StatusFailed}
 	}
 
-	// Sort each distinct hash into: already local, owned (this call fetches
-	// it), or joined (another call is fetching it).
-	type joinedBlock struct {
-		key store.Key
-		f   *flight
-	}
-	first := make(map[string]int, len(hashes)) // hash → first index
-	var owned []store.Key
-	var ownedFlights []*flight // nil where the block is fetched unregistered
-	var joined []joinedBlock
-	local := make(map[string]bool)
 	e.mu.Lock()
-	for i, h := range hashes {
-		if _, dup := first[string(h)]; dup {
-			continue
-		}
-		first[string(h)] = i
-		key := store.Key{Namespace: namespace, Hash: string(h)}
-		f, inFlight := e.flights[key]
-		switch {
-		case inFlight && f.peer == peer:
-			joined = append(joined, joinedBlock{key, f})
-		case inFlight:
-			// Being fetched from another peer, which may not have it:
-			// fetch it from ours too (Insert keeps the first copy).
-			owned = append(owned, key)
-			ownedFlights = append(ownedFlights, nil)
-		case e.store.Has(key):
-			// Checked under mu: an owner deletes its flight only after
-			// indexing, so a block is either in flight or visible here.
-			local[string(h)] = true
-		default:
-			f := &flight{peer: peer, done: make(chan struct{}), status: StatusFailed, err: ErrPanic}
-			e.flights[key] = f
-			owned = append(owned, key)
-			ownedFlights = append(ownedFlights, f)
-		}
-	}
 	e.running[st.reqID] = st
 	e.mu.Unlock()
 	defer func() {
@@ -389,71 +355,28 @@ func (e *Engine) Prefetch(ctx context.Context, peer, namespace string, hashes []
 		e.mu.Unlock()
 	}()
 
-	outcome := make(map[string]BlockResult, len(first))
-	for h := range local {
-		outcome[h] = BlockResult{Status: StatusAlreadyLocal}
-	}
-
-	var ferr error
-	if len(owned) > 0 {
-		var out fetchOut
-		func() {
-			// Joiners must never wait forever: complete every owned flight
-			// whatever happens in the fetch.
-			defer func() {
-				e.mu.Lock()
-				for i, key := range owned {
-					f := ownedFlights[i]
-					if f == nil {
-						continue
-					}
-					if i < len(out.status) {
-						f.status, f.err = out.status[i], out.errs[i]
-					}
-					delete(e.flights, key)
-					close(f.done)
-				}
-				e.mu.Unlock()
-			}()
-			out, ferr = e.runFetch(ctx, st, owned)
-		}()
-		res.Bytes, res.SessionID = out.bytes, out.session
-		for i, key := range owned {
-			outcome[key.Hash] = BlockResult{Status: out.status[i], Err: out.errs[i]}
+	run := &prefetchRun{e: e, st: st, res: res, outcome: make(map[string]BlockResult, len(hashes))}
+	var pending [][]byte
+	for _, h := range hashes {
+		if _, dup := run.outcome[string(h)]; !dup {
+			run.outcome[string(h)] = BlockResult{Status: StatusFailed}
+			pending = append(pending, h)
 		}
 	}
-
-	// Wait for the blocks other calls are fetching (after our own fetch, so
-	// two calls that each join the other's blocks cannot deadlock).
-	if len(joined) > 0 {
-		st.setPhase(PhaseWait)
+	for len(pending) > 0 {
+		pending = run.round(ctx, pending)
 	}
-	var joinErr error
-	for _, j := range joined {
-		select {
-		case <-j.f.done:
-			outcome[j.key.Hash] = BlockResult{Status: j.f.status, Err: j.f.err}
-			if j.f.err != nil && joinErr == nil {
-				joinErr = j.f.err
-			}
-		case <-ctx.Done():
-			err := &FetchError{Peer: peer, Phase: "wait", Class: classify(ctxErr(ctx), ErrDeadline), Err: ctxErr(ctx)}
-			outcome[j.key.Hash] = BlockResult{Status: StatusFailed, Err: err}
-			if joinErr == nil {
-				joinErr = err
-			}
-		}
-	}
+	outcome := run.outcome
 	for i, h := range hashes {
 		r := outcome[string(h)]
 		res.Blocks[i].Status, res.Blocks[i].Err = r.Status, r.Err
 	}
-	err := ferr
+	err := run.ferr
 	if err == nil {
-		err = joinErr
+		err = run.joinErr
 	}
 	res.Duration = time.Since(start)
-	e.account(res, err, len(owned) > 0)
+	e.account(res, err, run.fetched)
 	return res, err
 }
 
