@@ -102,6 +102,7 @@ type Daemon struct {
 	conns  *conn.Manager
 	holder *holder.Service
 	engine *requester.Engine
+	local  *localapi.Local // its Wait: no handler touches pool memory any more
 
 	peerSrv, localSrv       *grpc.Server
 	peerHealth, localHealth *health.Server
@@ -302,11 +303,12 @@ func (d *Daemon) listen() error {
 		grpc.ChainUnaryInterceptor(srvMetrics.UnaryServerInterceptor(), holder.RecoveryInterceptor(d.log)),
 		grpc.ChainStreamInterceptor(srvMetrics.StreamServerInterceptor(), streamRecovery(d.log)),
 	)
-	pegadv1.RegisterLocalServiceServer(d.localSrv, localapi.NewLocal(localapi.LocalOptions{
+	d.local = localapi.NewLocal(localapi.LocalOptions{
 		Store:   d.store,
 		Fetcher: d.engine,
 		Log:     d.log.With().Str("component", "localapi").Logger(),
-	}))
+	})
+	pegadv1.RegisterLocalServiceServer(d.localSrv, d.local)
 	pegadv1.RegisterAdminServiceServer(d.localSrv, localapi.NewAdmin(localapi.AdminOptions{
 		Store:   d.store,
 		Locks:   d.holder.Locks(),
@@ -457,6 +459,11 @@ func (d *Daemon) shutdown() error {
 	}
 	if d.tr != nil && d.tr.close != nil {
 		d.tr.close()
+	}
+	if d.local != nil {
+		// A hard Stop (graceful stop timed out) does not wait for
+		// handlers: one may still be copying pool memory.
+		d.local.Wait()
 	}
 	if d.pool != nil {
 		if err := d.pool.Close(); err != nil {

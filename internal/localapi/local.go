@@ -10,9 +10,7 @@ package localapi
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"io"
+	"sync"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -33,6 +31,11 @@ const (
 	// MaxRecvMsgSize is the gRPC receive limit the local server needs: one
 	// MaxChunk plus room for framing and a header message.
 	MaxRecvMsgSize = MaxChunk + 64<<10
+	// DefaultPutIdleTimeout ends a PutBlock stream that sends nothing for
+	// this long (LocalOptions.PutIdleTimeout).
+	DefaultPutIdleTimeout = 30 * time.Second
+	// MaxPutBufferBytes caps the default of LocalOptions.PutBufferBytes.
+	MaxPutBufferBytes = 4 << 30
 	// DefaultListLimit and MaxListLimit bound ListBlocks.
 	DefaultListLimit = 1000
 	MaxListLimit     = 100000
@@ -54,6 +57,12 @@ type Local struct {
 	fetcher Fetcher // nil: Prefetch answers Unavailable
 	log     zerolog.Logger
 	now     func() time.Time
+	idle    time.Duration // PutBlock stream idle timeout
+	putBuf  *budget       // bytes PutBlock streams hold before their block is stored
+
+	// poolUsers counts running handlers that touch pool memory; Wait
+	// closes it and waits for them, so the pool is unmapped only after.
+	poolUsers gate
 }
 
 // LocalOptions configure NewLocal.
@@ -62,7 +71,13 @@ type LocalOptions struct {
 	Fetcher Fetcher
 	Log     zerolog.Logger
 	Now     func() time.Time // nil: time.Now
-
+	// PutIdleTimeout ends a PutBlock stream that sends nothing for this
+	// long (0: DefaultPutIdleTimeout).
+	PutIdleTimeout time.Duration
+	// PutBufferBytes bounds the bytes all PutBlock streams together hold
+	// in memory while their data arrives (0: the pool's size, at most
+	// MaxPutBufferBytes).
+	PutBufferBytes uint64
 }
 
 // NewLocal returns the LocalService server.
@@ -70,8 +85,53 @@ func NewLocal(o LocalOptions) *Local {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	return &Local{store: o.Store, fetcher: o.Fetcher, log: o.Log, now: o.Now}
+	if o.PutIdleTimeout <= 0 {
+		o.PutIdleTimeout = DefaultPutIdleTimeout
+	}
+	if o.PutBufferBytes == 0 {
+		o.PutBufferBytes = min(o.Store.Pool().Size(), MaxPutBufferBytes)
+	}
+	return &Local{
+		store: o.Store, fetcher: o.Fetcher, log: o.Log, now: o.Now,
+		idle: o.PutIdleTimeout, putBuf: &budget{free: o.PutBufferBytes, size: o.PutBufferBytes},
+	}
 }
+
+// Wait stops new PutBlock and GetBlock calls (they answer Unavailable)
+// and returns once every running one has returned: after it, nothing
+// here touches pool memory, so the pool may be unmapped. The daemon calls
+// it after stopping the gRPC server, whose Stop does not wait for
+// handlers.
+func (l *Local) Wait() { l.poolUsers.closeAndWait() }
+
+// gate counts the handlers that touch pool memory.
+type gate struct {
+	mu     sync.Mutex // guards closed and the Add side of wg
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// enter admits a handler; false once closed.
+func (g *gate) enter() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return false
+	}
+	g.wg.Add(1)
+	return true
+}
+
+func (g *gate) leave() { g.wg.Done() }
+
+func (g *gate) closeAndWait() {
+	g.mu.Lock()
+	g.closed = true
+	g.mu.Unlock()
+	g.wg.Wait()
+}
+
+var errShuttingDown = status.Error(codes.Unavailable, "pegad is shutting down")
 
 // validKey checks a namespace and hash against the store's limits.
 func validKey(ns string, hash []byte) error {
@@ -88,140 +148,18 @@ func validKey(ns string, hash []byte) error {
 	return nil
 }
 
-// errFill marks an error raised by PutBlock's fill (the client's stream),
-// so that it is reported as is and not as a store error.
-type errFill struct{ err error }
-
-func (e *errFill) Error() string { return e.err.Error() }
-func (e *errFill) Unwrap() error { return e.err }
-
-// PutBlock receives a header, then the block's bytes in order, and stores
-// the block. Nothing is stored unless every byte arrived and fit.
-func (l *Local) PutBlock(stream pegadv1.LocalService_PutBlockServer) error {
-	first, err := stream.Recv()
-	if err != nil {
-		if errors.Is(err, io.EOF) {
-			return status.Error(codes.InvalidArgument, "empty PutBlock stream: the first message must be a header")
-		}
-		return err
-	}
-	h := first.GetHeader()
-	if h == nil {
-		return status.Error(codes.InvalidArgument, "the first PutBlock message must be a header")
-	}
-	if err := validKey(h.GetNamespace(), h.GetHash()); err != nil {
-		return err
-	}
-	sizes, total, err := slotSizes(h.GetSlots())
-	if err != nil {
-		return err
-	}
-	if ps := l.store.Pool().Size(); total > ps {
-		return status.Errorf(codes.ResourceExhausted, "block of %d bytes does not fit in a pool of %d bytes", total, ps)
-	}
-	key := store.Key{Namespace: h.GetNamespace(), Hash: string(h.GetHash())}
-
-	filled := false
-	created, err := l.store.Put(key, sizes, func(buf []byte) error {
-		filled = true
-		if uint64(len(buf)) != total {
-			return fmt.Errorf("store gave a %d-byte buffer for a %d-byte block", len(buf), total)
-		}
-		if err := receiveInto(stream, buf); err != nil {
-			return &errFill{err}
-		}
-		return nil
-	})
-	if err != nil {
-		var fe *errFill
-		if errors.As(err, &fe) {
-			return toStatus(fe.err)
-		}
-		if errors.Is(err, store.ErrNoSpace) {
-			return status.Errorf(codes.ResourceExhausted, "block of %d bytes does not fit: %v (nothing stored)", total, err)
-		}
-		return toStatus(err)
-	}
-	if !filled {
-		// The key was already present and the store kept its copy without
-		// asking for bytes: still check the client sent what it announced.
-		if err := receiveInto(stream, nil); err != nil {
-			return toStatus(err)
-		}
-	}
-	l.log.Debug().Str("namespace", key.Namespace).Hex("hash", h.GetHash()).Uint64("bytes", total).
-		Bool("created", created).Msg("block put")
-	return stream.SendAndClose(&pegadv1.PutBlockResponse{Bytes: total, Created: created})
-}
-
-// slotSizes validates the header's slots and sums them.
-func slotSizes(slots []*pegadv1.SlotSize) ([]store.SlotSize, uint64, error) {
-	if len(slots) == 0 {
-		return nil, 0, status.Error(codes.InvalidArgument, "block has no slots")
-	}
-	if len(slots) > store.MaxSlots {
-		return nil, 0, status.Errorf(codes.InvalidArgument, "block has %d slots, more than %d", len(slots), store.MaxSlots)
-	}
-	out := make([]store.SlotSize, len(slots))
-	var total uint64
-	for i, s := range slots {
-		if s.GetKSize() == 0 {
-			return nil, 0, status.Errorf(codes.InvalidArgument, "slot %d has an empty K segment", i)
-		}
-		if s.GetKSize() > store.MaxBlockLen || s.GetVSize() > store.MaxBlockLen {
-			return nil, 0, status.Errorf(codes.InvalidArgument, "slot %d is larger than %d bytes", i, uint64(store.MaxBlockLen))
-		}
-		total += s.GetKSize() + s.GetVSize()
-		if total > store.MaxBlockLen {
-			return nil, 0, status.Errorf(codes.InvalidArgument, "block is larger than %d bytes", uint64(store.MaxBlockLen))
-		}
-		out[i] = store.SlotSize{KSize: s.GetKSize(), VSize: s.GetVSize()}
-	}
-	return out, total, nil
-}
-
-// receiveInto reads data messages until EOF; they must fill buf exactly
-// (buf nil: only count, the announced size is then unknown and any amount
-// is drained). Errors are gRPC statuses.
-func receiveInto(stream pegadv1.LocalService_PutBlockServer, buf []byte) error {
-	var got uint64
-	for {
-		m, err := stream.Recv()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			return err
-		}
-		if m.GetHeader() != nil {
-			return status.Error(codes.InvalidArgument, "a second header in a PutBlock stream")
-		}
-		d := m.GetData()
-		if len(d) > MaxChunk {
-			return status.Errorf(codes.InvalidArgument, "data message of %d bytes, more than %d", len(d), MaxChunk)
-		}
-		if buf != nil {
-			if got+uint64(len(d)) > uint64(len(buf)) {
-				return status.Errorf(codes.InvalidArgument, "more data than the header's %d bytes", len(buf))
-			}
-			copy(buf[got:], d)
-		}
-		got += uint64(len(d))
-	}
-	if buf != nil && got != uint64(len(buf)) {
-		return status.Errorf(codes.InvalidArgument, "short data: got %d of the header's %d bytes", got, len(buf))
-	}
-	return nil
-}
-
 // GetBlock streams a header, then the block's bytes.
 func (l *Local) GetBlock(req *pegadv1.GetBlockRequest, stream pegadv1.LocalService_GetBlockServer) error {
 	if err := validKey(req.GetNamespace(), req.GetHash()); err != nil {
 		return err
 	}
+	if !l.poolUsers.enter() {
+		return errShuttingDown
+	}
+	defer l.poolUsers.leave()
 	key := store.Key{Namespace: req.GetNamespace(), Hash: string(req.GetHash())}
-	// Pin for the header (shape, size) so the block we describe is the one
-	// whose memory we then read; Read holds its own pin while copying.
+	// One pin, one block: the header and the bytes both come from it,
+	// never from a second lookup by key.
 	pinned, missing := l.store.Pin([]store.Key{key})
 	if len(missing) > 0 || len(pinned) == 0 {
 		return status.Errorf(codes.NotFound, "%v: namespace=%s hash=%x", store.ErrNotFound, key.Namespace, req.GetHash())
@@ -234,7 +172,7 @@ func (l *Local) GetBlock(req *pegadv1.GetBlockRequest, stream pegadv1.LocalServi
 		return err
 	}
 	var sent uint64
-	_, err := l.store.Read(key, func(chunk []byte) error {
+	err := l.store.ReadPinned(b, func(chunk []byte) error {
 		for len(chunk) > 0 {
 			n := min(len(chunk), MaxChunk)
 			if sent+uint64(n) > hdr.GetBytes() {

@@ -78,13 +78,21 @@ type env struct {
 	conns   *fakeConns
 	metrics *metrics.Metrics
 	local   pegadv1.LocalServiceClient
-	admin   pegadv1.AdminServiceClient
-	now     time.Time
+	// localSrv is the server behind local.
+	localSrv *Local
+	admin    pegadv1.AdminServiceClient
+	now      time.Time
 }
 
 // newEnv serves Local and Admin over bufconn on a real pool and store of
 // poolSize bytes; fetcher nil → no prefetch engine.
 func newEnv(t *testing.T, poolSize uint64, withFetcher bool) *env {
+	t.Helper()
+	return newEnvWith(t, poolSize, withFetcher, nil)
+}
+
+// newEnvWith is newEnv with mod applied to the LocalOptions.
+func newEnvWith(t *testing.T, poolSize uint64, withFetcher bool, mod func(*LocalOptions)) *env {
 	t.Helper()
 	p, err := pool.New(pool.Options{Size: poolSize, Log: zerolog.Nop()})
 	if err != nil {
@@ -104,7 +112,12 @@ func newEnv(t *testing.T, poolSize uint64, withFetcher bool) *env {
 	}
 	now := func() time.Time { return e.now }
 	srv := grpc.NewServer(grpc.MaxRecvMsgSize(MaxRecvMsgSize))
-	pegadv1.RegisterLocalServiceServer(srv, NewLocal(LocalOptions{Store: e.store, Fetcher: f, Log: zerolog.Nop(), Now: now}))
+	lo := LocalOptions{Store: e.store, Fetcher: f, Log: zerolog.Nop(), Now: now}
+	if mod != nil {
+		mod(&lo)
+	}
+	e.localSrv = NewLocal(lo)
+	pegadv1.RegisterLocalServiceServer(srv, e.localSrv)
 	pegadv1.RegisterAdminServiceServer(srv, NewAdmin(AdminOptions{
 		Store: e.store, Locks: e.locks, Conns: e.conns, Fetcher: f, Metrics: e.metrics,
 		Node: NodeInfo{NodeID: "n1", Incarnation: "inc1", Transport: "tcp", Started: e.now.Add(-time.Minute)},

@@ -489,7 +489,19 @@ func (s *Store) Read(key Key, w func(chunk []byte) error) (Info, error) {
 	s.mu.Lock()
 	info := b.infoLocked()
 	s.mu.Unlock()
+	return info, s.ReadPinned(b, w)
+}
 
+// ReadPinned is Read of block b itself, which the caller holds a pin on
+// (from Pin): never a second lookup by key, so a delete and re-put of the
+// key meanwhile cannot mix another block's bytes into b's.
+func (s *Store) ReadPinned(b *Block, w func(chunk []byte) error) error {
+	if b == nil || b.ext.s != s {
+		return fmt.Errorf("%w: block not from this store", ErrInvalid)
+	}
+	if b.Pins() <= 0 {
+		return fmt.Errorf("%w: ReadPinned of a block with no pin", ErrInvalid)
+	}
 	buf := make([]byte, min(b.size, ReadChunk))
 	base := b.ext.alloc.Off
 	for _, sl := range b.slots {
@@ -502,12 +514,12 @@ func (s *Store) Read(key Key, w func(chunk []byte) error) (Info, error) {
 				n := copy(buf, mem)
 				mem = mem[n:]
 				if err := w(buf[:n]); err != nil {
-					return info, fmt.Errorf("store: read %s/%x: %w", key.Namespace, key.Hash, err)
+					return fmt.Errorf("store: read %s/%x: %w", b.key.Namespace, b.key.Hash, err)
 				}
 			}
 		}
 	}
-	return info, nil
+	return nil
 }
 
 func (s *Store) Stats() Stats {
