@@ -225,7 +225,9 @@ func TestWaitOutlastsHandlers(t *testing.T) {
 		return errors.New("client went away")
 	}}
 	handler := make(chan error, 1)
-	go func() { handler <- e.localSrv.GetBlock(&pegadv1.GetBlockRequest{Namespace: "ns", Hash: []byte("k")}, fs) }()
+	go func() {
+		handler <- e.localSrv.GetBlock(&pegadv1.GetBlockRequest{Namespace: "ns", Hash: []byte("k")}, fs)
+	}()
 	<-inSend // the handler is copying out of pool memory
 	waited := make(chan struct{})
 	go func() {
