@@ -25,18 +25,28 @@ func NewBlocksListCommand(g *globalFlags) *cobra.Command {
 			if limit < 0 || limit > math.MaxUint32 {
 				return usageErrorf("invalid --limit %d", limit)
 			}
-			var res *pegadv1.ListBlocksResponse
+			out := &listBlocksResult{Blocks: []blockJSON{}}
 			err := g.withClient(cmd.Context(), func(ctx context.Context, c *client) error {
-				var err error
-				res, err = c.local.ListBlocks(ctx, &pegadv1.ListBlocksRequest{Namespace: namespace, Limit: uint32(limit)})
-				return err
+				// pegad answers a page at a time: follow next_cursor until
+				// --limit blocks (pegad's default page when 0) or the end.
+				req := &pegadv1.ListBlocksRequest{Namespace: namespace, Limit: uint32(limit)}
+				for {
+					res, err := c.local.ListBlocks(ctx, req)
+					if err != nil {
+						return err
+					}
+					for _, b := range res.GetBlocks() {
+						out.Blocks = append(out.Blocks, blockOf(b))
+					}
+					out.Truncated = res.GetTruncated()
+					if res.GetNextCursor() == "" || limit == 0 || len(out.Blocks) >= limit {
+						return nil
+					}
+					req.Cursor, req.Limit = res.GetNextCursor(), uint32(limit-len(out.Blocks))
+				}
 			})
 			if err != nil {
 				return err
-			}
-			out := &listBlocksResult{Blocks: []blockJSON{}, Truncated: res.GetTruncated()}
-			for _, b := range res.GetBlocks() {
-				out.Blocks = append(out.Blocks, blockOf(b))
 			}
 			return g.printer(cmd.OutOrStdout()).print(out)
 		},

@@ -25,9 +25,24 @@ func newSessionsListCommand(g *globalFlags) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var res *pegadv1.ListSessionsResponse
 			err := g.withClient(cmd.Context(), func(ctx context.Context, c *client) error {
-				var err error
-				res, err = c.admin.ListSessions(ctx, &pegadv1.ListSessionsRequest{})
-				return err
+				// pegad answers a page of sessions at a time (fetches come
+				// with the first): follow next_cursor to the end.
+				req := &pegadv1.ListSessionsRequest{}
+				for {
+					page, err := c.admin.ListSessions(ctx, req)
+					if err != nil {
+						return err
+					}
+					if res == nil {
+						res = page
+					} else {
+						res.Sessions = append(res.Sessions, page.GetSessions()...)
+					}
+					if page.GetNextCursor() == "" {
+						return nil
+					}
+					req.Cursor = page.GetNextCursor()
+				}
 			})
 			if err != nil {
 				return err

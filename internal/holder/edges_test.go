@@ -102,3 +102,55 @@ func TestQueryThatPinsNothingCreatesNoNode(t *testing.T) {
 		Namespace: "ns", Hashes: [][]byte{[]byte("a")}, Requester: req("pinner", "i1")})
 	wantCode(t, err, codes.FailedPrecondition, "stale")
 }
+
+// TestSessionsPage (issue 15 item 4): pages of sessions follow each
+// other oldest first, each live session exactly once, while sessions end
+// and open between pages; the last page has no next cursor.
+func TestSessionsPage(t *testing.T) {
+	e := newEnv(t, func(o *Options) { o.Log = zerolog.Nop() })
+	var ids []string
+	for i := 0; i < 300; i++ {
+		ids = append(ids, e.open(t, fmt.Sprintf("n%d", i%5), "", 1))
+		e.clock.Advance(time.Millisecond)
+	}
+	ended := map[string]bool{}
+	seen := map[string]bool{}
+	var cursor uint64
+	var last time.Time
+	pages := 0
+	for {
+		page, next := e.svc.locks.SessionsPage(cursor, 7)
+		pages++
+		for _, s := range page {
+			if seen[s.ID] || ended[s.ID] || s.CreatedAt.Before(last) {
+				t.Fatalf("page %d: %s (seen %v, ended %v) created %v after %v", pages, s.ID, seen[s.ID], ended[s.ID], s.CreatedAt, last)
+			}
+			seen[s.ID], last = true, s.CreatedAt
+		}
+		if next == 0 {
+			break
+		}
+		if len(page) != 7 {
+			t.Fatalf("page %d: %d rows with a next cursor", pages, len(page))
+		}
+		cursor = next
+		// An older session not yet listed ends; a new one opens (listed
+		// at the end, being the newest).
+		for _, id := range ids {
+			if !seen[id] && !ended[id] {
+				if _, err := e.svc.locks.ForceRelease(id, "test"); err != nil {
+					t.Fatal(err)
+				}
+				ended[id] = true
+				break
+			}
+		}
+		ids = append(ids, e.open(t, "late", "", 1))
+	}
+	if want := len(ids) - len(ended); len(seen) != want || e.svc.locks.Len() != want {
+		t.Fatalf("listed %d sessions over %d pages, %d live", len(seen), pages, e.svc.locks.Len())
+	}
+	if page, next := e.svc.locks.SessionsPage(0, 1000); len(page) != len(seen) || next != 0 {
+		t.Fatalf("one large page: %d rows, next %d", len(page), next)
+	}
+}

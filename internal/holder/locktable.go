@@ -98,6 +98,7 @@ type session struct {
 	blocks      []*store.Block
 	bytes       uint64
 	created     time.Time
+	seq         uint64 // opening order, for paged listings
 
 	deadline time.Time
 	renewals int
@@ -182,6 +183,7 @@ type LockTable struct {
 
 	liveSessions atomic.Int64
 	lockedBlocks atomic.Int64
+	openSeq      atomic.Uint64 // last session seq given out
 }
 
 func newLockTable(opts Options) *LockTable {
@@ -413,7 +415,7 @@ func (t *LockTable) open(owner, inc string, blocks []*store.Block, bytes uint64)
 	}
 	s := &session{
 		owner: owner, incarnation: inc, blocks: blocks, bytes: bytes,
-		created: now, deadline: now.Add(min(t.timeout, t.maxLifetime)),
+		created: now, deadline: now.Add(min(t.timeout, t.maxLifetime)), seq: t.openSeq.Add(1),
 	}
 	for {
 		s.id = newID()
@@ -717,6 +719,67 @@ func (t *LockTable) Sessions() []SessionInfo {
 		return out[i].ID < out[j].ID
 	})
 	return out
+}
+
+// SessionsPage lists up to limit (> 0) live sessions opened after cursor
+// (0: from the first), oldest first; next is the cursor of the following
+// page, 0 on the last. Each shard is locked only while its sessions past
+// the cursor are offered to a bounded heap of the limit+1 oldest, so a
+// page costs O(n log limit) time and O(limit) memory, and no lock is held
+// across shards.
+func (t *LockTable) SessionsPage(cursor uint64, limit int) (page []SessionInfo, next uint64) {
+	limit = max(limit, 1)
+	h := make(pageHeap, 0, limit+1)
+	for i := range t.shards {
+		sh := &t.shards[i]
+		sh.mu.Lock()
+		for _, s := range sh.live {
+			if s.seq <= cursor || (len(h) == limit+1 && s.seq >= h[0].seq) {
+				continue
+			}
+			row := pageRow{seq: s.seq, info: SessionInfo{
+				ID: s.id, RequesterID: s.owner, Incarnation: s.incarnation,
+				Blocks: len(s.blocks), Bytes: s.bytes, CreatedAt: s.created,
+				ExpiresAt: s.deadline, Renewals: s.renewals,
+			}}
+			if len(h) == limit+1 {
+				h[0] = row
+				heap.Fix(&h, 0)
+			} else {
+				heap.Push(&h, row)
+			}
+		}
+		sh.mu.Unlock()
+	}
+	sort.Slice(h, func(i, j int) bool { return h[i].seq < h[j].seq })
+	if len(h) > limit {
+		h = h[:limit]
+		next = h[limit-1].seq
+	}
+	page = make([]SessionInfo, len(h))
+	for i, r := range h {
+		page[i] = r.info
+	}
+	return page, next
+}
+
+type pageRow struct {
+	seq  uint64
+	info SessionInfo
+}
+
+// pageHeap is a max-heap by seq: its top is the newest row kept.
+type pageHeap []pageRow
+
+func (h pageHeap) Len() int           { return len(h) }
+func (h pageHeap) Less(i, j int) bool { return h[i].seq > h[j].seq }
+func (h pageHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *pageHeap) Push(x any)        { *h = append(*h, x.(pageRow)) }
+func (h *pageHeap) Pop() any {
+	old := *h
+	r := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return r
 }
 
 // Len is the number of live sessions.

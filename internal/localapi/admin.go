@@ -22,7 +22,7 @@ import (
 // Locks is the holder's lock table as the admin API uses it
 // (*holder.LockTable).
 type Locks interface {
-	Sessions() []holder.SessionInfo
+	SessionsPage(cursor uint64, limit int) ([]holder.SessionInfo, uint64)
 	ForceRelease(id, operator string) (int, error)
 	Len() int
 	LockedBlocks() int
@@ -69,16 +69,23 @@ func NewAdmin(o AdminOptions) *Admin {
 	return &Admin{o: o}
 }
 
-// ListSessions lists the holder's live sessions and the requester's
-// in-flight fetches.
-func (a *Admin) ListSessions(context.Context, *pegadv1.ListSessionsRequest) (*pegadv1.ListSessionsResponse, error) {
+// ListSessions lists a page of the holder's live sessions (oldest first)
+// and, on the first page, the requester's in-flight fetches.
+func (a *Admin) ListSessions(_ context.Context, req *pegadv1.ListSessionsRequest) (*pegadv1.ListSessionsResponse, error) {
+	cursor, err := parseCursor(req.GetCursor())
+	if err != nil {
+		return nil, err
+	}
+	limit := listLimit(req.GetLimit())
 	now := a.o.Now()
 	resp := &pegadv1.ListSessionsResponse{
 		Sessions: []*pegadv1.HolderSession{},
 		Fetches:  []*pegadv1.Fetch{},
 	}
 	if a.o.Locks != nil {
-		for _, s := range a.o.Locks.Sessions() {
+		page, next := a.o.Locks.SessionsPage(cursor, limit)
+		resp.NextCursor = formatCursor(next)
+		for _, s := range page {
 			resp.Sessions = append(resp.Sessions, &pegadv1.HolderSession{
 				SessionId:            s.ID,
 				RequesterId:          s.RequesterID,
@@ -92,8 +99,12 @@ func (a *Admin) ListSessions(context.Context, *pegadv1.ListSessionsRequest) (*pe
 			})
 		}
 	}
-	if a.o.Fetcher != nil {
-		for _, f := range a.o.Fetcher.InFlight() {
+	if a.o.Fetcher != nil && cursor == 0 {
+		fetches := a.o.Fetcher.InFlight()
+		if len(fetches) > MaxListLimit {
+			fetches, resp.FetchesTruncated = fetches[:MaxListLimit], true
+		}
+		for _, f := range fetches {
 			resp.Fetches = append(resp.Fetches, &pegadv1.Fetch{
 				ReqId:     f.ReqID,
 				Peer:      f.Peer,

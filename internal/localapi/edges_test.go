@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -13,6 +14,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+	"github.com/pegaflow/pegad/internal/holder"
+	"github.com/pegaflow/pegad/internal/requester"
 	"github.com/pegaflow/pegad/internal/store"
 )
 
@@ -253,5 +256,108 @@ func TestWaitOutlastsHandlers(t *testing.T) {
 	}
 	if _, err := put(t, e.local, hdr("ns", []byte("n"), 4, 0), data([]byte("abcd"))); status.Code(err) != codes.Unavailable {
 		t.Fatalf("PutBlock after Wait: %v, want Unavailable", err)
+	}
+}
+
+// TestListBlocksPaged (item 4): ListBlocks answers a page at a time
+// (limit + cursor), newest first, each block once; a page stays under the
+// slot bound whatever the limit asked; a bad cursor is InvalidArgument.
+func TestListBlocksPaged(t *testing.T) {
+	e := newEnv(t, 16*mib, false)
+	ext, err := e.store.AllocExtent(64 << 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.store.ReleaseExtent(ext)
+	wide := make([]store.SlotLayout, store.MaxSlots) // 1024 slots
+	for i := range wide {
+		wide[i] = store.SlotLayout{KLen: 8}
+	}
+	for i := range 40 {
+		if _, err := e.store.Insert(store.Key{Namespace: "wide", Hash: fmt.Sprint(i)}, ext, wide); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.store.Insert(store.Key{Namespace: "narrow", Hash: fmt.Sprintf("%03d", i)}, ext, wide[:1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx := context.Background()
+	// 40 blocks of 1024 slots: a page stops before MaxListSlots.
+	r, err := e.local.ListBlocks(ctx, &pegadv1.ListBlocksRequest{Namespace: "wide", Limit: 100000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(r.GetBlocks()); n != MaxListSlots/store.MaxSlots || r.GetNextCursor() == "" || !r.GetTruncated() {
+		t.Fatalf("wide page: %d blocks, next %q; want %d and a next page", n, r.GetNextCursor(), MaxListSlots/store.MaxSlots)
+	}
+	// Follow the cursor through one namespace, 7 at a time.
+	var got []string
+	req := &pegadv1.ListBlocksRequest{Namespace: "narrow", Limit: 7}
+	for pages := 1; ; pages++ {
+		r, err := e.local.ListBlocks(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, b := range r.GetBlocks() {
+			got = append(got, string(b.GetHash()))
+		}
+		if r.GetNextCursor() == "" {
+			break
+		}
+		if pages > 10 {
+			t.Fatal("cursor does not advance")
+		}
+		req.Cursor = r.GetNextCursor()
+	}
+	if len(got) != 40 || got[0] != "039" || got[39] != "000" {
+		t.Fatalf("paged listing: %d blocks %v, want 40 newest first", len(got), got)
+	}
+	for i := 1; i < len(got); i++ {
+		if got[i] >= got[i-1] {
+			t.Fatalf("not newest first: %v", got)
+		}
+	}
+	for _, c := range []string{"x", "0", "-1"} {
+		if _, err := e.local.ListBlocks(ctx, &pegadv1.ListBlocksRequest{Cursor: c}); status.Code(err) != codes.InvalidArgument {
+			t.Errorf("cursor %q: %v, want InvalidArgument", c, err)
+		}
+	}
+}
+
+// TestListSessionsPaged (item 4): ListSessions pages the holder's
+// sessions (default and capped page size) and lists fetches on the first
+// page only.
+func TestListSessionsPaged(t *testing.T) {
+	e := newEnv(t, 4*mib, true)
+	for i := range 2*DefaultListLimit + 5 {
+		e.locks.sessions = append(e.locks.sessions, holder.SessionInfo{ID: fmt.Sprint(i), CreatedAt: e.now})
+	}
+	e.fetcher.inflight = []requester.FetchInfo{{ReqID: "r1", Started: e.now}}
+	ctx := context.Background()
+	req := &pegadv1.ListSessionsRequest{}
+	var sizes []int
+	for {
+		r, err := e.admin.ListSessions(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sizes = append(sizes, len(r.GetSessions()))
+		if want := len(sizes) == 1; (len(r.GetFetches()) == 1) != want {
+			t.Fatalf("page %d: %d fetches, want them on the first page only", len(sizes), len(r.GetFetches()))
+		}
+		if r.GetNextCursor() == "" {
+			break
+		}
+		req.Cursor = r.GetNextCursor()
+	}
+	if fmt.Sprint(sizes) != fmt.Sprint([]int{DefaultListLimit, DefaultListLimit, 5}) {
+		t.Fatalf("page sizes %v", sizes)
+	}
+	r, err := e.admin.ListSessions(ctx, &pegadv1.ListSessionsRequest{Limit: 100000})
+	if err != nil || len(r.GetSessions()) != len(e.locks.sessions) {
+		t.Fatalf("large limit: %d sessions, %v", len(r.GetSessions()), err)
+	}
+	if _, err := e.admin.ListSessions(ctx, &pegadv1.ListSessionsRequest{Cursor: "nope"}); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("bad cursor: %v", err)
 	}
 }

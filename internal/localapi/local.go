@@ -10,6 +10,7 @@ package localapi
 
 import (
 	"context"
+	"strconv"
 	"sync"
 	"time"
 
@@ -36,9 +37,12 @@ const (
 	DefaultPutIdleTimeout = 30 * time.Second
 	// MaxPutBufferBytes caps the default of LocalOptions.PutBufferBytes.
 	MaxPutBufferBytes = 4 << 30
-	// DefaultListLimit and MaxListLimit bound ListBlocks.
+	// DefaultListLimit and MaxListLimit bound a page of ListBlocks and of
+	// ListSessions; MaxListSlots bounds the slots of a ListBlocks page.
+	// Together they keep a page well under gRPC's 4 MiB default.
 	DefaultListLimit = 1000
-	MaxListLimit     = 100000
+	MaxListLimit     = 4096
+	MaxListSlots     = 32768
 	// MaxPrefetchHashes caps one Prefetch (the peer protocol's cap).
 	MaxPrefetchHashes = 4096
 )
@@ -217,18 +221,21 @@ func blockHeader(b *store.Block, now time.Time) *pegadv1.BlockInfo {
 	return info
 }
 
-// ListBlocks lists blocks, most recent first.
+// ListBlocks lists a page of blocks, newest first. The store is locked
+// only to find the page; rows are built after.
 func (l *Local) ListBlocks(_ context.Context, req *pegadv1.ListBlocksRequest) (*pegadv1.ListBlocksResponse, error) {
 	if len(req.GetNamespace()) > store.MaxNSLen {
 		return nil, status.Errorf(codes.InvalidArgument, "namespace is more than %d bytes", store.MaxNSLen)
 	}
-	limit := int(req.GetLimit())
-	if limit == 0 {
-		limit = DefaultListLimit
+	cursor, err := parseCursor(req.GetCursor())
+	if err != nil {
+		return nil, err
 	}
-	limit = min(limit, MaxListLimit)
-	infos, truncated := l.store.List(req.GetNamespace(), limit)
-	resp := &pegadv1.ListBlocksResponse{Truncated: truncated, Blocks: make([]*pegadv1.BlockInfo, 0, len(infos))}
+	infos, next := l.store.ListPage(req.GetNamespace(), cursor, listLimit(req.GetLimit()), MaxListSlots)
+	resp := &pegadv1.ListBlocksResponse{
+		Truncated: next != 0, NextCursor: formatCursor(next),
+		Blocks: make([]*pegadv1.BlockInfo, 0, len(infos)),
+	}
 	for _, in := range infos {
 		bi := &pegadv1.BlockInfo{
 			Namespace:  in.Key.Namespace,
@@ -245,6 +252,34 @@ func (l *Local) ListBlocks(_ context.Context, req *pegadv1.ListBlocksRequest) (*
 		resp.Blocks = append(resp.Blocks, bi)
 	}
 	return resp, nil
+}
+
+// listLimit applies the default and the cap to a listing's page size.
+func listLimit(n uint32) int {
+	if n == 0 {
+		return DefaultListLimit
+	}
+	return min(int(n), MaxListLimit)
+}
+
+// Cursors are opaque to clients; here they are a position in a listing's
+// order (a decimal sequence number).
+func parseCursor(c string) (uint64, error) {
+	if c == "" {
+		return 0, nil
+	}
+	n, err := strconv.ParseUint(c, 10, 64)
+	if err != nil || n == 0 {
+		return 0, status.Errorf(codes.InvalidArgument, "malformed cursor %q: pass next_cursor of an earlier page", c)
+	}
+	return n, nil
+}
+
+func formatCursor(n uint64) string {
+	if n == 0 {
+		return ""
+	}
+	return strconv.FormatUint(n, 10)
 }
 
 // DeleteBlock removes a block from the index.

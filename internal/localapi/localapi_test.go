@@ -55,7 +55,14 @@ type fakeLocks struct {
 	err      error
 }
 
-func (l *fakeLocks) Sessions() []holder.SessionInfo { return l.sessions }
+// SessionsPage pages l.sessions; a session's cursor is its index + 1.
+func (l *fakeLocks) SessionsPage(cursor uint64, limit int) ([]holder.SessionInfo, uint64) {
+	rest := l.sessions[min(int(cursor), len(l.sessions)):]
+	if len(rest) > limit {
+		return rest[:limit], cursor + uint64(limit)
+	}
+	return rest, 0
+}
 func (l *fakeLocks) ForceRelease(id, op string) (int, error) {
 	if l.err != nil {
 		return 0, l.err

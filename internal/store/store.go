@@ -103,11 +103,13 @@ type Block struct {
 	sizes   []SlotSize
 	size    uint64
 	created time.Time
+	seq     uint64 // insertion order, for paged listings (set under mu)
 
 	// Guarded by ext.s.mu.
 	pins       int
 	lastAccess time.Time
 	elem       *list.Element // position in the LRU; nil once out of the index
+	pos        listPos       // positions in the list indexes while indexed
 }
 
 func (b *Block) Key() Key { return b.key }
@@ -162,7 +164,12 @@ type Store struct {
 	mu    sync.Mutex
 	index map[Key]*Block
 	// lru holds the indexed blocks (*Block), most recently used at the front.
-	lru        *list.List
+	lru *list.List
+	// all and byNS list the indexed blocks in insertion order, all of
+	// them and per namespace, for paged listings (ListPage).
+	all        listIndex
+	byNS       map[string]*listIndex
+	seq        uint64 // last insertion sequence given out
 	bytes      uint64 // sum of indexed blocks' sizes
 	pinned     uint64 // blocks with pins > 0
 	deferred   uint64 // out of the index, pins > 0
@@ -172,7 +179,7 @@ type Store struct {
 
 // New creates a store over p. m may be nil (no metrics).
 func New(p *pool.Pool, m *metrics.Metrics) *Store {
-	s := &Store{pool: p, m: m, index: make(map[Key]*Block), lru: list.New()}
+	s := &Store{pool: p, m: m, index: make(map[Key]*Block), lru: list.New(), byNS: make(map[string]*listIndex)}
 	if m != nil {
 		m.PoolSize.Set(float64(p.Size()))
 		if p.Locked() {
@@ -314,6 +321,7 @@ func (s *Store) Insert(key Key, e *Extent, slots []SlotLayout) (created bool, er
 	e.refs++
 	b.elem = s.lru.PushFront(b)
 	s.index[key] = b
+	s.listAddLocked(b)
 	s.bytes += b.size
 	s.indexMetricsLocked()
 	return true, nil
@@ -428,6 +436,7 @@ func (s *Store) removeLocked(b *Block) (freed bool) {
 	delete(s.index, b.key)
 	s.lru.Remove(b.elem)
 	b.elem = nil
+	s.listRemoveLocked(b)
 	s.bytes -= b.size
 	if b.pins > 0 {
 		s.deferred++
@@ -473,6 +482,75 @@ func (s *Store) List(ns string, limit int) (infos []Info, truncated bool) {
 		infos = append(infos, b.infoLocked())
 	}
 	return infos, false
+}
+
+func (s *Store) listAddLocked(b *Block) {
+	s.seq++
+	b.seq = s.seq
+	nx := s.byNS[b.key.Namespace]
+	if nx == nil {
+		nx = &listIndex{}
+		s.byNS[b.key.Namespace] = nx
+	}
+	b.pos = listPos{all: s.all.add(b), ns: nx.add(b)}
+}
+
+func (s *Store) listRemoveLocked(b *Block) {
+	if s.all.remove(b.pos.all) {
+		s.all.compacted(func(b *Block, i int) { b.pos.all = i })
+	}
+	nx := s.byNS[b.key.Namespace]
+	if nx.remove(b.pos.ns) {
+		nx.compacted(func(b *Block, i int) { b.pos.ns = i })
+	}
+	if nx.live() == 0 {
+		delete(s.byNS, b.key.Namespace)
+	}
+}
+
+// ListPage returns up to limit (> 0) blocks of ns ("" = all) with at most
+// maxSlots slots in all (0: no bound; one block always fits), newest
+// first by insertion, starting after cursor (0: from the newest; else the
+// next value of an earlier page). next is the cursor of the following
+// page, 0 when there is none. Blocks inserted after the first page come
+// in no later page; blocks that leave meanwhile are skipped.
+//
+// The store lock is held only to find the page (O(log n + limit)) and
+// snapshot its blocks' mutable fields; the rows are built after.
+func (s *Store) ListPage(ns string, cursor uint64, limit, maxSlots int) (infos []Info, next uint64) {
+	type snap struct {
+		b          *Block
+		pins       int
+		lastAccess time.Time
+	}
+	s.mu.Lock()
+	x := &s.all
+	if ns != "" {
+		x = s.byNS[ns]
+	}
+	var blocks []*Block
+	more := false
+	if x != nil {
+		blocks, more = x.page(cursor, max(limit, 1), maxSlots)
+	}
+	snaps := make([]snap, len(blocks))
+	for i, b := range blocks {
+		snaps[i] = snap{b, b.pins, b.lastAccess}
+	}
+	s.mu.Unlock()
+
+	infos = make([]Info, len(snaps))
+	for i, sn := range snaps {
+		b := sn.b // key, sizes, size, created, ext: immutable
+		infos[i] = Info{
+			Key: b.key, Slots: append([]SlotSize(nil), b.sizes...), Size: b.size, Pins: sn.pins,
+			NUMA: b.ext.alloc.NUMA, CreatedAt: b.created, LastAccess: sn.lastAccess,
+		}
+	}
+	if more {
+		next = blocks[len(blocks)-1].seq
+	}
+	return infos, next
 }
 
 // Read copies the block's bytes (slot order) into w chunk by chunk while

@@ -26,8 +26,14 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// Holder sessions are listed oldest first, a page at a time: pass the
+// previous answer's next_cursor to get the next page.
 type ListSessionsRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Holder sessions per page. 0: server default (1000); capped at 4096.
+	Limit uint32 `protobuf:"varint,1,opt,name=limit,proto3" json:"limit,omitempty"`
+	// Empty: the first page. Else next_cursor of an earlier page.
+	Cursor        string `protobuf:"bytes,2,opt,name=cursor,proto3" json:"cursor,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -60,6 +66,20 @@ func (x *ListSessionsRequest) ProtoReflect() protoreflect.Message {
 // Deprecated: Use ListSessionsRequest.ProtoReflect.Descriptor instead.
 func (*ListSessionsRequest) Descriptor() ([]byte, []int) {
 	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *ListSessionsRequest) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *ListSessionsRequest) GetCursor() string {
+	if x != nil {
+		return x.Cursor
+	}
+	return ""
 }
 
 type HolderSession struct {
@@ -264,11 +284,17 @@ func (x *Fetch) GetPhase() string {
 }
 
 type ListSessionsResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Sessions      []*HolderSession       `protobuf:"bytes,1,rep,name=sessions,proto3" json:"sessions,omitempty"`
-	Fetches       []*Fetch               `protobuf:"bytes,2,rep,name=fetches,proto3" json:"fetches,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Sessions []*HolderSession       `protobuf:"bytes,1,rep,name=sessions,proto3" json:"sessions,omitempty"`
+	// This node's in-flight fetches: on the first page only (empty cursor),
+	// at most 4096 of them.
+	Fetches []*Fetch `protobuf:"bytes,2,rep,name=fetches,proto3" json:"fetches,omitempty"`
+	// Cursor of the next page of sessions; empty on the last page.
+	NextCursor string `protobuf:"bytes,3,opt,name=next_cursor,json=nextCursor,proto3" json:"next_cursor,omitempty"`
+	// True when there were more in-flight fetches than listed.
+	FetchesTruncated bool `protobuf:"varint,4,opt,name=fetches_truncated,json=fetchesTruncated,proto3" json:"fetches_truncated,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *ListSessionsResponse) Reset() {
@@ -313,6 +339,20 @@ func (x *ListSessionsResponse) GetFetches() []*Fetch {
 		return x.Fetches
 	}
 	return nil
+}
+
+func (x *ListSessionsResponse) GetNextCursor() string {
+	if x != nil {
+		return x.NextCursor
+	}
+	return ""
+}
+
+func (x *ListSessionsResponse) GetFetchesTruncated() bool {
+	if x != nil {
+		return x.FetchesTruncated
+	}
+	return false
 }
 
 type ReleaseLockRequest struct {
@@ -986,8 +1026,10 @@ var File_pegad_v1_admin_proto protoreflect.FileDescriptor
 
 const file_pegad_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x14pegad/v1/admin.proto\x12\bpegad.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x15\n" +
-	"\x13ListSessionsRequest\"\xf2\x02\n" +
+	"\x14pegad/v1/admin.proto\x12\bpegad.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"C\n" +
+	"\x13ListSessionsRequest\x12\x14\n" +
+	"\x05limit\x18\x01 \x01(\rR\x05limit\x12\x16\n" +
+	"\x06cursor\x18\x02 \x01(\tR\x06cursor\"\xf2\x02\n" +
 	"\rHolderSession\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12!\n" +
@@ -1009,10 +1051,13 @@ const file_pegad_v1_admin_proto_rawDesc = "" +
 	"\x06blocks\x18\x04 \x01(\rR\x06blocks\x12\x14\n" +
 	"\x05bytes\x18\x05 \x01(\x04R\x05bytes\x12+\n" +
 	"\x03age\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\x03age\x12\x14\n" +
-	"\x05phase\x18\a \x01(\tR\x05phase\"v\n" +
+	"\x05phase\x18\a \x01(\tR\x05phase\"\xc4\x01\n" +
 	"\x14ListSessionsResponse\x123\n" +
 	"\bsessions\x18\x01 \x03(\v2\x17.pegad.v1.HolderSessionR\bsessions\x12)\n" +
-	"\afetches\x18\x02 \x03(\v2\x0f.pegad.v1.FetchR\afetches\"O\n" +
+	"\afetches\x18\x02 \x03(\v2\x0f.pegad.v1.FetchR\afetches\x12\x1f\n" +
+	"\vnext_cursor\x18\x03 \x01(\tR\n" +
+	"nextCursor\x12+\n" +
+	"\x11fetches_truncated\x18\x04 \x01(\bR\x10fetchesTruncated\"O\n" +
 	"\x12ReleaseLockRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1a\n" +

@@ -567,12 +567,19 @@ func (x *BlockInfo) GetNumaNode() int32 {
 	return 0
 }
 
+// Blocks are listed newest first (by when they were stored), a page at a
+// time: pass the previous answer's next_cursor to get the next page.
 type ListBlocksRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Empty: all namespaces.
 	Namespace string `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
-	// 0: server default (1000); capped at 100000.
-	Limit         uint32 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	// 0: server default (1000); capped at 4096. A page also stops before
+	// 32768 slots in all, so it stays well under gRPC's 4 MiB default.
+	Limit uint32 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	// Empty: the first page (newest). Else next_cursor of an earlier page
+	// of the same namespace filter; blocks stored after the first page are
+	// not in later pages.
+	Cursor        string `protobuf:"bytes,3,opt,name=cursor,proto3" json:"cursor,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -621,11 +628,20 @@ func (x *ListBlocksRequest) GetLimit() uint32 {
 	return 0
 }
 
+func (x *ListBlocksRequest) GetCursor() string {
+	if x != nil {
+		return x.Cursor
+	}
+	return ""
+}
+
 type ListBlocksResponse struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Blocks []*BlockInfo           `protobuf:"bytes,1,rep,name=blocks,proto3" json:"blocks,omitempty"`
-	// True when more blocks matched than were returned.
-	Truncated     bool `protobuf:"varint,2,opt,name=truncated,proto3" json:"truncated,omitempty"`
+	// True when more blocks matched than were returned (next_cursor set).
+	Truncated bool `protobuf:"varint,2,opt,name=truncated,proto3" json:"truncated,omitempty"`
+	// Cursor of the next page; empty on the last page.
+	NextCursor    string `protobuf:"bytes,3,opt,name=next_cursor,json=nextCursor,proto3" json:"next_cursor,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -672,6 +688,13 @@ func (x *ListBlocksResponse) GetTruncated() bool {
 		return x.Truncated
 	}
 	return false
+}
+
+func (x *ListBlocksResponse) GetNextCursor() string {
+	if x != nil {
+		return x.NextCursor
+	}
+	return ""
 }
 
 type DeleteBlockRequest struct {
@@ -1005,13 +1028,16 @@ const file_pegad_v1_local_proto_rawDesc = "" +
 	"created_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12;\n" +
 	"\vlast_access\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"lastAccess\x12\x1b\n" +
-	"\tnuma_node\x18\b \x01(\x05R\bnumaNode\"G\n" +
+	"\tnuma_node\x18\b \x01(\x05R\bnumaNode\"_\n" +
 	"\x11ListBlocksRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x14\n" +
-	"\x05limit\x18\x02 \x01(\rR\x05limit\"_\n" +
+	"\x05limit\x18\x02 \x01(\rR\x05limit\x12\x16\n" +
+	"\x06cursor\x18\x03 \x01(\tR\x06cursor\"\x80\x01\n" +
 	"\x12ListBlocksResponse\x12+\n" +
 	"\x06blocks\x18\x01 \x03(\v2\x13.pegad.v1.BlockInfoR\x06blocks\x12\x1c\n" +
-	"\ttruncated\x18\x02 \x01(\bR\ttruncated\"F\n" +
+	"\ttruncated\x18\x02 \x01(\bR\ttruncated\x12\x1f\n" +
+	"\vnext_cursor\x18\x03 \x01(\tR\n" +
+	"nextCursor\"F\n" +
 	"\x12DeleteBlockRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04hash\x18\x02 \x01(\fR\x04hash\"1\n" +
