@@ -91,7 +91,7 @@ func New(reg prometheus.Registerer, runtime bool) *Metrics {
 			Name: "pegaflow_transfer_lock_active", Help: "Blocks pinned by live transfer sessions (a block pinned by two sessions counts twice).",
 		}),
 		LockTimeouts: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "pegaflow_transfer_lock_timeouts_total", Help: "Transfer sessions expired by the GC sweeper before being released.",
+			Name: "pegaflow_transfer_lock_timeouts_total", Help: "Transfer sessions expired (by the GC sweeper, or at a release or renewal after their deadline) before being released.",
 		}),
 		LockForceReleases: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "pegaflow_transfer_lock_force_releases_total", Help: "Transfer sessions force-released by an operator.",
