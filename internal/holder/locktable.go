@@ -47,7 +47,7 @@ type EndReason uint8
 
 const (
 	EndReleased      EndReason = iota + 1 // released by its requester
-	EndExpired                            // expired by the GC sweeper
+	EndExpired                            // past its deadline (the GC sweeper, or a late release/renew)
 	EndForceReleased                      // ForceRelease by an operator
 	EndReclaimed                          // its requester restarted (new incarnation)
 	EndShutdown                           // ReleaseAll at daemon shutdown
