@@ -1,6 +1,7 @@
 package store
 
 import (
+	"errors"
 	"fmt"
 	"testing"
 )
@@ -113,5 +114,26 @@ func TestListPageCursor(t *testing.T) {
 	}
 	if infos, next := s2.ListPage("", 0, 100, 10); len(infos) != 3 || next == 0 {
 		t.Fatalf("slot-bounded page: %d rows, next %d; want 3 rows and a next page", len(infos), next)
+	}
+}
+
+// TestReadPinnedNeedsAPin: ReadPinned reads the block it is given, and
+// only while the caller holds a pin (else its memory may be reused).
+func TestReadPinnedNeedsAPin(t *testing.T) {
+	s, _ := newStore(t, 1<<20)
+	k := Key{Namespace: "ns", Hash: "x"}
+	mustPut(t, s, k, 1, SlotSize{KSize: 3000, VSize: 100})
+	pinned, _ := s.Pin([]Key{k})
+	b := pinned[0]
+	var got []byte
+	if err := s.ReadPinned(b, func(c []byte) error { got = append(got, c...); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if want := pattern(1, 3100); string(got) != string(want) {
+		t.Fatal("ReadPinned bytes differ from the put")
+	}
+	s.Unpin(pinned)
+	if err := s.ReadPinned(b, func([]byte) error { return nil }); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("ReadPinned without a pin: %v, want ErrInvalid", err)
 	}
 }
