@@ -66,6 +66,11 @@ type Metrics struct {
 	BatchesInvalidated prometheus.Counter
 	// QPs destroyed because they did not drain after ERROR.
 	QPDrainFailures prometheus.Counter
+	// tcp provider: data connections dropped before or at their hello.
+	TCPDataRefused *prometheus.CounterVec // reason
+	// Holder-side connections torn down because their requester is gone
+	// (idle, no data connection) or their drain time after a reconnect ran out.
+	AcceptedReaped *prometheus.CounterVec // reason
 
 	// Pool and store.
 	PoolSize       prometheus.Gauge
@@ -157,6 +162,12 @@ func New(reg prometheus.Registerer, runtime bool) *Metrics {
 		QPDrainFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "pegaflow_rdma_qp_drain_failures_total", Help: "QPs destroyed because their work requests did not drain after ERROR.",
 		}),
+		TCPDataRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pegaflow_tcp_data_conns_refused_total", Help: "tcp provider data connections dropped before or at their hello, by reason.",
+		}, []string{"reason"}),
+		AcceptedReaped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pegaflow_rdma_accepted_reaped_total", Help: "Holder-side connections torn down without a disconnect from their requester, by reason (idle, drained).",
+		}, []string{"reason"}),
 		PoolSize: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "pegaflow_pool_size_bytes", Help: "Size of the pinned host memory pool.",
 		}),
@@ -185,7 +196,7 @@ func New(reg prometheus.Registerer, runtime bool) *Metrics {
 		m.FetchTotal, m.FetchBytes, m.FetchDuration, m.FetchErrors, m.GuardAborts,
 		m.GuardReleaseFails, m.RenewFailures, m.FetchesInFlight, m.StagingQuarantine,
 		m.RDMAQPs, m.SessionWorkers, m.Conns, m.Handshakes, m.Invalidations, m.WorkCompletions,
-		m.BatchesInvalidated, m.QPDrainFailures,
+		m.BatchesInvalidated, m.QPDrainFailures, m.TCPDataRefused, m.AcceptedReaped,
 		m.PoolSize, m.PoolUsed, m.PoolLocked, m.Blocks, m.BlockBytes, m.Evictions, m.PinnedDeferred,
 	)
 	if runtime {

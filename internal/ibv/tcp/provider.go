@@ -32,6 +32,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"os"
 	"slices"
 	"sync"
 	"time"
@@ -40,6 +41,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/pegaflow/pegad/internal/ibv"
+	"github.com/pegaflow/pegad/internal/metrics"
 )
 
 const (
@@ -62,6 +64,14 @@ type DeviceOptions struct {
 	NUMANode   int
 	// Logger receives debug/warn lines about data connections; default none.
 	Logger *zerolog.Logger
+	// Metrics, when set, counts data connections dropped before or at
+	// their hello (pegaflow_tcp_data_conns_refused_total).
+	Metrics *metrics.Metrics
+	// MaxPreHello and MaxPreHelloPerSource bound the accepted connections
+	// still waiting for their hello, in all and per source address
+	// (defaults 512 and 64); see helloGate.
+	MaxPreHello          int
+	MaxPreHelloPerSource int
 }
 
 // Faults are injected by tests into a device. ResponseDelay and
@@ -152,6 +162,8 @@ type Device struct {
 	info ibv.DeviceInfo
 	ln   net.Listener
 	log  zerolog.Logger
+	met  *metrics.Metrics // nil: not counted
+	gate *helloGate
 	done chan struct{} // closed by shutdown: stops the accept loop and fault delays
 
 	mu       sync.Mutex // guards qps, nextQPN, conns, pds, cqs, shut
@@ -210,6 +222,8 @@ func newDevice(o DeviceOptions) (*Device, error) {
 		},
 		ln:       ln,
 		log:      log.With().Str("device", o.Name).Str("addr", o.Advertise).Logger(),
+		met:      o.Metrics,
+		gate:     newHelloGate(o.MaxPreHello, o.MaxPreHelloPerSource),
 		done:     make(chan struct{}),
 		qps:      make(map[uint32]*qp),
 		nextQPN:  o.QPNStart,
@@ -375,11 +389,21 @@ type dconn struct {
 	c    *net.TCPConn
 	once sync.Once
 	done chan struct{}
+	// bufs and vec are write's vector (writer goroutine only), kept here
+	// so that a write allocates nothing.
+	bufs [2][]byte
+	vec  net.Buffers
 }
+
+// keepAlive finds a data connection whose other end vanished without a
+// FIN (host down, cable cut) within about 30 s, so a holder's responder
+// waiting on an idle connection does not wait forever.
+var keepAlive = net.KeepAliveConfig{Enable: true, Idle: 15 * time.Second, Interval: 5 * time.Second, Count: 3}
 
 func newDconn(c net.Conn) *dconn {
 	tc := c.(*net.TCPConn)
 	_ = tc.SetNoDelay(true)
+	_ = tc.SetKeepAliveConfig(keepAlive)
 	return &dconn{c: tc, done: make(chan struct{})}
 }
 
@@ -390,15 +414,31 @@ func (c *dconn) Close() {
 	})
 }
 
-// write sends a header and an optional payload in one writev.
-func (c *dconn) write(hdr, payload []byte) error {
+// write sends a header and an optional payload in one writev. A peer that
+// takes no byte for stall (0: no limit) fails it with an error wrapping
+// os.ErrDeadlineExceeded: as on an RC QP, whose retry timer runs per
+// packet, a slow reader that keeps taking bytes is progress, a stalled one
+// is not. Only the connection's writer goroutine calls it.
+func (c *dconn) write(hdr, payload []byte, stall time.Duration) error {
+	c.bufs[0], c.bufs[1] = hdr, payload
+	c.vec = c.bufs[:2]
 	if len(payload) == 0 {
-		_, err := c.c.Write(hdr)
+		c.vec = c.vec[:1]
+	}
+	defer func() { c.bufs, c.vec = [2][]byte{}, nil }()
+	for {
+		if stall > 0 {
+			_ = c.c.SetWriteDeadline(time.Now().Add(stall))
+		}
+		n, err := c.vec.WriteTo(c.c)
+		if err == nil {
+			return nil
+		}
+		if n > 0 && len(c.vec) > 0 && errors.Is(err, os.ErrDeadlineExceeded) {
+			continue // some bytes went: progress, a new stall period
+		}
 		return err
 	}
-	bufs := net.Buffers{hdr, payload}
-	_, err := bufs.WriteTo(c.c)
-	return err
 }
 
 // bufPool holds frame buffers of maxBody bytes, shared by all connections

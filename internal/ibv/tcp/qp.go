@@ -46,6 +46,11 @@ type qp struct {
 	// in: on a slow shared link one frame may take seconds. Atomic, not
 	// under mu: the reader stamps it between reads without the lock.
 	lastRecv atomic.Int64
+	// lastActive (same clock) is when a data connection of the QP, in
+	// either direction, last moved a request or response, was admitted or
+	// closed: what DataActivity reports to an owner looking for QPs whose
+	// peer is gone.
+	lastActive atomic.Int64
 
 	mu           sync.Mutex // guards everything below
 	state        ibv.QPState
@@ -60,6 +65,12 @@ type qp struct {
 	conn         *dconn
 	lastProgress time.Time // last request sent with nothing in flight, or last response frame; see also lastRecv
 	respConns    map[*dconn]struct{}
+	// wantConn: dial as soon as the sender is idle (after Connect, or when
+	// the data connection was lost with nothing in flight), best effort,
+	// so that a connected QP keeps a data connection open and its remote
+	// sees a live requester (DataActivity). A failed attempt is not an
+	// error: the next post dials with the full retry budget.
+	wantConn bool
 	// flushPending (Faults.AsyncFlush): ToError moved the QP to ERROR but
 	// its outstanding WRs are not flushed yet; the reader still applies
 	// responses meanwhile, as a real HCA may still DMA them. Cleared by
@@ -80,7 +91,7 @@ var _ ibv.QP = (*qp)(nil)
 
 func newQP(p *pd, c *cq, qc ibv.QPCap, n uint32) *qp {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &qp{
+	q := &qp{
 		dev: p.dev, pd: p, cq: c, cap: qc, qpn: n,
 		psn:       rand.Uint32() & qpnMask,
 		log:       p.dev.log.With().Uint32("qpn", n).Logger(),
@@ -91,6 +102,34 @@ func newQP(p *pd, c *cq, qc ibv.QPCap, n uint32) *qp {
 		nextSeq:   1,
 		respConns: make(map[*dconn]struct{}),
 	}
+	q.touch()
+	return q
+}
+
+// touch stamps lastActive.
+func (q *qp) touch() { q.lastActive.Store(int64(time.Since(clockBase))) }
+
+// forgetRespConn drops an accepted connection that is closing.
+func (q *qp) forgetRespConn(c *dconn) {
+	q.mu.Lock()
+	delete(q.respConns, c)
+	q.mu.Unlock()
+	q.touch()
+}
+
+// DataActivity reports how many data connections the QP has open (the one
+// it dialed and those its remote dialed to it) and when one last carried
+// a request or response, was opened or closed. A holder's connection
+// manager reaps QPs with no connection for a while: their requester is
+// gone (an idle but live requester keeps its connection open).
+func (q *qp) DataActivity() (open int, last time.Time) {
+	q.mu.Lock()
+	open = len(q.respConns)
+	if q.conn != nil {
+		open++
+	}
+	q.mu.Unlock()
+	return open, clockBase.Add(time.Duration(q.lastActive.Load()))
 }
 
 func (q *qp) QPN() uint32 { return q.qpn }
@@ -138,6 +177,7 @@ func (q *qp) Connect(remote ibv.Endpoint, attr ibv.ConnectAttr) error {
 		q.rdLimit = min(q.rdLimit, int(attr.MaxRdAtomic))
 	}
 	q.state = ibv.QPSRTS
+	q.wantConn = true
 	q.log = q.log.With().Str("remote", remote.Addr).Uint32("remote_qpn", remote.QPN).Logger()
 	q.wg.Add(1)
 	go q.sender()
@@ -354,6 +394,10 @@ func (q *qp) sender() {
 			q.mu.Unlock()
 			q.dial()
 			continue
+		case stepDialIdle:
+			q.mu.Unlock()
+			q.dialIdle()
+			continue
 		case stepSend:
 			w, c := q.sq[q.sendIdx], q.conn
 			if w.wr.Op == ibv.OpRDMARead {
@@ -363,8 +407,9 @@ func (q *qp) sender() {
 				q.lastProgress = time.Now()
 			}
 			q.sendIdx++
+			stall := q.budget
 			q.mu.Unlock()
-			q.send(c, w, hdr)
+			q.send(c, w, hdr, stall)
 			continue
 		}
 		q.mu.Unlock()
@@ -384,6 +429,7 @@ const (
 	stepIdle
 	stepWaitInFlight
 	stepDial
+	stepDialIdle
 	stepSend
 )
 
@@ -404,6 +450,10 @@ func (q *qp) sendStepLocked() step {
 		wait = stepWaitInFlight
 	}
 	if q.sendIdx >= len(q.sq) {
+		if wait == stepIdle && q.conn == nil && q.wantConn {
+			q.wantConn = false
+			return stepDialIdle
+		}
 		return wait
 	}
 	w := q.sq[q.sendIdx]
@@ -481,6 +531,7 @@ func (q *qp) dial() {
 				return
 			}
 			q.conn = c
+			q.touch()
 			q.wg.Add(1)
 			go q.reader(c)
 			q.mu.Unlock()
@@ -509,6 +560,30 @@ func (q *qp) dial() {
 	}
 }
 
+// dialIdle is one best-effort dial of an idle QP (wantConn); a failure is
+// only logged: the next post dials again with the full retry budget.
+func (q *qp) dialIdle() {
+	q.mu.Lock()
+	remote, budget := q.remote, q.budget
+	q.mu.Unlock()
+	c, err := q.dialOnce(remote, time.Now().Add(budget))
+	if err != nil {
+		q.log.Debug().Err(err).Msg("idle dial failed; the next post dials again")
+		return
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.state != ibv.QPSRTS || q.conn != nil {
+		c.Close()
+		q.dev.untrackConn(c)
+		return
+	}
+	q.conn = c
+	q.touch()
+	q.wg.Add(1)
+	go q.reader(c)
+}
+
 func (q *qp) dialOnce(remote ibv.Endpoint, deadline time.Time) (*dconn, error) {
 	ctx, cancel := context.WithDeadline(q.ctx, deadline)
 	defer cancel()
@@ -532,7 +607,7 @@ func (q *qp) dialOnce(remote ibv.Endpoint, deadline time.Time) (*dconn, error) {
 	stop := context.AfterFunc(ctx, c.Close) // cancel or deadline aborts the hello
 	defer stop()
 	hello := appendHello(nil, q.qpn, remote.QPN, q.psn, q.dev.info.GID, q.dev.info.Addr)
-	if err := c.write(hello, nil); err != nil {
+	if err := c.write(hello, nil, time.Until(deadline)); err != nil {
 		return nil, err
 	}
 	var buf [prefixLen + fixedHelloAck + 8]byte
@@ -554,12 +629,16 @@ func (q *qp) dialOnce(remote ibv.Endpoint, deadline time.Time) (*dconn, error) {
 }
 
 // send writes the request frames of w on c. A write error means the
-// connection is broken; the reader sees it too and fails the QP.
-func (q *qp) send(c *dconn, w *wqe, hdr []byte) {
+// connection is broken; the reader sees it too and fails the QP. A remote
+// that takes no byte for the retry budget fails the write (as an RC QP
+// whose packets go unacknowledged through all its retries): the closed
+// connection then fails the QP with RETRY_EXC_ERR. Bytes taken count as
+// progress for the retry budget, as ACKs of WRITE packets do.
+func (q *qp) send(c *dconn, w *wqe, hdr []byte, stall time.Duration) {
 	wr := w.wr
 	if wr.Op == ibv.OpRDMARead {
-		if err := c.write(appendReadReq(hdr[:0], w.seq, wr.RemoteAddr, wr.RKey, wr.Length), nil); err != nil {
-			c.Close()
+		if err := c.write(appendReadReq(hdr[:0], w.seq, wr.RemoteAddr, wr.RKey, wr.Length), nil, stall); err != nil {
+			q.sendFailed(c, err)
 		}
 		return
 	}
@@ -579,15 +658,24 @@ func (q *qp) send(c *dconn, w *wqe, hdr []byte) {
 			return
 		}
 		h := appendWriteReq(hdr[:0], w.seq, wr.RemoteAddr, wr.RKey, wr.Length, off, int(n))
-		if err := c.write(h, payload); err != nil {
-			c.Close()
+		if err := c.write(h, payload, stall); err != nil {
+			q.sendFailed(c, err)
 			return
 		}
+		q.lastRecv.Store(int64(time.Since(clockBase)))
+		q.touch()
 		off += n
 		if off >= wr.Length {
 			return
 		}
 	}
+}
+
+// sendFailed closes c after a failed request write; the reader, seeing
+// the connection go with work in flight, fails the QP with RETRY_EXC_ERR.
+func (q *qp) sendFailed(c *dconn, err error) {
+	q.log.Debug().Err(err).Msg("request write failed; closing the data connection")
+	c.Close()
 }
 
 // reader applies the responses arriving on c; see qp.
@@ -616,7 +704,8 @@ func (q *qp) reader(c *dconn) {
 				q.log.Warn().Err(err).Msg("data connection lost with work in flight")
 				q.failLocked(q.firstPendingLocked(), ibv.WCRetryExcErr)
 			} else {
-				select { // a WR posted meanwhile needs a new dial
+				q.wantConn = true // stay connected (DataActivity)
+				select {          // a WR posted meanwhile needs a new dial
 				case q.kick <- struct{}{}:
 				default:
 				}
@@ -626,6 +715,7 @@ func (q *qp) reader(c *dconn) {
 		}
 		q.applyLocked(m)
 		q.mu.Unlock()
+		q.touch()
 	}
 }
 

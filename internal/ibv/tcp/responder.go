@@ -1,8 +1,10 @@
 package tcp
 
 import (
+	"container/list"
 	"errors"
 	"net"
+	"os"
 	"time"
 
 	"github.com/pegaflow/pegad/internal/ibv"
@@ -31,49 +33,76 @@ func (d *Device) acceptLoop() {
 			c.Close()
 			return
 		}
+		ge, victim, why := d.gate.enter(c)
+		if victim != nil {
+			d.refused(why)
+			d.log.Debug().Str("peer", victim.c.RemoteAddr().String()).Str("reason", why).Msg("data connection dropped before its hello")
+			victim.Close()
+		}
 		d.wg.Add(1)
-		go d.serve(c)
+		go d.serve(c, ge)
+	}
+}
+
+// refused counts a data connection dropped before or at its hello.
+func (d *Device) refused(reason string) {
+	if d.met != nil {
+		d.met.TCPDataRefused.WithLabelValues(reason).Inc()
 	}
 }
 
 // serve is the responder of one accepted connection: it validates the hello
 // against the target QP, then serves READ and WRITE requests straight from
 // registered memory until the connection closes (peer gone, CutConnections,
-// or the target QP leaving RTR/RTS).
-func (d *Device) serve(c *dconn) {
+// the target QP leaving RTR/RTS, or a requester that takes no byte of a
+// response for the QP's retry budget).
+//
+// Before the hello the connection holds only a hello-sized buffer, for at
+// most helloTimeout, and counts against the device's helloGate; frame
+// buffers are taken only after a valid hello.
+func (d *Device) serve(c *dconn, ge *list.Element) {
 	defer d.wg.Done()
 	defer d.untrackConn(c)
 	defer c.Close()
-	fr := frameReader{r: c.c}
-	defer fr.release()
 
 	_ = c.c.SetReadDeadline(time.Now().Add(helloTimeout))
-	m, err := fr.next()
-	if err != nil || m.typ != tHello {
+	m, err := readHello(c.c)
+	if !d.gate.leave(ge) {
+		return // evicted by the gate (and counted there)
+	}
+	if err != nil {
+		reason := refusedBadHello
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			reason = refusedHelloWait
+		}
+		d.refused(reason)
 		d.log.Debug().Err(err).Str("peer", c.c.RemoteAddr().String()).Msg("data connection without hello")
 		return
 	}
-	q, st := d.admit(c, m)
-	if err := c.write(appendHelloAck(nil, st), nil); err != nil || st != stOK {
+	q, stall, st := d.admit(c, m)
+	if err := c.write(appendHelloAck(nil, st), nil, helloTimeout); err != nil || st != stOK {
 		if st != stOK {
+			d.refused(refusedRejected)
 			d.log.Debug().Str("peer", m.addr).Uint32("qpn", m.dstQPN).Uint32("remote_qpn", m.srcQPN).
 				Uint8("status", st).Msg("hello rejected")
 		}
+		if q != nil {
+			q.forgetRespConn(c)
+		}
 		return
 	}
-	defer func() {
-		q.mu.Lock()
-		delete(q.respConns, c)
-		q.mu.Unlock()
-	}()
+	defer q.forgetRespConn(c)
 	_ = c.c.SetReadDeadline(time.Time{})
 
-	r := responder{d: d, q: q, c: c, hdr: make([]byte, 0, 64)}
+	fr := frameReader{r: c.c}
+	defer fr.release()
+	r := responder{d: d, q: q, c: c, hdr: make([]byte, 0, 64), stall: stall}
 	for {
 		m, err := fr.next()
 		if err != nil {
 			return
 		}
+		q.touch()
 		f := d.currentFaults()
 		if f.DropResponses || r.naked {
 			continue
@@ -99,24 +128,27 @@ func (d *Device) serve(c *dconn) {
 // admit checks a hello against the target QP: it must exist on this device,
 // be in RTR or RTS and be connected to exactly the endpoint saying hello
 // (QPN, PSN and device address). On success the connection is registered
-// with the QP so that ERROR and Destroy close it.
-func (d *Device) admit(c *dconn, m msg) (*qp, byte) {
+// with the QP so that ERROR and Destroy close it. stall is how long the
+// responder waits for the requester to take a byte of a response: the
+// QP's retry budget.
+func (d *Device) admit(c *dconn, m msg) (q *qp, stall time.Duration, st byte) {
 	d.mu.Lock()
-	q := d.qps[m.dstQPN]
+	q = d.qps[m.dstQPN]
 	d.mu.Unlock()
 	if q == nil {
-		return nil, stNoQP
+		return nil, 0, stNoQP
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.destroyed || (q.state != ibv.QPSRTR && q.state != ibv.QPSRTS) {
-		return nil, stBadState
+		return nil, 0, stBadState
 	}
 	if q.remote.QPN != m.srcQPN || q.remote.PSN != m.srcPSN || q.remote.Addr != m.addr {
-		return nil, stMismatch
+		return nil, 0, stMismatch
 	}
 	q.respConns[c] = struct{}{}
-	return q, stOK
+	q.touch()
+	return q, q.budget, stOK
 }
 
 // responder serves the requests of one connection; only serve's goroutine
@@ -126,6 +158,9 @@ type responder struct {
 	q   *qp
 	c   *dconn
 	hdr []byte
+	// stall bounds each write: a requester that takes no byte of a
+	// response for this long (the QP's retry budget) is dropped.
+	stall time.Duration
 	// naked: a request was NAKed. Like an RC responder expecting the
 	// NAKed PSN again, it then drops every later request (the requester's
 	// QP is in ERROR and will close the connection), so no WRITE behind a
@@ -169,9 +204,9 @@ func (r *responder) read(m msg) error {
 		})
 		if !ok {
 			r.naked = true
-			return r.c.write(appendReadResp(r.hdr[:0], m.seq, stRemAccess, off, 0), nil)
+			return r.c.write(appendReadResp(r.hdr[:0], m.seq, stRemAccess, off, 0), nil, r.stall)
 		}
-		if err := r.c.write(appendReadResp(r.hdr[:0], m.seq, stOK, off, int(n)), payload); err != nil {
+		if err := r.c.write(appendReadResp(r.hdr[:0], m.seq, stOK, off, int(n)), payload, r.stall); err != nil {
 			return err
 		}
 		off += n
@@ -197,10 +232,10 @@ func (r *responder) write(m msg) error {
 	q.mu.Unlock()
 	if !ok {
 		r.naked = true
-		return r.c.write(appendWriteAck(r.hdr[:0], m.seq, stRemAccess), nil)
+		return r.c.write(appendWriteAck(r.hdr[:0], m.seq, stRemAccess), nil, r.stall)
 	}
 	if uint64(m.offset)+uint64(len(m.payload)) == uint64(m.length) {
-		return r.c.write(appendWriteAck(r.hdr[:0], m.seq, stOK), nil)
+		return r.c.write(appendWriteAck(r.hdr[:0], m.seq, stOK), nil, r.stall)
 	}
 	return nil
 }

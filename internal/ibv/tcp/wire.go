@@ -169,6 +169,25 @@ func readFrame(r io.Reader, buf []byte) (msg, error) {
 	return decode(body)
 }
 
+// maxHelloBody is the largest body of a hello: a reader of the first frame
+// of a connection never needs more, whatever length the peer announces.
+const maxHelloBody = 1 + fixedHello + maxAddrLen
+
+// readHello reads the first frame of an accepted connection with a
+// hello-sized buffer (no frame buffer is taken before a valid hello) and
+// fails unless it is a well-formed hello.
+func readHello(r io.Reader) (msg, error) {
+	var buf [maxHelloBody]byte
+	m, err := readFrame(r, buf[:])
+	if err != nil {
+		return m, err
+	}
+	if m.typ != tHello {
+		return msg{}, fmt.Errorf("%w: first frame of type %d, want hello", errFrame, m.typ)
+	}
+	return m, nil
+}
+
 // frameReader reads frames off one connection. Control frames are read
 // into a small inline buffer; a frame with a payload borrows a maxBody
 // buffer from bufPool until the next call (or release), so an idle
