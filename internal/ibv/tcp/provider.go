@@ -427,9 +427,11 @@ func (c *dconn) write(hdr, payload []byte, stall time.Duration) error {
 	}
 	defer func() { c.bufs, c.vec = [2][]byte{}, nil }()
 	for {
+		var dl time.Time // zero: no limit (clears an earlier write's)
 		if stall > 0 {
-			_ = c.c.SetWriteDeadline(time.Now().Add(stall))
+			dl = time.Now().Add(stall)
 		}
+		_ = c.c.SetWriteDeadline(dl)
 		n, err := c.vec.WriteTo(c.c)
 		if err == nil {
 			return nil

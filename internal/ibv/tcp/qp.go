@@ -65,12 +65,6 @@ type qp struct {
 	conn         *dconn
 	lastProgress time.Time // last request sent with nothing in flight, or last response frame; see also lastRecv
 	respConns    map[*dconn]struct{}
-	// wantConn: dial as soon as the sender is idle (after Connect, or when
-	// the data connection was lost with nothing in flight), best effort,
-	// so that a connected QP keeps a data connection open and its remote
-	// sees a live requester (DataActivity). A failed attempt is not an
-	// error: the next post dials with the full retry budget.
-	wantConn bool
 	// flushPending (Faults.AsyncFlush): ToError moved the QP to ERROR but
 	// its outstanding WRs are not flushed yet; the reader still applies
 	// responses meanwhile, as a real HCA may still DMA them. Cleared by
@@ -121,7 +115,8 @@ func (q *qp) forgetRespConn(c *dconn) {
 // it dialed and those its remote dialed to it) and when one last carried
 // a request or response, was opened or closed. A holder's connection
 // manager reaps QPs with no connection for a while: their requester is
-// gone (an idle but live requester keeps its connection open).
+// gone (a live requester keeps the connection it dialed for its first work
+// request open while it lives).
 func (q *qp) DataActivity() (open int, last time.Time) {
 	q.mu.Lock()
 	open = len(q.respConns)
@@ -177,7 +172,6 @@ func (q *qp) Connect(remote ibv.Endpoint, attr ibv.ConnectAttr) error {
 		q.rdLimit = min(q.rdLimit, int(attr.MaxRdAtomic))
 	}
 	q.state = ibv.QPSRTS
-	q.wantConn = true
 	q.log = q.log.With().Str("remote", remote.Addr).Uint32("remote_qpn", remote.QPN).Logger()
 	q.wg.Add(1)
 	go q.sender()
@@ -394,10 +388,7 @@ func (q *qp) sender() {
 			q.mu.Unlock()
 			q.dial()
 			continue
-		case stepDialIdle:
-			q.mu.Unlock()
-			q.dialIdle()
-			continue
+
 		case stepSend:
 			w, c := q.sq[q.sendIdx], q.conn
 			if w.wr.Op == ibv.OpRDMARead {
@@ -429,7 +420,6 @@ const (
 	stepIdle
 	stepWaitInFlight
 	stepDial
-	stepDialIdle
 	stepSend
 )
 
@@ -450,10 +440,6 @@ func (q *qp) sendStepLocked() step {
 		wait = stepWaitInFlight
 	}
 	if q.sendIdx >= len(q.sq) {
-		if wait == stepIdle && q.conn == nil && q.wantConn {
-			q.wantConn = false
-			return stepDialIdle
-		}
 		return wait
 	}
 	w := q.sq[q.sendIdx]
@@ -560,30 +546,6 @@ func (q *qp) dial() {
 	}
 }
 
-// dialIdle is one best-effort dial of an idle QP (wantConn); a failure is
-// only logged: the next post dials again with the full retry budget.
-func (q *qp) dialIdle() {
-	q.mu.Lock()
-	remote, budget := q.remote, q.budget
-	q.mu.Unlock()
-	c, err := q.dialOnce(remote, time.Now().Add(budget))
-	if err != nil {
-		q.log.Debug().Err(err).Msg("idle dial failed; the next post dials again")
-		return
-	}
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.state != ibv.QPSRTS || q.conn != nil {
-		c.Close()
-		q.dev.untrackConn(c)
-		return
-	}
-	q.conn = c
-	q.touch()
-	q.wg.Add(1)
-	go q.reader(c)
-}
-
 func (q *qp) dialOnce(remote ibv.Endpoint, deadline time.Time) (*dconn, error) {
 	ctx, cancel := context.WithDeadline(q.ctx, deadline)
 	defer cancel()
@@ -607,7 +569,7 @@ func (q *qp) dialOnce(remote ibv.Endpoint, deadline time.Time) (*dconn, error) {
 	stop := context.AfterFunc(ctx, c.Close) // cancel or deadline aborts the hello
 	defer stop()
 	hello := appendHello(nil, q.qpn, remote.QPN, q.psn, q.dev.info.GID, q.dev.info.Addr)
-	if err := c.write(hello, nil, time.Until(deadline)); err != nil {
+	if err := c.write(hello, nil, 0); err != nil { // bounded by stop
 		return nil, err
 	}
 	var buf [prefixLen + fixedHelloAck + 8]byte
@@ -704,8 +666,7 @@ func (q *qp) reader(c *dconn) {
 				q.log.Warn().Err(err).Msg("data connection lost with work in flight")
 				q.failLocked(q.firstPendingLocked(), ibv.WCRetryExcErr)
 			} else {
-				q.wantConn = true // stay connected (DataActivity)
-				select {          // a WR posted meanwhile needs a new dial
+				select { // a WR posted meanwhile needs a new dial
 				case q.kick <- struct{}{}:
 				default:
 				}
