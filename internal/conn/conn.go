@@ -107,6 +107,16 @@ type Options struct {
 	// silent peer fails READs with RETRY_EXC_ERR: about 0.5 s by default,
 	// which a loaded host running the tcp provider may exceed spuriously.
 	ConnectAttr ibv.ConnectAttr
+	// IdleTimeout (holder side): an accepted connection none of whose QPs
+	// has had a data connection open for this long is torn down, its
+	// requester being gone (default 60s). Only providers that see their
+	// data connections (tcp) report that; see activityReporter.
+	IdleTimeout time.Duration
+	// ReconnectDrain (holder side) bounds how long the previous accepted
+	// connection of a requester that handshook again keeps serving the
+	// READs in flight on it (default 30s); its requester's disconnect
+	// usually ends it sooner.
+	ReconnectDrain time.Duration
 }
 
 const (
@@ -188,7 +198,7 @@ type Manager struct {
 
 	sf singleflight.Group
 
-	// mu guards peers, accepted, connecting and closed. It is never held across an
+	// mu guards peers, accepted, retired, connecting and closed. It is never held across an
 	// RPC, a verbs call that may block, or a wait for another goroutine.
 	// The requester map and the holder map are independent: Get/Invalidate
 	// touch only peers, Accept only accepted (two managers handshaking
@@ -196,6 +206,9 @@ type Manager struct {
 	mu       sync.Mutex
 	peers    map[string]*AddrConnection // requester side, by peer address
 	accepted map[string]*acceptedConn   // holder side, by requester node_id
+	// retired: holder-side generations replaced by a reconnect of the same
+	// requester process, draining, with the time they were retired.
+	retired map[*acceptedConn]time.Time
 	// connecting: handshakes in flight (requester side), by peer address;
 	// informational only (List), singleflight does the deduplication.
 	connecting map[string]time.Time
@@ -210,6 +223,7 @@ type Manager struct {
 	// only in connect (under handshake) and in teardown (under conns), so
 	// Close, which waits for those first, waits for every one.
 	disconnects sync.WaitGroup
+	reaping     sync.WaitGroup // the reaper goroutine
 	closeOnce   sync.Once
 
 	// drainTimeout bounds waiting for a QP in ERROR to flush (the
@@ -223,6 +237,9 @@ type Manager struct {
 	// hookInvalidated runs in AddrConnection.invalidate right after the
 	// connection is marked invalid (c.mu released).
 	hookInvalidated func(c *AddrConnection)
+	// hookAbort runs in Read's abort, after queued batches were canceled
+	// and before running ones are told to stop.
+	hookAbort func(batches []*batch)
 }
 
 // NewManager registers Options.Memory on every device and returns a
@@ -252,6 +269,12 @@ func NewManager(opts Options) (m *Manager, err error) {
 	if opts.DisconnectTimeout <= 0 {
 		opts.DisconnectTimeout = defaultDisconnectTimeout
 	}
+	if opts.IdleTimeout <= 0 {
+		opts.IdleTimeout = defaultIdleTimeout
+	}
+	if opts.ReconnectDrain <= 0 {
+		opts.ReconnectDrain = defaultReconnectDrain
+	}
 	if opts.ConnectAttr == (ibv.ConnectAttr{}) {
 		opts.ConnectAttr = ibv.DefaultConnectAttr()
 	}
@@ -266,6 +289,7 @@ func NewManager(opts Options) (m *Manager, err error) {
 		memLen:   uint64(len(opts.Memory)),
 		peers:    make(map[string]*AddrConnection),
 		accepted: make(map[string]*acceptedConn),
+		retired:  make(map[*acceptedConn]time.Time),
 
 		connecting: make(map[string]time.Time),
 
@@ -288,6 +312,8 @@ func NewManager(opts Options) (m *Manager, err error) {
 		}
 	}
 	m.ctx, m.cancel = context.WithCancel(context.Background())
+	m.reaping.Add(1)
+	go m.reaper()
 	return m, nil
 }
 
@@ -353,8 +379,9 @@ func (m *Manager) Invalidate(c *AddrConnection, reason error) {
 }
 
 // List returns the live connections of both roles and the handshakes in
-// flight (state connecting). Invalidated connections that still drain
-// in-flight work are not listed.
+// flight (state connecting). Requester-side connections that were
+// invalidated and still drain in-flight work are not listed; holder-side
+// generations draining after a reconnect are, as invalidated.
 func (m *Manager) List() []ConnInfo {
 	m.mu.Lock()
 	var out []ConnInfo
@@ -369,12 +396,21 @@ func (m *Manager) List() []ConnInfo {
 	for _, a := range m.accepted {
 		acc = append(acc, a)
 	}
+	retired := make([]*acceptedConn, 0, len(m.retired))
+	for a := range m.retired {
+		retired = append(retired, a)
+	}
 	m.mu.Unlock()
 	for _, c := range peers {
 		out = append(out, c.info())
 	}
 	for _, a := range acc {
 		out = append(out, a.info())
+	}
+	for _, a := range retired {
+		ci := a.info()
+		ci.State = StateInvalidated // draining after a reconnect
+		out = append(out, ci)
 	}
 	return out
 }
@@ -390,16 +426,22 @@ func (m *Manager) Close() error {
 		m.closed = true
 		peers := m.peers
 		acc := m.accepted
+		retired := m.retired
 		m.peers = make(map[string]*AddrConnection)
 		m.accepted = make(map[string]*acceptedConn)
+		m.retired = make(map[*acceptedConn]time.Time)
 		m.mu.Unlock()
-		m.cancel() // aborts running handshakes
+		m.cancel()       // aborts running handshakes, stops the reaper
+		m.reaping.Wait() // it may be destroying what it reaped
 
 		for _, c := range peers {
 			c.invalidate(ErrClosed)
 			c.abortInFlight()
 		}
 		for _, a := range acc {
+			a.destroy("shutdown")
+		}
+		for a := range retired {
 			a.destroy("shutdown")
 		}
 		m.handshake.Wait()

@@ -224,8 +224,15 @@ func (c *AddrConnection) Read(ctx context.Context, ops []ReadOp) error {
 		return err // nothing posted; the connection is untouched
 	}
 	results := make(chan batchResult, len(batches))
+	// The batches run under their own context, canceled by abort: a
+	// running batch is stopped by its own worker (which moves its QP to
+	// ERROR only if WRs are outstanding, and drains it). Read never
+	// touches a QP itself: between seeing a batch running and acting on
+	// its QP, that batch could end and another Read's start on the QP.
+	bctx, stopBatches := context.WithCancel(ctx)
+	defer stopBatches()
 	for _, b := range batches {
-		b.ctx = ctx
+		b.ctx = bctx
 		b.res = results
 		b.s.submit(b)
 	}
@@ -235,9 +242,9 @@ func (c *AddrConnection) Read(ctx context.Context, ops []ReadOp) error {
 	aborted := false
 	pending := len(batches)
 	// abort cancels batches that have not started (Read replies for them
-	// itself) and moves the QPs of running ones to ERROR so their WRs
-	// flush. Running batches still reply, and Read waits for them: a Read
-	// never returns while one of its WRs can still land.
+	// itself) and stops running ones through their context. Running
+	// batches still reply, and Read waits for them: a Read never returns
+	// while one of its WRs can still land.
 	abort := func() {
 		if aborted {
 			return
@@ -246,13 +253,12 @@ func (c *AddrConnection) Read(ctx context.Context, ops []ReadOp) error {
 		for _, b := range batches {
 			if b.state.CompareAndSwap(batchQueued, batchFinished) {
 				pending--
-				continue
-			}
-			if b.state.Load() == batchRunning {
-				b.s.p.toError()
-				qpErrored = true
 			}
 		}
+		if c.m.hookAbort != nil {
+			c.m.hookAbort(batches)
+		}
+		stopBatches()
 	}
 	ctxDone := ctx.Done()
 	for pending > 0 {

@@ -298,7 +298,9 @@ func (m *Manager) endpointFromProto(e *pegadv1.Endpoint) (ibv.Endpoint, error) {
 // acceptedConn is the holder side of one requester's connection: QPs that
 // the requester READs through. It runs nothing; it is destroyed when its
 // requester disconnects it (RdmaDisconnect with its handshake id), when the
-// same requester handshakes again (a restart or a reconnect), or at Close.
+// same requester restarts (handshakes with another incarnation), when it is
+// found idle with no data connection (its requester is gone; see reap), at
+// the end of its drain time after a reconnect (retired), or at Close.
 type acceptedConn struct {
 	m           *Manager
 	nodeID      string
@@ -310,7 +312,10 @@ type acceptedConn struct {
 	// requester's nic i.
 	nics [][]*qpPair
 
-	once sync.Once
+	// retired (guarded by m.mu): a newer handshake of the same requester
+	// replaced it; it serves in-flight READs until it drains.
+	retired bool
+	once    sync.Once
 }
 
 // Accept is the holder side of RdmaHandshake. Malformed metadata returns
@@ -386,8 +391,12 @@ func (m *Manager) Accept(ctx context.Context, req *pegadv1.RdmaHandshakeRequest)
 		resp.Nics = append(resp.Nics, nh)
 	}
 
-	// Install, replacing the previous connection of this requester node:
-	// its requester side is gone (restart) or invalidated (reconnect).
+	// Install. The previous connection of this requester node is retired,
+	// not destroyed, when the requester is the same process (a reconnect):
+	// Reads still in flight on its invalidated side keep their QPs until
+	// they finish, it disconnects that handshake, or a drain time passes.
+	// A restarted requester (another incarnation) is gone with all its
+	// generations: they go now.
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
@@ -401,14 +410,25 @@ func (m *Manager) Accept(ctx context.Context, req *pegadv1.RdmaHandshakeRequest)
 		return nil, fmt.Errorf("conn: accept: superseded by handshake %s", old.handshakeID)
 	}
 	m.accepted[a.nodeID] = a
+	var gone []*acceptedConn
+	if old != nil {
+		if old.incarnation == a.incarnation {
+			gone = m.retireLocked(old, time.Now())
+		} else {
+			gone = append(m.dropRetiredLocked(a.nodeID), old)
+		}
+	}
 	ok = true
 	m.mu.Unlock()
 	m.met.Conns.WithLabelValues(RoleHolder, StateConnected).Inc()
 	result = resultOK
 	if old != nil {
 		log.Info().Str("old_incarnation", old.incarnation).Str("incarnation", a.incarnation).
-			Str("old_session", old.handshakeID).Msg("replaced stale accepted connection from the same requester")
-		old.destroy("replaced")
+			Str("old_session", old.handshakeID).Bool("old_draining", old.incarnation == a.incarnation).
+			Msg("new accepted connection from the same requester")
+	}
+	for _, g := range gone {
+		g.destroy("replaced")
 	}
 	log.Info().Int("nics", len(a.nics)).Int("qps", a.qpCount()).Msg("rdma handshake accepted")
 	return resp, nil
@@ -441,11 +461,14 @@ func (m *Manager) Disconnect(ctx context.Context, req *pegadv1.RdmaDisconnectReq
 		return &pegadv1.RdmaDisconnectResponse{}, nil // Close tears everything down
 	}
 	a := m.accepted[node]
-	if a == nil || a.handshakeID != hsID || a.incarnation != req.GetRequester().GetIncarnation() {
+	if a != nil && a.handshakeID == hsID && a.incarnation == req.GetRequester().GetIncarnation() {
+		delete(m.accepted, node)
+	} else if a = m.retiredLocked(node, hsID, req.GetRequester().GetIncarnation()); a != nil {
+		delete(m.retired, a)
+	} else {
 		m.mu.Unlock()
 		return &pegadv1.RdmaDisconnectResponse{}, nil
 	}
-	delete(m.accepted, node)
 	// Close must not release the PDs while this destroys a's QPs.
 	m.accepts.Add(1) // under mu: Close sets closed before it Waits
 	m.mu.Unlock()
@@ -513,7 +536,11 @@ func (a *acceptedConn) destroyQPs() {
 func (a *acceptedConn) destroy(reason string) {
 	a.once.Do(func() {
 		a.destroyQPs()
-		a.m.met.Conns.WithLabelValues(RoleHolder, StateConnected).Dec()
+		state := StateConnected
+		if a.retired { // removed from the maps already: no writer left
+			state = StateInvalidated
+		}
+		a.m.met.Conns.WithLabelValues(RoleHolder, state).Dec()
 		a.m.met.Invalidations.WithLabelValues(reason).Inc()
 		a.m.log.Debug().Str("peer", a.remoteAddr).Str("session", a.handshakeID).Str("reason", reason).Msg("accepted connection destroyed")
 	})

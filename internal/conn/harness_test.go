@@ -39,6 +39,9 @@ type nodeOpts struct {
 	sqDepth     int
 	// disconnectTimeout is Options.DisconnectTimeout (0: the default).
 	disconnectTimeout time.Duration
+	// idleTimeout and reconnectDrain are Options.IdleTimeout and
+	// Options.ReconnectDrain (0: the defaults).
+	idleTimeout, reconnectDrain time.Duration
 	// wrapDevice lets a test inject failures into the verbs calls.
 	wrapDevice func(ibv.Device) ibv.Device
 }
@@ -199,6 +202,8 @@ func newNode(t testing.TB, d *dialers, o nodeOpts) *node {
 		Memory: n.mem, QPsPerPeer: o.qps, SQDepth: o.sqDepth, Dial: d.dial,
 		Metrics: n.met, Log: zerolog.Nop(), HandshakeTimeout: 5 * time.Second,
 		DisconnectTimeout: o.disconnectTimeout,
+		IdleTimeout:       o.idleTimeout,
+		ReconnectDrain:    o.reconnectDrain,
 		ConnectAttr:       testConnectAttr(),
 	})
 	if err != nil {
