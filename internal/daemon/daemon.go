@@ -183,7 +183,7 @@ func Start(ctx context.Context, cfg config.Config, opts ...Option) (d *Daemon, e
 	}
 	d.store = store.New(d.pool, d.metrics)
 
-	d.tr, err = openTransport(&cfg, d.log)
+	d.tr, err = openTransport(&cfg, d.metrics, d.log)
 	if err != nil {
 		return d, err
 	}

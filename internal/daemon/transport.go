@@ -13,6 +13,7 @@ import (
 	"github.com/pegaflow/pegad/internal/ibv"
 	"github.com/pegaflow/pegad/internal/ibv/tcp"
 	"github.com/pegaflow/pegad/internal/ibv/verbs"
+	"github.com/pegaflow/pegad/internal/metrics"
 )
 
 // ErrVerbsUnavailable: --transport verbs was asked for on a host where it
@@ -54,7 +55,7 @@ var verbsProbe = verbs.Available
 // openTransport picks and opens the transport the config asks for:
 // auto → verbs when libibverbs loads and devices exist, else tcp; verbs →
 // verbs or a start-up error; tcp → tcp.
-func openTransport(cfg *config.Config, log zerolog.Logger) (*transport, error) {
+func openTransport(cfg *config.Config, met *metrics.Metrics, log zerolog.Logger) (*transport, error) {
 	count, names, err := cfg.NICSpec()
 	if err != nil {
 		return nil, fmt.Errorf("nics: %w", err)
@@ -62,7 +63,7 @@ func openTransport(cfg *config.Config, log zerolog.Logger) (*transport, error) {
 	avail, why := verbsProbe()
 	switch cfg.Transport {
 	case config.TransportTCP:
-		return openTCP(cfg, count, names, "requested", avail, log)
+		return openTCP(cfg, count, names, "requested", avail, met, log)
 	case config.TransportVerbs:
 		if !avail {
 			return nil, fmt.Errorf("%w: %s", ErrVerbsUnavailable, why)
@@ -70,7 +71,7 @@ func openTransport(cfg *config.Config, log zerolog.Logger) (*transport, error) {
 		return openVerbs(count, names, "requested ("+why+")")
 	default: // auto
 		if !avail {
-			return openTCP(cfg, count, names, strings.TrimPrefix(why, "verbs unavailable: "), avail, log)
+			return openTCP(cfg, count, names, strings.TrimPrefix(why, "verbs unavailable: "), avail, met, log)
 		}
 		t, err := openVerbs(count, names, "auto: "+why)
 		if err != nil {
@@ -82,7 +83,7 @@ func openTransport(cfg *config.Config, log zerolog.Logger) (*transport, error) {
 	}
 }
 
-func openTCP(cfg *config.Config, count int, names []string, reason string, verbsAvail bool, log zerolog.Logger) (*transport, error) {
+func openTCP(cfg *config.Config, count int, names []string, reason string, verbsAvail bool, met *metrics.Metrics, log zerolog.Logger) (*transport, error) {
 	if reason != "requested" {
 		reason = "verbs unavailable: " + reason
 	}
@@ -94,7 +95,7 @@ func openTCP(cfg *config.Config, count int, names []string, reason string, verbs
 	opts := make([]tcp.DeviceOptions, count)
 	dlog := log.With().Str("component", "tcp").Logger()
 	for i := range opts {
-		o := tcp.DeviceOptions{QPNStart: cfg.TCPQPNStart, NUMANode: -1, Logger: &dlog}
+		o := tcp.DeviceOptions{QPNStart: cfg.TCPQPNStart, NUMANode: -1, Logger: &dlog, Metrics: met}
 		if names != nil {
 			o.Name = names[i]
 		}

@@ -1,0 +1,6 @@
+//go:build !race
+
+package integration
+
+// raceEnabled: built with -race, whose shadow memory inflates RSS.
+const raceEnabled = false
