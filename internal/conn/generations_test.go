@@ -153,6 +153,23 @@ func TestLiveIdleRequesterNotReaped(t *testing.T) {
 	readCheck(t, c, r, hold, span{0, 4096, 64 << 10})
 }
 
+// TestUnusedConnectionNotReaped: a connection made and not read through
+// yet (a fetch that found nothing) has no data connection at all; the
+// holder keeps it past the idle time, so a later Read works.
+func TestUnusedConnectionNotReaped(t *testing.T) {
+	d := newDialers(t)
+	hold := newNode(t, d, nodeOpts{id: "holder", idleTimeout: 100 * time.Millisecond})
+	r := newNode(t, d, nodeOpts{id: "req"})
+	hold.fillRandom(7)
+	c, err := r.mgr.Get(ctxT(t, 10*time.Second), hold.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	hold.checkQPs(t, 1)
+	readCheck(t, c, r, hold, span{0, 4096, 64 << 10})
+}
+
 // TestAbortCannotHitAnotherBatch (issue 14.5): when a Read aborts (one of
 // its batches failed), its batch on another QP that is just finishing must
 // not take down the next Read's batch on that QP. Before the fix the abort

@@ -32,30 +32,34 @@ const (
 // serves READs without software, so such connections are never reaped as
 // idle and go by disconnect, restart, drain time or Close.
 type activityReporter interface {
-	DataActivity() (open int, last time.Time)
+	DataActivity() (open int, last time.Time, used bool)
 }
 
-// idleSince reports whether a was idle at now for at least d: no QP has a
-// data connection open, and none opened, closed or carried anything within
-// d. A connection younger than d is never idle (its requester may not have
-// dialed yet).
+// idleAt reports whether a was idle at now for at least d: its requester
+// opened data connections, all are closed now, and none opened, closed or
+// carried anything within d. A connection never used is not idle: a live
+// requester may hold it for a later fetch (it connects before it knows
+// whether the holder has anything), and its data connections are dialed
+// on the first READ; it goes by disconnect, restart or Close as before.
 func (a *acceptedConn) idleAt(now time.Time, d time.Duration) bool {
 	if now.Sub(a.since) < d {
 		return false
 	}
+	used := false
 	for _, qs := range a.nics {
 		for _, p := range qs {
 			ar, ok := p.qp.(activityReporter)
 			if !ok {
 				return false
 			}
-			open, last := ar.DataActivity()
+			open, last, u := ar.DataActivity()
 			if open > 0 || now.Sub(last) < d {
 				return false
 			}
+			used = used || u
 		}
 	}
-	return true
+	return used
 }
 
 // retireLocked keeps old (replaced by a newer handshake of the same

@@ -251,7 +251,7 @@ func TestStalledRequesterDropped(t *testing.T) {
 	}
 	q := holder.QP.(*qp)
 	waitFor(t, "holder drops the stalled requester", 5*time.Second, func() bool {
-		open, _ := q.DataActivity()
+		open, _, _ := q.DataActivity()
 		return open == 0
 	})
 	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))

@@ -51,6 +51,8 @@ type qp struct {
 	// closed: what DataActivity reports to an owner looking for QPs whose
 	// peer is gone.
 	lastActive atomic.Int64
+	// used: a data connection was ever admitted or dialed.
+	used atomic.Bool
 
 	mu           sync.Mutex // guards everything below
 	state        ibv.QPState
@@ -112,19 +114,19 @@ func (q *qp) forgetRespConn(c *dconn) {
 }
 
 // DataActivity reports how many data connections the QP has open (the one
-// it dialed and those its remote dialed to it) and when one last carried
-// a request or response, was opened or closed. A holder's connection
-// manager reaps QPs with no connection for a while: their requester is
-// gone (a live requester keeps the connection it dialed for its first work
-// request open while it lives).
-func (q *qp) DataActivity() (open int, last time.Time) {
+// it dialed and those its remote dialed to it), when one last carried a
+// request or response, was opened or closed, and whether it ever had one.
+// A holder's connection manager reaps QPs whose connections are all gone
+// for a while: their requester is gone (a live requester keeps the
+// connection it dialed for its first work request open while it lives).
+func (q *qp) DataActivity() (open int, last time.Time, used bool) {
 	q.mu.Lock()
 	open = len(q.respConns)
 	if q.conn != nil {
 		open++
 	}
 	q.mu.Unlock()
-	return open, clockBase.Add(time.Duration(q.lastActive.Load()))
+	return open, clockBase.Add(time.Duration(q.lastActive.Load())), q.used.Load()
 }
 
 func (q *qp) QPN() uint32 { return q.qpn }
@@ -517,6 +519,7 @@ func (q *qp) dial() {
 				return
 			}
 			q.conn = c
+			q.used.Store(true)
 			q.touch()
 			q.wg.Add(1)
 			go q.reader(c)

@@ -147,6 +147,7 @@ func (d *Device) admit(c *dconn, m msg) (q *qp, stall time.Duration, st byte) {
 		return nil, 0, stMismatch
 	}
 	q.respConns[c] = struct{}{}
+	q.used.Store(true)
 	q.touch()
 	return q, q.budget, stOK
 }
