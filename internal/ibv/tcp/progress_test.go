@@ -69,7 +69,7 @@ func trickleResponder(t *testing.T, payload []byte, pieces int, gap time.Duratio
 // budgets to arrive, bytes trickling in all along, is progress as on an RC
 // QP (whose ACK timeout runs per packet): the READ succeeds. A responder
 // that stops mid-frame still gives RETRY_EXC_ERR one budget after its last
-// byte, without touching local memory.
+// byte, and local memory holds at most what arrived before it.
 func TestSlowFrameIsProgress(t *testing.T) {
 	const (
 		size   = 40 << 10
@@ -118,9 +118,55 @@ func TestSlowFrameIsProgress(t *testing.T) {
 			if lo, hi := lastByte+budget, lastByte+budget+time.Second; took < lo || took > hi {
 				t.Fatalf("RETRY_EXC_ERR after %v, want in [%v, %v]", took, lo, hi)
 			}
-			if !bytes.Equal(lmem, make([]byte, size)) {
-				t.Fatal("stalled READ wrote memory")
+			// As on an HCA, the destination of a failed READ is undefined
+			// up to the failure (payload lands as it arrives, here the
+			// bytes sent before the stall) and untouched after it.
+			landed := bytes.Clone(lmem)
+			for i, b := range landed {
+				if b != 0 && b != payload[i] {
+					t.Fatalf("byte %d of the stalled READ is %#x, not the payload's %#x", i, b, payload[i])
+				}
+			}
+			time.Sleep(2 * gap)
+			if !bytes.Equal(lmem, landed) {
+				t.Fatal("memory changed after the RETRY_EXC_ERR completion")
 			}
 		})
+	}
+}
+
+// TestToErrorMidPayload: READ payload lands straight in local memory as it
+// arrives; a ToError while a frame is half in must still leave no late
+// byte: once ToError returned, the rest of the frame (which the responder
+// goes on sending) never reaches memory, and the WR flushes.
+func TestToErrorMidPayload(t *testing.T) {
+	const (
+		size   = 40 << 10
+		pieces = 20
+		gap    = 30 * time.Millisecond // the frame takes ~600ms
+	)
+	_, d := newProvider(t)
+	payload := bytes.Repeat([]byte("mid-frame"), size/9+1)[:size]
+	addr := trickleResponder(t, payload, pieces, gap, 0)
+	req := ibvtest.NewSide(t, d[0], ibvtest.DefaultCap())
+	lmem, lmr := ibvtest.Region(t, req, size, accRead, 1)
+	clear(lmem)
+	if err := req.QP.Connect(ibv.Endpoint{QPN: 1, Addr: addr}, ibvtest.PairAttr()); err != nil {
+		t.Fatal(err)
+	}
+	post(t, req.QP, ibv.SendWR{ID: 1, Op: ibv.OpRDMARead, Signaled: true,
+		LocalAddr: lmr.Addr(), Length: size, LKey: lmr.LKey()})
+	waitFor(t, "part of the payload landed", 5*time.Second, func() bool { return lmem[size/4] != 0 })
+	if err := req.QP.ToError(); err != nil {
+		t.Fatal(err)
+	}
+	landed := bytes.Clone(lmem)
+	expect(t, ibvtest.Collect(t, req.CQ, 1)[0], 1, ibv.WCWRFlushErr)
+	time.Sleep(pieces * gap) // the responder sends the rest meanwhile
+	if !bytes.Equal(lmem, landed) {
+		t.Fatal("payload bytes landed after ToError returned")
+	}
+	if bytes.Equal(lmem, payload) {
+		t.Fatal("the whole payload landed: ToError came too late to test anything")
 	}
 }

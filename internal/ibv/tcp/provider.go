@@ -467,6 +467,7 @@ func (p *pd) RegMR(buf []byte, access ibv.Access) (ibv.MR, error) {
 		return nil, fmt.Errorf("tcp: REMOTE_WRITE needs LOCAL_WRITE: %w", ibv.ErrInvalidArgument)
 	}
 	m := &mr{pd: p, buf: buf, addr: uint64(uintptr(unsafe.Pointer(&buf[0]))), access: access}
+	m.unpinned = sync.NewCond(&m.mu)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
@@ -554,8 +555,13 @@ type mr struct {
 	lkey, rkey uint32
 	access     ibv.Access
 	buf        []byte
-	mu         sync.RWMutex // guards dead; read-held while buf is accessed
-	dead       bool
+	// mu guards dead and pins; read-held while buf is accessed by use.
+	mu   sync.RWMutex
+	dead bool
+	// pins counts transfers that move bytes between buf and a socket
+	// (pin/unpin); Dereg waits for them on unpinned (a Cond on mu).
+	pins     int
+	unpinned *sync.Cond
 }
 
 func (m *mr) Addr() uint64 { return m.addr }
@@ -563,8 +569,11 @@ func (m *mr) Len() uint64  { return uint64(len(m.buf)) }
 func (m *mr) LKey() uint32 { return m.lkey }
 func (m *mr) RKey() uint32 { return m.rkey }
 
-// Dereg removes the keys and waits until no copy into or out of the region
-// is in progress; afterwards the provider never touches the memory.
+// Dereg removes the keys and waits until no copy or transfer into or out
+// of the region is in progress; afterwards the provider never touches the
+// memory. A transfer blocked on a silent peer ends within its QP's retry
+// budget (the QP fails and closes the connection), so Dereg waits at most
+// about that long.
 func (m *mr) Dereg() error {
 	d := m.pd.dev
 	d.keysMu.Lock()
@@ -578,6 +587,9 @@ func (m *mr) Dereg() error {
 	m.mu.Lock()
 	already := m.dead
 	m.dead = true
+	for m.pins > 0 {
+		m.unpinned.Wait()
+	}
 	m.mu.Unlock()
 	m.pd.mu.Lock()
 	delete(m.pd.mrs, m)
@@ -588,15 +600,21 @@ func (m *mr) Dereg() error {
 	return nil
 }
 
-// use runs fn on [addr, addr+n) of the region with the registration held,
-// after checking PD, access flags and bounds. It reports false (fn not run)
-// when any check fails.
-func (m *mr) use(p *pd, need ibv.Access, addr uint64, n uint64, fn func(b []byte)) bool {
+// check reports whether [addr, addr+n) may be accessed with need through
+// p (PD, access flags, bounds; not registration).
+func (m *mr) check(p *pd, need ibv.Access, addr uint64, n uint64) bool {
 	if m == nil || m.pd != p || m.access&need != need {
 		return false
 	}
 	r := ibv.RemoteRegion{Base: m.addr, Length: uint64(len(m.buf))}
-	if !r.Contains(addr, n) {
+	return r.Contains(addr, n)
+}
+
+// use runs fn on [addr, addr+n) of the region with the registration held,
+// after checking PD, access flags and bounds. It reports false (fn not run)
+// when any check fails.
+func (m *mr) use(p *pd, need ibv.Access, addr uint64, n uint64, fn func(b []byte)) bool {
+	if !m.check(p, need, addr, n) {
 		return false
 	}
 	m.mu.RLock()
@@ -609,14 +627,46 @@ func (m *mr) use(p *pd, need ibv.Access, addr uint64, n uint64, fn func(b []byte
 	return true
 }
 
+// pin returns [addr, addr+n) of the region, after the same checks as use,
+// and keeps the region registered until unpin: for a transfer that moves
+// the bytes straight between the region and a socket and may block on the
+// network, where use's read lock would hold up every other user while a
+// Dereg waits.
+func (m *mr) pin(p *pd, need ibv.Access, addr uint64, n uint64) ([]byte, bool) {
+	if !m.check(p, need, addr, n) {
+		return nil, false
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.dead {
+		return nil, false
+	}
+	m.pins++
+	off := addr - m.addr
+	return m.buf[off : off+n], true
+}
+
+// unpin ends a pin.
+func (m *mr) unpin() {
+	m.mu.Lock()
+	if m.pins--; m.pins == 0 {
+		m.unpinned.Broadcast()
+	}
+	m.mu.Unlock()
+}
+
+// maxCQKeep is the most completions whose array a drained CQ keeps.
+const maxCQKeep = 4096
+
 // cq is a completion queue.
 type cq struct {
 	dev    *Device
 	notify chan struct{} // cap 1: a token when completions were added
 	done   chan struct{} // closed by Close
 
-	mu     sync.Mutex // guards wcs, closed
-	wcs    []ibv.WorkCompletion
+	mu     sync.Mutex           // guards wcs, head, closed
+	wcs    []ibv.WorkCompletion // wcs[head:] are not polled yet
+	head   int
 	closed bool
 }
 
@@ -642,10 +692,15 @@ func (c *cq) Poll(wcs []ibv.WorkCompletion) (int, error) {
 	if c.closed {
 		return 0, ibv.ErrClosed
 	}
-	n := copy(wcs, c.wcs)
-	c.wcs = c.wcs[n:]
-	if len(c.wcs) == 0 {
-		c.wcs = nil // let the backing array go
+	n := copy(wcs, c.wcs[c.head:])
+	c.head += n
+	if c.head == len(c.wcs) {
+		// Reuse the array (no allocation per completion), unless a burst
+		// made it large: then let it go.
+		c.wcs, c.head = c.wcs[:0], 0
+		if cap(c.wcs) > maxCQKeep {
+			c.wcs = nil
+		}
 	}
 	return n, nil
 }
@@ -653,7 +708,7 @@ func (c *cq) Poll(wcs []ibv.WorkCompletion) (int, error) {
 // Wait returns nil as soon as completions may be available.
 func (c *cq) Wait(ctx context.Context) error {
 	c.mu.Lock()
-	closed, ready := c.closed, len(c.wcs) > 0
+	closed, ready := c.closed, len(c.wcs) > c.head
 	c.mu.Unlock()
 	if closed {
 		return ibv.ErrClosed
@@ -679,7 +734,7 @@ func (c *cq) Close() error {
 		return nil
 	}
 	c.closed = true
-	c.wcs = nil
+	c.wcs, c.head = nil, 0
 	close(c.done)
 	c.mu.Unlock()
 	c.dev.mu.Lock()

@@ -72,6 +72,25 @@ type qp struct {
 	// responses meanwhile, as a real HCA may still DMA them. Cleared by
 	// failLocked.
 	flushPending bool
+	// landing: the reader is reading a READ payload into local memory
+	// with mu dropped (landLocked); landed (a Cond on mu) signals its end.
+	landing bool
+	landed  *sync.Cond
+	// Recycled storage (no allocation per work request): free wqes and
+	// the completions being delivered.
+	free []*wqe
+	wcs  []ibv.WorkCompletion
+}
+
+// newWQELocked takes a recycled wqe (completeLocked returns them), so a
+// work request allocates nothing once the QP is warm.
+func (q *qp) newWQELocked() *wqe {
+	if n := len(q.free); n > 0 {
+		w := q.free[n-1]
+		q.free = q.free[:n-1]
+		return w
+	}
+	return new(wqe)
 }
 
 // wqe is one posted work request.
@@ -98,6 +117,7 @@ func newQP(p *pd, c *cq, qc ibv.QPCap, n uint32) *qp {
 		nextSeq:   1,
 		respConns: make(map[*dconn]struct{}),
 	}
+	q.landed = sync.NewCond(&q.mu)
 	q.touch()
 	return q
 }
@@ -212,7 +232,8 @@ func (q *qp) PostSend(wrs []ibv.SendWR) (int, error) {
 		if len(q.sq) >= q.cap.MaxSendWR {
 			return i, fmt.Errorf("tcp: post wr_id=%d: %d outstanding: %w", wr.ID, len(q.sq), ibv.ErrQueueFull)
 		}
-		w := &wqe{wr: wr, seq: q.nextSeq}
+		w := q.newWQELocked()
+		w.wr, w.seq = wr, q.nextSeq
 		q.nextSeq++
 		if q.state == ibv.QPSError {
 			w.done, w.status = true, ibv.WCWRFlushErr
@@ -309,26 +330,34 @@ func (q *qp) failLocked(w *wqe, st ibv.WCStatus) {
 			o.done, o.status = true, ibv.WCWRFlushErr
 		}
 	}
-	q.completeLocked()
 	q.state = ibv.QPSError
 	q.flushPending = false
 	q.rdOut = 0
 	q.sendIdx = 0
 	q.cancel()
 	if q.conn != nil {
-		q.conn.Close()
+		q.conn.Close() // ends a payload read in landLocked
 		q.conn = nil
 	}
 	for c := range q.respConns {
 		c.Close()
 	}
 	clear(q.respConns)
+	// A payload may be landing in local memory (mu dropped for the read):
+	// no flush completion and no return before it is over.
+	for q.landing {
+		q.landed.Wait()
+	}
+	q.completeLocked()
 }
 
 // completeLocked delivers completions from the head of the send queue
 // while they are done, in post order.
 func (q *qp) completeLocked() {
-	var wcs []ibv.WorkCompletion
+	if q.landing {
+		return // failLocked or the reader delivers once the payload landed
+	}
+	wcs := q.wcs[:0]
 	n := 0
 	for n < len(q.sq) && q.sq[n].done {
 		w := q.sq[n]
@@ -340,15 +369,19 @@ func (q *qp) completeLocked() {
 			wcs = append(wcs, wc)
 		}
 		q.sq[n] = nil
+		*w = wqe{}
+		q.free = append(q.free, w)
 		n++
 	}
 	if n == 0 {
 		return
 	}
-	q.sq = q.sq[n:]
-	if len(q.sq) == 0 {
-		q.sq = nil
-	}
+	q.wcs = wcs[:0]
+	// Shift down rather than reslice, so the queue keeps its array (at
+	// most the send queue depth of pointers to move).
+	k := copy(q.sq, q.sq[n:])
+	clear(q.sq[k:])
+	q.sq = q.sq[:k]
 	q.sendIdx = max(0, q.sendIdx-n)
 	q.cq.push(wcs)
 }
@@ -400,9 +433,9 @@ func (q *qp) sender() {
 				q.lastProgress = time.Now()
 			}
 			q.sendIdx++
-			stall := q.budget
+			wr, seq, stall := w.wr, w.seq, q.budget
 			q.mu.Unlock()
-			q.send(c, w, hdr, stall)
+			q.send(c, wr, seq, hdr, stall)
 			continue
 		}
 		q.mu.Unlock()
@@ -599,31 +632,31 @@ func (q *qp) dialOnce(remote ibv.Endpoint, deadline time.Time) (*dconn, error) {
 // whose packets go unacknowledged through all its retries): the closed
 // connection then fails the QP with RETRY_EXC_ERR. Bytes taken count as
 // progress for the retry budget, as ACKs of WRITE packets do.
-func (q *qp) send(c *dconn, w *wqe, hdr []byte, stall time.Duration) {
-	wr := w.wr
+func (q *qp) send(c *dconn, wr ibv.SendWR, seq uint64, hdr []byte, stall time.Duration) {
 	if wr.Op == ibv.OpRDMARead {
-		if err := c.write(appendReadReq(hdr[:0], w.seq, wr.RemoteAddr, wr.RKey, wr.Length), nil, stall); err != nil {
+		if err := c.write(appendReadReq(hdr[:0], seq, wr.RemoteAddr, wr.RKey, wr.Length), nil, stall); err != nil {
 			q.sendFailed(c, err)
 		}
 		return
 	}
-	bp := bufPool.Get().(*[]byte)
-	defer bufPool.Put(bp)
+	// The WRITE's chunks go from registered memory straight to the socket
+	// (one writev of header and slice each), the region pinned meanwhile.
 	m := q.dev.lookupKey(wr.LKey, true)
+	src, ok := m.pin(q.pd, 0, wr.LocalAddr, uint64(wr.Length))
+	if !ok {
+		// Deregistered since sendStepLocked checked it.
+		q.mu.Lock()
+		if w := q.pendingLocked(seq); w != nil && q.state == ibv.QPSRTS {
+			q.failLocked(w, ibv.WCLocProtErr)
+		}
+		q.mu.Unlock()
+		return
+	}
+	defer m.unpin()
 	for off := uint32(0); ; {
 		n := min(wr.Length-off, chunkSize)
-		payload := (*bp)[:n]
-		if !m.use(q.pd, 0, wr.LocalAddr+uint64(off), uint64(n), func(b []byte) { copy(payload, b) }) {
-			// Deregistered while being sent.
-			q.mu.Lock()
-			if !w.done && q.state == ibv.QPSRTS {
-				q.failLocked(w, ibv.WCLocProtErr)
-			}
-			q.mu.Unlock()
-			return
-		}
-		h := appendWriteReq(hdr[:0], w.seq, wr.RemoteAddr, wr.RKey, wr.Length, off, int(n))
-		if err := c.write(h, payload, stall); err != nil {
+		h := appendWriteReq(hdr[:0], seq, wr.RemoteAddr, wr.RKey, wr.Length, off, int(n))
+		if err := c.write(h, src[off:off+n], stall); err != nil {
 			q.sendFailed(c, err)
 			return
 		}
@@ -636,6 +669,16 @@ func (q *qp) send(c *dconn, w *wqe, hdr []byte, stall time.Duration) {
 	}
 }
 
+// pendingLocked is the outstanding WR with sequence number seq, if any.
+func (q *qp) pendingLocked(seq uint64) *wqe {
+	for _, w := range q.sq {
+		if w.seq == seq && !w.done {
+			return w
+		}
+	}
+	return nil
+}
+
 // sendFailed closes c after a failed request write; the reader, seeing
 // the connection go with work in flight, fails the QP with RETRY_EXC_ERR.
 func (q *qp) sendFailed(c *dconn, err error) {
@@ -643,23 +686,30 @@ func (q *qp) sendFailed(c *dconn, err error) {
 	c.Close()
 }
 
-// reader applies the responses arriving on c; see qp.
+// reader applies the responses arriving on c; see qp. A READ response's
+// payload is read from the socket straight into the WR's local memory
+// (landLocked); the rest of a frame is read into a small header buffer.
 func (q *qp) reader(c *dconn) {
 	defer q.wg.Done()
 	defer q.dev.untrackConn(c)
 	defer c.Close()
-	// Bytes are only stamped here; they reach local memory in applyLocked,
-	// under mu and after the state check (lesson 9).
-	fr := frameReader{r: progressReader{r: c.c, q: q}}
-	defer fr.release()
+	var r io.Reader = progressReader{r: c.c, q: q}
+	var head [prefixLen + fixedReadResp]byte
 	for {
-		m, err := fr.next()
+		m, n, err := readRespHead(r, &head)
 		q.mu.Lock()
 		// Under Faults.AsyncFlush an ERROR QP whose flush is pending still
 		// applies responses (a real HCA may DMA them until it flushes).
-		if q.conn != c || (q.state != ibv.QPSRTS && !q.flushPending) {
+		if !q.liveConnLocked(c) {
 			q.mu.Unlock()
 			return
+		}
+		if err == nil {
+			err = q.applyLocked(m, n, r)
+			if !q.liveConnLocked(c) { // failed while the payload landed
+				q.mu.Unlock()
+				return
+			}
 		}
 		if err != nil {
 			q.conn = nil
@@ -677,19 +727,50 @@ func (q *qp) reader(c *dconn) {
 			q.mu.Unlock()
 			return
 		}
-		q.applyLocked(m)
 		q.mu.Unlock()
 		q.touch()
 	}
 }
 
-// applyLocked applies one response frame. As on an RC QP, responses come
-// in request order: anything but a response to the oldest WR in flight is
-// a bad response.
-func (q *qp) applyLocked(m msg) {
+// liveConnLocked reports whether c is still the QP's data connection and
+// the QP still takes responses.
+func (q *qp) liveConnLocked(c *dconn) bool {
+	return q.conn == c && (q.state == ibv.QPSRTS || q.flushPending)
+}
+
+// landLocked reads the n payload bytes of a READ response from r straight
+// into w's local memory at w.got. It drops mu for the read (ToError and
+// the sender's retry budget must not wait for the network) and marks the
+// QP landing meanwhile: failLocked closes the connection, which ends the
+// read, and waits until landing is over before it delivers any flush
+// completion or returns, so no byte lands after ToError or Destroy
+// returned, or after a flush completion was polled. The region is pinned
+// for the read, so Dereg waits for it too.
+func (q *qp) landLocked(w *wqe, n int, r io.Reader) error {
+	lm := q.dev.lookupKey(w.wr.LKey, true)
+	dst, ok := lm.pin(q.pd, ibv.AccessLocalWrite, w.wr.LocalAddr+uint64(w.got), uint64(n))
+	if !ok {
+		q.failLocked(w, ibv.WCLocProtErr)
+		return nil
+	}
+	q.landing = true
+	q.mu.Unlock()
+	_, err := io.ReadFull(r, dst)
+	lm.unpin()
+	q.mu.Lock()
+	q.landing = false
+	q.landed.Broadcast()
+	return unexpectedEOF(err)
+}
+
+// applyLocked applies one response frame, whose READ payload (n bytes)
+// is still in r. As on an RC QP, responses come in request order: anything
+// but a response to the oldest WR in flight is a bad response. It returns
+// an error only when reading the payload failed (the connection is lost).
+func (q *qp) applyLocked(m msg, n int, r io.Reader) error {
 	if q.sendIdx == 0 || q.sq[0].seq != m.seq || q.sq[0].done {
 		q.failLocked(q.firstPendingLocked(), ibv.WCBadRespErr)
-		return
+		return nil
 	}
 	w := q.sq[0]
 	q.lastProgress = time.Now()
@@ -703,31 +784,34 @@ func (q *qp) applyLocked(m msg) {
 	case m.typ == tReadResp && w.wr.Op == ibv.OpRDMARead:
 		if m.status != stOK {
 			q.failLocked(w, nakStatus(m.status))
-			return
+			return nil
 		}
-		if m.offset != w.got || uint64(w.got)+uint64(len(m.payload)) > uint64(w.wr.Length) {
+		if m.offset != w.got || uint64(w.got)+uint64(n) > uint64(w.wr.Length) {
 			q.failLocked(w, ibv.WCBadRespErr)
-			return
+			return nil
 		}
-		lm := q.dev.lookupKey(w.wr.LKey, true)
-		dst := w.wr.LocalAddr + uint64(w.got)
-		if !lm.use(q.pd, ibv.AccessLocalWrite, dst, uint64(len(m.payload)), func(b []byte) { copy(b, m.payload) }) {
-			q.failLocked(w, ibv.WCLocProtErr)
-			return
+		if n > 0 {
+			if err := q.landLocked(w, n, r); err != nil {
+				return err
+			}
+			if w.done { // failed meanwhile (ToError, Destroy, Dereg)
+				return nil
+			}
+			q.lastProgress = time.Now()
 		}
-		w.got += uint32(len(m.payload))
+		w.got += uint32(n)
 		if w.got < w.wr.Length {
-			return
+			return nil
 		}
 		q.rdOut--
 	case m.typ == tWriteAck && w.wr.Op == ibv.OpRDMAWrite:
 		if m.status != stOK {
 			q.failLocked(w, nakStatus(m.status))
-			return
+			return nil
 		}
 	default:
 		q.failLocked(w, ibv.WCBadRespErr)
-		return
+		return nil
 	}
 	w.done, w.status = true, ibv.WCSuccess
 	q.completeLocked()
@@ -735,4 +819,5 @@ func (q *qp) applyLocked(m msg) {
 	case q.kick <- struct{}{}:
 	default:
 	}
+	return nil
 }

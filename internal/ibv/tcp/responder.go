@@ -167,7 +167,6 @@ type responder struct {
 	// QP is in ERROR and will close the connection), so no WRITE behind a
 	// failed one lands.
 	naked bool
-	out   *[]byte
 }
 
 func (r *responder) sleep(d time.Duration) bool {
@@ -186,28 +185,22 @@ func (r *responder) sleep(d time.Duration) bool {
 // remote resolves an rkey for the responder QP's PD.
 func (r *responder) mr(rkey uint32) *mr { return r.d.lookupKey(rkey, false) }
 
-// read serves one READ request in chunks, copying each chunk out of the
-// registered memory under the MR's lock (so Dereg never races a copy), then
-// writing it. A failed check sends a NAK.
+// read serves one READ request in chunks, each one writev of its header
+// and the slice of registered memory (no copy), the region pinned for the
+// whole request so that Dereg waits for it. The whole range is checked
+// first: nothing is sent for a request that is partly out of bounds; a
+// failed check sends a NAK.
 func (r *responder) read(m msg) error {
-	if r.out == nil {
-		r.out = bufPool.Get().(*[]byte)
-		defer func() { bufPool.Put(r.out); r.out = nil }()
-	}
 	mr := r.mr(m.rkey)
+	src, ok := mr.pin(r.q.pd, ibv.AccessRemoteRead, m.raddr, uint64(m.length))
+	if !ok {
+		r.naked = true
+		return r.c.write(appendReadResp(r.hdr[:0], m.seq, stRemAccess, 0, 0), nil, r.stall)
+	}
+	defer mr.unpin()
 	for off := uint32(0); ; {
 		n := min(m.length-off, chunkSize)
-		payload := (*r.out)[:n]
-		// The whole range is checked on every chunk: nothing is sent for
-		// a request that is partly out of bounds.
-		ok := mr.use(r.q.pd, ibv.AccessRemoteRead, m.raddr, uint64(m.length), func(b []byte) {
-			copy(payload, b[off:off+n])
-		})
-		if !ok {
-			r.naked = true
-			return r.c.write(appendReadResp(r.hdr[:0], m.seq, stRemAccess, off, 0), nil, r.stall)
-		}
-		if err := r.c.write(appendReadResp(r.hdr[:0], m.seq, stOK, off, int(n)), payload, r.stall); err != nil {
+		if err := r.c.write(appendReadResp(r.hdr[:0], m.seq, stOK, off, int(n)), src[off:off+n], r.stall); err != nil {
 			return err
 		}
 		off += n

@@ -188,12 +188,75 @@ func readHello(r io.Reader) (msg, error) {
 	return m, nil
 }
 
+// readRespHead reads a response frame off a requester's connection up to
+// its payload: the prefix and fixed fields go into head, and a READ
+// response's payload (payload bytes) is left in r for the caller to read
+// straight into the destination memory. A frame that is not a response is
+// skipped and returned with its type only (the QP fails it as a bad
+// response).
+func readRespHead(r io.Reader, head *[prefixLen + fixedReadResp]byte) (m msg, payload int, err error) {
+	if _, err := io.ReadFull(r, head[:prefixLen]); err != nil {
+		return m, 0, err
+	}
+	n := int(binary.BigEndian.Uint32(head[:4]))
+	m.typ = head[4]
+	if n < 1 || n > maxBody {
+		return msg{}, 0, fmt.Errorf("%w: frame length %d", errFrame, n)
+	}
+	var fixed int
+	switch m.typ {
+	case tReadResp:
+		if n < 1+fixedReadResp {
+			return msg{}, 0, fmt.Errorf("%w: read response length %d", errFrame, n)
+		}
+		fixed = fixedReadResp
+	case tWriteAck:
+		if n != 1+fixedWriteAck {
+			return msg{}, 0, fmt.Errorf("%w: write ack length %d", errFrame, n)
+		}
+		fixed = fixedWriteAck
+	default:
+		if _, err := io.CopyN(io.Discard, r, int64(n-1)); err != nil {
+			return msg{}, 0, unexpectedEOF(err)
+		}
+		return msg{typ: m.typ}, 0, nil
+	}
+	b := head[prefixLen : prefixLen+fixed]
+	if _, err := io.ReadFull(r, b); err != nil {
+		return msg{}, 0, unexpectedEOF(err)
+	}
+	be := binary.BigEndian
+	if m.typ == tWriteAck {
+		m.seq, m.status = be.Uint64(b), b[8]
+		return m, 0, nil
+	}
+	m.seq, m.status, m.offset = be.Uint64(b), b[8], be.Uint32(b[9:])
+	payload = n - 1 - fixedReadResp
+	if payload > chunkSize {
+		return msg{}, 0, fmt.Errorf("%w: read response chunk %d", errFrame, payload)
+	}
+	if m.status != stOK && payload != 0 {
+		return msg{}, 0, fmt.Errorf("%w: NAK with payload", errFrame)
+	}
+	return m, payload, nil
+}
+
+// unexpectedEOF turns io.EOF in the middle of a frame into
+// io.ErrUnexpectedEOF.
+func unexpectedEOF(err error) error {
+	if err == io.EOF {
+		return io.ErrUnexpectedEOF
+	}
+	return err
+}
+
 // frameReader reads frames off one connection. Control frames are read
 // into a small inline buffer; a frame with a payload borrows a maxBody
 // buffer from bufPool until the next call (or release), so an idle
 // connection holds no large buffer.
 type frameReader struct {
 	r     io.Reader
+	pre   [4]byte // here, not on next's stack: a read into it escapes
 	small [128]byte
 	big   *[]byte
 }
@@ -201,11 +264,10 @@ type frameReader struct {
 // next reads one frame; the returned payload is valid until the next call.
 func (fr *frameReader) next() (msg, error) {
 	fr.release()
-	var pre [4]byte
-	if _, err := io.ReadFull(fr.r, pre[:]); err != nil {
+	if _, err := io.ReadFull(fr.r, fr.pre[:]); err != nil {
 		return msg{}, err
 	}
-	n := binary.BigEndian.Uint32(pre[:])
+	n := binary.BigEndian.Uint32(fr.pre[:])
 	if n < 1 || n > maxBody {
 		return msg{}, fmt.Errorf("%w: frame length %d", errFrame, n)
 	}
