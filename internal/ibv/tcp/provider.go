@@ -15,13 +15,18 @@
 // A data connection names its remote by (device address, QPN, PSN).
 //
 // Memory safety: registered memory is memory the Go GC does not own (mmap'd).
-// The provider touches it only under the MR's lock while the MR is
-// registered, and writes READ response data into local memory only under the
-// QP's lock while the work request is still outstanding. So after Dereg
-// returns, after Destroy returns, and after ToError's flush completions are
-// polled (by default ToError flushes before it returns; with
+// The provider touches it only while the MR is registered: under the MR's
+// lock for a copy, or pinned (Dereg waits) while bytes move straight between
+// it and a socket (READ responses and WRITE chunks are written from it, READ
+// payloads are read into it, with no intermediate copy). A READ payload is
+// read into local memory only while its work request is outstanding, the QP
+// marked landing: moving the QP to ERROR closes the connection and waits for
+// the landing to end before any flush completion is delivered. So after
+// Dereg returns, after Destroy returns, and after ToError's flush
+// completions are polled (by default ToError flushes before it returns; with
 // Faults.AsyncFlush, as on a real HCA, the flush comes later), no byte is
-// read from or written to that memory.
+// read from or written to that memory. As on an HCA, the destination of a
+// READ that fails holds whatever arrived before the failure.
 package tcp
 
 import (
