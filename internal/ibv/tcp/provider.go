@@ -675,15 +675,23 @@ type cq struct {
 	closed bool
 }
 
+// push appends a batch of completions (every WR a response completed, in
+// order). Only a push onto an empty queue wakes a waiter: a consumer that
+// saw the queue non-empty polls without waiting, so completions that
+// arrive while it works are taken in one Poll with no wakeup each.
 func (c *cq) push(wcs []ibv.WorkCompletion) {
 	if len(wcs) == 0 {
 		return
 	}
 	c.mu.Lock()
+	wake := len(c.wcs) == c.head
 	if !c.closed {
 		c.wcs = append(c.wcs, wcs...)
 	}
 	c.mu.Unlock()
+	if !wake {
+		return
+	}
 	select {
 	case c.notify <- struct{}{}:
 	default:
