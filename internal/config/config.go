@@ -79,6 +79,10 @@ type Config struct {
 	TCPDataListen string `mapstructure:"tcp-data-listen"`
 	// TCPQPNStart is the first QPN each tcp device allocates.
 	TCPQPNStart uint32 `mapstructure:"tcp-qpn-start"`
+	// RDMAIdleTimeout: a holder tears down a requester's connection once
+	// the data connections it had opened (tcp transport) have all been
+	// closed this long: that requester is gone (killed, host down).
+	RDMAIdleTimeout time.Duration `mapstructure:"rdma-idle-timeout"`
 	// LockTimeout is how long a transfer session pins its blocks unless
 	// released or renewed.
 	LockTimeout time.Duration `mapstructure:"lock-timeout"`
@@ -117,6 +121,7 @@ func Default() Config {
 		QPsPerPeer:      2,
 		TCPDataListen:   "127.0.0.1:0",
 		TCPQPNStart:     0x100,
+		RDMAIdleTimeout: 60 * time.Second,
 		LockTimeout:     120 * time.Second,
 		GCInterval:      time.Second,
 		ShutdownTimeout: 10 * time.Second,
@@ -170,6 +175,7 @@ func RegisterFlags(fs *pflag.FlagSet, d Config) {
 	fs.Int("qps-per-peer", d.QPsPerPeer, "RC queue pairs per peer per NIC")
 	fs.String("tcp-data-listen", d.TCPDataListen, "tcp transport: data listener address (port 0: ephemeral; port P: NIC i uses P+i)")
 	fs.String("tcp-qpn-start", "0x"+strconv.FormatUint(uint64(d.TCPQPNStart), 16), "tcp transport: first QPN allocated per device")
+	fs.Duration("rdma-idle-timeout", d.RDMAIdleTimeout, "holder: free a requester's connection once its data connections have all been closed this long (tcp transport)")
 	fs.Duration("lock-timeout", d.LockTimeout, "transfer lock (session) timeout")
 	fs.Duration("lock-max-lifetime", d.LockMaxLifetime, "longest a session may live across renewals (0: 10 x lock-timeout)")
 	fs.Duration("gc-interval", d.GCInterval, "lock sweeper interval")
@@ -390,6 +396,9 @@ func (c *Config) Validate() error {
 	}
 	if c.TCPQPNStart < 1 || c.TCPQPNStart > MaxQPN/2 {
 		bad("tcp-qpn-start", "%#x is outside 0x1..%#x", c.TCPQPNStart, MaxQPN/2)
+	}
+	if c.RDMAIdleTimeout <= 0 {
+		bad("rdma-idle-timeout", "%s must be positive", c.RDMAIdleTimeout)
 	}
 	if c.LockTimeout <= 0 {
 		bad("lock-timeout", "%s must be positive", c.LockTimeout)

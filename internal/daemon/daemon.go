@@ -199,6 +199,7 @@ func Start(ctx context.Context, cfg config.Config, opts ...Option) (d *Daemon, e
 		Memory:      d.pool.Bytes(),
 		QPsPerPeer:  cfg.QPsPerPeer,
 		ConnectAttr: connectAttr(d.tr.name),
+		IdleTimeout: cfg.RDMAIdleTimeout,
 		Dial:        d.peers.Get,
 		Metrics:     d.metrics,
 		Log:         d.log.With().Str("component", "conn").Logger(),
