@@ -191,8 +191,8 @@ func TestAbortCannotHitAnotherBatch(t *testing.T) {
 	if err := c.Read(ctxT(t, 10*time.Second), []ReadOp{op(0, 0, 4096, 0), op(4096, 4096, 4096, 1)}); err != nil {
 		t.Fatal(err) // both NICs' data connections up
 	}
-	hold.devs[0].SetFaults(tcp.Faults{ResponseDelay: 300 * time.Millisecond})
-	hold.devs[1].SetFaults(tcp.Faults{ResponseDelay: 5 * time.Second})
+	hold.devs[0].SetFaults(tcp.Faults{ResponseDelay: 600 * time.Millisecond})
+	hold.devs[1].SetFaults(tcp.Faults{ResponseDelay: 10 * time.Second})
 	var aBatch0 *batch
 	r.mgr.hookAbort = func(bs []*batch) {
 		for _, b := range bs {
@@ -204,16 +204,16 @@ func TestAbortCannotHitAnotherBatch(t *testing.T) {
 		for aBatch0 != nil && aBatch0.state.Load() != batchFinished {
 			time.Sleep(time.Millisecond)
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(200 * time.Millisecond)
 	}
 	errA := make(chan error, 1)
 	go func() {
 		errA <- c.Read(ctxT(t, 10*time.Second), []ReadOp{op(0, 1<<20, 64<<10, 0), op(1<<20, 0, 64<<10, 1)})
 	}()
-	time.Sleep(50 * time.Millisecond)
+	time.Sleep(100 * time.Millisecond) // A's batches run
 	errB := make(chan error, 1)
 	go func() { errB <- c.Read(ctxT(t, 10*time.Second), []ReadOp{op(2<<20, 2<<20, 64<<10, 0)}) }()
-	time.Sleep(50 * time.Millisecond)
+	time.Sleep(100 * time.Millisecond) // B's batch queued behind A's on NIC 0
 	hold.devs[1].CutConnections() // A's batch on NIC 1 fails: A aborts
 	if err := <-errA; err == nil {
 		t.Fatal("Read A succeeded through a cut connection")
