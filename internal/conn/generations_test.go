@@ -214,7 +214,7 @@ func TestAbortCannotHitAnotherBatch(t *testing.T) {
 	errB := make(chan error, 1)
 	go func() { errB <- c.Read(ctxT(t, 10*time.Second), []ReadOp{op(2<<20, 2<<20, 64<<10, 0)}) }()
 	time.Sleep(100 * time.Millisecond) // B's batch queued behind A's on NIC 0
-	hold.devs[1].CutConnections() // A's batch on NIC 1 fails: A aborts
+	hold.devs[1].CutConnections()      // A's batch on NIC 1 fails: A aborts
 	if err := <-errA; err == nil {
 		t.Fatal("Read A succeeded through a cut connection")
 	}
