@@ -299,8 +299,10 @@ func (q *qp) Destroy() error {
 		q.mu.Unlock()
 		return ibv.ErrClosed
 	}
-	q.failLocked(nil, ibv.WCWRFlushErr)
+	// destroyed first: failLocked may wait for a landing payload (mu
+	// dropped), and a concurrent Destroy or post must see ErrClosed.
 	q.destroyed = true
+	q.failLocked(nil, ibv.WCWRFlushErr)
 	q.mu.Unlock()
 	q.cancel()
 	q.wg.Wait()
@@ -422,7 +424,6 @@ func (q *qp) sender() {
 			q.mu.Unlock()
 			q.dial()
 			continue
-
 		case stepSend:
 			w, c := q.sq[q.sendIdx], q.conn
 			if w.wr.Op == ibv.OpRDMARead {
