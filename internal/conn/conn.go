@@ -107,10 +107,10 @@ type Options struct {
 	// silent peer fails READs with RETRY_EXC_ERR: about 0.5 s by default,
 	// which a loaded host running the tcp provider may exceed spuriously.
 	ConnectAttr ibv.ConnectAttr
-	// IdleTimeout (holder side): an accepted connection none of whose QPs
-	// has had a data connection open for this long is torn down, its
-	// requester being gone (default 60s). Only providers that see their
-	// data connections (tcp) report that; see activityReporter.
+	// IdleTimeout (holder side): an accepted connection whose data
+	// connections (once opened) have all been closed for this long is torn
+	// down, its requester being gone (default 60s). Only providers that
+	// see their data connections (tcp) report that; see activityReporter.
 	IdleTimeout time.Duration
 	// ReconnectDrain (holder side) bounds how long the previous accepted
 	// connection of a requester that handshook again keeps serving the
