@@ -153,9 +153,14 @@ func (q *qp) applyLocked(m msg, n int, r io.Reader) error {
 	}
 	w.done, w.status = true, ibv.WCSuccess
 	q.completeLocked()
-	select {
-	case q.kick <- struct{}{}:
-	default:
+	// Wake the sender only when a WR waits to be sent (a READ slot or the
+	// queue freed up); its own timer watches the retry budget meanwhile,
+	// so a completion with nothing behind it costs no goroutine switch.
+	if q.sendIdx < len(q.sq) {
+		select {
+		case q.kick <- struct{}{}:
+		default:
+		}
 	}
 	return nil
 }
