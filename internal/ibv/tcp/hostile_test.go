@@ -221,31 +221,7 @@ func TestStalledRequesterDropped(t *testing.T) {
 	holder := ibvtest.NewSide(t, d[1], ibvtest.DefaultCap())
 	const size = 32 << 20
 	_, rmr := ibvtest.Region(t, holder, size, accRead, 1)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	fakeAddr := ln.Addr().String()
-	ln.Close() // only the address is needed: the holder never dials it
-	attr := ibv.DefaultConnectAttr()
-	attr.Timeout = 13 // 268 ms budget
-	remote := ibv.Endpoint{QPN: 77, PSN: 5, Addr: fakeAddr}
-	if err := holder.QP.Connect(remote, attr); err != nil {
-		t.Fatal(err)
-	}
-	c, err := net.Dial("tcp", d[1].Info().Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	hello := appendHello(nil, remote.QPN, holder.QP.QPN(), remote.PSN, ibv.GID{}, fakeAddr)
-	if _, err := c.Write(hello); err != nil {
-		t.Fatal(err)
-	}
-	var buf [16]byte
-	if m, err := readFrame(c, buf[:]); err != nil || m.status != stOK {
-		t.Fatalf("hello: %+v, %v", m, err)
-	}
+	c := fakeRequester(t, d[1], holder)
 	if _, err := c.Write(appendReadReq(nil, 1, rmr.Addr(), rmr.RKey(), size)); err != nil {
 		t.Fatal(err)
 	}
@@ -262,6 +238,64 @@ func TestStalledRequesterDropped(t *testing.T) {
 	if n >= size {
 		t.Fatalf("got the whole %d-byte response after stalling; want the connection dropped", n)
 	}
+}
+
+// fakeRequester connects holder's QP (on dev) to a made-up endpoint and
+// dials dev's data port as that endpoint, hello acknowledged: a requester
+// whose every byte the test writes. The holder's retry budget is 268 ms.
+func fakeRequester(t *testing.T, dev *Device, holder *ibvtest.Side) net.Conn {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fakeAddr := ln.Addr().String()
+	ln.Close() // only the address is needed: the holder never dials it
+	attr := ibv.DefaultConnectAttr()
+	attr.Timeout = 13 // 268 ms budget
+	remote := ibv.Endpoint{QPN: 77, PSN: 5, Addr: fakeAddr}
+	if err := holder.QP.Connect(remote, attr); err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("tcp", dev.Info().Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	hello := appendHello(nil, remote.QPN, holder.QP.QPN(), remote.PSN, ibv.GID{}, fakeAddr)
+	if _, err := c.Write(hello); err != nil {
+		t.Fatal(err)
+	}
+	var buf [16]byte
+	if m, err := readFrame(c, buf[:]); err != nil || m.status != stOK {
+		t.Fatalf("hello: %+v, %v", m, err)
+	}
+	return c
+}
+
+// TestStalledRequestFrameDropped (issue 14.3): a requester that starts a
+// request frame (a WRITE announcing a full chunk, which makes the holder
+// take a frame buffer) and stops sending mid-frame is dropped after about
+// one retry budget. Idle between frames stays allowed.
+func TestStalledRequestFrameDropped(t *testing.T) {
+	_, d := newProvider(t)
+	holder := ibvtest.NewSide(t, d[1], ibvtest.DefaultCap())
+	c := fakeRequester(t, d[1], holder)
+	q := holder.QP.(*qp)
+	time.Sleep(500 * time.Millisecond) // idle, more than a budget: still connected
+	if open, _, _ := q.DataActivity(); open != 1 {
+		t.Fatalf("idle requester dropped (%d connections open)", open)
+	}
+	frame := appendWriteReq(nil, 1, 0x1000, 1, chunkSize, 0, chunkSize)
+	if _, err := c.Write(append(frame, make([]byte, chunkSize/2)...)); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	waitFor(t, "holder drops the requester stalled mid-frame", 5*time.Second, func() bool {
+		open, _, _ := q.DataActivity()
+		return open == 0
+	})
+	t.Logf("dropped %v after the stall", time.Since(start).Round(time.Millisecond))
 }
 
 func isReset(err error) bool {

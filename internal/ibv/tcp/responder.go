@@ -94,7 +94,12 @@ func (d *Device) serve(c *dconn, ge *list.Element) {
 	defer q.forgetRespConn(c)
 	_ = c.c.SetReadDeadline(time.Time{})
 
-	fr := frameReader{r: c.c}
+	// Idle between requests is fine (a live requester keeps its
+	// connection); a frame begun must go on arriving: a requester that
+	// stops mid-frame for the retry budget is dropped, with the frame
+	// buffer it made this side take.
+	sr := &stallReader{c: c.c, stall: stall}
+	fr := frameReader{r: sr, inFrame: sr.arm}
 	defer fr.release()
 	r := responder{d: d, q: q, c: c, hdr: make([]byte, 0, 64), stall: stall}
 	for {
@@ -232,4 +237,27 @@ func (r *responder) write(m msg) error {
 		return r.c.write(appendWriteAck(r.hdr[:0], m.seq, stOK), nil, r.stall)
 	}
 	return nil
+}
+
+// stallReader reads a responder's connection; while armed (inside a
+// frame) each read must return within stall of the previous one.
+type stallReader struct {
+	c     *net.TCPConn
+	stall time.Duration
+	armed bool
+}
+
+func (r *stallReader) Read(b []byte) (int, error) {
+	if r.armed && r.stall > 0 {
+		_ = r.c.SetReadDeadline(time.Now().Add(r.stall))
+	}
+	return r.c.Read(b)
+}
+
+// arm starts (true) or ends (false) a frame.
+func (r *stallReader) arm(on bool) {
+	if r.armed && !on && r.stall > 0 {
+		_ = r.c.SetReadDeadline(time.Time{})
+	}
+	r.armed = on
 }

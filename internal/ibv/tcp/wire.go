@@ -259,6 +259,9 @@ type frameReader struct {
 	pre   [4]byte // here, not on next's stack: a read into it escapes
 	small [128]byte
 	big   *[]byte
+	// inFrame, when set, is told when a frame's body starts (true) and
+	// ends (false): the responder bounds a frame begun and not finished.
+	inFrame func(bool)
 }
 
 // next reads one frame; the returned payload is valid until the next call.
@@ -278,11 +281,12 @@ func (fr *frameReader) next() (msg, error) {
 		fr.big = bufPool.Get().(*[]byte)
 		body = (*fr.big)[:n]
 	}
+	if fr.inFrame != nil {
+		fr.inFrame(true)
+		defer fr.inFrame(false)
+	}
 	if _, err := io.ReadFull(fr.r, body); err != nil {
-		if err == io.EOF {
-			err = io.ErrUnexpectedEOF
-		}
-		return msg{}, err
+		return msg{}, unexpectedEOF(err)
 	}
 	return decode(body)
 }
