@@ -38,6 +38,10 @@ PAIRS=(
 	"local PutBlock 4MiB vs raw unix stream|./bench|BenchmarkLocalPutGetVsUnix|put-MB/s|unix-MB/s|higher"
 	"local GetBlock 4MiB vs raw unix stream|./bench|BenchmarkLocalPutGetVsUnix|get-MB/s|unix-MB/s|higher"
 	"ExpireBefore 10 of 100k live vs of 1k live|./bench|BenchmarkExpireScaling|live100k-ns/op|live1k-ns/op|~1"
+	"client.Put 4MiB vs memcpy in|./bench|BenchmarkClientPutGetVsMemcpy|put-MB/s|memcpyin-MB/s|higher"
+	"client.Get 4MiB vs memcpy out|./bench|BenchmarkClientPutGetVsMemcpy|get-MB/s|memcpyout-MB/s|higher"
+	"AllocBatch+CommitBatch per block vs echo|./bench|BenchmarkClientBatchLeases|alloccommit-ns/op|echo-ns/op|lower"
+	"LeaseBatch+ReleaseBatch per block vs echo|./bench|BenchmarkClientBatchLeases|leaserelease-ns/op|echo-ns/op|lower"
 )
 
 # One go test run per package, selecting the pairs' top-level benchmarks.
