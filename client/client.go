@@ -135,7 +135,14 @@ type SlotSize struct{ K, V uint64 }
 // PutOption configures Put and Alloc.
 type PutOption func(*putOptions)
 
-type putOptions struct{ slots []SlotSize }
+type putOptions struct {
+	slots   []SlotSize
+	created *bool
+}
+
+// WasCreated makes Put report in *p whether it stored the block (false:
+// a block was already stored under the key and was kept).
+func WasCreated(p *bool) PutOption { return func(o *putOptions) { o.created = p } }
 
 // WithSlots gives the block's slot layout; its sizes must add up to the
 // block's size. Default: one slot, all K.
@@ -143,11 +150,16 @@ func WithSlots(slots ...SlotSize) PutOption {
 	return func(o *putOptions) { o.slots = append([]SlotSize(nil), slots...) }
 }
 
-func slotsFor(size int, opts []PutOption) ([]SlotSize, error) {
+func putOpts(opts []PutOption) putOptions {
 	var o putOptions
 	for _, f := range opts {
 		f(&o)
 	}
+	return o
+}
+
+func slotsFor(size int, opts []PutOption) ([]SlotSize, error) {
+	o := putOpts(opts)
 	if size <= 0 {
 		return nil, fmt.Errorf("%w: block of %d bytes", ErrInvalid, size)
 	}
@@ -167,8 +179,15 @@ func slotsFor(size int, opts []PutOption) ([]SlotSize, error) {
 // Put stores data as the block (namespace, hash): one copy, into the pool.
 // A block already stored under that key is kept and Put returns nil.
 func (c *Client) Put(ctx context.Context, namespace string, hash, data []byte, opts ...PutOption) error {
+	o := putOpts(opts)
+	created := func(v bool) {
+		if o.created != nil {
+			*o.created = v
+		}
+	}
+	created(false)
 	if c.data == nil {
-		return c.putStream(ctx, namespace, hash, data, opts)
+		return c.putStream(ctx, namespace, hash, data, opts, created)
 	}
 	w, err := c.Alloc(ctx, namespace, hash, len(data), opts...)
 	if errors.Is(err, ErrExists) {
@@ -178,7 +197,11 @@ func (c *Client) Put(ctx context.Context, namespace string, hash, data []byte, o
 		return err
 	}
 	copy(w.Bytes(), data)
-	return w.Commit(ctx)
+	if err := w.Commit(ctx); err != nil {
+		return err
+	}
+	created(w.Created())
+	return nil
 }
 
 // Get copies the block's bytes (slot order: slot 0 K, slot 0 V, slot 1 K,

@@ -44,11 +44,12 @@ func TestPutGetDelete(t *testing.T) {
 				if tc.slots != nil {
 					popts = append(popts, client.WithSlots(tc.slots...))
 				}
-				if err := c.Put(ctx, "ns", hash, data, popts...); err != nil {
-					t.Fatal(err)
+				var created bool
+				if err := c.Put(ctx, "ns", hash, data, append(popts, client.WasCreated(&created))...); err != nil || !created {
+					t.Fatalf("Put: %v, created %v", err, created)
 				}
-				if err := c.Put(ctx, "ns", hash, pattern(tc.size, 99), popts...); err != nil {
-					t.Fatalf("second Put of the same key: %v", err)
+				if err := c.Put(ctx, "ns", hash, pattern(tc.size, 99), append(popts, client.WasCreated(&created))...); err != nil || created {
+					t.Fatalf("second Put of the same key: %v, created %v", err, created)
 				}
 				dst := make([]byte, tc.size+10)
 				got, err := c.Get(ctx, "ns", hash, dst)

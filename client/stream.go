@@ -16,7 +16,7 @@ import (
 
 func statusOf(err error) (*status.Status, bool) { return status.FromError(err) }
 
-func (c *Client) putStream(ctx context.Context, namespace string, hash, data []byte, opts []PutOption) error {
+func (c *Client) putStream(ctx context.Context, namespace string, hash, data []byte, opts []PutOption, created func(bool)) error {
 	slots, err := slotsFor(len(data), opts)
 	if err != nil {
 		return err
@@ -49,8 +49,12 @@ func (c *Client) putStream(ctx context.Context, namespace string, hash, data []b
 		}
 		rest = rest[n:]
 	}
-	_, err = stream.CloseAndRecv()
-	return fromStatus(err)
+	resp, err := stream.CloseAndRecv()
+	if err != nil {
+		return fromStatus(err)
+	}
+	created(resp.GetCreated())
+	return nil
 }
 
 func (c *Client) getStream(ctx context.Context, namespace string, hash []byte, w io.Writer) (*BlockInfo, error) {
