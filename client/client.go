@@ -222,15 +222,20 @@ func (c *Client) Get(ctx context.Context, namespace string, hash, dst []byte) (i
 	if err != nil {
 		return 0, err
 	}
-	defer r.Release()
 	n := r.Size()
 	if len(dst) < n {
+		_ = r.Release()
 		return n, fmt.Errorf("%w: %d bytes for a block of %d", ErrShortBuffer, len(dst), n)
 	}
 	off := 0
 	for _, s := range r.slots {
 		off += copy(dst[off:], s.K)
 		off += copy(dst[off:], s.V)
+	}
+	// A release that finds the lease ended means it expired during the
+	// copy: the memory may have been reused, so the bytes are not trusted.
+	if err := r.Release(); err != nil {
+		return 0, err
 	}
 	return off, nil
 }
@@ -249,17 +254,18 @@ func (c *Client) GetTo(ctx context.Context, namespace string, hash []byte, w io.
 		if err != nil {
 			return nil, err
 		}
-		defer r.Release()
 		info := &BlockInfo{Size: uint64(r.Size())}
 		for _, s := range r.slots {
 			info.Slots = append(info.Slots, SlotSize{K: uint64(len(s.K)), V: uint64(len(s.V))})
 			for _, seg := range [][]byte{s.K, s.V} {
 				if _, err := w.Write(seg); err != nil {
+					_ = r.Release()
 					return info, err
 				}
 			}
 		}
-		return info, nil
+		// As in Get: an ended lease means the bytes written may be torn.
+		return info, r.Release()
 	}
 	return c.getStream(ctx, namespace, hash, w)
 }
