@@ -234,7 +234,7 @@ func (c *Client) Get(ctx context.Context, namespace string, hash, dst []byte) (i
 	}
 	// A release that finds the lease ended means it expired during the
 	// copy: the memory may have been reused, so the bytes are not trusted.
-	if err := r.Release(); err != nil {
+	if err := r.release(ctx); err != nil {
 		return 0, err
 	}
 	return off, nil
@@ -265,7 +265,7 @@ func (c *Client) GetTo(ctx context.Context, namespace string, hash []byte, w io.
 			}
 		}
 		// As in Get: an ended lease means the bytes written may be torn.
-		return info, r.Release()
+		return info, r.release(ctx)
 	}
 	return c.getStream(ctx, namespace, hash, w)
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/pegaflow/pegad/api/localwire"
 )
@@ -44,7 +45,18 @@ func (w *Writer) Created() bool {
 
 // Abort gives the room back. After Commit or Abort it does nothing.
 func (w *Writer) Abort() error {
-	return finishBatch(context.Background(), w.d, localwire.OpAbort, writersIDs([]*Writer{w}))
+	ctx, cancel := cleanupContext()
+	defer cancel()
+	return finishBatch(ctx, w.d, localwire.OpAbort, writersIDs([]*Writer{w}))
+}
+
+// cleanupTimeout bounds the calls that take no context (Abort, Release):
+// a daemon that does not answer within it has the connection closed,
+// which ends the lease anyway.
+const cleanupTimeout = 10 * time.Second
+
+func cleanupContext() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), cleanupTimeout)
 }
 
 // Renew pushes the lease's deadline back by the lease timeout.
@@ -95,7 +107,13 @@ func (r *Reader) Size() int { return r.size }
 
 // Release unpins the block. After the first call it does nothing.
 func (r *Reader) Release() error {
-	return finishBatch(context.Background(), r.d, localwire.OpRelease, readersIDs([]*Reader{r}))
+	ctx, cancel := cleanupContext()
+	defer cancel()
+	return r.release(ctx)
+}
+
+func (r *Reader) release(ctx context.Context) error {
+	return finishBatch(ctx, r.d, localwire.OpRelease, readersIDs([]*Reader{r}))
 }
 
 // Renew pushes the lease's deadline back by the lease timeout.
@@ -438,5 +456,7 @@ func (c *Client) ReleaseBatch(rs []*Reader) error {
 	if c.data == nil {
 		return ErrNoZeroCopy
 	}
-	return finishBatch(context.Background(), c.data, localwire.OpRelease, readersIDs(rs))
+	ctx, cancel := cleanupContext()
+	defer cancel()
+	return finishBatch(ctx, c.data, localwire.OpRelease, readersIDs(rs))
 }

@@ -74,10 +74,12 @@ type Table[V any] struct {
 	timeout time.Duration // immutable
 	maxPer  int           // immutable
 	// end and now are immutable.
-	end      func(V, Reason)
-	now      func() time.Time
-	mu       sync.Mutex // guards every owner's leases, next and closed, the list, live and closed
-	head     entry[V]   // sentinel of the deadline list: head.next is the oldest
+	end func(V, Reason)
+	now func() time.Time
+	// mu guards every owner's leases, next and closed, and head (the
+	// deadline list), live and isClosed.
+	mu       sync.Mutex
+	head     entry[V] // sentinel of the deadline list: head.next is the oldest
 	live     int
 	isClosed bool
 }
