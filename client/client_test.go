@@ -374,3 +374,44 @@ func TestLeaseExpiry(t *testing.T) {
 		t.Fatalf("expired allocation indexed: %v", err)
 	}
 }
+
+// TestContext: a context already done fails the call and leaves the
+// connection usable; a context that ends while the daemon is busy breaks
+// the connection (its leases end) and later calls say so.
+func TestContext(t *testing.T) {
+	n := startNode(t, nil)
+	c := n.dial(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := c.Alloc(ctx, "ns", []byte("a"), 100); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Alloc with a cancelled context: %v", err)
+	}
+	if err := c.Put(context.Background(), "ns", []byte("a"), []byte("x")); err != nil {
+		t.Fatalf("Put after a cancelled call: %v", err)
+	}
+	r, err := c.Lease(context.Background(), "ns", []byte("a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A deadline that has passed by the time the answer is read: the
+	// connection is closed under the call.
+	dctx, dcancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+	defer dcancel()
+	if _, err := c.Lease(contextWithoutErr{dctx}, "ns", []byte("a")); !errors.Is(err, client.ErrUnavailable) {
+		t.Fatalf("Lease past its deadline: %v", err)
+	}
+	if _, err := c.Lease(context.Background(), "ns", []byte("a")); !errors.Is(err, client.ErrUnavailable) {
+		t.Fatalf("Lease on a broken connection: %v, want ErrUnavailable", err)
+	}
+	if err := r.Release(); !errors.Is(err, client.ErrUnavailable) {
+		t.Fatalf("Release on a broken connection: %v", err)
+	}
+	n.waitStats(t, "after the break", func(st *pegadv1.StatsResponse) bool { return st.GetPinnedBlocks() == 0 })
+}
+
+// contextWithoutErr shows only its context's deadline (no Done, no Err),
+// so that the call reaches the socket with a deadline already past.
+type contextWithoutErr struct{ context.Context }
+
+func (contextWithoutErr) Err() error            { return nil }
+func (contextWithoutErr) Done() <-chan struct{} { return nil }
