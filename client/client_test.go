@@ -415,3 +415,38 @@ type contextWithoutErr struct{ context.Context }
 
 func (contextWithoutErr) Err() error            { return nil }
 func (contextWithoutErr) Done() <-chan struct{} { return nil }
+
+func TestPrefetch(t *testing.T) {
+	a, b := startNode(t, nil), startNode(t, nil)
+	ca, cb := a.dial(t), b.dial(t)
+	ctx := context.Background()
+	data := pattern(1<<20, 7)
+	if err := ca.Put(ctx, "ns", []byte("p1"), data); err != nil {
+		t.Fatal(err)
+	}
+	res, err := cb.Prefetch(ctx, "ns", [][]byte{[]byte("p1"), []byte("nope")}, client.FromPeer(a.peer),
+		client.WithPrefetchTimeout(20*time.Second))
+	if err != nil {
+		t.Fatalf("Prefetch: %v (result %+v)", err, res)
+	}
+	want := []pegadv1.PrefetchBlockStatus{
+		pegadv1.PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_FETCHED,
+		pegadv1.PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_MISSING_ON_PEER,
+	}
+	if len(res.Blocks) != 2 || res.Blocks[0].Status != want[0] || res.Blocks[1].Status != want[1] || res.Bytes != 1<<20 {
+		t.Fatalf("result %+v, want statuses %v and %d bytes", res, want, 1<<20)
+	}
+	dst := make([]byte, 1<<20)
+	if n, err := cb.Get(ctx, "ns", []byte("p1"), dst); err != nil || n != len(data) || !bytes.Equal(dst, data) {
+		t.Fatalf("Get of the prefetched block: %d, %v", n, err)
+	}
+	// A block already here is not fetched again (the peer is not asked).
+	res, err = cb.Prefetch(ctx, "ns", [][]byte{[]byte("p1")}, client.FromPeer("127.0.0.1:1"))
+	if err != nil || res.Blocks[0].Status != pegadv1.PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_ALREADY_LOCAL {
+		t.Fatalf("Prefetch of a local block: %+v, %v", res, err)
+	}
+	if _, err := cb.Prefetch(ctx, "ns", [][]byte{[]byte("p2")}, client.FromPeer("127.0.0.1:1"),
+		client.WithPrefetchTimeout(5*time.Second)); !errors.Is(err, client.ErrUnavailable) {
+		t.Fatalf("Prefetch from a dead peer: %v, want ErrUnavailable", err)
+	}
+}

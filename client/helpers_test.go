@@ -2,6 +2,8 @@ package client_test
 
 import (
 	"context"
+	"fmt"
+	"sync/atomic"
 	"path/filepath"
 	"testing"
 	"time"
@@ -28,12 +30,16 @@ func TestMain(m *testing.M) {
 // node is an in-process pegad and an admin client of it.
 type node struct {
 	socket string
+	peer   string // the peer gRPC address
 	admin  pegadv1.AdminServiceClient
 }
 
+// nodeSeq names nodes apart (a holder tells requesters by node id).
+var nodeSeq atomic.Int64
+
 func startNode(t testing.TB, mutate func(*config.Config)) *node {
 	t.Helper()
-	c := testutil.LoopbackConfig("client-test", filepath.Join(testutil.ShortTempDir(t), "p.sock"))
+	c := testutil.LoopbackConfig(fmt.Sprintf("client-test-%d", nodeSeq.Add(1)), filepath.Join(testutil.ShortTempDir(t), "p.sock"))
 	c.MetricsListen = ""
 	if mutate != nil {
 		mutate(&c)
@@ -48,7 +54,7 @@ func startNode(t testing.TB, mutate func(*config.Config)) *node {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cc.Close() })
-	return &node{socket: d.SocketPath(), admin: pegadv1.NewAdminServiceClient(cc)}
+	return &node{socket: d.SocketPath(), peer: d.PeerAddr(), admin: pegadv1.NewAdminServiceClient(cc)}
 }
 
 func (n *node) dial(t testing.TB, opts ...client.Option) *client.Client {
