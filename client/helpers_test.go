@@ -3,8 +3,8 @@ package client_test
 import (
 	"context"
 	"fmt"
-	"sync/atomic"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
