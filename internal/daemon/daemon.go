@@ -345,6 +345,7 @@ func (d *Daemon) listen() error {
 	d.data = localdata.New(localdata.Options{
 		Store:        d.store,
 		LeaseTimeout: cfg.LockTimeout,
+		Metrics:      d.reg,
 		Log:          d.log.With().Str("component", "localdata").Logger(),
 	})
 	d.serve("data", func() error { return d.data.Serve(dataLis) })

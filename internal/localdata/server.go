@@ -20,11 +20,13 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
 
 	"github.com/pegaflow/pegad/api/localwire"
 	"github.com/pegaflow/pegad/internal/lease"
+	"github.com/pegaflow/pegad/internal/metrics"
 	"github.com/pegaflow/pegad/internal/store"
 )
 
@@ -49,7 +51,9 @@ type Options struct {
 	LeaseTimeout time.Duration
 	// MaxLeases per connection; 0: DefaultMaxLeases.
 	MaxLeases int
-	Log       zerolog.Logger
+	// Metrics registers the lease metrics; nil: none.
+	Metrics prometheus.Registerer
+	Log     zerolog.Logger
 }
 
 // held is what a lease holds: a write allocation (ext non-nil) or a pinned
@@ -65,8 +69,9 @@ func (h *held) write() bool { return h.ext != nil }
 
 // Server is the data socket's server. Safe for concurrent use.
 type Server struct {
-	store  *store.Store        // immutable
-	leases *lease.Table[*held] // immutable pointer
+	store  *store.Store         // immutable
+	leases *lease.Table[*held]  // immutable pointer
+	met    *metrics.LocalLeases // immutable; nil without Options.Metrics
 	log    zerolog.Logger
 
 	mu     sync.Mutex // guards lis, conns, closed
@@ -84,6 +89,9 @@ func New(o Options) *Server {
 	}
 	s := &Server{store: o.Store, log: o.Log, conns: make(map[net.Conn]struct{})}
 	s.leases = lease.New(o.LeaseTimeout, o.MaxLeases, s.end, nil)
+	if o.Metrics != nil {
+		s.met = metrics.NewLocalLeases(o.Metrics, func() float64 { return float64(s.leases.Len()) })
+	}
 	return s
 }
 
@@ -98,6 +106,9 @@ func (s *Server) end(h *held, why lease.Reason) {
 		s.store.ReleaseExtent(h.ext)
 	} else {
 		s.store.Unpin([]*store.Block{h.block})
+	}
+	if s.met != nil {
+		s.met.Ended.WithLabelValues(why.String()).Inc()
 	}
 	if why == lease.Expired {
 		s.log.Warn().Str("namespace", h.key.Namespace).Hex("hash", []byte(h.key.Hash)).Bool("write", h.write()).

@@ -4,12 +4,16 @@ import (
 	"bufio"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
@@ -17,7 +21,7 @@ import (
 	"github.com/pegaflow/pegad/api/localwire"
 	"github.com/pegaflow/pegad/internal/pool"
 	"github.com/pegaflow/pegad/internal/store"
-	"github.com/pegaflow/pegad/internal/testutil"
+	pegadtest "github.com/pegaflow/pegad/internal/testutil"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -26,6 +30,7 @@ type fixture struct {
 	st   *store.Store
 	srv  *Server
 	path string
+	reg  *prometheus.Registry
 }
 
 func newFixture(t *testing.T) *fixture {
@@ -35,8 +40,9 @@ func newFixture(t *testing.T) *fixture {
 		t.Fatal(err)
 	}
 	st := store.New(p, nil)
-	srv := New(Options{Store: st, LeaseTimeout: time.Minute, MaxLeases: 4, Log: zerolog.Nop()})
-	path := filepath.Join(testutil.ShortTempDir(t), "d.sock")
+	reg := prometheus.NewRegistry()
+	srv := New(Options{Store: st, LeaseTimeout: time.Minute, MaxLeases: 4, Metrics: reg, Log: zerolog.Nop()})
+	path := filepath.Join(pegadtest.ShortTempDir(t), "d.sock")
 	l, err := net.Listen("unix", path)
 	if err != nil {
 		t.Fatal(err)
@@ -50,7 +56,7 @@ func newFixture(t *testing.T) *fixture {
 		}
 		_ = p.Close()
 	})
-	return &fixture{st: st, srv: srv, path: path}
+	return &fixture{st: st, srv: srv, path: path, reg: reg}
 }
 
 // rawConn speaks the wire protocol by hand.
@@ -322,4 +328,38 @@ func TestServerCloseEndsLeases(t *testing.T) {
 		t.Fatalf("after Close: pool used %d, %d leases", f.st.Pool().Used(), f.srv.Leases().Len())
 	}
 	c.expectClosed()
+}
+
+// TestLeaseMetrics: the live gauge follows the table, and leases ended by a
+// disconnect are counted by reason.
+func TestLeaseMetrics(t *testing.T) {
+	f := newFixture(t)
+	c := f.dial(t, true)
+	_, res := c.call(localwire.OpAlloc, 2, append(allocBody("ns", "a", 64), allocBody("ns", "b", 64)...))
+	if res[0].Status != localwire.StatusOK || res[1].Status != localwire.StatusOK {
+		t.Fatalf("alloc: %+v", res)
+	}
+	if _, r := c.call(localwire.OpCommit, 1, ids(res[0].Lease)); r[0].Status != localwire.StatusOK {
+		t.Fatalf("commit: %+v", r[0])
+	}
+	const live = `
+# HELP pegaflow_local_leases Live leases of local clients on the data socket (write allocations and read pins).
+# TYPE pegaflow_local_leases gauge
+pegaflow_local_leases %d
+`
+	if err := testutil.GatherAndCompare(f.reg, strings.NewReader(fmt.Sprintf(live, 1)), "pegaflow_local_leases"); err != nil {
+		t.Fatal(err)
+	}
+	c.c.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for f.srv.Leases().Len() != 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := testutil.GatherAndCompare(f.reg, strings.NewReader(fmt.Sprintf(live, 0)+`
+# HELP pegaflow_local_lease_ends_total Local leases ended without their client finishing them, by reason (disconnected, expired, shutdown).
+# TYPE pegaflow_local_lease_ends_total counter
+pegaflow_local_lease_ends_total{reason="disconnected"} 1
+`), "pegaflow_local_leases", "pegaflow_local_lease_ends_total"); err != nil {
+		t.Fatal(err)
+	}
 }
