@@ -40,6 +40,14 @@ func SocketPath(apiSocket string) string { return apiSocket + SocketSuffix }
 // DefaultMaxLeases bounds the live leases of one connection.
 const DefaultMaxLeases = 1 << 16
 
+const (
+	// DefaultHelloTimeout bounds the wait for a new connection's HELLO.
+	DefaultHelloTimeout = 10 * time.Second
+	// keepBuffer: request and response buffers larger than this are
+	// dropped after use rather than kept for the connection's life.
+	keepBuffer = 1 << 20
+)
+
 // ErrClosed: Serve after Close.
 var ErrClosed = errors.New("localdata: server closed")
 
@@ -51,6 +59,9 @@ type Options struct {
 	LeaseTimeout time.Duration
 	// MaxLeases per connection; 0: DefaultMaxLeases.
 	MaxLeases int
+	// HelloTimeout bounds the wait for a new connection's HELLO; 0:
+	// DefaultHelloTimeout.
+	HelloTimeout time.Duration
 	// Metrics registers the lease metrics; nil: none.
 	Metrics prometheus.Registerer
 	Log     zerolog.Logger
@@ -72,6 +83,7 @@ type Server struct {
 	store  *store.Store         // immutable
 	leases *lease.Table[*held]  // immutable pointer
 	met    *metrics.LocalLeases // immutable; nil without Options.Metrics
+	hello  time.Duration        // immutable
 	log    zerolog.Logger
 
 	mu     sync.Mutex // guards lis, conns, closed
@@ -87,7 +99,10 @@ func New(o Options) *Server {
 	if o.MaxLeases <= 0 {
 		o.MaxLeases = DefaultMaxLeases
 	}
-	s := &Server{store: o.Store, log: o.Log, conns: make(map[net.Conn]struct{})}
+	if o.HelloTimeout <= 0 {
+		o.HelloTimeout = DefaultHelloTimeout
+	}
+	s := &Server{store: o.Store, log: o.Log, hello: o.HelloTimeout, conns: make(map[net.Conn]struct{})}
 	s.leases = lease.New(o.LeaseTimeout, o.MaxLeases, s.end, nil)
 	if o.Metrics != nil {
 		s.met = metrics.NewLocalLeases(o.Metrics, func() float64 { return float64(s.leases.Len()) })
@@ -205,10 +220,14 @@ func (s *Server) handle(c *net.UnixConn) {
 			cn.log.Info().Int("leases", n).Msg("Local client went away; ended its leases")
 		}
 	}()
+	// A client gets HelloTimeout to say hello; after that, a connection may
+	// idle as long as it likes (its leases still expire).
+	_ = c.SetReadDeadline(time.Now().Add(s.hello))
 	if err := cn.hello(); err != nil {
 		cn.log.Debug().Err(err).Msg("Local data handshake failed")
 		return
 	}
+	_ = c.SetReadDeadline(time.Time{})
 	for {
 		h, err := cn.read()
 		if err != nil {
@@ -226,6 +245,13 @@ func (s *Server) handle(c *net.UnixConn) {
 			}
 			cn.log.Debug().Err(err).Stringer("op", h.Op).Msg("Local data request refused; closing")
 			return
+		}
+		// A big batch's buffers are not kept for the connection's life.
+		if cap(cn.body) > keepBuffer {
+			cn.body = nil
+		}
+		if cap(cn.out) > keepBuffer {
+			cn.out = nil
 		}
 	}
 }

@@ -41,7 +41,8 @@ func newFixture(t *testing.T) *fixture {
 	}
 	st := store.New(p, nil)
 	reg := prometheus.NewRegistry()
-	srv := New(Options{Store: st, LeaseTimeout: time.Minute, MaxLeases: 4, Metrics: reg, Log: zerolog.Nop()})
+	srv := New(Options{Store: st, LeaseTimeout: time.Minute, MaxLeases: 4, HelloTimeout: 200 * time.Millisecond,
+		Metrics: reg, Log: zerolog.Nop()})
 	path := filepath.Join(pegadtest.ShortTempDir(t), "d.sock")
 	l, err := net.Listen("unix", path)
 	if err != nil {
@@ -361,5 +362,18 @@ pegaflow_local_leases %d
 pegaflow_local_lease_ends_total{reason="disconnected"} 1
 `), "pegaflow_local_leases", "pegaflow_local_lease_ends_total"); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestHelloTimeout: a connection that never says hello is closed; one that
+// did may then stay idle past the hello timeout.
+func TestHelloTimeout(t *testing.T) {
+	f := newFixture(t)
+	silent := f.dial(t, false)
+	idle := f.dial(t, true)
+	silent.expectClosed()
+	time.Sleep(300 * time.Millisecond)
+	if _, r := idle.call(localwire.OpAlloc, 1, allocBody("ns", "late", 64)); r[0].Status != localwire.StatusOK {
+		t.Fatalf("alloc after idling: %+v", r[0])
 	}
 }
