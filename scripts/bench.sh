@@ -38,6 +38,17 @@ PAIRS=(
 	"local PutBlock 4MiB vs raw unix stream|./bench|BenchmarkLocalPutGetVsUnix|put-MB/s|unix-MB/s|higher"
 	"local GetBlock 4MiB vs raw unix stream|./bench|BenchmarkLocalPutGetVsUnix|get-MB/s|unix-MB/s|higher"
 	"ExpireBefore 10 of 100k live vs of 1k live|./bench|BenchmarkExpireScaling|live100k-ns/op|live1k-ns/op|~1"
+	"query+release 16 blocks, 1 requester vs echo|./bench|BenchmarkControlPlane/blocks=16/requesters=1|lock-ns/op|echo-ns/op|lower"
+	"query+release 16 blocks, 64 requesters vs echo|./bench|BenchmarkControlPlane/blocks=16/requesters=64|lock-ns/op|echo-ns/op|lower"
+	"query+release 150 blocks, 1 requester vs echo|./bench|BenchmarkControlPlane/blocks=150/requesters=1|lock-ns/op|echo-ns/op|lower"
+	"query+release 150 blocks, 64 requesters vs echo|./bench|BenchmarkControlPlane/blocks=150/requesters=64|lock-ns/op|echo-ns/op|lower"
+	"sweeper tick, 1M live, expires none vs 1k live|./bench|BenchmarkSessionsAtScale|tick1m-ns/op|tick1k-ns/op|~1"
+	"query+release p99 with 1ms sweeper vs none (1M)|./bench|BenchmarkSessionsAtScale|p99sweep-ns/op|p99idle-ns/op|~1"
+	"heap per live session vs bare map entry (1M)|./bench|BenchmarkSessionsAtScale|session-B/op|mapentry-B/op|lower"
+	"client.Put 4MiB vs memcpy in|./bench|BenchmarkClientPutGetVsMemcpy|put-MB/s|memcpyin-MB/s|higher"
+	"client.Get 4MiB vs memcpy out|./bench|BenchmarkClientPutGetVsMemcpy|get-MB/s|memcpyout-MB/s|higher"
+	"AllocBatch+CommitBatch per block vs echo|./bench|BenchmarkClientBatchLeases|alloccommit-ns/op|echo-ns/op|lower"
+	"LeaseBatch+ReleaseBatch per block vs echo|./bench|BenchmarkClientBatchLeases|leaserelease-ns/op|echo-ns/op|lower"
 )
 
 # One go test run per package, selecting the pairs' top-level benchmarks.

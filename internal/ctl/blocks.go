@@ -46,11 +46,3 @@ func slotsOf(ss []*pegadv1.SlotSize) []slotJSON {
 	}
 	return out
 }
-
-func totalBytes(slots []slotJSON) uint64 {
-	var n uint64
-	for _, s := range slots {
-		n += s.KSize + s.VSize
-	}
-	return n
-}

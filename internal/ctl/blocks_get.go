@@ -2,7 +2,6 @@ package ctl
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -10,7 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+	pegaclient "github.com/pegaflow/pegad/client"
 )
 
 // NewBlocksGetCommand writes one block's bytes to a file or stdout.
@@ -31,14 +30,13 @@ func NewBlocksGetCommand(g *globalFlags) *cobra.Command {
 			if out == "" {
 				return usageErrorf("--out is required ('-' for stdout)")
 			}
-			var info *pegadv1.BlockInfo
-			var n uint64
-			err = g.withClient(cmd.Context(), func(ctx context.Context, c *client) error {
+			var info *pegaclient.BlockInfo
+			err = g.withBlockClient(cmd.Context(), func(ctx context.Context, c *pegaclient.Client) error {
 				if out == "-" {
-					info, n, err = getBlock(ctx, c, ref.namespace, hash, cmd.OutOrStdout())
+					info, err = c.GetTo(ctx, ref.namespace, hash, cmd.OutOrStdout())
 					return err
 				}
-				info, n, err = getBlockToFile(ctx, c, ref.namespace, hash, out)
+				info, err = getBlockToFile(ctx, c, ref.namespace, hash, out)
 				return err
 			})
 			if err != nil {
@@ -51,8 +49,8 @@ func NewBlocksGetCommand(g *globalFlags) *cobra.Command {
 			return g.printer(cmd.OutOrStdout()).print(&getResult{
 				Namespace: ref.namespace,
 				Hash:      hexOf(hash),
-				Bytes:     n,
-				Slots:     slotsOf(info.GetSlots()),
+				Bytes:     info.Size,
+				Slots:     slotJSONs(info.Slots),
 				Out:       out,
 			})
 		},
@@ -65,10 +63,10 @@ func NewBlocksGetCommand(g *globalFlags) *cobra.Command {
 // getBlockToFile writes into a temporary file beside path and renames it
 // into place only when the whole block arrived: a failed get leaves no
 // partial file behind.
-func getBlockToFile(ctx context.Context, c *client, ns string, hash []byte, path string) (*pegadv1.BlockInfo, uint64, error) {
+func getBlockToFile(ctx context.Context, c *pegaclient.Client, ns string, hash []byte, path string) (*pegaclient.BlockInfo, error) {
 	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".pegactl-*")
 	if err != nil {
-		return nil, 0, fmt.Errorf("output file: %w", err)
+		return nil, fmt.Errorf("output file: %w", err)
 	}
 	done := false
 	defer func() {
@@ -77,69 +75,26 @@ func getBlockToFile(ctx context.Context, c *client, ns string, hash []byte, path
 			os.Remove(tmp.Name())
 		}
 	}()
-	info, n, err := getBlock(ctx, c, ns, hash, tmp)
+	info, err := c.GetTo(ctx, ns, hash, tmp)
 	if err != nil {
-		return nil, 0, err
+		return nil, err
 	}
 	if err := tmp.Close(); err != nil {
-		return nil, 0, fmt.Errorf("output file: %w", err)
+		return nil, fmt.Errorf("output file: %w", err)
 	}
 	if err := os.Rename(tmp.Name(), path); err != nil {
-		return nil, 0, fmt.Errorf("output file: %w", err)
+		return nil, fmt.Errorf("output file: %w", err)
 	}
 	done = true
-	return info, n, nil
+	return info, nil
 }
 
-// getBlock streams a block into w and checks that exactly the announced
-// number of bytes arrived.
-func getBlock(ctx context.Context, c *client, ns string, hash []byte, w io.Writer) (*pegadv1.BlockInfo, uint64, error) {
-	stream, err := c.local.GetBlock(ctx, &pegadv1.GetBlockRequest{Namespace: ns, Hash: hash})
-	if err != nil {
-		return nil, 0, err
+func slotJSONs(ss []pegaclient.SlotSize) []slotJSON {
+	out := make([]slotJSON, 0, len(ss))
+	for _, s := range ss {
+		out = append(out, slotJSON{KSize: s.K, VSize: s.V})
 	}
-	var (
-		info *pegadv1.BlockInfo
-		want uint64
-		got  uint64
-	)
-	for {
-		msg, err := stream.Recv()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			return nil, 0, err
-		}
-		switch m := msg.GetMsg().(type) {
-		case *pegadv1.GetBlockResponse_Header:
-			if info != nil {
-				return nil, 0, fmt.Errorf("protocol error: second header from pegad")
-			}
-			info = m.Header
-			want = totalBytes(slotsOf(info.GetSlots()))
-		case *pegadv1.GetBlockResponse_Data:
-			if info == nil {
-				return nil, 0, fmt.Errorf("protocol error: data before header from pegad")
-			}
-			got += uint64(len(m.Data))
-			if got > want {
-				return nil, 0, fmt.Errorf("protocol error: pegad sent more than the block's %d bytes", want)
-			}
-			if _, err := w.Write(m.Data); err != nil {
-				return nil, 0, fmt.Errorf("write output: %w", err)
-			}
-		default:
-			return nil, 0, fmt.Errorf("protocol error: empty message from pegad")
-		}
-	}
-	if info == nil {
-		return nil, 0, fmt.Errorf("protocol error: no header from pegad")
-	}
-	if got != want {
-		return nil, 0, fmt.Errorf("block truncated: got %d of %d bytes", got, want)
-	}
-	return info, got, nil
+	return out
 }
 
 type getResult struct {

@@ -2,7 +2,6 @@ package ctl
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -10,11 +9,8 @@ import (
 	"github.com/spf13/cobra"
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+	pegaclient "github.com/pegaflow/pegad/client"
 )
-
-// chunkSize is the data carried by one PutBlock message; the local API
-// accepts at most 1 MiB per message.
-const chunkSize = 1 << 20
 
 // NewBlocksPutCommand stores one block from files, one segment per file.
 func NewBlocksPutCommand(g *globalFlags) *cobra.Command {
@@ -36,10 +32,13 @@ func NewBlocksPutCommand(g *globalFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			var res *pegadv1.PutBlockResponse
-			err = g.withClient(cmd.Context(), func(ctx context.Context, c *client) error {
-				res, err = putBlock(ctx, c, &pegadv1.PutBlockHeader{Namespace: ref.namespace, Hash: hash, Slots: slots}, segs)
+			data, err := readSegments(segs)
+			if err != nil {
 				return err
+			}
+			var created bool
+			err = g.withBlockClient(cmd.Context(), func(ctx context.Context, c *pegaclient.Client) error {
+				return c.Put(ctx, ref.namespace, hash, data, pegaclient.WithSlots(clientSlots(slots)...), pegaclient.WasCreated(&created))
 			})
 			if err != nil {
 				return err
@@ -47,8 +46,8 @@ func NewBlocksPutCommand(g *globalFlags) *cobra.Command {
 			return g.printer(cmd.OutOrStdout()).print(&putResult{
 				Namespace: ref.namespace,
 				Hash:      hexOf(hash),
-				Bytes:     res.GetBytes(),
-				Created:   res.GetCreated(),
+				Bytes:     uint64(len(data)),
+				Created:   created,
 				Slots:     slotsOf(slots),
 			})
 		},
@@ -100,60 +99,43 @@ func planSegments(files []string, kv bool) ([]segment, []*pegadv1.SlotSize, erro
 	return segs, slots, nil
 }
 
-// putBlock streams the header then every segment in ≤1 MiB chunks.
-func putBlock(ctx context.Context, c *client, hdr *pegadv1.PutBlockHeader, segs []segment) (*pegadv1.PutBlockResponse, error) {
-	stream, err := c.local.PutBlock(ctx)
-	if err != nil {
-		return nil, err
-	}
-	send := func(req *pegadv1.PutBlockRequest) error {
-		if err := stream.Send(req); err != nil {
-			if errors.Is(err, io.EOF) {
-				// The server ended the stream early; its status says why.
-				_, err = stream.CloseAndRecv()
-			}
-			return err
-		}
-		return nil
-	}
-	if err := send(&pegadv1.PutBlockRequest{Msg: &pegadv1.PutBlockRequest_Header{Header: hdr}}); err != nil {
-		return nil, err
-	}
-	buf := make([]byte, chunkSize)
+// readSegments reads exactly each segment's size from its file, in slot
+// order, into one buffer: a file that changed size since it was measured
+// is an error, not a silently different block.
+func readSegments(segs []segment) ([]byte, error) {
+	var total int64
 	for _, s := range segs {
-		if err := sendFile(s, buf, func(chunk []byte) error {
-			return send(&pegadv1.PutBlockRequest{Msg: &pegadv1.PutBlockRequest_Data{Data: chunk}})
-		}); err != nil {
+		total += s.size
+	}
+	data := make([]byte, total)
+	off := int64(0)
+	for _, s := range segs {
+		if err := readFile(s, data[off:off+s.size]); err != nil {
 			return nil, err
 		}
+		off += s.size
 	}
-	return stream.CloseAndRecv()
+	return data, nil
 }
 
-// sendFile sends exactly s.size bytes of s.path; a file that changed size
-// since it was measured is an error, not a silently different block.
-func sendFile(s segment, buf []byte, send func([]byte) error) error {
+func readFile(s segment, dst []byte) error {
 	f, err := os.Open(s.path)
 	if err != nil {
 		return fmt.Errorf("segment file: %w", err)
 	}
 	defer f.Close()
-	var sent int64
-	for sent < s.size {
-		n := int64(len(buf))
-		if left := s.size - sent; left < n {
-			n = left
-		}
-		if _, err := io.ReadFull(f, buf[:n]); err != nil {
-			return fmt.Errorf("segment file %s: shrank while reading (%d of %d bytes): %w", s.path, sent, s.size, err)
-		}
-		// Send serializes the message before it returns: buf is reusable.
-		if err := send(buf[:n]); err != nil {
-			return err
-		}
-		sent += n
+	if n, err := io.ReadFull(f, dst); err != nil {
+		return fmt.Errorf("segment file %s: shrank while reading (%d of %d bytes): %w", s.path, n, s.size, err)
 	}
 	return nil
+}
+
+func clientSlots(slots []*pegadv1.SlotSize) []pegaclient.SlotSize {
+	out := make([]pegaclient.SlotSize, len(slots))
+	for i, s := range slots {
+		out[i] = pegaclient.SlotSize{K: s.GetKSize(), V: s.GetVSize()}
+	}
+	return out
 }
 
 type putResult struct {

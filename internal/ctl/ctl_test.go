@@ -117,7 +117,7 @@ func TestBlocksPutGetRoundTrip(t *testing.T) {
 			if maxChunk > 1<<20 { // the local API's limit, not our constant
 				t.Errorf("largest data message %d bytes, want <= 1 MiB", maxChunk)
 			}
-			minChunks := (len(want) + chunkSize - 1) / chunkSize
+			minChunks := (len(want) + (1 << 20) - 1) / (1 << 20)
 			if chunks < minChunks {
 				t.Errorf("%d data messages, want >= %d", chunks, minChunks)
 			}

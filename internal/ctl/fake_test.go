@@ -225,7 +225,7 @@ func (f *fakeDaemon) GetBlock(req *pegadv1.GetBlockRequest, stream pegadv1.Local
 		return err
 	}
 	for len(data) > 0 {
-		n := min(len(data), chunkSize)
+		n := min(len(data), 1<<20)
 		if err := stream.Send(&pegadv1.GetBlockResponse{Msg: &pegadv1.GetBlockResponse_Data{Data: data[:n]}}); err != nil {
 			return err
 		}

@@ -38,6 +38,7 @@ import (
 	"github.com/pegaflow/pegad/internal/holder"
 	"github.com/pegaflow/pegad/internal/ibv/tcp"
 	"github.com/pegaflow/pegad/internal/localapi"
+	"github.com/pegaflow/pegad/internal/localdata"
 	"github.com/pegaflow/pegad/internal/logging"
 	"github.com/pegaflow/pegad/internal/metrics"
 	"github.com/pegaflow/pegad/internal/peer"
@@ -105,6 +106,7 @@ type Daemon struct {
 	local  *localapi.Local // its Wait: no handler touches pool memory any more
 
 	peerSrv, localSrv       *grpc.Server
+	data                    *localdata.Server // the zero-copy data socket beside the local one
 	peerHealth, localHealth *health.Server
 	httpSrv                 *http.Server
 	peerAddr, metricsAddr   string
@@ -242,6 +244,11 @@ func Start(ctx context.Context, cfg config.Config, opts ...Option) (d *Daemon, e
 	if err := d.listen(); err != nil {
 		return d, err
 	}
+	d.wg.Add(1)
+	go func() { // local lease sweeper; stops with d.cancel
+		defer d.wg.Done()
+		gc.Run(bg, cfg.GCInterval, d.data.Leases(), nil)
+	}()
 
 	d.ready = true
 	d.serving.Store(true)
@@ -330,6 +337,19 @@ func (d *Daemon) listen() error {
 	reflection.Register(d.localSrv)
 	srvMetrics.InitializeMetrics(d.localSrv)
 	d.serve("local", func() error { return d.localSrv.Serve(localLis) })
+
+	// Data socket: the pool's memfd and zero-copy leases for local clients.
+	dataLis, err := listenUnix(localdata.SocketPath(cfg.Socket))
+	if err != nil {
+		return err
+	}
+	d.data = localdata.New(localdata.Options{
+		Store:        d.store,
+		LeaseTimeout: cfg.LockTimeout,
+		Metrics:      d.reg,
+		Log:          d.log.With().Str("component", "localdata").Logger(),
+	})
+	d.serve("data", func() error { return d.data.Serve(dataLis) })
 
 	// Metrics.
 	if cfg.MetricsListen != "" {
@@ -433,6 +453,10 @@ func (d *Daemon) shutdown() error {
 		cancel()
 	}
 	stopWG.Wait()
+	if d.data != nil {
+		// Ends every local lease: nothing may hold pool memory past here.
+		_ = d.data.Close()
+	}
 	if d.cancel != nil {
 		d.cancel()
 	}

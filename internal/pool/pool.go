@@ -1,6 +1,9 @@
-// Package pool owns pegad's pinned host-memory region: one mmap'd, populated
-// and (where RLIMIT_MEMLOCK allows) mlock'ed region, and an allocator of
-// variable-size ranges inside it. Every allocation records its NUMA node.
+// Package pool owns pegad's pinned host-memory region: one memfd, mapped
+// MAP_SHARED, populated and (where RLIMIT_MEMLOCK allows) mlock'ed, and an
+// allocator of variable-size ranges inside it. Every allocation records its
+// NUMA node. The memfd (FD) is what local clients map to read and write
+// blocks in place; handing it to them is the local data socket's job, not
+// the pool's.
 //
 // The pool never knows what its bytes mean (blocks, staging); it must never
 // hand the same byte to two live allocations, and never free twice.
@@ -69,9 +72,11 @@ type Pool struct {
 	locked bool
 	numa   int
 
-	mu sync.Mutex // guards mem (nil after Close), free, live, used
+	mu sync.Mutex // guards mem (nil after Close), fd, free, live, used
 	// mem is the mapped region; nil once closed.
 	mem []byte
+	// fd is the memfd behind mem; -1 once closed.
+	fd int
 	// free holds the disjoint, non-adjacent free ranges sorted by offset.
 	free []span
 	// live maps the offset of every live allocation to its length: the
@@ -97,12 +102,12 @@ func New(opts Options) (*Pool, error) {
 	if size < opts.Size || size > uint64(^uint(0)>>1) {
 		return nil, fmt.Errorf("%w: size %d too large", ErrInvalid, opts.Size)
 	}
-	mem, err := unix.Mmap(-1, 0, int(size), unix.PROT_READ|unix.PROT_WRITE,
-		unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_POPULATE)
+	fd, mem, err := mapMemfd(size)
 	if err != nil {
-		return nil, fmt.Errorf("pool: mmap %d bytes: %w", size, err)
+		return nil, err
 	}
 	p := &Pool{
+		fd:   fd,
 		base: uint64(uintptr(unsafe.Pointer(&mem[0]))),
 		size: size,
 		mem:  mem,
@@ -125,12 +130,40 @@ func New(opts Options) (*Pool, error) {
 				"LimitMEMLOCK=infinity in the systemd unit, or `ulimit -l unlimited` in the shell")
 		default:
 			_ = unix.Munmap(mem)
+			_ = unix.Close(fd)
 			return nil, fmt.Errorf("pool: mlock %d bytes: %w", size, err)
 		}
 	}
 	p.numa = numaOfMem(p.base)
 	opts.Log.Info().Uint64("pool_bytes", size).Bool("locked", p.locked).Int("numa", p.numa).Msg("pool mapped")
 	return p, nil
+}
+
+// mapMemfd creates a memfd of size bytes and maps it shared and populated.
+// Shared, so that a local client mapping the same fd sees the same pages.
+func mapMemfd(size uint64) (fd int, mem []byte, err error) {
+	fd, err = unix.MemfdCreate("pegad-pool", unix.MFD_CLOEXEC)
+	if err != nil {
+		return -1, nil, fmt.Errorf("pool: memfd_create: %w", err)
+	}
+	if err := unix.Ftruncate(fd, int64(size)); err != nil {
+		_ = unix.Close(fd)
+		return -1, nil, fmt.Errorf("pool: size memfd to %d bytes: %w", size, err)
+	}
+	mem, err = unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
+	if err != nil {
+		_ = unix.Close(fd)
+		return -1, nil, fmt.Errorf("pool: mmap %d bytes: %w", size, err)
+	}
+	return fd, mem, nil
+}
+
+// FD is the memfd backing the region, for handing to local clients
+// (SCM_RIGHTS duplicates it). Valid until Close; -1 after.
+func (p *Pool) FD() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.fd
 }
 
 // get_mempolicy flags (linux/mempolicy.h).
@@ -290,8 +323,14 @@ func (p *Pool) Close() error {
 	}
 	mem := p.mem
 	p.mem = nil
+	fd := p.fd
+	p.fd = -1
+	var errs []error
 	if err := unix.Munmap(mem); err != nil {
-		return fmt.Errorf("pool: munmap: %w", err)
+		errs = append(errs, fmt.Errorf("pool: munmap: %w", err))
 	}
-	return nil
+	if err := unix.Close(fd); err != nil {
+		errs = append(errs, fmt.Errorf("pool: close memfd: %w", err))
+	}
+	return errors.Join(errs...)
 }

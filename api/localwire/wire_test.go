@@ -1,0 +1,176 @@
+package localwire
+
+import (
+	"bytes"
+	"errors"
+	"reflect"
+	"testing"
+)
+
+func TestRoundTrip(t *testing.T) {
+	items := []AllocItem{
+		{Key: Key{Namespace: "ns", Hash: []byte{1, 2}}, Slots: []SlotSize{{K: 10, V: 5}, {K: 7}}},
+		{Key: Key{Namespace: "other", Hash: []byte("h")}, Slots: []SlotSize{{K: 1 << 40}}},
+	}
+	var b []byte
+	for _, it := range items {
+		b = AppendAllocItem(b, it)
+	}
+	got, err := DecodeAllocItems(b, len(items))
+	if err != nil || !reflect.DeepEqual(got, items) {
+		t.Fatalf("alloc items %+v, %v", got, err)
+	}
+	keys, err := DecodeKeys(AppendKeyItem(AppendKeyItem(nil, items[0].Key), items[1].Key), 2)
+	if err != nil || !reflect.DeepEqual(keys, []Key{items[0].Key, items[1].Key}) {
+		t.Fatalf("keys %+v, %v", keys, err)
+	}
+	tests := []struct {
+		op  Op
+		res []Result
+	}{
+		{OpAlloc, []Result{{Lease: 7, Seg: Segment{64, 100}}, {Status: StatusPoolFull, Msg: "no room"}}},
+		{OpCommit, []Result{{Created: true}, {}, {Status: StatusNoLease, Msg: "gone"}}},
+		{OpLease, []Result{{Lease: 3, Slots: []SlotPlace{{K: Segment{0, 8}, V: Segment{8, 8}}}}, {Status: StatusNotFound, Msg: "x"}}},
+		{OpRelease, []Result{{}, {Status: StatusNoLease, Msg: "y"}}},
+	}
+	for _, tc := range tests {
+		var b []byte
+		for i := range tc.res {
+			if tc.res[i].Status == StatusOK {
+				b = AppendResult(b, tc.op, &tc.res[i])
+			} else {
+				b = AppendError(b, tc.res[i].Status, tc.res[i].Msg)
+			}
+		}
+		got, err := DecodeResults(tc.op, b, len(tc.res))
+		if err != nil {
+			t.Fatalf("%v: %v", tc.op, err)
+		}
+		for i := range got {
+			if got[i].Slots == nil && tc.res[i].Slots != nil || !reflect.DeepEqual(got[i], tc.res[i]) {
+				t.Fatalf("%v result %d: %+v, want %+v", tc.op, i, got[i], tc.res[i])
+			}
+		}
+	}
+}
+
+func TestParseHeaderRejects(t *testing.T) {
+	tests := []struct {
+		name string
+		b    []byte
+	}{
+		{"short", make([]byte, HeaderLen-1)},
+		{"length below the header", Begin(nil, OpAlloc, 0, 0, 0)}, // length 0, not finished
+		{"too many items", func() []byte { b, _ := Finish(Begin(nil, OpAlloc, 0, MaxBatch+1, 0)); return b }()},
+		{"length over MaxFrame", []byte{0xff, 0xff, 0xff, 0x7f, 2, 0, 0, 0, 0, 0, 0, 0}},
+	}
+	for _, tc := range tests {
+		if _, err := ParseHeader(tc.b); !errors.Is(err, ErrMalformed) {
+			t.Errorf("%s: %v, want ErrMalformed", tc.name, err)
+		}
+	}
+}
+
+// The fuzz targets feed untrusted bytes to every decoder the daemon and the
+// client run on what comes off the socket: none may panic, and what decodes
+// must encode back to the same bytes.
+
+func FuzzParseHeader(f *testing.F) {
+	b, _ := Finish(Begin(nil, OpLease, 0, 3, 9))
+	f.Add(b)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		h, err := ParseHeader(b)
+		if err != nil {
+			return
+		}
+		if h.BodyLen() < 0 || h.BodyLen() > MaxFrame || h.Count > MaxBatch {
+			t.Fatalf("accepted %+v", h)
+		}
+		re := Begin(nil, h.Op, h.Status, int(h.Count), h.Seq)
+		re = append(re, make([]byte, h.BodyLen())...)
+		re, err = Finish(re)
+		if err != nil || !bytes.Equal(re[:HeaderLen], b[:HeaderLen]) {
+			t.Fatalf("header %x re-encodes as %x (%v)", b[:HeaderLen], re[:HeaderLen], err)
+		}
+	})
+}
+
+func FuzzDecodeRequests(f *testing.F) {
+	f.Add(uint8(OpAlloc), uint16(1), AppendAllocItem(nil, AllocItem{Key: Key{"ns", []byte{1}}, Slots: []SlotSize{{1, 2}}}))
+	f.Add(uint8(OpLease), uint16(1), AppendKeyItem(nil, Key{"ns", []byte{1}}))
+	f.Add(uint8(OpRelease), uint16(2), AppendID(AppendID(nil, 1), 2))
+	f.Add(uint8(OpHello), uint16(0), AppendHello(nil, Hello{Version}))
+	f.Fuzz(func(t *testing.T, op uint8, count uint16, body []byte) {
+		n := int(count % (MaxBatch + 1))
+		var re []byte
+		switch Op(op) {
+		case OpAlloc:
+			items, err := DecodeAllocItems(body, n)
+			if err != nil {
+				return
+			}
+			for _, it := range items {
+				if len(it.Slots) > MaxSlots || len(it.Namespace) > MaxNamespace || len(it.Hash) > MaxHash {
+					t.Fatalf("accepted %+v", it)
+				}
+				re = AppendAllocItem(re, it)
+			}
+		case OpLease:
+			keys, err := DecodeKeys(body, n)
+			if err != nil {
+				return
+			}
+			for _, k := range keys {
+				re = AppendKeyItem(re, k)
+			}
+		case OpHello:
+			h, err := DecodeHello(body)
+			if err != nil {
+				return
+			}
+			re = AppendHello(nil, h)
+		default:
+			ids, err := DecodeIDs(body, n)
+			if err != nil {
+				return
+			}
+			for _, id := range ids {
+				re = AppendID(re, id)
+			}
+		}
+		if !bytes.Equal(re, body) {
+			t.Fatalf("op %d: %x re-encodes as %x", op, body, re)
+		}
+	})
+}
+
+func FuzzDecodeResults(f *testing.F) {
+	f.Add(uint8(OpAlloc), uint16(1), AppendResult(nil, OpAlloc, &Result{Lease: 1, Seg: Segment{2, 3}}))
+	f.Add(uint8(OpLease), uint16(1), AppendResult(nil, OpLease, &Result{Lease: 1, Slots: []SlotPlace{{K: Segment{0, 1}}}}))
+	f.Add(uint8(OpCommit), uint16(2), AppendError(AppendResult(nil, OpCommit, &Result{Created: true}), StatusNoLease, "gone"))
+	f.Add(uint8(OpHello), uint16(0), AppendHelloReply(nil, HelloReply{Version, 1 << 20, 1000}))
+	f.Fuzz(func(t *testing.T, op uint8, count uint16, body []byte) {
+		n := int(count % (MaxBatch + 1))
+		if Op(op) == OpHello {
+			if h, err := DecodeHelloReply(body); err == nil && !bytes.Equal(AppendHelloReply(nil, h), body) {
+				t.Fatalf("hello reply %x re-encodes differently", body)
+			}
+			return
+		}
+		res, err := DecodeResults(Op(op), body, n)
+		if err != nil {
+			return
+		}
+		var re []byte
+		for i := range res {
+			if res[i].Status == StatusOK {
+				re = AppendResult(re, Op(op), &res[i])
+			} else {
+				re = AppendError(re, res[i].Status, res[i].Msg)
+			}
+		}
+		if !bytes.Equal(re, body) {
+			t.Fatalf("op %d: %x re-encodes as %x", op, body, re)
+		}
+	})
+}

@@ -1,0 +1,354 @@
+// Package client is the Go client of a local pegad: the one package an
+// inference engine imports to put, get, delete and prefetch KV-cache
+// blocks.
+//
+// Put and Get copy once (into or out of the daemon's pool); Alloc and Lease
+// copy nothing: the pool is a memfd the client maps (received over the data
+// socket, docs/local-protocol.md), Alloc hands out room in it to write in
+// place, Lease pins a stored block to read in place. Delete and Prefetch go
+// over the local gRPC API.
+//
+// It depends only on pegad's api/ packages, gRPC and the standard library
+// (golang.org/x/sys for mmap): it must never import pegad's internal
+// packages, so that it builds on its own in an engine's tree.
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/pegaflow/pegad/api/localwire"
+	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+)
+
+// DataSocketSuffix names the data socket next to the local API socket.
+const DataSocketSuffix = ".data"
+
+// streamChunk is the data of one PutBlock message (the daemon's limit).
+const streamChunk = 1 << 20
+
+// Option configures Dial.
+type Option func(*options)
+
+type options struct {
+	dataSocket string
+	conn       grpc.ClientConnInterface
+	fallback   bool
+}
+
+// WithDataSocket sets the data socket's path (default: socket + ".data").
+func WithDataSocket(path string) Option { return func(o *options) { o.dataSocket = path } }
+
+// WithConn makes the client use cc for the gRPC calls instead of dialling
+// the socket itself (Close then leaves cc open).
+func WithConn(cc grpc.ClientConnInterface) Option { return func(o *options) { o.conn = cc } }
+
+// AllowStreamFallback lets Dial succeed without the data socket (an older
+// daemon, or a socket forwarded from another host): Put and Get then stream
+// over gRPC (several copies), and Alloc and Lease return ErrNoZeroCopy.
+func AllowStreamFallback() Option { return func(o *options) { o.fallback = true } }
+
+// Client talks to one local pegad. Safe for concurrent use; zero-copy
+// calls on one client are serialized on its data connection (dial one
+// client per thread for parallel calls).
+type Client struct {
+	local pegadv1.LocalServiceClient
+	cc    *grpc.ClientConn // nil with WithConn
+	data  *dataConn        // nil without the data socket (fallback)
+}
+
+// Dial connects to the daemon whose local API listens on socket, and to
+// its data socket next to it.
+func Dial(ctx context.Context, socket string, opts ...Option) (*Client, error) {
+	o := options{dataSocket: socket + DataSocketSuffix}
+	for _, f := range opts {
+		f(&o)
+	}
+	c := &Client{}
+	data, err := dialData(ctx, o.dataSocket)
+	switch {
+	case err == nil:
+		c.data = data
+	case o.fallback && errors.Is(err, ErrUnavailable):
+	default:
+		return nil, err
+	}
+	cc := o.conn
+	if cc == nil {
+		conn, err := grpc.NewClient("passthrough:///pegad",
+			grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+				var d net.Dialer
+				return d.DialContext(ctx, "unix", socket)
+			}),
+		)
+		if err != nil {
+			if c.data != nil {
+				_ = c.data.close()
+			}
+			return nil, fmt.Errorf("pegad client for %s: %w", socket, err)
+		}
+		c.cc, cc = conn, conn
+	}
+	c.local = pegadv1.NewLocalServiceClient(cc)
+	return c, nil
+}
+
+// ZeroCopy reports whether Alloc and Lease are available (the data socket
+// is connected).
+func (c *Client) ZeroCopy() bool { return c.data != nil }
+
+// LeaseTimeout is how long a lease lives without Renew (0 without the data
+// socket).
+func (c *Client) LeaseTimeout() time.Duration {
+	if c.data == nil {
+		return 0
+	}
+	return c.data.leaseTimeout
+}
+
+// Close closes the connections; the daemon ends every lease still held,
+// and every slice from Writer.Bytes or Reader.Bytes becomes invalid.
+func (c *Client) Close() error {
+	var errs []error
+	if c.data != nil {
+		errs = append(errs, c.data.close())
+	}
+	if c.cc != nil {
+		errs = append(errs, c.cc.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// SlotSize is the shape of one slot (one tensor-parallel rank) of a block:
+// a K segment and an optional V segment (V 0: none).
+type SlotSize struct{ K, V uint64 }
+
+// PutOption configures Put and Alloc.
+type PutOption func(*putOptions)
+
+type putOptions struct {
+	slots   []SlotSize
+	created *bool
+}
+
+// WasCreated makes Put report in *p whether it stored the block (false:
+// a block was already stored under the key and was kept).
+func WasCreated(p *bool) PutOption { return func(o *putOptions) { o.created = p } }
+
+// WithSlots gives the block's slot layout; its sizes must add up to the
+// block's size. Default: one slot, all K.
+func WithSlots(slots ...SlotSize) PutOption {
+	return func(o *putOptions) { o.slots = append([]SlotSize(nil), slots...) }
+}
+
+func putOpts(opts []PutOption) putOptions {
+	var o putOptions
+	for _, f := range opts {
+		f(&o)
+	}
+	return o
+}
+
+func slotsFor(size int, opts []PutOption) ([]SlotSize, error) {
+	o := putOpts(opts)
+	if size <= 0 {
+		return nil, fmt.Errorf("%w: block of %d bytes", ErrInvalid, size)
+	}
+	if o.slots == nil {
+		return []SlotSize{{K: uint64(size)}}, nil
+	}
+	var total uint64
+	for _, s := range o.slots {
+		total += s.K + s.V
+	}
+	if total != uint64(size) {
+		return nil, fmt.Errorf("%w: slots add up to %d bytes, the block is %d", ErrInvalid, total, size)
+	}
+	return o.slots, nil
+}
+
+// Put stores data as the block (namespace, hash): one copy, into the pool.
+// A block already stored under that key is kept and Put returns nil.
+func (c *Client) Put(ctx context.Context, namespace string, hash, data []byte, opts ...PutOption) error {
+	o := putOpts(opts)
+	created := func(v bool) {
+		if o.created != nil {
+			*o.created = v
+		}
+	}
+	created(false)
+	if c.data == nil {
+		return c.putStream(ctx, namespace, hash, data, opts, created)
+	}
+	w, err := c.Alloc(ctx, namespace, hash, len(data), opts...)
+	if errors.Is(err, ErrExists) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	copy(w.Bytes(), data)
+	if err := w.Commit(ctx); err != nil {
+		return err
+	}
+	created(w.Created())
+	return nil
+}
+
+// Get copies the block's bytes (slot order: slot 0 K, slot 0 V, slot 1 K,
+// ...) into dst and returns their number; with a dst too short it copies
+// nothing and returns the size needed and ErrShortBuffer.
+func (c *Client) Get(ctx context.Context, namespace string, hash, dst []byte) (int, error) {
+	if c.data == nil {
+		info, err := c.GetTo(ctx, namespace, hash, &fixedWriter{buf: dst})
+		if info != nil && errors.Is(err, ErrShortBuffer) {
+			return int(info.Size), err
+		}
+		if err != nil {
+			return 0, err
+		}
+		return int(info.Size), nil
+	}
+	r, err := c.Lease(ctx, namespace, hash)
+	if err != nil {
+		return 0, err
+	}
+	n := r.Size()
+	if len(dst) < n {
+		_ = r.Release()
+		return n, fmt.Errorf("%w: %d bytes for a block of %d", ErrShortBuffer, len(dst), n)
+	}
+	off := 0
+	for _, s := range r.slots {
+		off += copy(dst[off:], s.K)
+		off += copy(dst[off:], s.V)
+	}
+	// A release that finds the lease ended means it expired during the
+	// copy: the memory may have been reused, so the bytes are not trusted.
+	if err := r.release(ctx); err != nil {
+		return 0, err
+	}
+	return off, nil
+}
+
+// BlockInfo describes a block read with GetTo.
+type BlockInfo struct {
+	Slots []SlotSize
+	Size  uint64
+}
+
+// GetTo writes the block's bytes (slot order) to w, leased in place when the
+// data socket is there, streamed over gRPC otherwise.
+func (c *Client) GetTo(ctx context.Context, namespace string, hash []byte, w io.Writer) (*BlockInfo, error) {
+	if c.data != nil {
+		r, err := c.Lease(ctx, namespace, hash)
+		if err != nil {
+			return nil, err
+		}
+		info := &BlockInfo{Size: uint64(r.Size())}
+		for _, s := range r.slots {
+			info.Slots = append(info.Slots, SlotSize{K: uint64(len(s.K)), V: uint64(len(s.V))})
+			for _, seg := range [][]byte{s.K, s.V} {
+				if _, err := w.Write(seg); err != nil {
+					_ = r.Release()
+					return info, err
+				}
+			}
+		}
+		// As in Get: an ended lease means the bytes written may be torn.
+		return info, r.release(ctx)
+	}
+	return c.getStream(ctx, namespace, hash, w)
+}
+
+// Delete removes the block from the index (a pinned block's memory stays
+// until its last lease ends).
+func (c *Client) Delete(ctx context.Context, namespace string, hash []byte) error {
+	_, err := c.local.DeleteBlock(ctx, &pegadv1.DeleteBlockRequest{Namespace: namespace, Hash: hash})
+	return fromStatus(err)
+}
+
+// PrefetchOption configures Prefetch.
+type PrefetchOption func(*pegadv1.PrefetchRequest)
+
+// FromPeer names the peer daemon (its gRPC host:port) to fetch from.
+// Required until pegad has a cluster index to find blocks by itself.
+func FromPeer(addr string) PrefetchOption {
+	return func(r *pegadv1.PrefetchRequest) { r.Peer = addr }
+}
+
+// WithPrefetchTimeout bounds the fetch on the daemon's side.
+func WithPrefetchTimeout(d time.Duration) PrefetchOption {
+	return func(r *pegadv1.PrefetchRequest) { r.Timeout = durationpb.New(d) }
+}
+
+// PrefetchStatus is the outcome of one block of a Prefetch.
+type PrefetchStatus = pegadv1.PrefetchBlockStatus
+
+// PrefetchBlock is one block's outcome.
+type PrefetchBlock struct {
+	Hash   []byte
+	Status PrefetchStatus
+	Err    string
+}
+
+// PrefetchResult is what a Prefetch did.
+type PrefetchResult struct {
+	Blocks    []PrefetchBlock
+	Bytes     uint64
+	Duration  time.Duration
+	SessionID string
+}
+
+// Prefetch asks the daemon to fetch blocks from a peer into its pool. On a
+// failed prefetch the result (when the daemon sent one) says which blocks
+// failed and how, beside the error.
+func (c *Client) Prefetch(ctx context.Context, namespace string, hashes [][]byte, opts ...PrefetchOption) (*PrefetchResult, error) {
+	req := &pegadv1.PrefetchRequest{Namespace: namespace, Hashes: hashes}
+	for _, f := range opts {
+		f(req)
+	}
+	if req.Peer == "" {
+		return nil, fmt.Errorf("%w: prefetch needs FromPeer(addr)", ErrInvalid)
+	}
+	resp, err := c.local.Prefetch(ctx, req)
+	if err != nil {
+		var res *PrefetchResult
+		if st, ok := statusOf(err); ok {
+			for _, d := range st.Details() {
+				if pr, ok := d.(*pegadv1.PrefetchResponse); ok {
+					res = prefetchResult(pr)
+				}
+			}
+		}
+		return res, fromStatus(err)
+	}
+	return prefetchResult(resp), nil
+}
+
+func prefetchResult(pr *pegadv1.PrefetchResponse) *PrefetchResult {
+	res := &PrefetchResult{Bytes: pr.GetBytes(), Duration: pr.GetDuration().AsDuration(), SessionID: pr.GetSessionId()}
+	for _, b := range pr.GetBlocks() {
+		res.Blocks = append(res.Blocks, PrefetchBlock{Hash: b.GetHash(), Status: b.GetStatus(), Err: b.GetError()})
+	}
+	return res
+}
+
+// keyItem is a wire key, checked only for what the wire can carry (the
+// daemon checks the rest).
+func keyItem(namespace string, hash []byte) (localwire.Key, error) {
+	if len(namespace) > localwire.MaxNamespace || len(hash) > localwire.MaxHash {
+		return localwire.Key{}, fmt.Errorf("%w: namespace of %d or hash of %d bytes (max %d, %d)",
+			ErrInvalid, len(namespace), len(hash), localwire.MaxNamespace, localwire.MaxHash)
+	}
+	return localwire.Key{Namespace: namespace, Hash: hash}, nil
+}

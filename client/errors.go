@@ -1,0 +1,101 @@
+package client
+
+import (
+	"errors"
+	"fmt"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/pegaflow/pegad/api/localwire"
+)
+
+// Errors a caller branches on with errors.Is. Errors from gRPC calls also
+// keep their status (status.Code still works on them).
+var (
+	ErrNotFound    = errors.New("pegad: block not found")
+	ErrPoolFull    = errors.New("pegad: pool full")
+	ErrInvalid     = errors.New("pegad: invalid request")
+	ErrExists      = errors.New("pegad: block already stored")
+	ErrLeaseEnded  = errors.New("pegad: lease ended (released, expired, or its connection closed)")
+	ErrLimit       = errors.New("pegad: limit reached")
+	ErrUnavailable = errors.New("pegad: daemon unavailable")
+	ErrClosed      = errors.New("pegad: client closed")
+	ErrProtocol    = errors.New("pegad: protocol error")
+	ErrInternal    = errors.New("pegad: internal error")
+	// ErrShortBuffer: Get's dst is smaller than the block (the returned
+	// count is the size needed).
+	ErrShortBuffer = errors.New("pegad: buffer shorter than the block")
+	// ErrNoZeroCopy: Alloc or Lease on a client without the data socket
+	// (dialled with AllowStreamFallback against a daemon that has none).
+	ErrNoZeroCopy = errors.New("pegad: no data socket: zero-copy calls unavailable")
+	// ErrAborted: a block changed or a stream ended early.
+	ErrAborted = errors.New("pegad: aborted")
+)
+
+// fromWire turns a failed item of the data socket into an error.
+func fromWire(op localwire.Op, st localwire.Status, msg string) error {
+	var sentinel error
+	switch st {
+	case localwire.StatusNotFound:
+		sentinel = ErrNotFound
+	case localwire.StatusPoolFull:
+		sentinel = ErrPoolFull
+	case localwire.StatusInvalid:
+		sentinel = ErrInvalid
+	case localwire.StatusExists:
+		sentinel = ErrExists
+	case localwire.StatusNoLease:
+		sentinel = ErrLeaseEnded
+	case localwire.StatusLimit:
+		sentinel = ErrLimit
+	case localwire.StatusClosed:
+		sentinel = ErrUnavailable
+	default:
+		sentinel = ErrInternal
+	}
+	if msg == "" {
+		return fmt.Errorf("%v: %w", op, sentinel)
+	}
+	return fmt.Errorf("%v: %w: %s", op, sentinel, msg)
+}
+
+// fromStatus turns a gRPC error into one that also matches the typed
+// errors above; nil stays nil.
+func fromStatus(err error) error {
+	if err == nil {
+		return nil
+	}
+	s, ok := status.FromError(err)
+	if !ok {
+		return err
+	}
+	var sentinel error
+	switch s.Code() {
+	case codes.NotFound:
+		sentinel = ErrNotFound
+	case codes.ResourceExhausted:
+		sentinel = ErrPoolFull
+	case codes.InvalidArgument:
+		sentinel = ErrInvalid
+	case codes.Unavailable:
+		sentinel = ErrUnavailable
+	case codes.Aborted:
+		sentinel = ErrAborted
+	case codes.Internal:
+		sentinel = ErrInternal
+	default:
+		return err
+	}
+	return &statusError{sentinel: sentinel, err: err}
+}
+
+// statusError matches both its sentinel and the gRPC status.
+type statusError struct {
+	sentinel error
+	err      error
+}
+
+func (e *statusError) Error() string              { return e.err.Error() }
+func (e *statusError) Unwrap() []error            { return []error{e.sentinel, e.err} }
+func (e *statusError) GRPCStatus() *status.Status { return status.Convert(e.err) }

@@ -1,0 +1,390 @@
+// Package localdata serves pegad's local data socket (<socket>.data, see
+// docs/local-protocol.md): it hands the pool's memfd to a local client with
+// SCM_RIGHTS, and gives out write leases (Alloc: room in the pool the client
+// writes in place, then Commit indexes it or Abort returns it) and read
+// leases (Lease: a pinned block the client reads in place, until Release).
+//
+// It owns the connections and their leases (in an internal/lease table: a
+// connection that closes ends its leases at once; the gc sweeper expires the
+// rest). It must never index or pin anything except through the store, nor
+// give one connection a lease id that another can use: ids are per
+// connection.
+package localdata
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+	"golang.org/x/sys/unix"
+
+	"github.com/pegaflow/pegad/api/localwire"
+	"github.com/pegaflow/pegad/internal/lease"
+	"github.com/pegaflow/pegad/internal/metrics"
+	"github.com/pegaflow/pegad/internal/store"
+)
+
+// SocketSuffix is appended to the local API's --socket to name the data
+// socket next to it.
+const SocketSuffix = ".data"
+
+// SocketPath is the data socket that goes with the local API socket.
+func SocketPath(apiSocket string) string { return apiSocket + SocketSuffix }
+
+// DefaultMaxLeases bounds the live leases of one connection.
+const DefaultMaxLeases = 1 << 16
+
+const (
+	// DefaultHelloTimeout bounds the wait for a new connection's HELLO.
+	DefaultHelloTimeout = 10 * time.Second
+	// keepBuffer: request and response buffers larger than this are
+	// dropped after use rather than kept for the connection's life.
+	keepBuffer = 1 << 20
+)
+
+// ErrClosed: Serve after Close.
+var ErrClosed = errors.New("localdata: server closed")
+
+// Options configure New.
+type Options struct {
+	Store *store.Store
+	// LeaseTimeout is how long a lease lives without Renew (the daemon uses
+	// its lock-timeout, as for peer sessions).
+	LeaseTimeout time.Duration
+	// MaxLeases per connection; 0: DefaultMaxLeases.
+	MaxLeases int
+	// HelloTimeout bounds the wait for a new connection's HELLO; 0:
+	// DefaultHelloTimeout.
+	HelloTimeout time.Duration
+	// Metrics registers the lease metrics; nil: none.
+	Metrics prometheus.Registerer
+	Log     zerolog.Logger
+}
+
+// held is what a lease holds: a write allocation (ext non-nil) or a pinned
+// block. Immutable.
+type held struct {
+	key    store.Key
+	ext    *store.Extent
+	layout []store.SlotLayout
+	block  *store.Block
+}
+
+func (h *held) write() bool { return h.ext != nil }
+
+// Server is the data socket's server. Safe for concurrent use.
+type Server struct {
+	store  *store.Store         // immutable
+	leases *lease.Table[*held]  // immutable pointer
+	met    *metrics.LocalLeases // immutable; nil without Options.Metrics
+	hello  time.Duration        // immutable
+	log    zerolog.Logger
+
+	mu     sync.Mutex // guards lis, conns, closed
+	lis    net.Listener
+	conns  map[net.Conn]struct{}
+	closed bool
+
+	wg sync.WaitGroup // connection handlers
+}
+
+// New returns a server over o.Store's pool.
+func New(o Options) *Server {
+	if o.MaxLeases <= 0 {
+		o.MaxLeases = DefaultMaxLeases
+	}
+	if o.HelloTimeout <= 0 {
+		o.HelloTimeout = DefaultHelloTimeout
+	}
+	s := &Server{store: o.Store, log: o.Log, hello: o.HelloTimeout, conns: make(map[net.Conn]struct{})}
+	s.leases = lease.New(o.LeaseTimeout, o.MaxLeases, s.end, nil)
+	if o.Metrics != nil {
+		s.met = metrics.NewLocalLeases(o.Metrics, func() float64 { return float64(s.leases.Len()) })
+	}
+	return s
+}
+
+// Leases is the lease table, for the gc sweeper (it is a gc.Expirer) and
+// for tests.
+func (s *Server) Leases() *lease.Table[*held] { return s.leases }
+
+// end gives back what a lease held when it ends without Commit, Abort or
+// Release (disconnect, expiry, shutdown).
+func (s *Server) end(h *held, why lease.Reason) {
+	if h.write() {
+		s.store.ReleaseExtent(h.ext)
+	} else {
+		s.store.Unpin([]*store.Block{h.block})
+	}
+	if s.met != nil {
+		s.met.Ended.WithLabelValues(why.String()).Inc()
+	}
+	if why == lease.Expired {
+		s.log.Warn().Str("namespace", h.key.Namespace).Hex("hash", []byte(h.key.Hash)).Bool("write", h.write()).
+			Stringer("timeout", s.leases.Timeout()).Msg("Local lease expired; its client neither finished nor renewed it")
+	}
+}
+
+// Serve accepts connections on l until Close; it returns nil after Close.
+func (s *Server) Serve(l net.Listener) error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		l.Close()
+		return ErrClosed
+	}
+	s.lis = l
+	s.mu.Unlock()
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			s.mu.Lock()
+			closed := s.closed
+			s.mu.Unlock()
+			if closed {
+				return nil
+			}
+			return fmt.Errorf("localdata: accept: %w", err)
+		}
+		uc, ok := c.(*net.UnixConn)
+		if !ok {
+			c.Close()
+			continue
+		}
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			c.Close()
+			return nil
+		}
+		s.conns[c] = struct{}{}
+		s.wg.Add(1)
+		s.mu.Unlock()
+		go func() {
+			defer s.wg.Done()
+			s.handle(uc)
+			s.mu.Lock()
+			delete(s.conns, c)
+			s.mu.Unlock()
+		}()
+	}
+}
+
+// Close stops accepting, closes every connection (ending its leases), waits
+// for the handlers and ends any lease left. Idempotent.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	if s.lis != nil {
+		s.lis.Close()
+	}
+	for c := range s.conns {
+		c.Close()
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+	if n := s.leases.Close(); n > 0 {
+		s.log.Info().Int("leases", n).Msg("Ended local leases at shutdown")
+	}
+	return nil
+}
+
+// conn is one client connection. Only its handler goroutine touches it.
+type conn struct {
+	s     *Server
+	c     *net.UnixConn
+	r     *bufio.Reader
+	owner *lease.Owner[*held]
+	log   zerolog.Logger
+	hdr   [localwire.HeaderLen]byte
+	body  []byte
+	out   []byte
+}
+
+func (s *Server) handle(c *net.UnixConn) {
+	cn := &conn{s: s, c: c, r: bufio.NewReaderSize(c, 64<<10), owner: s.leases.NewOwner(),
+		log: s.log.With().Str("remote", peerOf(c)).Logger()}
+	defer func() {
+		c.Close()
+		if n := cn.owner.Close(); n > 0 {
+			cn.log.Info().Int("leases", n).Msg("Local client went away; ended its leases")
+		}
+	}()
+	// A client gets HelloTimeout to say hello; after that, a connection may
+	// idle as long as it likes (its leases still expire).
+	_ = c.SetReadDeadline(time.Now().Add(s.hello))
+	if err := cn.hello(); err != nil {
+		cn.log.Debug().Err(err).Msg("Local data handshake failed")
+		return
+	}
+	_ = c.SetReadDeadline(time.Time{})
+	for {
+		h, err := cn.read()
+		if err != nil {
+			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+				cn.log.Debug().Err(err).Msg("Local data connection closed")
+			}
+			if errors.Is(err, localwire.ErrMalformed) {
+				cn.refuse(h, err)
+			}
+			return
+		}
+		if err := cn.serve(h); err != nil {
+			if errors.Is(err, localwire.ErrMalformed) {
+				cn.refuse(h, err)
+			}
+			cn.log.Debug().Err(err).Stringer("op", h.Op).Msg("Local data request refused; closing")
+			return
+		}
+		// A big batch's buffers are not kept for the connection's life.
+		if cap(cn.body) > keepBuffer {
+			cn.body = nil
+		}
+		if cap(cn.out) > keepBuffer {
+			cn.out = nil
+		}
+	}
+}
+
+// peerOf is the client's SO_PEERCRED for logs.
+func peerOf(c *net.UnixConn) string {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return ""
+	}
+	var cred *unix.Ucred
+	_ = raw.Control(func(fd uintptr) { cred, _ = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) })
+	if cred == nil {
+		return ""
+	}
+	return fmt.Sprintf("pid=%d uid=%d", cred.Pid, cred.Uid)
+}
+
+// read reads one frame; the body stays valid until the next read.
+func (cn *conn) read() (localwire.Header, error) {
+	if _, err := io.ReadFull(cn.r, cn.hdr[:]); err != nil {
+		return localwire.Header{}, err
+	}
+	h, err := localwire.ParseHeader(cn.hdr[:])
+	if err != nil {
+		return h, err
+	}
+	n := h.BodyLen()
+	if cap(cn.body) < n {
+		cn.body = make([]byte, n)
+	}
+	cn.body = cn.body[:n]
+	if _, err := io.ReadFull(cn.r, cn.body); err != nil {
+		return h, err
+	}
+	return h, nil
+}
+
+// refuse answers a frame that cannot be served with a frame-level status
+// and a message; the connection closes after it.
+func (cn *conn) refuse(h localwire.Header, err error) {
+	b := localwire.Begin(cn.out, h.Op, localwire.StatusInvalid, 0, h.Seq)
+	msg := err.Error()
+	if len(msg) > localwire.MaxMessage {
+		msg = msg[:localwire.MaxMessage]
+	}
+	if b, err := localwire.Finish(append(b, msg...)); err == nil {
+		_ = cn.c.SetWriteDeadline(time.Now().Add(time.Second))
+		_, _ = cn.c.Write(b)
+	}
+}
+
+// hello answers the client's HELLO with the pool's size, the lease timeout
+// and the memfd.
+func (cn *conn) hello() error {
+	h, err := cn.read()
+	if err != nil {
+		return err
+	}
+	if h.Op != localwire.OpHello {
+		err := fmt.Errorf("%w: first frame is %v, want hello", localwire.ErrMalformed, h.Op)
+		cn.refuse(h, err)
+		return err
+	}
+	hello, err := localwire.DecodeHello(cn.body)
+	if err == nil && hello.Version != localwire.Version {
+		err = fmt.Errorf("%w: protocol version %d, this daemon speaks %d", localwire.ErrMalformed, hello.Version, localwire.Version)
+	}
+	if err != nil {
+		cn.refuse(h, err)
+		return err
+	}
+	p := cn.s.store.Pool()
+	fd := p.FD()
+	if fd < 0 {
+		err := errors.New("pool closed")
+		cn.refuse(h, err)
+		return err
+	}
+	b := localwire.Begin(cn.out, localwire.OpHello, localwire.StatusOK, 0, h.Seq)
+	b = localwire.AppendHelloReply(b, localwire.HelloReply{
+		Version: localwire.Version, PoolSize: p.Size(), LeaseTimeout: uint64(cn.s.leases.Timeout().Milliseconds()),
+	})
+	b, err = localwire.Finish(b)
+	if err != nil {
+		return err
+	}
+	if _, _, err := cn.c.WriteMsgUnix(b, unix.UnixRights(fd), nil); err != nil {
+		return fmt.Errorf("send memfd: %w", err)
+	}
+	cn.out = b
+	cn.log.Debug().Msg("Local data client connected")
+	return nil
+}
+
+// serve answers one request frame. An error closes the connection.
+func (cn *conn) serve(h localwire.Header) error {
+	if h.Status != localwire.StatusOK {
+		return fmt.Errorf("%w: request with status %v", localwire.ErrMalformed, h.Status)
+	}
+	count := int(h.Count)
+	b := localwire.Begin(cn.out, h.Op, localwire.StatusOK, count, h.Seq)
+	switch h.Op {
+	case localwire.OpAlloc:
+		items, err := localwire.DecodeAllocItems(cn.body, count)
+		if err != nil {
+			return err
+		}
+		b = cn.alloc(b, items)
+	case localwire.OpLease:
+		keys, err := localwire.DecodeKeys(cn.body, count)
+		if err != nil {
+			return err
+		}
+		b = cn.lease(b, keys)
+	case localwire.OpCommit, localwire.OpAbort, localwire.OpRelease, localwire.OpRenew:
+		ids, err := localwire.DecodeIDs(cn.body, count)
+		if err != nil {
+			return err
+		}
+		for _, id := range ids {
+			b = cn.finish(b, h.Op, lease.ID(id))
+		}
+	default:
+		return fmt.Errorf("%w: unknown op %v", localwire.ErrMalformed, h.Op)
+	}
+	b, err := localwire.Finish(b)
+	if err != nil {
+		return err
+	}
+	cn.out = b
+	if _, err := cn.c.Write(b); err != nil {
+		return fmt.Errorf("write response: %w", err)
+	}
+	return nil
+}
