@@ -76,6 +76,8 @@ type Config struct {
 	QPsPerPeer int `mapstructure:"qps-per-peer"`
 	// TCPDataListen is where the tcp provider's devices listen for READs.
 	// Port 0: each device gets an ephemeral port; port P: device i uses P+i.
+	// Empty: --listen's host (a wildcard included) with ephemeral ports, so
+	// tcp works across hosts given only --listen and --advertise.
 	TCPDataListen string `mapstructure:"tcp-data-listen"`
 	// TCPQPNStart is the first QPN each tcp device allocates.
 	TCPQPNStart uint32 `mapstructure:"tcp-qpn-start"`
@@ -115,7 +117,7 @@ func Default() Config {
 		Transport:       TransportAuto,
 		NICs:            "1",
 		QPsPerPeer:      2,
-		TCPDataListen:   "127.0.0.1:0",
+		TCPDataListen:   "",
 		TCPQPNStart:     0x100,
 		LockTimeout:     120 * time.Second,
 		GCInterval:      time.Second,
@@ -168,7 +170,7 @@ func RegisterFlags(fs *pflag.FlagSet, d Config) {
 	fs.String("transport", d.Transport, "data transport: auto|verbs|tcp (auto: verbs when devices exist, else tcp)")
 	fs.String("nics", d.NICs, "tcp: number of software NICs; verbs: a count or a comma list of device names")
 	fs.Int("qps-per-peer", d.QPsPerPeer, "RC queue pairs per peer per NIC")
-	fs.String("tcp-data-listen", d.TCPDataListen, "tcp transport: data listener address (port 0: ephemeral; port P: NIC i uses P+i)")
+	fs.String("tcp-data-listen", d.TCPDataListen, "tcp transport: data listener address (port 0: ephemeral; port P: NIC i uses P+i; default: --listen's host, ephemeral ports, advertised with --advertise's host)")
 	fs.String("tcp-qpn-start", "0x"+strconv.FormatUint(uint64(d.TCPQPNStart), 16), "tcp transport: first QPN allocated per device")
 	fs.Duration("lock-timeout", d.LockTimeout, "transfer lock (session) timeout")
 	fs.Duration("lock-max-lifetime", d.LockMaxLifetime, "longest a session may live across renewals (0: 10 x lock-timeout)")
@@ -385,8 +387,10 @@ func (c *Config) Validate() error {
 	if c.QPsPerPeer < 1 || c.QPsPerPeer > MaxQPsPerPeer {
 		bad("qps-per-peer", "%d is outside 1..%d", c.QPsPerPeer, MaxQPsPerPeer)
 	}
-	if err := checkHostPort(c.TCPDataListen, true); err != nil {
-		bad("tcp-data-listen", "%v", err)
+	if c.TCPDataListen != "" {
+		if err := checkHostPort(c.TCPDataListen, true); err != nil {
+			bad("tcp-data-listen", "%v", err)
+		}
 	}
 	if c.TCPQPNStart < 1 || c.TCPQPNStart > MaxQPN/2 {
 		bad("tcp-qpn-start", "%#x is outside 0x1..%#x", c.TCPQPNStart, MaxQPN/2)

@@ -188,7 +188,7 @@ func Start(ctx context.Context, cfg config.Config, opts ...Option) (d *Daemon, e
 		return d, err
 	}
 	d.log.Info().Str("transport", d.tr.name).Str("reason", d.tr.reason).Int("nics", len(d.tr.devices)).
-		Msg("Transport selected")
+		Strs("data_addrs", d.tr.dataAddrs).Msg("Transport selected")
 
 	d.peers = peer.NewClients()
 	d.conns, err = conn.NewManager(conn.Options{
