@@ -176,6 +176,7 @@ func Start(ctx context.Context, cfg config.Config, opts ...Option) (d *Daemon, e
 
 	d.reg = prometheus.NewRegistry()
 	d.metrics = metrics.New(d.reg, true)
+	d.metrics.SetBuildInfo(version.Version, version.CommitOrVCS(), version.GoVersion())
 
 	d.pool, err = pool.New(pool.Options{Size: uint64(cfg.PoolSize), Lock: true, Log: d.log})
 	if err != nil {
@@ -189,6 +190,7 @@ func Start(ctx context.Context, cfg config.Config, opts ...Option) (d *Daemon, e
 	}
 	d.log.Info().Str("transport", d.tr.name).Str("reason", d.tr.reason).Int("nics", len(d.tr.devices)).
 		Strs("data_addrs", d.tr.dataAddrs).Msg("Transport selected")
+	d.metrics.SetTransport(d.tr.name, d.tr.reasonCode)
 
 	d.peers = peer.NewClients()
 	d.conns, err = conn.NewManager(conn.Options{

@@ -13,6 +13,7 @@ import (
 	"github.com/pegaflow/pegad/internal/ibv"
 	"github.com/pegaflow/pegad/internal/ibv/tcp"
 	"github.com/pegaflow/pegad/internal/ibv/verbs"
+	"github.com/pegaflow/pegad/internal/metrics"
 )
 
 // ErrVerbsUnavailable: --transport verbs was asked for on a host where it
@@ -24,6 +25,7 @@ var ErrVerbsUnavailable = errors.New("transport verbs requested but unavailable"
 type transport struct {
 	name           string
 	reason         string // why this transport (logged once at start)
+	reasonCode     string // metrics.Transport{Requested,Auto,Fallback}: pegad_transport_info's reason
 	verbsAvailable bool
 	devices        []ibv.Device
 	dataAddrs      []string // tcp: each device's advertised data address, in NIC order
@@ -61,26 +63,35 @@ func openTransport(cfg *config.Config, log zerolog.Logger) (*transport, error) {
 		return nil, fmt.Errorf("nics: %w", err)
 	}
 	avail, why := verbsProbe()
+	var t *transport
+	code := metrics.TransportRequested
 	switch cfg.Transport {
 	case config.TransportTCP:
-		return openTCP(cfg, count, names, "requested", avail, log)
+		t, err = openTCP(cfg, count, names, "requested", avail, log)
 	case config.TransportVerbs:
 		if !avail {
 			return nil, fmt.Errorf("%w: %s", ErrVerbsUnavailable, why)
 		}
-		return openVerbs(count, names, "requested ("+why+")")
+		t, err = openVerbs(count, names, "requested ("+why+")")
 	default: // auto
 		if !avail {
-			return openTCP(cfg, count, names, strings.TrimPrefix(why, "verbs unavailable: "), avail, log)
+			code = metrics.TransportFallback
+			t, err = openTCP(cfg, count, names, strings.TrimPrefix(why, "verbs unavailable: "), avail, log)
+			break
 		}
-		t, err := openVerbs(count, names, "auto: "+why)
+		code = metrics.TransportAuto
+		t, err = openVerbs(count, names, "auto: "+why)
 		if err != nil {
 			// Devices exist but cannot be opened as configured: say so, do
 			// not silently fall back to tcp on a host meant for RDMA.
 			return nil, fmt.Errorf("transport auto found verbs devices (%s) but could not open them: %w", why, err)
 		}
-		return t, nil
 	}
+	if err != nil {
+		return nil, err
+	}
+	t.reasonCode = code
+	return t, nil
 }
 
 // ErrLoopbackAdvertise: the node would hand peers a loopback address

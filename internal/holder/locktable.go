@@ -53,6 +53,19 @@ const (
 	EndShutdown                           // ReleaseAll at daemon shutdown
 )
 
+// outcome is r as the outcome label of metrics.SessionEnds.
+func (r EndReason) outcome() string {
+	switch r {
+	case EndReleased:
+		return metrics.OutcomeReleased
+	case EndExpired:
+		return metrics.OutcomeExpired
+	case EndReclaimed:
+		return metrics.OutcomeReclaimed
+	}
+	return metrics.OutcomeForced // force-release and shutdown: the holder ended it
+}
+
 func (r EndReason) String() string {
 	switch r {
 	case EndReleased:
@@ -199,6 +212,7 @@ func newLockTable(opts Options) *LockTable {
 		maxNodes:    opts.MaxRequesters,
 		scanAt:      opts.MaxRequesters,
 	}
+	t.m.SetOldestSessionAge(t.oldestAge)
 	for i := range t.shards {
 		t.shards[i].live = make(map[string]*session)
 		t.shards[i].tomb = make(map[string]tombstone)
@@ -271,6 +285,7 @@ func (t *LockTable) evictIdleNodesLocked(now time.Time) {
 		if len(n.sessions) == 0 && n.lastSeen.Before(cutoff) {
 			n.dead = true
 			delete(t.nodes, id)
+			t.m.ForgetRequester(id)
 		}
 		n.mu.Unlock()
 	}
@@ -438,6 +453,8 @@ func (t *LockTable) open(owner, inc string, blocks []*store.Block, bytes uint64)
 	t.lockedBlocks.Add(int64(len(blocks)))
 	t.m.SessionsActive.Inc()
 	t.m.LockActive.Add(float64(len(blocks)))
+	t.m.SessionsGranted.Inc()
+	t.m.RequesterSessions(owner).Inc()
 	t.reclaim(owner, prev, inc, victims)
 	return s, nil
 }
@@ -445,6 +462,7 @@ func (t *LockTable) open(owner, inc string, blocks []*store.Block, bytes uint64)
 // removeLocked takes s out of its shard and leaves a tombstone; sh.mu held.
 func (t *LockTable) removeLocked(sh *shard, s *session, why EndReason) {
 	delete(sh.live, s.id)
+	t.m.SessionEnds.WithLabelValues(why.outcome()).Inc()
 	if s.heapIdx >= 0 {
 		heap.Remove(&sh.expiry, s.heapIdx)
 	}
@@ -466,6 +484,7 @@ func (t *LockTable) finish(s *session) {
 	t.lockedBlocks.Add(-int64(len(s.blocks)))
 	t.m.SessionsActive.Dec()
 	t.m.LockActive.Sub(float64(len(s.blocks)))
+	t.m.RequesterSessions(s.owner).Dec()
 	t.nodesMu.Lock()
 	n := t.nodes[s.owner]
 	t.nodesMu.Unlock()
@@ -780,6 +799,26 @@ func (h *pageHeap) Pop() any {
 	r := old[len(old)-1]
 	*h = old[:len(old)-1]
 	return r
+}
+
+// oldestAge is the age of the oldest live session (0 when none), read at
+// each metrics scrape: one pass over the shards, each locked briefly.
+func (t *LockTable) oldestAge() time.Duration {
+	var oldest time.Time
+	for i := range t.shards {
+		sh := &t.shards[i]
+		sh.mu.Lock()
+		for _, s := range sh.live {
+			if oldest.IsZero() || s.created.Before(oldest) {
+				oldest = s.created
+			}
+		}
+		sh.mu.Unlock()
+	}
+	if oldest.IsZero() {
+		return 0
+	}
+	return t.now().Sub(oldest)
 }
 
 // Len is the number of live sessions.
