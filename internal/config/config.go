@@ -127,13 +127,17 @@ func Default() Config {
 	}
 }
 
+// SystemSocket is the socket of a pegad run as a system service (root,
+// systemd); pegactl run by another user falls back to it.
+const SystemSocket = "/run/pegad/pegad.sock"
+
 // DefaultSocket is the default --socket: /run/pegad/pegad.sock for root
 // (systemd's RuntimeDirectory=pegad creates /run/pegad; pegad creates it
 // otherwise), else $XDG_RUNTIME_DIR/pegad.sock, else /tmp/pegad-$UID.sock.
 // pegactl uses the same rule, so both agree without flags.
 func DefaultSocket() string {
 	if os.Geteuid() == 0 {
-		return "/run/pegad/pegad.sock"
+		return SystemSocket
 	}
 	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
 		return filepath.Join(d, "pegad.sock")
