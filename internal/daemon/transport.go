@@ -194,7 +194,7 @@ func openTCP(cfg *config.Config, count int, names []string, reason string, verbs
 	}
 	prov, err := tcp.NewProvider(opts...)
 	if err != nil {
-		return nil, fmt.Errorf("tcp transport: %w", err)
+		return nil, err // "tcp: device tcp0: listen ...": already names the transport
 	}
 	infos, err := prov.Devices()
 	if err != nil {
@@ -274,4 +274,13 @@ func deviceNames(infos []ibv.DeviceInfo) string {
 		s[i] = in.Name
 	}
 	return strings.Join(s, ",")
+}
+
+// nicNames are the opened devices' names, in NIC order.
+func (t *transport) nicNames() []string {
+	out := make([]string, len(t.devices))
+	for i, d := range t.devices {
+		out[i] = d.Info().Name
+	}
+	return out
 }
