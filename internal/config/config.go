@@ -228,7 +228,7 @@ func Load(fs *pflag.FlagSet, d Config) (Config, error) {
 		dc.DecodeHook = mapstructure.ComposeDecodeHookFunc(byteSizeHook, durationHook)
 		dc.ErrorUnused = true
 	}); err != nil {
-		return Config{}, fmt.Errorf("config: %s", cleanDecodeError(err))
+		return Config{}, fmt.Errorf("config: %s", withSources(cleanDecodeError(err), fs, file))
 	}
 	c.File = file
 	if err := c.Validate(); err != nil {
