@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -18,24 +19,43 @@ func NewConnsCommand(g *globalFlags) *cobra.Command {
 	return cmd
 }
 
+// connSort are the --sort keys of conns list.
+var connSort = sortKeys[connJSON]{
+	"peer":  by(func(c connJSON) string { return c.Peer }),
+	"node":  by(func(c connJSON) string { return c.RemoteNodeID }),
+	"state": by(func(c connJSON) string { return c.State }),
+	"role":  by(func(c connJSON) string { return c.Role }),
+	"qps":   by(func(c connJSON) uint32 { return c.QPs }),
+	"age":   by(func(c connJSON) float64 { return c.AgeSeconds }),
+}
+
 func newConnsListCommand(g *globalFlags) *cobra.Command {
-	return &cobra.Command{
+	var (
+		watch time.Duration
+		order string
+	)
+	cmd := &cobra.Command{
 		Use:   "list",
-		Short: "List peer connections with their state and queue pairs per NIC",
+		Short: "List peer connections with their state, peer node and queue pairs per NIC",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var res *pegadv1.ListConnsResponse
-			err := g.withClient(cmd.Context(), func(ctx context.Context, c *client) error {
-				var err error
-				res, err = c.admin.ListConns(ctx, &pegadv1.ListConnsRequest{})
-				return err
-			})
-			if err != nil {
+			if err := connSort.check(order); err != nil {
 				return err
 			}
-			return g.printer(cmd.OutOrStdout()).print(connsOf(res))
+			return g.repeat(cmd, watch, func(ctx context.Context, c *client) (result, error) {
+				res, err := c.admin.ListConns(ctx, &pegadv1.ListConnsRequest{})
+				if err != nil {
+					return nil, err
+				}
+				out := connsOf(res)
+				connSort.apply(out.Conns, order)
+				return out, nil
+			})
 		},
 	}
+	addWatchFlag(cmd, &watch)
+	addSortFlag(cmd, &order, connSort)
+	return cmd
 }
 
 type nicJSON struct {

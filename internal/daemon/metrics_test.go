@@ -177,9 +177,15 @@ func TestLeakedSessionsShowBeforeTimeout(t *testing.T) {
 		t.Errorf("oldest session age = %v s, want a small positive age", age)
 	}
 	// A force-release ends one as "forced".
-	sess, err := n.admin.ListSessions(ctx, &pegadv1.ListSessionsRequest{})
+	sess, err := n.admin.ListSessions(ctx, &pegadv1.ListSessionsRequest{IncludeBlocks: true})
 	if err != nil || len(sess.GetSessions()) != 3 {
 		t.Fatalf("sessions: %v, %v", sess, err)
+	}
+	// pegactl locks list: each session names the block it locked.
+	for _, s := range sess.Sessions {
+		if l := s.GetLocked(); len(l) != 1 || l[0].GetNamespace() != "ns" || len(l[0].GetHash()) != 1 || l[0].GetBytes() != uint64(len("block-body")) {
+			t.Errorf("session %s locked %v", s.GetSessionId(), l)
+		}
 	}
 	if _, err := n.admin.ReleaseLock(ctx, &pegadv1.ReleaseLockRequest{SessionId: sess.Sessions[0].GetSessionId()}); err != nil {
 		t.Fatal(err)

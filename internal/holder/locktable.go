@@ -100,6 +100,22 @@ type SessionInfo struct {
 	CreatedAt   time.Time
 	ExpiresAt   time.Time
 	Renewals    int
+	blocks      []*store.Block // immutable; for Locked
+}
+
+// LockedBlock is one block a session pins (pegactl locks list).
+type LockedBlock struct {
+	Key   store.Key
+	Bytes uint64
+}
+
+// Locked lists the session's blocks, in the order the requester asked.
+func (s SessionInfo) Locked() []LockedBlock {
+	out := make([]LockedBlock, len(s.blocks))
+	for i, b := range s.blocks {
+		out[i] = LockedBlock{Key: b.Key(), Bytes: b.Size()}
+	}
+	return out
 }
 
 // session is one transfer lock. id, owner, incarnation, blocks, bytes and
@@ -726,7 +742,7 @@ func (t *LockTable) Sessions() []SessionInfo {
 			out = append(out, SessionInfo{
 				ID: s.id, RequesterID: s.owner, Incarnation: s.incarnation,
 				Blocks: len(s.blocks), Bytes: s.bytes, CreatedAt: s.created,
-				ExpiresAt: s.deadline, Renewals: s.renewals,
+				ExpiresAt: s.deadline, Renewals: s.renewals, blocks: s.blocks,
 			})
 		}
 		sh.mu.Unlock()
@@ -759,7 +775,7 @@ func (t *LockTable) SessionsPage(cursor uint64, limit int) (page []SessionInfo, 
 			row := pageRow{seq: s.seq, info: SessionInfo{
 				ID: s.id, RequesterID: s.owner, Incarnation: s.incarnation,
 				Blocks: len(s.blocks), Bytes: s.bytes, CreatedAt: s.created,
-				ExpiresAt: s.deadline, Renewals: s.renewals,
+				ExpiresAt: s.deadline, Renewals: s.renewals, blocks: s.blocks,
 			}}
 			if len(h) == limit+1 {
 				h[0] = row

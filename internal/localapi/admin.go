@@ -69,6 +69,9 @@ func NewAdmin(o AdminOptions) *Admin {
 	return &Admin{o: o}
 }
 
+// MaxLockedListLimit caps a ListSessions page that lists locked blocks.
+const MaxLockedListLimit = 64
+
 // ListSessions lists a page of the holder's live sessions (oldest first)
 // and, on the first page, the requester's in-flight fetches.
 func (a *Admin) ListSessions(_ context.Context, req *pegadv1.ListSessionsRequest) (*pegadv1.ListSessionsResponse, error) {
@@ -77,6 +80,11 @@ func (a *Admin) ListSessions(_ context.Context, req *pegadv1.ListSessionsRequest
 		return nil, err
 	}
 	limit := listLimit(req.GetLimit())
+	if req.GetIncludeBlocks() {
+		// A session locks up to 4096 blocks: smaller pages keep an answer
+		// with every block listed well under the message limits.
+		limit = min(limit, MaxLockedListLimit)
+	}
 	now := a.o.Now()
 	resp := &pegadv1.ListSessionsResponse{
 		Sessions: []*pegadv1.HolderSession{},
@@ -86,7 +94,14 @@ func (a *Admin) ListSessions(_ context.Context, req *pegadv1.ListSessionsRequest
 		page, next := a.o.Locks.SessionsPage(cursor, limit)
 		resp.NextCursor = formatCursor(next)
 		for _, s := range page {
+			var locked []*pegadv1.LockedBlock
+			if req.GetIncludeBlocks() {
+				for _, b := range s.Locked() {
+					locked = append(locked, &pegadv1.LockedBlock{Namespace: b.Key.Namespace, Hash: []byte(b.Key.Hash), Bytes: b.Bytes})
+				}
+			}
 			resp.Sessions = append(resp.Sessions, &pegadv1.HolderSession{
+				Locked:               locked,
 				SessionId:            s.ID,
 				RequesterId:          s.RequesterID,
 				RequesterIncarnation: s.Incarnation,
