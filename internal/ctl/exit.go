@@ -81,7 +81,7 @@ func classify(err error) (int, string) {
 // pegad's messages are written for operators ("block not found: ..."), the
 // "rpc error: code = ... desc = " wrapping is not.
 func grpcExit(st *status.Status) (int, string) {
-	msg := st.Message()
+	msg := cleanError(st.Message())
 	switch st.Code() {
 	case codes.NotFound:
 		return ExitNotFound, msg

@@ -47,9 +47,10 @@ type fakeDaemon struct {
 	// delay makes every admin call wait this long (or until cancelled).
 	delay time.Duration
 
-	lastPrefetch *pegadv1.PrefetchRequest
-	prefetchRes  *pegadv1.PrefetchResponse
-	lastRelease  *pegadv1.ReleaseLockRequest
+	lastPrefetch  *pegadv1.PrefetchRequest
+	prefetchDelay time.Duration // Prefetch answers after this long
+	prefetchRes   *pegadv1.PrefetchResponse
+	lastRelease   *pegadv1.ReleaseLockRequest
 
 	sessions *pegadv1.ListSessionsResponse
 	conns    *pegadv1.ListConnsResponse
@@ -265,6 +266,14 @@ func (f *fakeDaemon) DeleteBlock(ctx context.Context, req *pegadv1.DeleteBlockRe
 }
 
 func (f *fakeDaemon) Prefetch(ctx context.Context, req *pegadv1.PrefetchRequest) (*pegadv1.PrefetchResponse, error) {
+	f.mu.Lock()
+	d := f.prefetchDelay
+	f.mu.Unlock()
+	select {
+	case <-time.After(d):
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.lastPrefetch = req

@@ -107,6 +107,7 @@ type fetchJSON struct {
 	SessionID  string  `json:"session_id"`
 	Blocks     uint32  `json:"blocks"`
 	Bytes      uint64  `json:"bytes"`
+	BytesDone  uint64  `json:"bytes_done"`
 	AgeSeconds float64 `json:"age_seconds"`
 	Phase      string  `json:"phase"`
 }
@@ -138,6 +139,7 @@ func sessionsOf(res *pegadv1.ListSessionsResponse) *sessionsResult {
 			SessionID:  f.GetSessionId(),
 			Blocks:     f.GetBlocks(),
 			Bytes:      f.GetBytes(),
+			BytesDone:  f.GetBytesDone(),
 			AgeSeconds: seconds(f.GetAge()),
 			Phase:      f.GetPhase(),
 		})
@@ -155,10 +157,10 @@ func (r *sessionsResult) writeTable(w io.Writer) error {
 		return nil
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "FETCH\tPEER\tSESSION\tBLOCKS\tBYTES\tAGE\tPHASE")
+	fmt.Fprintln(w, "FETCH\tPEER\tSESSION\tBLOCKS\tDONE\tAGE\tPHASE")
 	for _, f := range r.Fetches {
-		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", f.ReqID, f.Peer, dash(f.SessionID), f.Blocks,
-			humanBytes(f.Bytes), humanSeconds(f.AgeSeconds), dash(f.Phase))
+		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s of %s\t%s\t%s\n", f.ReqID, f.Peer, dash(f.SessionID), f.Blocks,
+			humanBytes(f.BytesDone), humanBytes(f.Bytes), humanSeconds(f.AgeSeconds), dash(f.Phase))
 	}
 	return nil
 }

@@ -273,14 +273,16 @@ func (x *HolderSession) GetLocked() []*LockedBlock {
 
 // A fetch this node is running as requester.
 type Fetch struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ReqId         string                 `protobuf:"bytes,1,opt,name=req_id,json=reqId,proto3" json:"req_id,omitempty"`
-	Peer          string                 `protobuf:"bytes,2,opt,name=peer,proto3" json:"peer,omitempty"`
-	SessionId     string                 `protobuf:"bytes,3,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	Blocks        uint32                 `protobuf:"varint,4,opt,name=blocks,proto3" json:"blocks,omitempty"`
-	Bytes         uint64                 `protobuf:"varint,5,opt,name=bytes,proto3" json:"bytes,omitempty"`
-	Age           *durationpb.Duration   `protobuf:"bytes,6,opt,name=age,proto3" json:"age,omitempty"`
-	Phase         string                 `protobuf:"bytes,7,opt,name=phase,proto3" json:"phase,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	ReqId     string                 `protobuf:"bytes,1,opt,name=req_id,json=reqId,proto3" json:"req_id,omitempty"`
+	Peer      string                 `protobuf:"bytes,2,opt,name=peer,proto3" json:"peer,omitempty"`
+	SessionId string                 `protobuf:"bytes,3,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Blocks    uint32                 `protobuf:"varint,4,opt,name=blocks,proto3" json:"blocks,omitempty"`
+	Bytes     uint64                 `protobuf:"varint,5,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	Age       *durationpb.Duration   `protobuf:"bytes,6,opt,name=age,proto3" json:"age,omitempty"`
+	Phase     string                 `protobuf:"bytes,7,opt,name=phase,proto3" json:"phase,omitempty"`
+	// Bytes read so far (counted as READ completions arrive), of bytes.
+	BytesDone     uint64 `protobuf:"varint,8,opt,name=bytes_done,json=bytesDone,proto3" json:"bytes_done,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -362,6 +364,13 @@ func (x *Fetch) GetPhase() string {
 		return x.Phase
 	}
 	return ""
+}
+
+func (x *Fetch) GetBytesDone() uint64 {
+	if x != nil {
+		return x.BytesDone
+	}
+	return 0
 }
 
 type ListSessionsResponse struct {
@@ -1130,7 +1139,7 @@ const file_pegad_v1_admin_proto_rawDesc = "" +
 	"expires_in\x18\b \x01(\v2\x19.google.protobuf.DurationR\texpiresIn\x12\x1a\n" +
 	"\brenewals\x18\t \x01(\rR\brenewals\x12-\n" +
 	"\x06locked\x18\n" +
-	" \x03(\v2\x15.pegad.v1.LockedBlockR\x06locked\"\xc2\x01\n" +
+	" \x03(\v2\x15.pegad.v1.LockedBlockR\x06locked\"\xe1\x01\n" +
 	"\x05Fetch\x12\x15\n" +
 	"\x06req_id\x18\x01 \x01(\tR\x05reqId\x12\x12\n" +
 	"\x04peer\x18\x02 \x01(\tR\x04peer\x12\x1d\n" +
@@ -1139,7 +1148,9 @@ const file_pegad_v1_admin_proto_rawDesc = "" +
 	"\x06blocks\x18\x04 \x01(\rR\x06blocks\x12\x14\n" +
 	"\x05bytes\x18\x05 \x01(\x04R\x05bytes\x12+\n" +
 	"\x03age\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\x03age\x12\x14\n" +
-	"\x05phase\x18\a \x01(\tR\x05phase\"\xc4\x01\n" +
+	"\x05phase\x18\a \x01(\tR\x05phase\x12\x1d\n" +
+	"\n" +
+	"bytes_done\x18\b \x01(\x04R\tbytesDone\"\xc4\x01\n" +
 	"\x14ListSessionsResponse\x123\n" +
 	"\bsessions\x18\x01 \x03(\v2\x17.pegad.v1.HolderSessionR\bsessions\x12)\n" +
 	"\afetches\x18\x02 \x03(\v2\x0f.pegad.v1.FetchR\afetches\x12\x1f\n" +
