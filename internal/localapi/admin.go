@@ -126,6 +126,7 @@ func (a *Admin) ListSessions(_ context.Context, req *pegadv1.ListSessionsRequest
 				SessionId: f.SessionID,
 				Blocks:    uint32(f.Blocks),
 				Bytes:     f.Bytes,
+				BytesDone: f.BytesDone,
 				Age:       durationpb.New(max(now.Sub(f.Started), 0)),
 				Phase:     f.Phase,
 			})

@@ -188,7 +188,7 @@ func New(reg prometheus.Registerer, runtime bool) *Metrics {
 			Name: "pegaflow_rdma_fetch_total", Help: "Prefetches run as requester, by outcome.",
 		}, []string{"status"}),
 		FetchBytes: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "pegaflow_rdma_fetch_bytes_total", Help: "Bytes fetched by RDMA READ and indexed locally.",
+			Name: "pegaflow_rdma_fetch_bytes_total", Help: "Bytes read from peers by RDMA READ as requester, counted as each READ completes (reads a fetch later discards included).",
 		}),
 		FetchDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "pegaflow_rdma_fetch_duration_seconds", Help: "Prefetch duration, connect to release.",
