@@ -88,7 +88,7 @@ func (d *Daemon) bind() error {
 	cfg := &d.cfg
 	l, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
-		return fmt.Errorf("listen %s: %w", cfg.Listen, err)
+		return fmt.Errorf("--listen: %w", err) // err names the address
 	}
 	d.bound.peer = l
 	d.peerAddr = boundAddr(cfg.Listen, l.Addr())
@@ -98,7 +98,7 @@ func (d *Daemon) bind() error {
 	if cfg.MetricsListen != "" {
 		ml, err := net.Listen("tcp", cfg.MetricsListen)
 		if err != nil {
-			return fmt.Errorf("listen metrics %s: %w", cfg.MetricsListen, err)
+			return fmt.Errorf("--metrics-listen: %w", err)
 		}
 		d.bound.metrics = ml
 		d.metricsAddr = boundAddr(cfg.MetricsListen, ml.Addr())

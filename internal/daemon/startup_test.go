@@ -29,6 +29,10 @@ func TestPortInUseFailsBeforePool(t *testing.T) {
 	if !errorsIsAddrInUse(err) {
 		t.Fatalf("err = %v, want address in use", err)
 	}
+	// The flag is named and the address said once.
+	if !strings.HasPrefix(err.Error(), "--listen: ") || strings.Count(err.Error(), cfg.Listen) != 1 {
+		t.Fatalf("err = %q", err)
+	}
 	if strings.Contains(logs.String(), "pool mapped") || strings.Contains(logs.String(), "Populating pool") {
 		t.Fatalf("the pool was populated before the port was bound:\n%s", logs)
 	}
