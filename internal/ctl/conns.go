@@ -65,13 +65,15 @@ type nicJSON struct {
 }
 
 type connJSON struct {
-	Peer         string    `json:"peer"`
-	State        string    `json:"state"`
-	Role         string    `json:"role"`
-	RemoteNodeID string    `json:"remote_node_id"`
-	QPs          uint32    `json:"qps"`
-	AgeSeconds   float64   `json:"age_seconds"`
-	NICs         []nicJSON `json:"nics"`
+	Peer         string `json:"peer"`
+	State        string `json:"state"`
+	Role         string `json:"role"`
+	RemoteNodeID string `json:"remote_node_id"`
+	// RemoteAdvertise: holder rows, the requester's advertised address.
+	RemoteAdvertise string    `json:"remote_advertise"`
+	QPs             uint32    `json:"qps"`
+	AgeSeconds      float64   `json:"age_seconds"`
+	NICs            []nicJSON `json:"nics"`
 }
 
 type connsResult struct {
@@ -82,13 +84,14 @@ func connsOf(res *pegadv1.ListConnsResponse) *connsResult {
 	out := &connsResult{Conns: []connJSON{}}
 	for _, c := range res.GetConns() {
 		cj := connJSON{
-			Peer:         c.GetPeer(),
-			State:        c.GetState(),
-			Role:         c.GetRole(),
-			RemoteNodeID: c.GetRemoteNodeId(),
-			QPs:          c.GetQps(),
-			AgeSeconds:   seconds(c.GetAge()),
-			NICs:         []nicJSON{},
+			Peer:            c.GetPeer(),
+			State:           c.GetState(),
+			Role:            c.GetRole(),
+			RemoteNodeID:    c.GetRemoteNodeId(),
+			RemoteAdvertise: c.GetRemoteAdvertise(),
+			QPs:             c.GetQps(),
+			AgeSeconds:      seconds(c.GetAge()),
+			NICs:            []nicJSON{},
 		}
 		for _, n := range c.GetNics() {
 			qpns := n.GetLocalQpns()
@@ -109,7 +112,13 @@ func (r *connsResult) writeTable(w io.Writer) error {
 		for _, n := range c.NICs {
 			nics = append(nics, fmt.Sprintf("%s:%d", n.NIC, n.QPs))
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n", c.Peer, dash(c.State), dash(c.Role), dash(c.RemoteNodeID),
+		// A holder row names the requester by its advertised address
+		// (JSON keeps the connection's own address in peer).
+		peer := c.Peer
+		if c.RemoteAdvertise != "" {
+			peer = c.RemoteAdvertise
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n", peer, dash(c.State), dash(c.Role), dash(c.RemoteNodeID),
 			dash(strings.Join(nics, ",")), c.QPs, humanSeconds(c.AgeSeconds))
 	}
 	return nil

@@ -143,3 +143,24 @@ func TestLocksList(t *testing.T) {
 		t.Fatalf("locks list json: %+v", res)
 	}
 }
+
+// TestConnsListHolderRow: a holder row shows the requester's advertised
+// address and node id; JSON keeps the connection's own address too.
+func TestConnsListHolderRow(t *testing.T) {
+	f := startFake(t)
+	f.mu.Lock()
+	f.conns.Conns = append(f.conns.Conns, &pegadv1.Conn{Peer: "10.0.0.2:41234", State: "connected", Role: "holder",
+		RemoteNodeId: "node-b", RemoteAdvertise: "10.0.0.2:50055", Qps: 2, Age: durationpb.New(time.Second)})
+	f.mu.Unlock()
+	r := run(t, f, "conns", "list")
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	if len(lines) != 3 || !strings.HasPrefix(lines[2], "10.0.0.2:50055") || !strings.Contains(lines[2], "node-b") {
+		t.Fatalf("conns list:\n%s", r.stdout)
+	}
+	r = run(t, f, "-o", "json", "conns", "list")
+	var res connsResult
+	decodeJSON(t, r.stdout, &res)
+	if c := res.Conns[1]; c.Peer != "10.0.0.2:41234" || c.RemoteAdvertise != "10.0.0.2:50055" {
+		t.Fatalf("json: %+v", c)
+	}
+}

@@ -200,6 +200,7 @@ func Start(ctx context.Context, cfg config.Config, opts ...Option) (d *Daemon, e
 	d.conns, err = conn.NewManager(conn.Options{
 		NodeID:      cfg.NodeID,
 		Incarnation: d.incarnation,
+		Advertise:   d.advertise,
 		Transport:   d.tr.name,
 		Devices:     d.tr.devices,
 		Memory:      d.pool.Bytes(),
@@ -272,10 +273,6 @@ func (d *Daemon) listen() error {
 
 	// Peer port.
 	peerLis := take(&d.bound.peer)
-	d.advertise = cfg.Advertise
-	if d.advertise == "" {
-		d.advertise = d.peerAddr
-	}
 	peerUnary := []grpc.UnaryServerInterceptor{srvMetrics.UnaryServerInterceptor(), holder.RecoveryInterceptor(d.log)}
 	if d.opts.peerInterceptor != nil {
 		peerUnary = append(peerUnary, d.opts.peerInterceptor)

@@ -92,6 +92,10 @@ func (d *Daemon) bind() error {
 	}
 	d.bound.peer = l
 	d.peerAddr = boundAddr(cfg.Listen, l.Addr())
+	d.advertise = cfg.Advertise
+	if d.advertise == "" {
+		d.advertise = d.peerAddr
+	}
 	if d.bound.local, err = listenUnix(cfg.Socket); err != nil {
 		return err
 	}

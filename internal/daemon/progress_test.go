@@ -58,3 +58,29 @@ func TestFetchBytesCountedAsCompletionsArrive(t *testing.T) {
 		t.Fatalf("fetch bytes after the fetch = %v, want %d", v, blocks*size)
 	}
 }
+
+// TestHolderConnsNameTheRequester: on the holder, the connection a
+// requester made carries its node id and advertised address (not only the
+// ephemeral port its gRPC connection came from).
+func TestHolderConnsNameTheRequester(t *testing.T) {
+	holder := startNode(t, testConfig(t))
+	req := startNode(t, testConfig(t))
+	putBlock(t, holder, "ns", []byte{1}, []byte("x"), false)
+	ctx := ctxT(t)
+	if _, err := req.local.Prefetch(ctx, &pegadv1.PrefetchRequest{Peer: holder.d.PeerAddr(), Namespace: "ns", Hashes: [][]byte{{1}}}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := holder.admin.ListConns(ctx, &pegadv1.ListConnsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range res.GetConns() {
+		if c.GetRole() == "holder" {
+			if c.GetRemoteNodeId() != req.d.Config().NodeID || c.GetRemoteAdvertise() != req.d.PeerAddr() {
+				t.Fatalf("holder row names node %q advertise %q, want %q %q", c.GetRemoteNodeId(), c.GetRemoteAdvertise(), req.d.Config().NodeID, req.d.PeerAddr())
+			}
+			return
+		}
+	}
+	t.Fatalf("no holder row in %v", res.GetConns())
+}

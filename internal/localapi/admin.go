@@ -167,12 +167,13 @@ func (a *Admin) ListConns(context.Context, *pegadv1.ListConnsRequest) (*pegadv1.
 	now := a.o.Now()
 	for _, c := range a.o.Conns.List() {
 		pc := &pegadv1.Conn{
-			Peer:         c.Peer,
-			State:        c.State,
-			Qps:          uint32(c.QPs),
-			Age:          durationpb.New(max(now.Sub(c.Since), 0)),
-			RemoteNodeId: c.RemoteNodeID,
-			Role:         c.Role,
+			Peer:            c.Peer,
+			State:           c.State,
+			Qps:             uint32(c.QPs),
+			Age:             durationpb.New(max(now.Sub(c.Since), 0)),
+			RemoteNodeId:    c.RemoteNodeID,
+			RemoteAdvertise: c.RemoteAdvertise,
+			Role:            c.Role,
 		}
 		for _, n := range c.NICs {
 			pc.Nics = append(pc.Nics, &pegadv1.NicConn{Nic: n.Name, Qps: uint32(n.QPs), LocalQpns: n.LocalQPNs})

@@ -648,9 +648,12 @@ type Conn struct {
 	Age          *durationpb.Duration `protobuf:"bytes,5,opt,name=age,proto3" json:"age,omitempty"`
 	RemoteNodeId string               `protobuf:"bytes,6,opt,name=remote_node_id,json=remoteNodeId,proto3" json:"remote_node_id,omitempty"`
 	// accept side (a peer that reads from us) or requester side.
-	Role          string `protobuf:"bytes,7,opt,name=role,proto3" json:"role,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Role string `protobuf:"bytes,7,opt,name=role,proto3" json:"role,omitempty"`
+	// Holder rows: the requester's advertised address from its handshake
+	// (peer is then its connection's ephemeral address); "" if not sent.
+	RemoteAdvertise string `protobuf:"bytes,8,opt,name=remote_advertise,json=remoteAdvertise,proto3" json:"remote_advertise,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Conn) Reset() {
@@ -728,6 +731,13 @@ func (x *Conn) GetRemoteNodeId() string {
 func (x *Conn) GetRole() string {
 	if x != nil {
 		return x.Role
+	}
+	return ""
+}
+
+func (x *Conn) GetRemoteAdvertise() string {
+	if x != nil {
+		return x.RemoteAdvertise
 	}
 	return ""
 }
@@ -1168,7 +1178,7 @@ const file_pegad_v1_admin_proto_rawDesc = "" +
 	"\x03nic\x18\x01 \x01(\tR\x03nic\x12\x10\n" +
 	"\x03qps\x18\x02 \x01(\rR\x03qps\x12\x1d\n" +
 	"\n" +
-	"local_qpns\x18\x03 \x03(\rR\tlocalQpns\"\xd0\x01\n" +
+	"local_qpns\x18\x03 \x03(\rR\tlocalQpns\"\xfb\x01\n" +
 	"\x04Conn\x12\x12\n" +
 	"\x04peer\x18\x01 \x01(\tR\x04peer\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12%\n" +
@@ -1176,7 +1186,8 @@ const file_pegad_v1_admin_proto_rawDesc = "" +
 	"\x03qps\x18\x04 \x01(\rR\x03qps\x12+\n" +
 	"\x03age\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x03age\x12$\n" +
 	"\x0eremote_node_id\x18\x06 \x01(\tR\fremoteNodeId\x12\x12\n" +
-	"\x04role\x18\a \x01(\tR\x04role\"9\n" +
+	"\x04role\x18\a \x01(\tR\x04role\x12)\n" +
+	"\x10remote_advertise\x18\b \x01(\tR\x0fremoteAdvertise\"9\n" +
 	"\x11ListConnsResponse\x12$\n" +
 	"\x05conns\x18\x01 \x03(\v2\x0e.pegad.v1.ConnR\x05conns\"\x0e\n" +
 	"\fStatsRequest\"\xf0\x04\n" +
