@@ -16,7 +16,7 @@ PROTOS := $(wildcard api/pegad/v1/*.proto)
 all: build
 
 help: ## list targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
 build: ## bin/pegad and bin/pegactl, version-stamped
 	$(GO) build -ldflags "$(LDFLAGS)" -o bin/pegad ./cmd/pegad

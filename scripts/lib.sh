@@ -55,11 +55,11 @@ bound_script() {
 	WATCHDOG=$!
 }
 
-# build: bin/pegad, bin/pegactl and the lock client.
+# build: bin/pegad, bin/pegactl (version-stamped, as `make build` does) and
+# the lock client.
 build() {
 	log "building bin/pegad bin/pegactl"
-	(cd "$ROOT" && go build -o bin/pegad ./cmd/pegad && go build -o bin/pegactl ./cmd/pegactl &&
-		go build -o "$WORK/lockclient" ./scripts/lockclient)
+	(cd "$ROOT" && make -s build && go build -o "$WORK/lockclient" ./scripts/lockclient)
 	PEGAD=$ROOT/bin/pegad
 	PEGACTL=$ROOT/bin/pegactl
 	LOCKCLIENT=$WORK/lockclient

@@ -76,6 +76,8 @@ type Config struct {
 	QPsPerPeer int `mapstructure:"qps-per-peer"`
 	// TCPDataListen is where the tcp provider's devices listen for READs.
 	// Port 0: each device gets an ephemeral port; port P: device i uses P+i.
+	// Empty: --listen's host (a wildcard included) with ephemeral ports, so
+	// tcp works across hosts given only --listen and --advertise.
 	TCPDataListen string `mapstructure:"tcp-data-listen"`
 	// TCPQPNStart is the first QPN each tcp device allocates.
 	TCPQPNStart uint32 `mapstructure:"tcp-qpn-start"`
@@ -119,7 +121,7 @@ func Default() Config {
 		Transport:       TransportAuto,
 		NICs:            "1",
 		QPsPerPeer:      2,
-		TCPDataListen:   "127.0.0.1:0",
+		TCPDataListen:   "",
 		TCPQPNStart:     0x100,
 		RDMAIdleTimeout: 60 * time.Second,
 		LockTimeout:     120 * time.Second,
@@ -130,13 +132,17 @@ func Default() Config {
 	}
 }
 
+// SystemSocket is the socket of a pegad run as a system service (root,
+// systemd); pegactl run by another user falls back to it.
+const SystemSocket = "/run/pegad/pegad.sock"
+
 // DefaultSocket is the default --socket: /run/pegad/pegad.sock for root
 // (systemd's RuntimeDirectory=pegad creates /run/pegad; pegad creates it
 // otherwise), else $XDG_RUNTIME_DIR/pegad.sock, else /tmp/pegad-$UID.sock.
 // pegactl uses the same rule, so both agree without flags.
 func DefaultSocket() string {
 	if os.Geteuid() == 0 {
-		return "/run/pegad/pegad.sock"
+		return SystemSocket
 	}
 	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
 		return filepath.Join(d, "pegad.sock")
@@ -173,7 +179,7 @@ func RegisterFlags(fs *pflag.FlagSet, d Config) {
 	fs.String("transport", d.Transport, "data transport: auto|verbs|tcp (auto: verbs when devices exist, else tcp)")
 	fs.String("nics", d.NICs, "tcp: number of software NICs; verbs: a count or a comma list of device names")
 	fs.Int("qps-per-peer", d.QPsPerPeer, "RC queue pairs per peer per NIC")
-	fs.String("tcp-data-listen", d.TCPDataListen, "tcp transport: data listener address (port 0: ephemeral; port P: NIC i uses P+i)")
+	fs.String("tcp-data-listen", d.TCPDataListen, "tcp transport: data listener address (port 0: ephemeral; port P: NIC i uses P+i; default: --listen's host, ephemeral ports, advertised with --advertise's host)")
 	fs.String("tcp-qpn-start", "0x"+strconv.FormatUint(uint64(d.TCPQPNStart), 16), "tcp transport: first QPN allocated per device")
 	fs.Duration("rdma-idle-timeout", d.RDMAIdleTimeout, "holder: free a requester's connection once its data connections have all been closed this long (tcp transport)")
 	fs.Duration("lock-timeout", d.LockTimeout, "transfer lock (session) timeout")
@@ -228,7 +234,7 @@ func Load(fs *pflag.FlagSet, d Config) (Config, error) {
 		dc.DecodeHook = mapstructure.ComposeDecodeHookFunc(byteSizeHook, durationHook)
 		dc.ErrorUnused = true
 	}); err != nil {
-		return Config{}, fmt.Errorf("config: %s", cleanDecodeError(err))
+		return Config{}, fmt.Errorf("config: %s", withSources(cleanDecodeError(err), fs, file))
 	}
 	c.File = file
 	if err := c.Validate(); err != nil {
@@ -391,8 +397,10 @@ func (c *Config) Validate() error {
 	if c.QPsPerPeer < 1 || c.QPsPerPeer > MaxQPsPerPeer {
 		bad("qps-per-peer", "%d is outside 1..%d", c.QPsPerPeer, MaxQPsPerPeer)
 	}
-	if err := checkHostPort(c.TCPDataListen, true); err != nil {
-		bad("tcp-data-listen", "%v", err)
+	if c.TCPDataListen != "" {
+		if err := checkHostPort(c.TCPDataListen, true); err != nil {
+			bad("tcp-data-listen", "%v", err)
+		}
 	}
 	if c.TCPQPNStart < 1 || c.TCPQPNStart > MaxQPN/2 {
 		bad("tcp-qpn-start", "%#x is outside 0x1..%#x", c.TCPQPNStart, MaxQPN/2)

@@ -86,8 +86,11 @@ type Dialer func(peer string) (pegadv1.PeerServiceClient, error)
 type Options struct {
 	NodeID      string
 	Incarnation string
-	Transport   string       // provider name, sent in handshakes
-	Devices     []ibv.Device // opened NICs, in order
+	// Advertise is this node's advertised peer address, sent in handshakes
+	// so that holders can name it (conns list); informational.
+	Advertise string
+	Transport string       // provider name, sent in handshakes
+	Devices   []ibv.Device // opened NICs, in order
 	// Memory is the local pool, registered on every NIC.
 	Memory     []byte
 	QPsPerPeer int
@@ -146,11 +149,13 @@ type ReadOp struct {
 type ConnInfo struct {
 	Peer         string
 	RemoteNodeID string
-	Role         string // "requester" or "holder"
-	State        string // "connecting", "connected", "invalidated"
-	NICs         []NICInfo
-	QPs          int
-	Since        time.Time
+	// RemoteAdvertise: holder rows, the requester's advertised address.
+	RemoteAdvertise string
+	Role            string // "requester" or "holder"
+	State           string // "connecting", "connected", "invalidated"
+	NICs            []NICInfo
+	QPs             int
+	Since           time.Time
 }
 
 // NICInfo is per-NIC detail of a connection.

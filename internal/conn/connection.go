@@ -197,6 +197,22 @@ func reqID(ctx context.Context) string {
 	return s
 }
 
+type progressKey struct{}
+
+// WithProgress returns ctx carrying f, which Read calls with the bytes of
+// each READ as its successful completion is polled (from the QP workers'
+// goroutines, concurrently: f must be safe for that and quick).
+func WithProgress(ctx context.Context, f func(bytes uint64)) context.Context {
+	return context.WithValue(ctx, progressKey{}, f)
+}
+
+// ProgressOf is the function WithProgress put in ctx, or nil (fake readers
+// in tests report their progress through it as Read does).
+func ProgressOf(ctx context.Context) func(uint64) {
+	f, _ := ctx.Value(progressKey{}).(func(uint64))
+	return f
+}
+
 // Read runs ops (spread over NICs and QPs) and returns when all completed
 // or ctx is done. After an error or ctx expiry it returns only once every
 // QP that could still write into the ops' local memory is in ERROR and
@@ -229,10 +245,12 @@ func (c *AddrConnection) Read(ctx context.Context, ops []ReadOp) error {
 	// ERROR only if WRs are outstanding, and drains it). Read never
 	// touches a QP itself: between seeing a batch running and acting on
 	// its QP, that batch could end and another Read's start on the QP.
+	progress := ProgressOf(ctx)
 	bctx, stopBatches := context.WithCancel(ctx)
 	defer stopBatches()
 	for _, b := range batches {
 		b.ctx = bctx
+		b.progress = progress
 		b.res = results
 		b.s.submit(b)
 	}

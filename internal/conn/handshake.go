@@ -69,7 +69,7 @@ func (m *Manager) connect(peer string) (_ *AddrConnection, err error) {
 		}
 	}()
 	req := &pegadv1.RdmaHandshakeRequest{
-		Requester:   &pegadv1.Requester{NodeId: m.opts.NodeID, Incarnation: m.opts.Incarnation},
+		Requester:   &pegadv1.Requester{NodeId: m.opts.NodeID, Incarnation: m.opts.Incarnation, Advertise: m.opts.Advertise},
 		Transport:   m.opts.Transport,
 		HandshakeId: hsID,
 	}
@@ -306,6 +306,7 @@ type acceptedConn struct {
 	nodeID      string
 	incarnation string
 	remoteAddr  string
+	advertise   string // the requester's advertised address, as it sent it
 	handshakeID string
 	since       time.Time // when Accept began (monotonic): orders attempts
 	// qps[i] are the QPs on local nic i%len(m.nics), paired with the
@@ -354,6 +355,7 @@ func (m *Manager) Accept(ctx context.Context, req *pegadv1.RdmaHandshakeRequest)
 		handshakeID: req.GetHandshakeId(),
 		since:       began,
 		remoteAddr:  req.GetRequester().GetNodeId(),
+		advertise:   truncate(req.GetRequester().GetAdvertise(), maxNodeIDLen),
 	}
 	if p, ok := grpcpeer.FromContext(ctx); ok && p.Addr != nil {
 		a.remoteAddr = p.Addr.String()
@@ -547,7 +549,7 @@ func (a *acceptedConn) destroy(reason string) {
 }
 
 func (a *acceptedConn) info() ConnInfo {
-	ci := ConnInfo{Peer: a.remoteAddr, RemoteNodeID: a.nodeID, Role: RoleHolder, State: StateConnected, Since: a.since}
+	ci := ConnInfo{Peer: a.remoteAddr, RemoteNodeID: a.nodeID, RemoteAdvertise: a.advertise, Role: RoleHolder, State: StateConnected, Since: a.since}
 	for _, qs := range a.nics {
 		ni := NICInfo{QPs: len(qs)}
 		for _, p := range qs {

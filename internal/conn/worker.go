@@ -30,6 +30,8 @@ type batch struct {
 	wrs   []ibv.SendWR
 	state atomic.Int32
 	res   chan<- batchResult // buffered for every batch of its Read
+	// progress, when set, gets each successful READ's length (WithProgress).
+	progress func(bytes uint64)
 }
 
 type batchResult struct {
@@ -247,6 +249,11 @@ func (s *session) execute(b *batch, m *Manager, log zerolog.Logger) batchResult 
 			completed++
 			if wc.Status == ibv.WCSuccess {
 				successes++
+				if b.progress != nil {
+					if i := wc.ID & 0xffffffff; i < uint64(len(wrs)) {
+						b.progress(uint64(wrs[i].Length))
+					}
+				}
 				continue
 			}
 			m.met.WorkCompletions.WithLabelValues(wcLabel(wc.Status)).Inc()

@@ -107,6 +107,6 @@ type getResult struct {
 
 func (r *getResult) writeTable(w io.Writer) error {
 	fmt.Fprintln(w, "NAMESPACE\tHASH\tBYTES\tSLOTS\tOUT")
-	_, err := fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\n", r.Namespace, r.Hash, r.Bytes, slotsSummary(r.Slots), r.Out)
+	_, err := fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", r.Namespace, r.Hash, humanBytes(r.Bytes), slotsSummary(r.Slots), r.Out)
 	return err
 }

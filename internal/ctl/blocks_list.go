@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -16,6 +17,8 @@ func NewBlocksListCommand(g *globalFlags) *cobra.Command {
 	var (
 		namespace string
 		limit     int
+		watch     time.Duration
+		order     string
 	)
 	cmd := &cobra.Command{
 		Use:   "list [--namespace NS] [--limit N]",
@@ -25,34 +28,37 @@ func NewBlocksListCommand(g *globalFlags) *cobra.Command {
 			if limit < 0 || limit > math.MaxUint32 {
 				return usageErrorf("invalid --limit %d", limit)
 			}
-			out := &listBlocksResult{Blocks: []blockJSON{}}
-			err := g.withClient(cmd.Context(), func(ctx context.Context, c *client) error {
+			if err := blockSort.check(order); err != nil {
+				return err
+			}
+			return g.repeat(cmd, watch, func(ctx context.Context, c *client) (result, error) {
+				out := &listBlocksResult{Blocks: []blockJSON{}, now: time.Now()}
 				// pegad answers a page at a time: follow next_cursor until
 				// --limit blocks (pegad's default page when 0) or the end.
 				req := &pegadv1.ListBlocksRequest{Namespace: namespace, Limit: uint32(limit)}
 				for {
 					res, err := c.local.ListBlocks(ctx, req)
 					if err != nil {
-						return err
+						return nil, err
 					}
 					for _, b := range res.GetBlocks() {
 						out.Blocks = append(out.Blocks, blockOf(b))
 					}
 					out.Truncated = res.GetTruncated()
 					if res.GetNextCursor() == "" || limit == 0 || len(out.Blocks) >= limit {
-						return nil
+						break
 					}
 					req.Cursor, req.Limit = res.GetNextCursor(), uint32(limit-len(out.Blocks))
 				}
+				blockSort.apply(out.Blocks, order)
+				return out, nil
 			})
-			if err != nil {
-				return err
-			}
-			return g.printer(cmd.OutOrStdout()).print(out)
 		},
 	}
 	cmd.Flags().StringVar(&namespace, "namespace", "", "only this namespace")
 	cmd.Flags().IntVar(&limit, "limit", 0, "at most N blocks (0: pegad's default, 1000)")
+	addWatchFlag(cmd, &watch)
+	addSortFlag(cmd, &order, blockSort)
 	return cmd
 }
 
@@ -65,6 +71,18 @@ type blockJSON struct {
 	NumaNode   int32      `json:"numa_node"`
 	CreatedAt  string     `json:"created_at"`
 	LastAccess string     `json:"last_access"`
+
+	lastAccess time.Time // for the table's IDLE column and --sort idle
+}
+
+// blockSort are the --sort keys of blocks list.
+var blockSort = sortKeys[blockJSON]{
+	"namespace": by(func(b blockJSON) string { return b.Namespace }),
+	"hash":      by(func(b blockJSON) string { return b.Hash }),
+	"bytes":     by(func(b blockJSON) uint64 { return b.Bytes }),
+	"pins":      by(func(b blockJSON) uint32 { return b.Pins }),
+	// idle: most recently used first; -idle: the eviction candidates first.
+	"idle": func(a, b blockJSON) int { return b.lastAccess.Compare(a.lastAccess) },
 }
 
 func blockOf(b *pegadv1.BlockInfo) blockJSON {
@@ -77,20 +95,23 @@ func blockOf(b *pegadv1.BlockInfo) blockJSON {
 		NumaNode:   b.GetNumaNode(),
 		CreatedAt:  timestamp(b.GetCreatedAt()),
 		LastAccess: timestamp(b.GetLastAccess()),
+		lastAccess: b.GetLastAccess().AsTime(),
 	}
 }
 
 type listBlocksResult struct {
 	Blocks    []blockJSON `json:"blocks"`
 	Truncated bool        `json:"truncated"`
+
+	now time.Time // when listed: IDLE is now − last access
 }
 
 func (r *listBlocksResult) writeTable(w io.Writer) error {
-	fmt.Fprintln(w, "NAMESPACE\tHASH\tBYTES\tSLOTS\tPINS\tNUMA\tLAST ACCESS")
+	fmt.Fprintln(w, "NAMESPACE\tHASH\tBYTES\tSLOTS\tPINS\tNUMA\tIDLE")
 	for _, b := range r.Blocks {
-		last := b.LastAccess
-		if last == "" {
-			last = "-"
+		last := "-"
+		if b.LastAccess != "" {
+			last = humanDur(max(r.now.Sub(b.lastAccess), 0).Truncate(time.Second))
 		}
 		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%d\t%s\n",
 			b.Namespace, b.Hash, humanBytes(b.Bytes), slotsSummary(b.Slots), b.Pins, b.NumaNode, last)

@@ -152,6 +152,6 @@ func (r *putResult) writeTable(w io.Writer) error {
 		state = "already present (kept the stored copy)"
 	}
 	fmt.Fprintln(w, "NAMESPACE\tHASH\tBYTES\tSLOTS\tRESULT")
-	_, err := fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\n", r.Namespace, r.Hash, r.Bytes, slotsSummary(r.Slots), state)
+	_, err := fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", r.Namespace, r.Hash, humanBytes(r.Bytes), slotsSummary(r.Slots), state)
 	return err
 }

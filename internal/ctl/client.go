@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"sync"
 
@@ -73,6 +74,9 @@ func (c *client) unavailable(err error) error {
 	c.mu.Unlock()
 	if dialErr == nil {
 		return err
+	}
+	if errors.Is(dialErr, fs.ErrPermission) {
+		return &permissionError{socket: c.socket, group: socketGroup(c.socket)}
 	}
 	cause := dialErr.Error()
 	var opErr *net.OpError

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -18,24 +19,43 @@ func NewConnsCommand(g *globalFlags) *cobra.Command {
 	return cmd
 }
 
+// connSort are the --sort keys of conns list.
+var connSort = sortKeys[connJSON]{
+	"peer":  by(func(c connJSON) string { return c.Peer }),
+	"node":  by(func(c connJSON) string { return c.RemoteNodeID }),
+	"state": by(func(c connJSON) string { return c.State }),
+	"role":  by(func(c connJSON) string { return c.Role }),
+	"qps":   by(func(c connJSON) uint32 { return c.QPs }),
+	"age":   by(func(c connJSON) float64 { return c.AgeSeconds }),
+}
+
 func newConnsListCommand(g *globalFlags) *cobra.Command {
-	return &cobra.Command{
+	var (
+		watch time.Duration
+		order string
+	)
+	cmd := &cobra.Command{
 		Use:   "list",
-		Short: "List peer connections with their state and queue pairs per NIC",
+		Short: "List peer connections with their state, peer node and queue pairs per NIC",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var res *pegadv1.ListConnsResponse
-			err := g.withClient(cmd.Context(), func(ctx context.Context, c *client) error {
-				var err error
-				res, err = c.admin.ListConns(ctx, &pegadv1.ListConnsRequest{})
-				return err
-			})
-			if err != nil {
+			if err := connSort.check(order); err != nil {
 				return err
 			}
-			return g.printer(cmd.OutOrStdout()).print(connsOf(res))
+			return g.repeat(cmd, watch, func(ctx context.Context, c *client) (result, error) {
+				res, err := c.admin.ListConns(ctx, &pegadv1.ListConnsRequest{})
+				if err != nil {
+					return nil, err
+				}
+				out := connsOf(res)
+				connSort.apply(out.Conns, order)
+				return out, nil
+			})
 		},
 	}
+	addWatchFlag(cmd, &watch)
+	addSortFlag(cmd, &order, connSort)
+	return cmd
 }
 
 type nicJSON struct {
@@ -45,13 +65,15 @@ type nicJSON struct {
 }
 
 type connJSON struct {
-	Peer         string    `json:"peer"`
-	State        string    `json:"state"`
-	Role         string    `json:"role"`
-	RemoteNodeID string    `json:"remote_node_id"`
-	QPs          uint32    `json:"qps"`
-	AgeSeconds   float64   `json:"age_seconds"`
-	NICs         []nicJSON `json:"nics"`
+	Peer         string `json:"peer"`
+	State        string `json:"state"`
+	Role         string `json:"role"`
+	RemoteNodeID string `json:"remote_node_id"`
+	// RemoteAdvertise: holder rows, the requester's advertised address.
+	RemoteAdvertise string    `json:"remote_advertise"`
+	QPs             uint32    `json:"qps"`
+	AgeSeconds      float64   `json:"age_seconds"`
+	NICs            []nicJSON `json:"nics"`
 }
 
 type connsResult struct {
@@ -62,13 +84,14 @@ func connsOf(res *pegadv1.ListConnsResponse) *connsResult {
 	out := &connsResult{Conns: []connJSON{}}
 	for _, c := range res.GetConns() {
 		cj := connJSON{
-			Peer:         c.GetPeer(),
-			State:        c.GetState(),
-			Role:         c.GetRole(),
-			RemoteNodeID: c.GetRemoteNodeId(),
-			QPs:          c.GetQps(),
-			AgeSeconds:   seconds(c.GetAge()),
-			NICs:         []nicJSON{},
+			Peer:            c.GetPeer(),
+			State:           c.GetState(),
+			Role:            c.GetRole(),
+			RemoteNodeID:    c.GetRemoteNodeId(),
+			RemoteAdvertise: c.GetRemoteAdvertise(),
+			QPs:             c.GetQps(),
+			AgeSeconds:      seconds(c.GetAge()),
+			NICs:            []nicJSON{},
 		}
 		for _, n := range c.GetNics() {
 			qpns := n.GetLocalQpns()
@@ -89,7 +112,13 @@ func (r *connsResult) writeTable(w io.Writer) error {
 		for _, n := range c.NICs {
 			nics = append(nics, fmt.Sprintf("%s:%d", n.NIC, n.QPs))
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n", c.Peer, dash(c.State), dash(c.Role), dash(c.RemoteNodeID),
+		// A holder row names the requester by its advertised address
+		// (JSON keeps the connection's own address in peer).
+		peer := c.Peer
+		if c.RemoteAdvertise != "" {
+			peer = c.RemoteAdvertise
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n", peer, dash(c.State), dash(c.Role), dash(c.RemoteNodeID),
 			dash(strings.Join(nics, ",")), c.QPs, humanSeconds(c.AgeSeconds))
 	}
 	return nil

@@ -2,6 +2,7 @@ package ctl
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"math/rand/v2"
 	"os"
@@ -20,6 +21,11 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if a, ok := os.LookupEnv(childArgsEnv); ok {
+		// Re-executed as pegactl (TestSocketPermissionDenied runs it as
+		// another user).
+		os.Exit(Main(context.Background(), strings.Split(a, "\x1f"), Streams{In: os.Stdin, Out: os.Stdout, Err: os.Stderr}))
+	}
 	goleak.VerifyTestMain(m)
 }
 

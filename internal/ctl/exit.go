@@ -16,6 +16,7 @@ const (
 	ExitUsage       = 2 // bad flags, arguments or input files; InvalidArgument from pegad
 	ExitNotFound    = 3 // the block, session or peer block does not exist
 	ExitUnavailable = 4 // pegad cannot be reached on --socket, or it answered Unavailable (retryable)
+	ExitPermission  = 5 // the socket exists but this user may not connect (not retryable: join its group)
 )
 
 // exitError carries an exit code chosen by the command itself.
@@ -53,6 +54,10 @@ func classify(err error) (int, string) {
 	if errors.As(err, &ee) {
 		return ee.code, ee.err.Error()
 	}
+	var pe *permissionError
+	if errors.As(err, &pe) {
+		return ExitPermission, pe.Error()
+	}
 	var ue *unavailableError
 	if errors.As(err, &ue) {
 		return ExitUnavailable, ue.Error()
@@ -76,7 +81,7 @@ func classify(err error) (int, string) {
 // pegad's messages are written for operators ("block not found: ..."), the
 // "rpc error: code = ... desc = " wrapping is not.
 func grpcExit(st *status.Status) (int, string) {
-	msg := st.Message()
+	msg := cleanError(st.Message())
 	switch st.Code() {
 	case codes.NotFound:
 		return ExitNotFound, msg

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -46,9 +47,10 @@ type fakeDaemon struct {
 	// delay makes every admin call wait this long (or until cancelled).
 	delay time.Duration
 
-	lastPrefetch *pegadv1.PrefetchRequest
-	prefetchRes  *pegadv1.PrefetchResponse
-	lastRelease  *pegadv1.ReleaseLockRequest
+	lastPrefetch  *pegadv1.PrefetchRequest
+	prefetchDelay time.Duration // Prefetch answers after this long
+	prefetchRes   *pegadv1.PrefetchResponse
+	lastRelease   *pegadv1.ReleaseLockRequest
 
 	sessions *pegadv1.ListSessionsResponse
 	conns    *pegadv1.ListConnsResponse
@@ -86,6 +88,10 @@ func startFake(t *testing.T) *fakeDaemon {
 				Age:                  durationpb.New(1500 * time.Millisecond),
 				ExpiresIn:            durationpb.New(118500 * time.Millisecond),
 				Renewals:             1,
+				Locked: []*pegadv1.LockedBlock{
+					{Namespace: "llama", Hash: []byte{0x9f, 0x2c}, Bytes: 2 << 20},
+					{Namespace: "llama", Hash: []byte{0x77}, Bytes: 1 << 20},
+				},
 			}},
 			Fetches: []*pegadv1.Fetch{{
 				ReqId: "req-7", Peer: "10.0.0.2:50055", SessionId: "ffee", Blocks: 2, Bytes: 4096,
@@ -261,6 +267,14 @@ func (f *fakeDaemon) DeleteBlock(ctx context.Context, req *pegadv1.DeleteBlockRe
 
 func (f *fakeDaemon) Prefetch(ctx context.Context, req *pegadv1.PrefetchRequest) (*pegadv1.PrefetchResponse, error) {
 	f.mu.Lock()
+	d := f.prefetchDelay
+	f.mu.Unlock()
+	select {
+	case <-time.After(d):
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.lastPrefetch = req
 	if err := f.errs["Prefetch"]; err != nil {
@@ -269,11 +283,19 @@ func (f *fakeDaemon) Prefetch(ctx context.Context, req *pegadv1.PrefetchRequest)
 	return f.prefetchRes, nil
 }
 
-func (f *fakeDaemon) ListSessions(ctx context.Context, _ *pegadv1.ListSessionsRequest) (*pegadv1.ListSessionsResponse, error) {
+func (f *fakeDaemon) ListSessions(ctx context.Context, req *pegadv1.ListSessionsRequest) (*pegadv1.ListSessionsResponse, error) {
 	if err := f.wait(ctx); err != nil {
 		return nil, err
 	}
-	return f.sessions, f.fail("ListSessions")
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	res := proto.Clone(f.sessions).(*pegadv1.ListSessionsResponse)
+	if !req.GetIncludeBlocks() {
+		for _, s := range res.Sessions {
+			s.Locked = nil
+		}
+	}
+	return res, f.errs["ListSessions"]
 }
 
 func (f *fakeDaemon) ReleaseLock(ctx context.Context, req *pegadv1.ReleaseLockRequest) (*pegadv1.ReleaseLockResponse, error) {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"regexp"
 	"strings"
 	"time"
 
@@ -63,6 +64,14 @@ func NewPrefetchCommand(g *globalFlags) *cobra.Command {
 			wait := *g
 			wait.timeout += prefetchGrace
 			err := wait.withClient(cmd.Context(), func(ctx context.Context, c *client) error {
+				// A progress line on a terminal's stderr, never with -o json.
+				if g.output == "table" && stderrIsTerminal(cmd.ErrOrStderr()) {
+					pctx, stop := context.WithCancel(ctx)
+					p := &progress{w: cmd.ErrOrStderr(), peer: peer, started: time.Now()}
+					done := make(chan struct{})
+					go func() { defer close(done); p.run(pctx, c) }()
+					defer func() { stop(); <-done }()
+				}
 				var err error
 				res, err = c.local.Prefetch(ctx, req)
 				return err
@@ -131,7 +140,7 @@ func prefetchOf(peer, ns string, res *pegadv1.PrefetchResponse) *prefetchResult 
 		out.Blocks = append(out.Blocks, prefetchBlockJSON{
 			Hash:   hexOf(b.GetHash()),
 			Status: prefetchStatusName(b.GetStatus()),
-			Error:  b.GetError(),
+			Error:  cleanError(b.GetError()),
 		})
 	}
 	return out
@@ -181,14 +190,36 @@ func (r *prefetchResult) countStatus(s string) int {
 	return n
 }
 
+// writeTable prints one row per block, except that blocks which failed
+// the same way share one row: the first hash and how many more.
 func (r *prefetchResult) writeTable(w io.Writer) error {
-	fmt.Fprintln(w, "HASH\tSTATUS\tERROR")
+	type row struct {
+		b    prefetchBlockJSON
+		more int
+	}
+	var rows []*row
+	same := map[[2]string]*row{}
 	for _, b := range r.Blocks {
-		e := b.Error
-		if e == "" {
-			e = "-"
+		if b.Status == "fetched" || b.Status == "already_local" {
+			rows = append(rows, &row{b: b})
+			continue
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\n", b.Hash, b.Status, e)
+		k := [2]string{b.Status, b.Error}
+		if g := same[k]; g != nil {
+			g.more++
+			continue
+		}
+		g := &row{b: b}
+		same[k] = g
+		rows = append(rows, g)
+	}
+	fmt.Fprintln(w, "HASH\tSTATUS\tERROR")
+	for _, g := range rows {
+		hash := g.b.Hash
+		if g.more > 0 {
+			hash = fmt.Sprintf("%s (+%d more)", hash, g.more)
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\n", hash, g.b.Status, dash(g.b.Error))
 	}
 	sess := r.SessionID
 	if sess == "" {
@@ -198,6 +229,15 @@ func (r *prefetchResult) writeTable(w io.Writer) error {
 		humanBytes(r.Bytes), r.Peer, humanDur(time.Duration(r.DurationSeconds*float64(time.Second))), sess)
 	return err
 }
+
+// grpcWrapping is the text gRPC puts around a status that was turned into
+// a string and wrapped again on its way (a holder's answer inside the
+// requester's error).
+var grpcWrapping = regexp.MustCompile(`rpc error: code = \w+ desc = `)
+
+// cleanError drops gRPC's wrapping from an error text: operators read
+// pegad's words, once.
+func cleanError(s string) string { return grpcWrapping.ReplaceAllString(s, "") }
 
 // failedPrefetch is the per-block result pegad attaches to a failed
 // prefetch's status, or nil.

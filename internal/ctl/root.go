@@ -18,8 +18,6 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-
-	"github.com/pegaflow/pegad/internal/config"
 )
 
 // EnvSocket overrides the default socket path; --socket overrides it.
@@ -65,7 +63,8 @@ func NewRootCommand(streams Streams) *cobra.Command {
 		Short: "Inspect and operate a local pegad",
 		Long: `pegactl talks to the pegad on this node over its unix socket.
 
-Exit codes: 0 ok, 1 error, 2 usage, 3 not found, 4 pegad unavailable.`,
+Exit codes: 0 ok, 1 error, 2 usage, 3 not found, 4 pegad unavailable,
+5 permission denied on the socket.`,
 		SilenceErrors: true,
 		SilenceUsage:  true,
 		Args:          noSubcommand,
@@ -73,6 +72,9 @@ Exit codes: 0 ok, 1 error, 2 usage, 3 not found, 4 pegad unavailable.`,
 			return cmd.Help()
 		},
 		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
+			if !cmd.Flags().Changed("socket") && os.Getenv(EnvSocket) == "" {
+				g.socket = resolveSocket(socketDefaults())
+			}
 			return g.validate()
 		},
 	}
@@ -82,12 +84,16 @@ Exit codes: 0 ok, 1 error, 2 usage, 3 not found, 4 pegad unavailable.`,
 	root.CompletionOptions.DisableDefaultCmd = true
 
 	// The daemon's own default rule, so both agree without flags.
-	socket := config.DefaultSocket()
+	socket, system := socketDefaults()
 	if s := os.Getenv(EnvSocket); s != "" {
 		socket = s
 	}
 	pf := root.PersistentFlags()
-	pf.StringVar(&g.socket, "socket", socket, "pegad's unix socket (env "+EnvSocket+")")
+	usage := "pegad's unix socket (env " + EnvSocket + ")"
+	if socket != system {
+		usage += "; when the default is absent: " + system
+	}
+	pf.StringVar(&g.socket, "socket", socket, usage)
 	pf.StringVarP(&g.output, "output", "o", "table", "output format: table|json")
 	pf.DurationVar(&g.timeout, "timeout", defaultTimeout, "deadline of the whole command")
 

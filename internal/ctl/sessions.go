@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -17,39 +18,75 @@ func NewSessionsCommand(g *globalFlags) *cobra.Command {
 	return cmd
 }
 
+// listSessions reads every page of sessions (pegad answers a page at a
+// time, fetches with the first): it follows next_cursor to the end.
+func listSessions(ctx context.Context, c *client, includeBlocks bool) (*pegadv1.ListSessionsResponse, error) {
+	var res *pegadv1.ListSessionsResponse
+	req := &pegadv1.ListSessionsRequest{IncludeBlocks: includeBlocks}
+	for {
+		page, err := c.admin.ListSessions(ctx, req)
+		if err != nil {
+			return nil, err
+		}
+		if res == nil {
+			res = page
+		} else {
+			res.Sessions = append(res.Sessions, page.GetSessions()...)
+		}
+		if page.GetNextCursor() == "" {
+			return res, nil
+		}
+		req.Cursor = page.GetNextCursor()
+	}
+}
+
+// sessionSort and fetchSort are the --sort keys of sessions list; a key
+// sorts both tables (requester: a fetch's peer; expires: sessions only).
+var (
+	sessionSort = sortKeys[sessionJSON]{
+		"age":       by(func(s sessionJSON) float64 { return s.AgeSeconds }),
+		"bytes":     by(func(s sessionJSON) uint64 { return s.Bytes }),
+		"blocks":    by(func(s sessionJSON) uint32 { return s.Blocks }),
+		"requester": by(func(s sessionJSON) string { return s.RequesterID }),
+		"expires":   by(func(s sessionJSON) float64 { return s.ExpiresInSeconds }),
+	}
+	fetchSort = sortKeys[fetchJSON]{
+		"age":       by(func(f fetchJSON) float64 { return f.AgeSeconds }),
+		"bytes":     by(func(f fetchJSON) uint64 { return f.Bytes }),
+		"blocks":    by(func(f fetchJSON) uint32 { return f.Blocks }),
+		"requester": by(func(f fetchJSON) string { return f.Peer }),
+		"expires":   func(a, b fetchJSON) int { return 0 },
+	}
+)
+
 func newSessionsListCommand(g *globalFlags) *cobra.Command {
-	return &cobra.Command{
+	var (
+		watch time.Duration
+		order string
+	)
+	cmd := &cobra.Command{
 		Use:   "list",
 		Short: "List holder sessions (blocks peers have locked here) and this node's in-flight fetches",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var res *pegadv1.ListSessionsResponse
-			err := g.withClient(cmd.Context(), func(ctx context.Context, c *client) error {
-				// pegad answers a page of sessions at a time (fetches come
-				// with the first): follow next_cursor to the end.
-				req := &pegadv1.ListSessionsRequest{}
-				for {
-					page, err := c.admin.ListSessions(ctx, req)
-					if err != nil {
-						return err
-					}
-					if res == nil {
-						res = page
-					} else {
-						res.Sessions = append(res.Sessions, page.GetSessions()...)
-					}
-					if page.GetNextCursor() == "" {
-						return nil
-					}
-					req.Cursor = page.GetNextCursor()
-				}
-			})
-			if err != nil {
+			if err := sessionSort.check(order); err != nil {
 				return err
 			}
-			return g.printer(cmd.OutOrStdout()).print(sessionsOf(res))
+			return g.repeat(cmd, watch, func(ctx context.Context, c *client) (result, error) {
+				res, err := listSessions(ctx, c, false)
+				if err != nil {
+					return nil, err
+				}
+				out := sessionsOf(res)
+				sessionSort.apply(out.Sessions, order)
+				fetchSort.apply(out.Fetches, order)
+				return out, nil
+			})
 		},
 	}
+	addWatchFlag(cmd, &watch)
+	addSortFlag(cmd, &order, sessionSort)
+	return cmd
 }
 
 type sessionJSON struct {
@@ -70,6 +107,7 @@ type fetchJSON struct {
 	SessionID  string  `json:"session_id"`
 	Blocks     uint32  `json:"blocks"`
 	Bytes      uint64  `json:"bytes"`
+	BytesDone  uint64  `json:"bytes_done"`
 	AgeSeconds float64 `json:"age_seconds"`
 	Phase      string  `json:"phase"`
 }
@@ -101,6 +139,7 @@ func sessionsOf(res *pegadv1.ListSessionsResponse) *sessionsResult {
 			SessionID:  f.GetSessionId(),
 			Blocks:     f.GetBlocks(),
 			Bytes:      f.GetBytes(),
+			BytesDone:  f.GetBytesDone(),
 			AgeSeconds: seconds(f.GetAge()),
 			Phase:      f.GetPhase(),
 		})
@@ -118,10 +157,10 @@ func (r *sessionsResult) writeTable(w io.Writer) error {
 		return nil
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "FETCH\tPEER\tSESSION\tBLOCKS\tBYTES\tAGE\tPHASE")
+	fmt.Fprintln(w, "FETCH\tPEER\tSESSION\tBLOCKS\tDONE\tAGE\tPHASE")
 	for _, f := range r.Fetches {
-		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", f.ReqID, f.Peer, dash(f.SessionID), f.Blocks,
-			humanBytes(f.Bytes), humanSeconds(f.AgeSeconds), dash(f.Phase))
+		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s of %s\t%s\t%s\n", f.ReqID, f.Peer, dash(f.SessionID), f.Blocks,
+			humanBytes(f.BytesDone), humanBytes(f.Bytes), humanSeconds(f.AgeSeconds), dash(f.Phase))
 	}
 	return nil
 }

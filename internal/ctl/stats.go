@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -12,23 +13,23 @@ import (
 
 // NewStatsCommand shows the daemon's counters: pool, store, locks, fetches.
 func NewStatsCommand(g *globalFlags) *cobra.Command {
-	return &cobra.Command{
+	var watch time.Duration
+	cmd := &cobra.Command{
 		Use:   "stats",
 		Short: "Show pool usage, blocks, sessions, locks, connections and fetch counters",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var res *pegadv1.StatsResponse
-			err := g.withClient(cmd.Context(), func(ctx context.Context, c *client) error {
-				var err error
-				res, err = c.admin.Stats(ctx, &pegadv1.StatsRequest{})
-				return err
+			return g.repeat(cmd, watch, func(ctx context.Context, c *client) (result, error) {
+				res, err := c.admin.Stats(ctx, &pegadv1.StatsRequest{})
+				if err != nil {
+					return nil, err
+				}
+				return statsOf(res), nil
 			})
-			if err != nil {
-				return err
-			}
-			return g.printer(cmd.OutOrStdout()).print(statsOf(res))
 		},
 	}
+	addWatchFlag(cmd, &watch)
+	return cmd
 }
 
 type statsResult struct {

@@ -14,7 +14,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"sync"
@@ -110,6 +109,7 @@ type Daemon struct {
 	peerHealth, localHealth *health.Server
 	httpSrv                 *http.Server
 	peerAddr, metricsAddr   string
+	bound                   boundListeners // ports bound before the pool; see bind
 	socket                  string
 	advertise               string
 	serving                 atomic.Bool // /healthz: true between READY and shutdown
@@ -165,6 +165,7 @@ func Start(ctx context.Context, cfg config.Config, opts ...Option) (d *Daemon, e
 	defer func() {
 		if err != nil {
 			d.log.Error().Err(err).Msg("Start-up failed")
+			d.bound.closeUnserved()
 			_ = d.Close()
 			d = nil
 		}
@@ -178,24 +179,30 @@ func Start(ctx context.Context, cfg config.Config, opts ...Option) (d *Daemon, e
 
 	d.reg = prometheus.NewRegistry()
 	d.metrics = metrics.New(d.reg, true)
+	d.metrics.SetBuildInfo(version.Version, version.CommitOrVCS(), version.GoVersion())
 
-	d.pool, err = pool.New(pool.Options{Size: uint64(cfg.PoolSize), Lock: true, Log: d.log})
-	if err != nil {
-		return d, fmt.Errorf("pool: %w", err)
+	// Every port first: a port in use fails now, not after the pool.
+	if err := d.bind(); err != nil {
+		return d, err
 	}
-	d.store = store.New(d.pool, d.metrics)
-
 	d.tr, err = openTransport(&cfg, d.metrics, d.log)
 	if err != nil {
 		return d, err
 	}
 	d.log.Info().Str("transport", d.tr.name).Str("reason", d.tr.reason).Int("nics", len(d.tr.devices)).
-		Msg("Transport selected")
+		Strs("data_addrs", d.tr.dataAddrs).Msg("Transport selected")
+	d.metrics.SetTransport(d.tr.name, d.tr.reasonCode)
+
+	if d.pool, err = newPool(cfg.PoolSize, d.log); err != nil {
+		return d, err
+	}
+	d.store = store.New(d.pool, d.metrics)
 
 	d.peers = peer.NewClients()
 	d.conns, err = conn.NewManager(conn.Options{
 		NodeID:      cfg.NodeID,
 		Incarnation: d.incarnation,
+		Advertise:   d.advertise,
 		Transport:   d.tr.name,
 		Devices:     d.tr.devices,
 		Memory:      d.pool.Bytes(),
@@ -255,6 +262,7 @@ func Start(ctx context.Context, cfg config.Config, opts ...Option) (d *Daemon, e
 	d.notify(daemon.SdNotifyReady)
 	d.startWatchdog(bg)
 	d.log.Info().Str("version", version.Version).Str("incarnation", d.incarnation).
+		Str("transport", d.tr.name).Strs("nics", d.tr.nicNames()).Strs("data_addrs", d.tr.dataAddrs).
 		Str("listen", d.peerAddr).Str("advertise", d.advertise).Str("socket", d.socket).
 		Str("metrics", d.metricsAddr).Str("pool_size", cfg.PoolSize.String()).
 		Bool("pool_locked", d.pool.Locked()).Stringer("lock_timeout", cfg.LockTimeout).
@@ -272,15 +280,7 @@ func (d *Daemon) listen() error {
 	}
 
 	// Peer port.
-	peerLis, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		return fmt.Errorf("listen %s: %w", cfg.Listen, err)
-	}
-	d.peerAddr = peerLis.Addr().String()
-	d.advertise = cfg.Advertise
-	if d.advertise == "" {
-		d.advertise = d.peerAddr
-	}
+	peerLis := take(&d.bound.peer)
 	peerUnary := []grpc.UnaryServerInterceptor{srvMetrics.UnaryServerInterceptor(), holder.RecoveryInterceptor(d.log)}
 	if d.opts.peerInterceptor != nil {
 		peerUnary = append(peerUnary, d.opts.peerInterceptor)
@@ -300,10 +300,7 @@ func (d *Daemon) listen() error {
 	d.serve("peer", func() error { return d.peerSrv.Serve(peerLis) })
 
 	// Local socket.
-	localLis, err := listenUnix(cfg.Socket)
-	if err != nil {
-		return err
-	}
+	localLis := take(&d.bound.local)
 	d.socket = cfg.Socket
 	d.localSrv = grpc.NewServer(
 		grpc.Creds(localapi.PeerCredentials()),
@@ -339,10 +336,7 @@ func (d *Daemon) listen() error {
 	d.serve("local", func() error { return d.localSrv.Serve(localLis) })
 
 	// Data socket: the pool's memfd and zero-copy leases for local clients.
-	dataLis, err := listenUnix(localdata.SocketPath(cfg.Socket))
-	if err != nil {
-		return err
-	}
+	dataLis := take(&d.bound.data)
 	d.data = localdata.New(localdata.Options{
 		Store:        d.store,
 		LeaseTimeout: cfg.LockTimeout,
@@ -352,12 +346,8 @@ func (d *Daemon) listen() error {
 	d.serve("data", func() error { return d.data.Serve(dataLis) })
 
 	// Metrics.
-	if cfg.MetricsListen != "" {
-		ml, err := net.Listen("tcp", cfg.MetricsListen)
-		if err != nil {
-			return fmt.Errorf("listen metrics %s: %w", cfg.MetricsListen, err)
-		}
-		d.metricsAddr = ml.Addr().String()
+	if d.bound.metrics != nil {
+		ml := take(&d.bound.metrics)
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{Registry: d.reg}))
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {

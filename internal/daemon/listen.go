@@ -8,8 +8,10 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"strconv"
 	"time"
 
+	"github.com/pegaflow/pegad/internal/localdata"
 	"github.com/rs/zerolog"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -71,4 +73,77 @@ func streamRecovery(log zerolog.Logger) grpc.StreamServerInterceptor {
 		}()
 		return handler(srv, ss)
 	}
+}
+
+// boundListeners are pegad's ports, bound first thing in Start, before the
+// pool is populated (seconds for a large pool), so that "address already in
+// use" or a socket held by another pegad fails start-up at once. listen
+// hands each to its server; those never handed over are closed on a
+// failed start.
+type boundListeners struct {
+	peer, local, data, metrics net.Listener
+}
+
+// bind binds the peer port, the local socket, its data socket and the
+// metrics port.
+func (d *Daemon) bind() error {
+	cfg := &d.cfg
+	l, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("--listen: %w", err) // err names the address
+	}
+	d.bound.peer = l
+	d.peerAddr = boundAddr(cfg.Listen, l.Addr())
+	d.advertise = cfg.Advertise
+	if d.advertise == "" {
+		d.advertise = d.peerAddr
+	}
+	if d.bound.local, err = listenUnix(cfg.Socket); err != nil {
+		return err
+	}
+	if d.bound.data, err = listenUnix(localdata.SocketPath(cfg.Socket)); err != nil {
+		return err
+	}
+	if cfg.MetricsListen != "" {
+		ml, err := net.Listen("tcp", cfg.MetricsListen)
+		if err != nil {
+			return fmt.Errorf("--metrics-listen: %w", err)
+		}
+		d.bound.metrics = ml
+		d.metricsAddr = boundAddr(cfg.MetricsListen, ml.Addr())
+	}
+	return nil
+}
+
+// closeUnserved closes the listeners no server took over.
+func (b *boundListeners) closeUnserved() {
+	for _, l := range []*net.Listener{&b.peer, &b.local, &b.data, &b.metrics} {
+		if *l != nil {
+			_ = (*l).Close()
+			*l = nil
+		}
+	}
+}
+
+// take hands *l to its server: Close of the server closes it from then on.
+func take(l *net.Listener) net.Listener {
+	t := *l
+	*l = nil
+	return t
+}
+
+// boundAddr is the address to log and advertise for a listener bound on
+// configured: Go reports a wildcard IPv4 listener as "[::]:port" (it
+// listens dual-stack), which is not what the operator wrote; keep the
+// configured host and take the port actually bound.
+func boundAddr(configured string, a net.Addr) string {
+	host, _, err := net.SplitHostPort(configured)
+	ta, ok := a.(*net.TCPAddr)
+	if err != nil || !ok {
+		return a.String()
+	}
+	if host == "" {
+		host = "0.0.0.0"
+	}
+	return net.JoinHostPort(host, strconv.Itoa(ta.Port))
 }

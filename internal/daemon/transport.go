@@ -25,8 +25,10 @@ var ErrVerbsUnavailable = errors.New("transport verbs requested but unavailable"
 type transport struct {
 	name           string
 	reason         string // why this transport (logged once at start)
+	reasonCode     string // metrics.Transport{Requested,Auto,Fallback}: pegad_transport_info's reason
 	verbsAvailable bool
 	devices        []ibv.Device
+	dataAddrs      []string // tcp: each device's advertised data address, in NIC order
 	close          func()
 }
 
@@ -61,61 +63,138 @@ func openTransport(cfg *config.Config, met *metrics.Metrics, log zerolog.Logger)
 		return nil, fmt.Errorf("nics: %w", err)
 	}
 	avail, why := verbsProbe()
+	var t *transport
+	code := metrics.TransportRequested
 	switch cfg.Transport {
 	case config.TransportTCP:
-		return openTCP(cfg, count, names, "requested", avail, met, log)
+		t, err = openTCP(cfg, count, names, "requested", avail, met, log)
 	case config.TransportVerbs:
 		if !avail {
 			return nil, fmt.Errorf("%w: %s", ErrVerbsUnavailable, why)
 		}
-		return openVerbs(count, names, "requested ("+why+")")
+		t, err = openVerbs(count, names, "requested ("+why+")")
 	default: // auto
 		if !avail {
-			return openTCP(cfg, count, names, strings.TrimPrefix(why, "verbs unavailable: "), avail, met, log)
+			code = metrics.TransportFallback
+			t, err = openTCP(cfg, count, names, strings.TrimPrefix(why, "verbs unavailable: "), avail, met, log)
+			break
 		}
-		t, err := openVerbs(count, names, "auto: "+why)
+		code = metrics.TransportAuto
+		t, err = openVerbs(count, names, "auto: "+why)
 		if err != nil {
 			// Devices exist but cannot be opened as configured: say so, do
 			// not silently fall back to tcp on a host meant for RDMA.
 			return nil, fmt.Errorf("transport auto found verbs devices (%s) but could not open them: %w", why, err)
 		}
-		return t, nil
 	}
+	if err != nil {
+		return nil, err
+	}
+	t.reasonCode = code
+	return t, nil
+}
+
+// ErrLoopbackAdvertise: the node would hand peers a loopback address
+// although its peer port is reachable from other hosts.
+var ErrLoopbackAdvertise = errors.New("would advertise a loopback address while the peer port listens beyond loopback")
+
+// tcpData is where the tcp devices listen and what host they advertise.
+type tcpData struct {
+	host string // listen host ("" or a wildcard: all addresses)
+	port int    // 0: ephemeral per device; P: device i on P+i
+	// advertise is the host peers dial, joined with each device's bound
+	// port; "" advertises the bound address as is.
+	advertise string
+}
+
+// planTCPData applies the rule that makes tcp work across hosts with only
+// --listen and --advertise: the data listener takes --listen's host
+// (wildcard included) unless --tcp-data-listen names one, and advertises
+// --tcp-data-listen's concrete host, else --advertise's host, else
+// --listen's concrete host, always with the port actually bound. A plan
+// that would hand peers a loopback address while the peer port listens
+// beyond loopback is refused, naming the flag that chose it.
+func planTCPData(cfg *config.Config) (tcpData, error) {
+	listenHost, _, err := net.SplitHostPort(cfg.Listen)
+	if err != nil {
+		return tcpData{}, fmt.Errorf("listen %q: %w", cfg.Listen, err)
+	}
+	p := tcpData{host: listenHost}
+	advFlag, advValue := "", ""
+	if cfg.TCPDataListen != "" {
+		h, portStr, err := net.SplitHostPort(cfg.TCPDataListen)
+		if err != nil {
+			return tcpData{}, fmt.Errorf("tcp-data-listen %q: %w", cfg.TCPDataListen, err)
+		}
+		p.host = h
+		p.port, _ = strconv.Atoi(portStr)
+		if !isWildcard(h) {
+			p.advertise, advFlag, advValue = h, "tcp-data-listen", cfg.TCPDataListen
+		}
+	}
+	advHost, _, advErr := net.SplitHostPort(cfg.Advertise)
+	if p.advertise == "" {
+		if advErr == nil && !isWildcard(advHost) {
+			p.advertise, advFlag, advValue = advHost, "advertise", cfg.Advertise
+		} else if !isWildcard(listenHost) {
+			p.advertise = listenHost
+		}
+	}
+	if isLoopback(listenHost) {
+		return p, nil // a single-host node: loopback is right
+	}
+	if advErr == nil && isLoopback(advHost) {
+		return tcpData{}, fmt.Errorf("--advertise %s: %w (--listen %s): advertise an address other hosts can dial",
+			cfg.Advertise, ErrLoopbackAdvertise, cfg.Listen)
+	}
+	if isLoopback(p.advertise) {
+		return tcpData{}, fmt.Errorf("--%s %s: the tcp data listener %w (--listen %s): drop --%s or give it an address other hosts can dial",
+			advFlag, advValue, ErrLoopbackAdvertise, cfg.Listen, advFlag)
+	}
+	return p, nil
+}
+
+// isWildcard: the host listens on every address (empty, 0.0.0.0, ::).
+func isWildcard(h string) bool {
+	ip := net.ParseIP(h)
+	return h == "" || (ip != nil && ip.IsUnspecified())
+}
+
+// isLoopback: the host is only reachable from this machine.
+func isLoopback(h string) bool {
+	l := strings.ToLower(h)
+	if l == "localhost" || strings.HasSuffix(l, ".localhost") {
+		return true
+	}
+	ip := net.ParseIP(h)
+	return ip != nil && ip.IsLoopback()
 }
 
 func openTCP(cfg *config.Config, count int, names []string, reason string, verbsAvail bool, met *metrics.Metrics, log zerolog.Logger) (*transport, error) {
 	if reason != "requested" {
 		reason = "verbs unavailable: " + reason
 	}
-	host, portStr, err := net.SplitHostPort(cfg.TCPDataListen)
+	plan, err := planTCPData(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("tcp-data-listen %q: %w", cfg.TCPDataListen, err)
+		return nil, err
 	}
-	port, _ := strconv.Atoi(portStr)
 	opts := make([]tcp.DeviceOptions, count)
 	dlog := log.With().Str("component", "tcp").Logger()
 	for i := range opts {
-		o := tcp.DeviceOptions{QPNStart: cfg.TCPQPNStart, NUMANode: -1, Logger: &dlog, Metrics: met}
+		o := tcp.DeviceOptions{QPNStart: cfg.TCPQPNStart, NUMANode: -1, Logger: &dlog, AdvertiseHost: plan.advertise}
 		if names != nil {
 			o.Name = names[i]
 		}
-		p := port
-		if port != 0 {
-			p = port + i
+		p := plan.port
+		if p != 0 {
+			p += i
 		}
-		o.ListenAddr = net.JoinHostPort(host, strconv.Itoa(p))
-		// A wildcard listener cannot be dialled from another host: advertise
-		// the node's advertised host instead, when the port is known now.
-		if ip := net.ParseIP(host); (host == "" || (ip != nil && ip.IsUnspecified())) && p != 0 {
-			if ah := advertiseHost(cfg); ah != "" {
-				o.Advertise = net.JoinHostPort(ah, strconv.Itoa(p))
-			}
-		}
+		o.ListenAddr = net.JoinHostPort(plan.host, strconv.Itoa(p))
 		opts[i] = o
 	}
 	prov, err := tcp.NewProvider(opts...)
 	if err != nil {
-		return nil, fmt.Errorf("tcp transport: %w", err)
+		return nil, err // "tcp: device tcp0: listen ...": already names the transport
 	}
 	infos, err := prov.Devices()
 	if err != nil {
@@ -131,21 +210,13 @@ func openTCP(cfg *config.Config, count int, names []string, reason string, verbs
 			return nil, fmt.Errorf("tcp transport: %w", err)
 		}
 		t.devices = append(t.devices, d)
+		t.dataAddrs = append(t.dataAddrs, in.Addr)
+	}
+	if plan.advertise == "" {
+		log.Warn().Strs("data_advertise", t.dataAddrs).
+			Msg("tcp data listeners advertise a wildcard address that peers on other hosts cannot dial: set --advertise")
 	}
 	return t, nil
-}
-
-// advertiseHost is the host part of --advertise, else of --listen when it
-// is a concrete address; "" when neither names one.
-func advertiseHost(cfg *config.Config) string {
-	for _, a := range []string{cfg.Advertise, cfg.Listen} {
-		if h, _, err := net.SplitHostPort(a); err == nil && h != "" {
-			if ip := net.ParseIP(h); ip == nil || !ip.IsUnspecified() {
-				return h
-			}
-		}
-	}
-	return ""
 }
 
 func openVerbs(count int, names []string, reason string) (*transport, error) {
@@ -203,4 +274,13 @@ func deviceNames(infos []ibv.DeviceInfo) string {
 		s[i] = in.Name
 	}
 	return strings.Join(s, ",")
+}
+
+// nicNames are the opened devices' names, in NIC order.
+func (t *transport) nicNames() []string {
+	out := make([]string, len(t.devices))
+	for i, d := range t.devices {
+		out[i] = d.Info().Name
+	}
+	return out
 }

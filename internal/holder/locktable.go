@@ -87,6 +87,7 @@ type SessionInfo struct {
 	CreatedAt   time.Time
 	ExpiresAt   time.Time
 	Renewals    int
+	blocks      []*store.Block // immutable; for Locked
 }
 
 // session is one transfer lock. id, owner, incarnation, blocks, bytes and
@@ -199,6 +200,7 @@ func newLockTable(opts Options) *LockTable {
 		maxNodes:    opts.MaxRequesters,
 		scanAt:      opts.MaxRequesters,
 	}
+	t.m.SetOldestSessionAge(t.oldestAge)
 	for i := range t.shards {
 		t.shards[i].live = make(map[string]*session)
 		t.shards[i].tomb = make(map[string]tombstone)
@@ -271,6 +273,7 @@ func (t *LockTable) evictIdleNodesLocked(now time.Time) {
 		if len(n.sessions) == 0 && n.lastSeen.Before(cutoff) {
 			n.dead = true
 			delete(t.nodes, id)
+			t.m.ForgetRequester(id)
 		}
 		n.mu.Unlock()
 	}
@@ -438,6 +441,8 @@ func (t *LockTable) open(owner, inc string, blocks []*store.Block, bytes uint64)
 	t.lockedBlocks.Add(int64(len(blocks)))
 	t.m.SessionsActive.Inc()
 	t.m.LockActive.Add(float64(len(blocks)))
+	t.m.SessionsGranted.Inc()
+	t.m.RequesterSessions(owner).Inc()
 	t.reclaim(owner, prev, inc, victims)
 	return s, nil
 }
@@ -445,6 +450,7 @@ func (t *LockTable) open(owner, inc string, blocks []*store.Block, bytes uint64)
 // removeLocked takes s out of its shard and leaves a tombstone; sh.mu held.
 func (t *LockTable) removeLocked(sh *shard, s *session, why EndReason) {
 	delete(sh.live, s.id)
+	t.m.SessionEnds.WithLabelValues(why.outcome()).Inc()
 	if s.heapIdx >= 0 {
 		heap.Remove(&sh.expiry, s.heapIdx)
 	}
@@ -466,6 +472,7 @@ func (t *LockTable) finish(s *session) {
 	t.lockedBlocks.Add(-int64(len(s.blocks)))
 	t.m.SessionsActive.Dec()
 	t.m.LockActive.Sub(float64(len(s.blocks)))
+	t.m.RequesterSessions(s.owner).Dec()
 	t.nodesMu.Lock()
 	n := t.nodes[s.owner]
 	t.nodesMu.Unlock()
@@ -707,7 +714,7 @@ func (t *LockTable) Sessions() []SessionInfo {
 			out = append(out, SessionInfo{
 				ID: s.id, RequesterID: s.owner, Incarnation: s.incarnation,
 				Blocks: len(s.blocks), Bytes: s.bytes, CreatedAt: s.created,
-				ExpiresAt: s.deadline, Renewals: s.renewals,
+				ExpiresAt: s.deadline, Renewals: s.renewals, blocks: s.blocks,
 			})
 		}
 		sh.mu.Unlock()
@@ -740,7 +747,7 @@ func (t *LockTable) SessionsPage(cursor uint64, limit int) (page []SessionInfo, 
 			row := pageRow{seq: s.seq, info: SessionInfo{
 				ID: s.id, RequesterID: s.owner, Incarnation: s.incarnation,
 				Blocks: len(s.blocks), Bytes: s.bytes, CreatedAt: s.created,
-				ExpiresAt: s.deadline, Renewals: s.renewals,
+				ExpiresAt: s.deadline, Renewals: s.renewals, blocks: s.blocks,
 			}}
 			if len(h) == limit+1 {
 				h[0] = row

@@ -309,6 +309,7 @@ func (s *Service) QueryBlocksForTransfer(ctx context.Context, req *pegadv1.Query
 		resp.Missing = append(resp.Missing, req.Hashes[i])
 	}
 	if len(pinned) == 0 {
+		s.opts.Metrics.EmptyQueries.Inc()
 		return resp, nil
 	}
 	isMissing := make([]bool, len(keys))

@@ -69,6 +69,9 @@ func NewAdmin(o AdminOptions) *Admin {
 	return &Admin{o: o}
 }
 
+// MaxLockedListLimit caps a ListSessions page that lists locked blocks.
+const MaxLockedListLimit = 64
+
 // ListSessions lists a page of the holder's live sessions (oldest first)
 // and, on the first page, the requester's in-flight fetches.
 func (a *Admin) ListSessions(_ context.Context, req *pegadv1.ListSessionsRequest) (*pegadv1.ListSessionsResponse, error) {
@@ -77,6 +80,11 @@ func (a *Admin) ListSessions(_ context.Context, req *pegadv1.ListSessionsRequest
 		return nil, err
 	}
 	limit := listLimit(req.GetLimit())
+	if req.GetIncludeBlocks() {
+		// A session locks up to 4096 blocks: smaller pages keep an answer
+		// with every block listed well under the message limits.
+		limit = min(limit, MaxLockedListLimit)
+	}
 	now := a.o.Now()
 	resp := &pegadv1.ListSessionsResponse{
 		Sessions: []*pegadv1.HolderSession{},
@@ -86,7 +94,14 @@ func (a *Admin) ListSessions(_ context.Context, req *pegadv1.ListSessionsRequest
 		page, next := a.o.Locks.SessionsPage(cursor, limit)
 		resp.NextCursor = formatCursor(next)
 		for _, s := range page {
+			var locked []*pegadv1.LockedBlock
+			if req.GetIncludeBlocks() {
+				for _, b := range s.Locked() {
+					locked = append(locked, &pegadv1.LockedBlock{Namespace: b.Key.Namespace, Hash: []byte(b.Key.Hash), Bytes: b.Bytes})
+				}
+			}
 			resp.Sessions = append(resp.Sessions, &pegadv1.HolderSession{
+				Locked:               locked,
 				SessionId:            s.ID,
 				RequesterId:          s.RequesterID,
 				RequesterIncarnation: s.Incarnation,
@@ -111,6 +126,7 @@ func (a *Admin) ListSessions(_ context.Context, req *pegadv1.ListSessionsRequest
 				SessionId: f.SessionID,
 				Blocks:    uint32(f.Blocks),
 				Bytes:     f.Bytes,
+				BytesDone: f.BytesDone,
 				Age:       durationpb.New(max(now.Sub(f.Started), 0)),
 				Phase:     f.Phase,
 			})
@@ -151,12 +167,13 @@ func (a *Admin) ListConns(context.Context, *pegadv1.ListConnsRequest) (*pegadv1.
 	now := a.o.Now()
 	for _, c := range a.o.Conns.List() {
 		pc := &pegadv1.Conn{
-			Peer:         c.Peer,
-			State:        c.State,
-			Qps:          uint32(c.QPs),
-			Age:          durationpb.New(max(now.Sub(c.Since), 0)),
-			RemoteNodeId: c.RemoteNodeID,
-			Role:         c.Role,
+			Peer:            c.Peer,
+			State:           c.State,
+			Qps:             uint32(c.QPs),
+			Age:             durationpb.New(max(now.Sub(c.Since), 0)),
+			RemoteNodeId:    c.RemoteNodeID,
+			RemoteAdvertise: c.RemoteAdvertise,
+			Role:            c.Role,
 		}
 		for _, n := range c.NICs {
 			pc.Nics = append(pc.Nics, &pegadv1.NicConn{Nic: n.Name, Qps: uint32(n.QPs), LocalQpns: n.LocalQPNs})

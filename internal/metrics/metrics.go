@@ -6,6 +6,10 @@
 package metrics
 
 import (
+	"sync"
+	"sync/atomic"
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	dto "github.com/prometheus/client_model/go"
@@ -19,6 +23,48 @@ const (
 	RPCHandshake    = "rdma_handshake"
 	RPCDisconnect   = "rdma_disconnect"
 	RPCForceRelease = "admin_release_lock"
+)
+
+// RPCs is every rpc label of HolderRPC.
+var RPCs = []string{RPCQueryBlocks, RPCReleaseLock, RPCRenewLock, RPCHandshake, RPCDisconnect, RPCForceRelease}
+
+// grpcCodes are the code label values of HolderRPC (codes.Code.String()).
+var grpcCodes = []string{"OK", "Canceled", "Unknown", "InvalidArgument", "DeadlineExceeded", "NotFound",
+	"AlreadyExists", "PermissionDenied", "ResourceExhausted", "FailedPrecondition", "Aborted",
+	"OutOfRange", "Unimplemented", "Internal", "Unavailable", "DataLoss", "Unauthenticated"}
+
+// Session end outcomes, the outcome label of SessionEnds.
+const (
+	OutcomeReleased  = "released"  // by its requester
+	OutcomeExpired   = "expired"   // by the sweeper, after lock-timeout
+	OutcomeReclaimed = "reclaimed" // its requester restarted
+	OutcomeForced    = "forced"    // by an operator, or by the holder's shutdown
+)
+
+// Outcomes is every outcome label of SessionEnds.
+var Outcomes = []string{OutcomeReleased, OutcomeExpired, OutcomeReclaimed, OutcomeForced}
+
+// Label values the components use, listed here so that every labelled
+// series exists at zero from the first scrape (differences and rate()
+// then work before anything happened). A value missing here only means
+// its series appears on first use.
+var (
+	FetchStatuses     = []string{FetchOK, FetchError, FetchCanceled, FetchDiscarded, FetchPanic, FetchMissing}
+	FetchErrorClasses = []string{"connection", "local_resource", "remote", "deadline", "invalid"}
+	ConnRoles         = []string{"requester", "holder"}
+	ConnStates        = []string{"connecting", "connected", "invalidated"}
+	HandshakeResults  = []string{"ok", "error", "invalid", "rejected", "unreachable"}
+	InvalidReasons    = []string{"manual", "shutdown", "deadline", "canceled", "completion_error",
+		"session_invalidated", "connection_broken", "peer_restarted", "remote_memory", "other"}
+	WCStatuses = []string{"success", "wr_flush_err", "rem_access_err", "loc_prot_err", "retry_exc_err",
+		"rem_inv_req_err", "loc_len_err"}
+)
+
+// MaxRequesterLabels bounds the requester label of
+// SessionsLiveByRequester: requesters past it share OtherRequester.
+const (
+	MaxRequesterLabels = 256
+	OtherRequester     = "_other"
 )
 
 // Fetch statuses used as the status label of FetchTotal.
@@ -43,6 +89,15 @@ type Metrics struct {
 	LockRenewals       prometheus.Counter
 	IncarnationReclaim prometheus.Counter // sessions released because their requester restarted
 	LockEndedNotLive   prometheus.Counter // releases that found the session already expired/reclaimed
+	SessionsGranted    prometheus.Counter // sessions opened (queries that locked at least one block)
+	SessionEnds        *prometheus.CounterVec
+	EmptyQueries       prometheus.Counter // queries that locked nothing
+	// sessionsByReq is SessionsLiveByRequester's vector; use RequesterSessions.
+	sessionsByReq *prometheus.GaugeVec
+	reqMu         sync.Mutex          // guards reqLabels and reqOverflow
+	reqLabels     map[string]struct{} // requester labels in use, bounded by MaxRequesterLabels
+	reqOverflow   map[string]struct{} // requesters counted under OtherRequester until forgotten
+	oldestAge     atomic.Pointer[func() time.Duration]
 
 	// Requester side.
 	FetchTotal        *prometheus.CounterVec // status
@@ -80,6 +135,10 @@ type Metrics struct {
 	BlockBytes     prometheus.Gauge
 	Evictions      prometheus.Counter
 	PinnedDeferred prometheus.Gauge // evicted/deleted blocks whose memory waits for the last pin
+
+	// Process.
+	buildInfo     *prometheus.GaugeVec
+	transportInfo *prometheus.GaugeVec
 }
 
 // New creates and registers the metrics on reg. Go runtime and process
@@ -93,7 +152,7 @@ func New(reg prometheus.Registerer, runtime bool) *Metrics {
 			Name: "pegaflow_transfer_sessions_active", Help: "Live transfer sessions (locks) held on this node as holder.",
 		}),
 		LockActive: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "pegaflow_transfer_lock_active", Help: "Blocks pinned by live transfer sessions (a block pinned by two sessions counts twice).",
+			Name: "pegaflow_transfer_lock_active", Help: "Locked blocks: block pins held by live transfer sessions (a block locked by two sessions counts twice); not a count of locks, see pegaflow_transfer_sessions_active.",
 		}),
 		LockTimeouts: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "pegaflow_transfer_lock_timeouts_total", Help: "Transfer sessions expired (by the GC sweeper, or at a release or renewal after their deadline) before being released.",
@@ -110,11 +169,31 @@ func New(reg prometheus.Registerer, runtime bool) *Metrics {
 		LockEndedNotLive: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "pegaflow_transfer_lock_release_not_live_total", Help: "Releases that found their session already expired or reclaimed.",
 		}),
+		SessionsGranted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "pegaflow_holder_sessions_granted_total", Help: "Transfer sessions (locks) granted by this holder; granted minus ended is the live count.",
+		}),
+		SessionEnds: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pegaflow_holder_session_ends_total", Help: "Transfer sessions ended, by outcome (released, expired, reclaimed, forced).",
+		}, []string{"outcome"}),
+		EmptyQueries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "pegaflow_holder_empty_queries_total", Help: "Block queries that locked nothing (no block found); no session was granted.",
+		}),
+		sessionsByReq: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "pegaflow_holder_sessions_live_by_requester", Help: "Live transfer sessions held here, by requester node (at most 256 nodes; more share requester=\"_other\").",
+		}, []string{"requester"}),
+		reqLabels:   make(map[string]struct{}),
+		reqOverflow: make(map[string]struct{}),
+		buildInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "pegad_build_info", Help: "Always 1; the labels say which build runs.",
+		}, []string{"version", "commit", "goversion"}),
+		transportInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "pegad_transport_info", Help: "Always 1; the labels say which data transport runs and why (requested, auto, fallback: verbs unavailable).",
+		}, []string{"transport", "reason"}),
 		FetchTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pegaflow_rdma_fetch_total", Help: "Prefetches run as requester, by outcome.",
 		}, []string{"status"}),
 		FetchBytes: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "pegaflow_rdma_fetch_bytes_total", Help: "Bytes fetched by RDMA READ and indexed locally.",
+			Name: "pegaflow_rdma_fetch_bytes_total", Help: "Bytes read from peers by RDMA READ as requester, counted as each READ completes (reads a fetch later discards included).",
 		}),
 		FetchDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "pegaflow_rdma_fetch_duration_seconds", Help: "Prefetch duration, connect to release.",
@@ -193,16 +272,118 @@ func New(reg prometheus.Registerer, runtime bool) *Metrics {
 	reg.MustRegister(
 		m.HolderRPC, m.SessionsActive, m.LockActive, m.LockTimeouts, m.LockForceReleases,
 		m.LockRenewals, m.IncarnationReclaim, m.LockEndedNotLive,
+		m.SessionsGranted, m.SessionEnds, m.EmptyQueries, m.sessionsByReq,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "pegaflow_holder_oldest_session_age_seconds",
+			Help: "Age of the oldest live transfer session held here (0 when none): a leaked lock shows as a steady rise.",
+		}, m.oldestSessionAge),
+		m.buildInfo, m.transportInfo,
 		m.FetchTotal, m.FetchBytes, m.FetchDuration, m.FetchErrors, m.GuardAborts,
 		m.GuardReleaseFails, m.RenewFailures, m.FetchesInFlight, m.StagingQuarantine,
 		m.RDMAQPs, m.SessionWorkers, m.Conns, m.Handshakes, m.Invalidations, m.WorkCompletions,
 		m.BatchesInvalidated, m.QPDrainFailures, m.TCPDataRefused, m.AcceptedReaped,
 		m.PoolSize, m.PoolUsed, m.PoolLocked, m.Blocks, m.BlockBytes, m.Evictions, m.PinnedDeferred,
 	)
+	m.initSeries()
 	if runtime {
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
 	return m
+}
+
+// initSeries creates every known labelled series at zero.
+func (m *Metrics) initSeries() {
+	for _, rpc := range RPCs {
+		for _, c := range grpcCodes {
+			m.HolderRPC.WithLabelValues(rpc, c)
+		}
+	}
+	for _, o := range Outcomes {
+		m.SessionEnds.WithLabelValues(o)
+	}
+	for _, s := range FetchStatuses {
+		m.FetchTotal.WithLabelValues(s)
+	}
+	for _, c := range FetchErrorClasses {
+		m.FetchErrors.WithLabelValues(c)
+	}
+	for _, r := range ConnRoles {
+		for _, s := range ConnStates {
+			m.Conns.WithLabelValues(r, s)
+		}
+		for _, res := range HandshakeResults {
+			m.Handshakes.WithLabelValues(r, res)
+		}
+	}
+	for _, r := range InvalidReasons {
+		m.Invalidations.WithLabelValues(r)
+	}
+	for _, s := range WCStatuses {
+		m.WorkCompletions.WithLabelValues(s)
+	}
+}
+
+// RequesterSessions is the live-sessions gauge of requester node id. The
+// label set is bounded: past MaxRequesterLabels distinct nodes, new ones
+// share OtherRequester.
+func (m *Metrics) RequesterSessions(id string) prometheus.Gauge {
+	m.reqMu.Lock()
+	defer m.reqMu.Unlock()
+	// A node stays under the label it got first until it is forgotten, so
+	// that its decrements meet its increments.
+	if _, ok := m.reqOverflow[id]; ok || id == OtherRequester {
+		return m.sessionsByReq.WithLabelValues(OtherRequester)
+	}
+	if _, ok := m.reqLabels[id]; !ok {
+		if len(m.reqLabels) >= MaxRequesterLabels {
+			m.reqOverflow[id] = struct{}{}
+			return m.sessionsByReq.WithLabelValues(OtherRequester)
+		}
+		m.reqLabels[id] = struct{}{}
+	}
+	return m.sessionsByReq.WithLabelValues(id)
+}
+
+// ForgetRequester drops requester id's series (the holder forgot the
+// node: it holds nothing and was idle), freeing its label slot.
+func (m *Metrics) ForgetRequester(id string) {
+	m.reqMu.Lock()
+	defer m.reqMu.Unlock()
+	delete(m.reqOverflow, id)
+	if _, ok := m.reqLabels[id]; ok {
+		delete(m.reqLabels, id)
+		m.sessionsByReq.DeleteLabelValues(id)
+	}
+}
+
+// SetOldestSessionAge installs the function read at each scrape for the
+// oldest live session's age (the holder's lock table).
+func (m *Metrics) SetOldestSessionAge(f func() time.Duration) { m.oldestAge.Store(&f) }
+
+func (m *Metrics) oldestSessionAge() float64 {
+	if f := m.oldestAge.Load(); f != nil {
+		return (*f)().Seconds()
+	}
+	return 0
+}
+
+// SetBuildInfo sets pegad_build_info's one series.
+func (m *Metrics) SetBuildInfo(version, commit, goversion string) {
+	m.buildInfo.Reset()
+	m.buildInfo.WithLabelValues(version, commit, goversion).Set(1)
+}
+
+// Transport reasons, the reason label of pegad_transport_info.
+const (
+	TransportRequested = "requested" // --transport named it
+	TransportAuto      = "auto"      // --transport auto found verbs devices
+	TransportFallback  = "fallback"  // --transport auto: verbs unavailable, tcp instead
+)
+
+// SetTransport sets pegad_transport_info's one series.
+func (m *Metrics) SetTransport(transport, reason string) {
+	m.transportInfo.Reset()
+	m.transportInfo.WithLabelValues(transport, reason).Set(1)
 }
 
 // NewForTest returns metrics on a private registry.

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
+	"strings"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -92,7 +94,30 @@ func (e *FetchError) Error() string {
 	if e.Class != nil {
 		s += " (" + e.Class.Error() + ")"
 	}
-	return s + ": " + e.Err.Error()
+	return s + ": " + causeText(e.Err, e.Peer)
+}
+
+// grpcWrapping is the text a gRPC status gets when it is formatted.
+var grpcWrapping = regexp.MustCompile(`rpc error: code = \w+ desc = `)
+
+// causeText is err's text for an operator: one cause, said once. gRPC's
+// "rpc error: code = ... desc =" wrapping goes, and so does conn's own
+// "conn: read from PEER:" (the FetchError names the peer already). A
+// peer that closed or reset the connection is said so in words first.
+func causeText(err error, peer string) string {
+	s := grpcWrapping.ReplaceAllString(err.Error(), "")
+	if peer != "" {
+		s = strings.ReplaceAll(s, "conn: read from "+peer+": ", "")
+	}
+	s = strings.ReplaceAll(s, "conn: conn: ", "conn: ")
+	switch {
+	case strings.Contains(s, "connection reset by peer"), strings.Contains(s, "broken pipe"),
+		strings.HasSuffix(s, ": EOF"), strings.Contains(s, "error reading from server: EOF"):
+		return "peer closed the connection (" + s + ")"
+	case strings.Contains(s, "connection refused"):
+		return "peer refused the connection (connection refused): is pegad running there?"
+	}
+	return s
 }
 
 // Unwrap exposes both the class and the cause to errors.Is / errors.As.

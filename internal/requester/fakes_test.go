@@ -221,10 +221,17 @@ type fakeReader struct {
 }
 
 func (r *fakeReader) Read(ctx context.Context, ops []conn.ReadOp) error {
-	if r.read == nil {
-		return nil
+	var err error
+	if r.read != nil {
+		err = r.read(ctx, ops)
 	}
-	return r.read(ctx, ops)
+	// Report completed READs as conn.Read does (all of them on success).
+	if p := conn.ProgressOf(ctx); p != nil && err == nil {
+		for _, op := range ops {
+			p(op.Len)
+		}
+	}
+	return err
 }
 
 type fakeConns struct {

@@ -217,7 +217,12 @@ func (e *Engine) fetch(ctx context.Context, st *fetchState, keys []store.Key, ou
 
 	// Read, bounded by the lock's deadline (renewed while it runs).
 	e.hook(ctx, st, PhaseRead)
-	readCtx := conn.WithReqID(lockCtx, st.reqID)
+	// Bytes count as their completions arrive (sessions list, the
+	// fetch-bytes counter), not when the whole fetch ends.
+	readCtx := conn.WithProgress(conn.WithReqID(lockCtx, st.reqID), func(n uint64) {
+		st.done.Add(n)
+		e.m.FetchBytes.Add(float64(n))
+	})
 	readPending = true
 	rerr := rd.Read(readCtx, ops)
 	if rerr != nil && innocent(rerr) && lockCtx.Err() == nil {
@@ -236,6 +241,7 @@ func (e *Engine) fetch(ctx context.Context, st *fetchState, keys []store.Key, ou
 			rerr = fmt.Errorf("reconnect after %w: %w", rerr, gerr)
 		} else {
 			rd = nrd
+			st.done.Store(0) // read it all again
 			rerr = rd.Read(readCtx, ops)
 		}
 	}

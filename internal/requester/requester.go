@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -128,6 +129,7 @@ type FetchInfo struct {
 	SessionID string
 	Blocks    int
 	Bytes     uint64
+	BytesDone uint64 // read so far, counted as completions arrive
 	Started   time.Time
 	Phase     string
 }
@@ -205,6 +207,8 @@ type fetchState struct {
 	session string
 	blocks  int
 	bytes   uint64
+	// done counts bytes read so far, as READ completions arrive.
+	done atomic.Uint64
 }
 
 func (s *fetchState) setPhase(p string) {
@@ -383,7 +387,6 @@ func (e *Engine) Prefetch(ctx context.Context, peer, namespace string, hashes []
 // account updates the per-Prefetch metrics.
 func (e *Engine) account(res *Result, err error, fetched bool) {
 	e.m.FetchDuration.Observe(res.Duration.Seconds())
-	e.m.FetchBytes.Add(float64(res.Bytes))
 	status := metrics.FetchOK
 	var fe *FetchError
 	switch {
@@ -427,7 +430,7 @@ func (e *Engine) InFlight() []FetchInfo {
 		s.mu.Lock()
 		infos = append(infos, FetchInfo{
 			ReqID: s.reqID, Peer: s.peer, SessionID: s.session, Blocks: s.blocks,
-			Bytes: s.bytes, Started: s.started, Phase: s.phase,
+			Bytes: s.bytes, BytesDone: s.done.Load(), Started: s.started, Phase: s.phase,
 		})
 		s.mu.Unlock()
 	}

@@ -33,7 +33,10 @@ type ListSessionsRequest struct {
 	// Holder sessions per page. 0: server default (1000); capped at 4096.
 	Limit uint32 `protobuf:"varint,1,opt,name=limit,proto3" json:"limit,omitempty"`
 	// Empty: the first page. Else next_cursor of an earlier page.
-	Cursor        string `protobuf:"bytes,2,opt,name=cursor,proto3" json:"cursor,omitempty"`
+	Cursor string `protobuf:"bytes,2,opt,name=cursor,proto3" json:"cursor,omitempty"`
+	// Also list each session's locked blocks (HolderSession.locked); pages
+	// then hold at most 64 sessions.
+	IncludeBlocks bool `protobuf:"varint,3,opt,name=include_blocks,json=includeBlocks,proto3" json:"include_blocks,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -82,6 +85,74 @@ func (x *ListSessionsRequest) GetCursor() string {
 	return ""
 }
 
+func (x *ListSessionsRequest) GetIncludeBlocks() bool {
+	if x != nil {
+		return x.IncludeBlocks
+	}
+	return false
+}
+
+// One block a holder session has locked.
+type LockedBlock struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Namespace     string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Hash          []byte                 `protobuf:"bytes,2,opt,name=hash,proto3" json:"hash,omitempty"`
+	Bytes         uint64                 `protobuf:"varint,3,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LockedBlock) Reset() {
+	*x = LockedBlock{}
+	mi := &file_pegad_v1_admin_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LockedBlock) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LockedBlock) ProtoMessage() {}
+
+func (x *LockedBlock) ProtoReflect() protoreflect.Message {
+	mi := &file_pegad_v1_admin_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LockedBlock.ProtoReflect.Descriptor instead.
+func (*LockedBlock) Descriptor() ([]byte, []int) {
+	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *LockedBlock) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *LockedBlock) GetHash() []byte {
+	if x != nil {
+		return x.Hash
+	}
+	return nil
+}
+
+func (x *LockedBlock) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
 type HolderSession struct {
 	state                protoimpl.MessageState `protogen:"open.v1"`
 	SessionId            string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
@@ -93,13 +164,16 @@ type HolderSession struct {
 	Age                  *durationpb.Duration   `protobuf:"bytes,7,opt,name=age,proto3" json:"age,omitempty"`
 	ExpiresIn            *durationpb.Duration   `protobuf:"bytes,8,opt,name=expires_in,json=expiresIn,proto3" json:"expires_in,omitempty"`
 	Renewals             uint32                 `protobuf:"varint,9,opt,name=renewals,proto3" json:"renewals,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// The locked blocks, in the order the requester asked for them; only
+	// with ListSessionsRequest.include_blocks.
+	Locked        []*LockedBlock `protobuf:"bytes,10,rep,name=locked,proto3" json:"locked,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *HolderSession) Reset() {
 	*x = HolderSession{}
-	mi := &file_pegad_v1_admin_proto_msgTypes[1]
+	mi := &file_pegad_v1_admin_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -111,7 +185,7 @@ func (x *HolderSession) String() string {
 func (*HolderSession) ProtoMessage() {}
 
 func (x *HolderSession) ProtoReflect() protoreflect.Message {
-	mi := &file_pegad_v1_admin_proto_msgTypes[1]
+	mi := &file_pegad_v1_admin_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -124,7 +198,7 @@ func (x *HolderSession) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HolderSession.ProtoReflect.Descriptor instead.
 func (*HolderSession) Descriptor() ([]byte, []int) {
-	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{1}
+	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *HolderSession) GetSessionId() string {
@@ -190,23 +264,32 @@ func (x *HolderSession) GetRenewals() uint32 {
 	return 0
 }
 
+func (x *HolderSession) GetLocked() []*LockedBlock {
+	if x != nil {
+		return x.Locked
+	}
+	return nil
+}
+
 // A fetch this node is running as requester.
 type Fetch struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ReqId         string                 `protobuf:"bytes,1,opt,name=req_id,json=reqId,proto3" json:"req_id,omitempty"`
-	Peer          string                 `protobuf:"bytes,2,opt,name=peer,proto3" json:"peer,omitempty"`
-	SessionId     string                 `protobuf:"bytes,3,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	Blocks        uint32                 `protobuf:"varint,4,opt,name=blocks,proto3" json:"blocks,omitempty"`
-	Bytes         uint64                 `protobuf:"varint,5,opt,name=bytes,proto3" json:"bytes,omitempty"`
-	Age           *durationpb.Duration   `protobuf:"bytes,6,opt,name=age,proto3" json:"age,omitempty"`
-	Phase         string                 `protobuf:"bytes,7,opt,name=phase,proto3" json:"phase,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	ReqId     string                 `protobuf:"bytes,1,opt,name=req_id,json=reqId,proto3" json:"req_id,omitempty"`
+	Peer      string                 `protobuf:"bytes,2,opt,name=peer,proto3" json:"peer,omitempty"`
+	SessionId string                 `protobuf:"bytes,3,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Blocks    uint32                 `protobuf:"varint,4,opt,name=blocks,proto3" json:"blocks,omitempty"`
+	Bytes     uint64                 `protobuf:"varint,5,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	Age       *durationpb.Duration   `protobuf:"bytes,6,opt,name=age,proto3" json:"age,omitempty"`
+	Phase     string                 `protobuf:"bytes,7,opt,name=phase,proto3" json:"phase,omitempty"`
+	// Bytes read so far (counted as READ completions arrive), of bytes.
+	BytesDone     uint64 `protobuf:"varint,8,opt,name=bytes_done,json=bytesDone,proto3" json:"bytes_done,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Fetch) Reset() {
 	*x = Fetch{}
-	mi := &file_pegad_v1_admin_proto_msgTypes[2]
+	mi := &file_pegad_v1_admin_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -218,7 +301,7 @@ func (x *Fetch) String() string {
 func (*Fetch) ProtoMessage() {}
 
 func (x *Fetch) ProtoReflect() protoreflect.Message {
-	mi := &file_pegad_v1_admin_proto_msgTypes[2]
+	mi := &file_pegad_v1_admin_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -231,7 +314,7 @@ func (x *Fetch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Fetch.ProtoReflect.Descriptor instead.
 func (*Fetch) Descriptor() ([]byte, []int) {
-	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{2}
+	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Fetch) GetReqId() string {
@@ -283,6 +366,13 @@ func (x *Fetch) GetPhase() string {
 	return ""
 }
 
+func (x *Fetch) GetBytesDone() uint64 {
+	if x != nil {
+		return x.BytesDone
+	}
+	return 0
+}
+
 type ListSessionsResponse struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Sessions []*HolderSession       `protobuf:"bytes,1,rep,name=sessions,proto3" json:"sessions,omitempty"`
@@ -299,7 +389,7 @@ type ListSessionsResponse struct {
 
 func (x *ListSessionsResponse) Reset() {
 	*x = ListSessionsResponse{}
-	mi := &file_pegad_v1_admin_proto_msgTypes[3]
+	mi := &file_pegad_v1_admin_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -311,7 +401,7 @@ func (x *ListSessionsResponse) String() string {
 func (*ListSessionsResponse) ProtoMessage() {}
 
 func (x *ListSessionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pegad_v1_admin_proto_msgTypes[3]
+	mi := &file_pegad_v1_admin_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -324,7 +414,7 @@ func (x *ListSessionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSessionsResponse.ProtoReflect.Descriptor instead.
 func (*ListSessionsResponse) Descriptor() ([]byte, []int) {
-	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{3}
+	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ListSessionsResponse) GetSessions() []*HolderSession {
@@ -366,7 +456,7 @@ type ReleaseLockRequest struct {
 
 func (x *ReleaseLockRequest) Reset() {
 	*x = ReleaseLockRequest{}
-	mi := &file_pegad_v1_admin_proto_msgTypes[4]
+	mi := &file_pegad_v1_admin_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -378,7 +468,7 @@ func (x *ReleaseLockRequest) String() string {
 func (*ReleaseLockRequest) ProtoMessage() {}
 
 func (x *ReleaseLockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pegad_v1_admin_proto_msgTypes[4]
+	mi := &file_pegad_v1_admin_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -391,7 +481,7 @@ func (x *ReleaseLockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseLockRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseLockRequest) Descriptor() ([]byte, []int) {
-	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{4}
+	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ReleaseLockRequest) GetSessionId() string {
@@ -417,7 +507,7 @@ type ReleaseLockResponse struct {
 
 func (x *ReleaseLockResponse) Reset() {
 	*x = ReleaseLockResponse{}
-	mi := &file_pegad_v1_admin_proto_msgTypes[5]
+	mi := &file_pegad_v1_admin_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -429,7 +519,7 @@ func (x *ReleaseLockResponse) String() string {
 func (*ReleaseLockResponse) ProtoMessage() {}
 
 func (x *ReleaseLockResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pegad_v1_admin_proto_msgTypes[5]
+	mi := &file_pegad_v1_admin_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -442,7 +532,7 @@ func (x *ReleaseLockResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseLockResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseLockResponse) Descriptor() ([]byte, []int) {
-	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{5}
+	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ReleaseLockResponse) GetReleasedBlocks() uint32 {
@@ -460,7 +550,7 @@ type ListConnsRequest struct {
 
 func (x *ListConnsRequest) Reset() {
 	*x = ListConnsRequest{}
-	mi := &file_pegad_v1_admin_proto_msgTypes[6]
+	mi := &file_pegad_v1_admin_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -472,7 +562,7 @@ func (x *ListConnsRequest) String() string {
 func (*ListConnsRequest) ProtoMessage() {}
 
 func (x *ListConnsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pegad_v1_admin_proto_msgTypes[6]
+	mi := &file_pegad_v1_admin_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -485,7 +575,7 @@ func (x *ListConnsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListConnsRequest.ProtoReflect.Descriptor instead.
 func (*ListConnsRequest) Descriptor() ([]byte, []int) {
-	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{6}
+	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{7}
 }
 
 type NicConn struct {
@@ -499,7 +589,7 @@ type NicConn struct {
 
 func (x *NicConn) Reset() {
 	*x = NicConn{}
-	mi := &file_pegad_v1_admin_proto_msgTypes[7]
+	mi := &file_pegad_v1_admin_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -511,7 +601,7 @@ func (x *NicConn) String() string {
 func (*NicConn) ProtoMessage() {}
 
 func (x *NicConn) ProtoReflect() protoreflect.Message {
-	mi := &file_pegad_v1_admin_proto_msgTypes[7]
+	mi := &file_pegad_v1_admin_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -524,7 +614,7 @@ func (x *NicConn) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NicConn.ProtoReflect.Descriptor instead.
 func (*NicConn) Descriptor() ([]byte, []int) {
-	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{7}
+	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *NicConn) GetNic() string {
@@ -558,14 +648,17 @@ type Conn struct {
 	Age          *durationpb.Duration `protobuf:"bytes,5,opt,name=age,proto3" json:"age,omitempty"`
 	RemoteNodeId string               `protobuf:"bytes,6,opt,name=remote_node_id,json=remoteNodeId,proto3" json:"remote_node_id,omitempty"`
 	// accept side (a peer that reads from us) or requester side.
-	Role          string `protobuf:"bytes,7,opt,name=role,proto3" json:"role,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Role string `protobuf:"bytes,7,opt,name=role,proto3" json:"role,omitempty"`
+	// Holder rows: the requester's advertised address from its handshake
+	// (peer is then its connection's ephemeral address); "" if not sent.
+	RemoteAdvertise string `protobuf:"bytes,8,opt,name=remote_advertise,json=remoteAdvertise,proto3" json:"remote_advertise,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Conn) Reset() {
 	*x = Conn{}
-	mi := &file_pegad_v1_admin_proto_msgTypes[8]
+	mi := &file_pegad_v1_admin_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -577,7 +670,7 @@ func (x *Conn) String() string {
 func (*Conn) ProtoMessage() {}
 
 func (x *Conn) ProtoReflect() protoreflect.Message {
-	mi := &file_pegad_v1_admin_proto_msgTypes[8]
+	mi := &file_pegad_v1_admin_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -590,7 +683,7 @@ func (x *Conn) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Conn.ProtoReflect.Descriptor instead.
 func (*Conn) Descriptor() ([]byte, []int) {
-	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{8}
+	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Conn) GetPeer() string {
@@ -642,6 +735,13 @@ func (x *Conn) GetRole() string {
 	return ""
 }
 
+func (x *Conn) GetRemoteAdvertise() string {
+	if x != nil {
+		return x.RemoteAdvertise
+	}
+	return ""
+}
+
 type ListConnsResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Conns         []*Conn                `protobuf:"bytes,1,rep,name=conns,proto3" json:"conns,omitempty"`
@@ -651,7 +751,7 @@ type ListConnsResponse struct {
 
 func (x *ListConnsResponse) Reset() {
 	*x = ListConnsResponse{}
-	mi := &file_pegad_v1_admin_proto_msgTypes[9]
+	mi := &file_pegad_v1_admin_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -663,7 +763,7 @@ func (x *ListConnsResponse) String() string {
 func (*ListConnsResponse) ProtoMessage() {}
 
 func (x *ListConnsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pegad_v1_admin_proto_msgTypes[9]
+	mi := &file_pegad_v1_admin_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -676,7 +776,7 @@ func (x *ListConnsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListConnsResponse.ProtoReflect.Descriptor instead.
 func (*ListConnsResponse) Descriptor() ([]byte, []int) {
-	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{9}
+	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ListConnsResponse) GetConns() []*Conn {
@@ -694,7 +794,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_pegad_v1_admin_proto_msgTypes[10]
+	mi := &file_pegad_v1_admin_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -706,7 +806,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pegad_v1_admin_proto_msgTypes[10]
+	mi := &file_pegad_v1_admin_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -719,7 +819,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{10}
+	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{11}
 }
 
 type StatsResponse struct {
@@ -749,7 +849,7 @@ type StatsResponse struct {
 
 func (x *StatsResponse) Reset() {
 	*x = StatsResponse{}
-	mi := &file_pegad_v1_admin_proto_msgTypes[11]
+	mi := &file_pegad_v1_admin_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -761,7 +861,7 @@ func (x *StatsResponse) String() string {
 func (*StatsResponse) ProtoMessage() {}
 
 func (x *StatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pegad_v1_admin_proto_msgTypes[11]
+	mi := &file_pegad_v1_admin_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -774,7 +874,7 @@ func (x *StatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsResponse.ProtoReflect.Descriptor instead.
 func (*StatsResponse) Descriptor() ([]byte, []int) {
-	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{11}
+	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *StatsResponse) GetNodeId() string {
@@ -918,7 +1018,7 @@ type VersionRequest struct {
 
 func (x *VersionRequest) Reset() {
 	*x = VersionRequest{}
-	mi := &file_pegad_v1_admin_proto_msgTypes[12]
+	mi := &file_pegad_v1_admin_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -930,7 +1030,7 @@ func (x *VersionRequest) String() string {
 func (*VersionRequest) ProtoMessage() {}
 
 func (x *VersionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pegad_v1_admin_proto_msgTypes[12]
+	mi := &file_pegad_v1_admin_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -943,7 +1043,7 @@ func (x *VersionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VersionRequest.ProtoReflect.Descriptor instead.
 func (*VersionRequest) Descriptor() ([]byte, []int) {
-	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{12}
+	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{13}
 }
 
 type VersionResponse struct {
@@ -959,7 +1059,7 @@ type VersionResponse struct {
 
 func (x *VersionResponse) Reset() {
 	*x = VersionResponse{}
-	mi := &file_pegad_v1_admin_proto_msgTypes[13]
+	mi := &file_pegad_v1_admin_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -971,7 +1071,7 @@ func (x *VersionResponse) String() string {
 func (*VersionResponse) ProtoMessage() {}
 
 func (x *VersionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pegad_v1_admin_proto_msgTypes[13]
+	mi := &file_pegad_v1_admin_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -984,7 +1084,7 @@ func (x *VersionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VersionResponse.ProtoReflect.Descriptor instead.
 func (*VersionResponse) Descriptor() ([]byte, []int) {
-	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{13}
+	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *VersionResponse) GetVersion() string {
@@ -1026,10 +1126,15 @@ var File_pegad_v1_admin_proto protoreflect.FileDescriptor
 
 const file_pegad_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x14pegad/v1/admin.proto\x12\bpegad.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"C\n" +
+	"\x14pegad/v1/admin.proto\x12\bpegad.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"j\n" +
 	"\x13ListSessionsRequest\x12\x14\n" +
 	"\x05limit\x18\x01 \x01(\rR\x05limit\x12\x16\n" +
-	"\x06cursor\x18\x02 \x01(\tR\x06cursor\"\xf2\x02\n" +
+	"\x06cursor\x18\x02 \x01(\tR\x06cursor\x12%\n" +
+	"\x0einclude_blocks\x18\x03 \x01(\bR\rincludeBlocks\"U\n" +
+	"\vLockedBlock\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
+	"\x04hash\x18\x02 \x01(\fR\x04hash\x12\x14\n" +
+	"\x05bytes\x18\x03 \x01(\x04R\x05bytes\"\xa1\x03\n" +
 	"\rHolderSession\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12!\n" +
@@ -1042,7 +1147,9 @@ const file_pegad_v1_admin_proto_rawDesc = "" +
 	"\x03age\x18\a \x01(\v2\x19.google.protobuf.DurationR\x03age\x128\n" +
 	"\n" +
 	"expires_in\x18\b \x01(\v2\x19.google.protobuf.DurationR\texpiresIn\x12\x1a\n" +
-	"\brenewals\x18\t \x01(\rR\brenewals\"\xc2\x01\n" +
+	"\brenewals\x18\t \x01(\rR\brenewals\x12-\n" +
+	"\x06locked\x18\n" +
+	" \x03(\v2\x15.pegad.v1.LockedBlockR\x06locked\"\xe1\x01\n" +
 	"\x05Fetch\x12\x15\n" +
 	"\x06req_id\x18\x01 \x01(\tR\x05reqId\x12\x12\n" +
 	"\x04peer\x18\x02 \x01(\tR\x04peer\x12\x1d\n" +
@@ -1051,7 +1158,9 @@ const file_pegad_v1_admin_proto_rawDesc = "" +
 	"\x06blocks\x18\x04 \x01(\rR\x06blocks\x12\x14\n" +
 	"\x05bytes\x18\x05 \x01(\x04R\x05bytes\x12+\n" +
 	"\x03age\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\x03age\x12\x14\n" +
-	"\x05phase\x18\a \x01(\tR\x05phase\"\xc4\x01\n" +
+	"\x05phase\x18\a \x01(\tR\x05phase\x12\x1d\n" +
+	"\n" +
+	"bytes_done\x18\b \x01(\x04R\tbytesDone\"\xc4\x01\n" +
 	"\x14ListSessionsResponse\x123\n" +
 	"\bsessions\x18\x01 \x03(\v2\x17.pegad.v1.HolderSessionR\bsessions\x12)\n" +
 	"\afetches\x18\x02 \x03(\v2\x0f.pegad.v1.FetchR\afetches\x12\x1f\n" +
@@ -1069,7 +1178,7 @@ const file_pegad_v1_admin_proto_rawDesc = "" +
 	"\x03nic\x18\x01 \x01(\tR\x03nic\x12\x10\n" +
 	"\x03qps\x18\x02 \x01(\rR\x03qps\x12\x1d\n" +
 	"\n" +
-	"local_qpns\x18\x03 \x03(\rR\tlocalQpns\"\xd0\x01\n" +
+	"local_qpns\x18\x03 \x03(\rR\tlocalQpns\"\xfb\x01\n" +
 	"\x04Conn\x12\x12\n" +
 	"\x04peer\x18\x01 \x01(\tR\x04peer\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12%\n" +
@@ -1077,7 +1186,8 @@ const file_pegad_v1_admin_proto_rawDesc = "" +
 	"\x03qps\x18\x04 \x01(\rR\x03qps\x12+\n" +
 	"\x03age\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x03age\x12$\n" +
 	"\x0eremote_node_id\x18\x06 \x01(\tR\fremoteNodeId\x12\x12\n" +
-	"\x04role\x18\a \x01(\tR\x04role\"9\n" +
+	"\x04role\x18\a \x01(\tR\x04role\x12)\n" +
+	"\x10remote_advertise\x18\b \x01(\tR\x0fremoteAdvertise\"9\n" +
 	"\x11ListConnsResponse\x12$\n" +
 	"\x05conns\x18\x01 \x03(\v2\x0e.pegad.v1.ConnR\x05conns\"\x0e\n" +
 	"\fStatsRequest\"\xf0\x04\n" +
@@ -1132,51 +1242,53 @@ func file_pegad_v1_admin_proto_rawDescGZIP() []byte {
 	return file_pegad_v1_admin_proto_rawDescData
 }
 
-var file_pegad_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_pegad_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_pegad_v1_admin_proto_goTypes = []any{
 	(*ListSessionsRequest)(nil),   // 0: pegad.v1.ListSessionsRequest
-	(*HolderSession)(nil),         // 1: pegad.v1.HolderSession
-	(*Fetch)(nil),                 // 2: pegad.v1.Fetch
-	(*ListSessionsResponse)(nil),  // 3: pegad.v1.ListSessionsResponse
-	(*ReleaseLockRequest)(nil),    // 4: pegad.v1.ReleaseLockRequest
-	(*ReleaseLockResponse)(nil),   // 5: pegad.v1.ReleaseLockResponse
-	(*ListConnsRequest)(nil),      // 6: pegad.v1.ListConnsRequest
-	(*NicConn)(nil),               // 7: pegad.v1.NicConn
-	(*Conn)(nil),                  // 8: pegad.v1.Conn
-	(*ListConnsResponse)(nil),     // 9: pegad.v1.ListConnsResponse
-	(*StatsRequest)(nil),          // 10: pegad.v1.StatsRequest
-	(*StatsResponse)(nil),         // 11: pegad.v1.StatsResponse
-	(*VersionRequest)(nil),        // 12: pegad.v1.VersionRequest
-	(*VersionResponse)(nil),       // 13: pegad.v1.VersionResponse
-	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 15: google.protobuf.Duration
+	(*LockedBlock)(nil),           // 1: pegad.v1.LockedBlock
+	(*HolderSession)(nil),         // 2: pegad.v1.HolderSession
+	(*Fetch)(nil),                 // 3: pegad.v1.Fetch
+	(*ListSessionsResponse)(nil),  // 4: pegad.v1.ListSessionsResponse
+	(*ReleaseLockRequest)(nil),    // 5: pegad.v1.ReleaseLockRequest
+	(*ReleaseLockResponse)(nil),   // 6: pegad.v1.ReleaseLockResponse
+	(*ListConnsRequest)(nil),      // 7: pegad.v1.ListConnsRequest
+	(*NicConn)(nil),               // 8: pegad.v1.NicConn
+	(*Conn)(nil),                  // 9: pegad.v1.Conn
+	(*ListConnsResponse)(nil),     // 10: pegad.v1.ListConnsResponse
+	(*StatsRequest)(nil),          // 11: pegad.v1.StatsRequest
+	(*StatsResponse)(nil),         // 12: pegad.v1.StatsResponse
+	(*VersionRequest)(nil),        // 13: pegad.v1.VersionRequest
+	(*VersionResponse)(nil),       // 14: pegad.v1.VersionResponse
+	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 16: google.protobuf.Duration
 }
 var file_pegad_v1_admin_proto_depIdxs = []int32{
-	14, // 0: pegad.v1.HolderSession.created_at:type_name -> google.protobuf.Timestamp
-	15, // 1: pegad.v1.HolderSession.age:type_name -> google.protobuf.Duration
-	15, // 2: pegad.v1.HolderSession.expires_in:type_name -> google.protobuf.Duration
-	15, // 3: pegad.v1.Fetch.age:type_name -> google.protobuf.Duration
-	1,  // 4: pegad.v1.ListSessionsResponse.sessions:type_name -> pegad.v1.HolderSession
-	2,  // 5: pegad.v1.ListSessionsResponse.fetches:type_name -> pegad.v1.Fetch
-	7,  // 6: pegad.v1.Conn.nics:type_name -> pegad.v1.NicConn
-	15, // 7: pegad.v1.Conn.age:type_name -> google.protobuf.Duration
-	8,  // 8: pegad.v1.ListConnsResponse.conns:type_name -> pegad.v1.Conn
-	15, // 9: pegad.v1.StatsResponse.uptime:type_name -> google.protobuf.Duration
-	0,  // 10: pegad.v1.AdminService.ListSessions:input_type -> pegad.v1.ListSessionsRequest
-	4,  // 11: pegad.v1.AdminService.ReleaseLock:input_type -> pegad.v1.ReleaseLockRequest
-	6,  // 12: pegad.v1.AdminService.ListConns:input_type -> pegad.v1.ListConnsRequest
-	10, // 13: pegad.v1.AdminService.Stats:input_type -> pegad.v1.StatsRequest
-	12, // 14: pegad.v1.AdminService.Version:input_type -> pegad.v1.VersionRequest
-	3,  // 15: pegad.v1.AdminService.ListSessions:output_type -> pegad.v1.ListSessionsResponse
-	5,  // 16: pegad.v1.AdminService.ReleaseLock:output_type -> pegad.v1.ReleaseLockResponse
-	9,  // 17: pegad.v1.AdminService.ListConns:output_type -> pegad.v1.ListConnsResponse
-	11, // 18: pegad.v1.AdminService.Stats:output_type -> pegad.v1.StatsResponse
-	13, // 19: pegad.v1.AdminService.Version:output_type -> pegad.v1.VersionResponse
-	15, // [15:20] is the sub-list for method output_type
-	10, // [10:15] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	15, // 0: pegad.v1.HolderSession.created_at:type_name -> google.protobuf.Timestamp
+	16, // 1: pegad.v1.HolderSession.age:type_name -> google.protobuf.Duration
+	16, // 2: pegad.v1.HolderSession.expires_in:type_name -> google.protobuf.Duration
+	1,  // 3: pegad.v1.HolderSession.locked:type_name -> pegad.v1.LockedBlock
+	16, // 4: pegad.v1.Fetch.age:type_name -> google.protobuf.Duration
+	2,  // 5: pegad.v1.ListSessionsResponse.sessions:type_name -> pegad.v1.HolderSession
+	3,  // 6: pegad.v1.ListSessionsResponse.fetches:type_name -> pegad.v1.Fetch
+	8,  // 7: pegad.v1.Conn.nics:type_name -> pegad.v1.NicConn
+	16, // 8: pegad.v1.Conn.age:type_name -> google.protobuf.Duration
+	9,  // 9: pegad.v1.ListConnsResponse.conns:type_name -> pegad.v1.Conn
+	16, // 10: pegad.v1.StatsResponse.uptime:type_name -> google.protobuf.Duration
+	0,  // 11: pegad.v1.AdminService.ListSessions:input_type -> pegad.v1.ListSessionsRequest
+	5,  // 12: pegad.v1.AdminService.ReleaseLock:input_type -> pegad.v1.ReleaseLockRequest
+	7,  // 13: pegad.v1.AdminService.ListConns:input_type -> pegad.v1.ListConnsRequest
+	11, // 14: pegad.v1.AdminService.Stats:input_type -> pegad.v1.StatsRequest
+	13, // 15: pegad.v1.AdminService.Version:input_type -> pegad.v1.VersionRequest
+	4,  // 16: pegad.v1.AdminService.ListSessions:output_type -> pegad.v1.ListSessionsResponse
+	6,  // 17: pegad.v1.AdminService.ReleaseLock:output_type -> pegad.v1.ReleaseLockResponse
+	10, // 18: pegad.v1.AdminService.ListConns:output_type -> pegad.v1.ListConnsResponse
+	12, // 19: pegad.v1.AdminService.Stats:output_type -> pegad.v1.StatsResponse
+	14, // 20: pegad.v1.AdminService.Version:output_type -> pegad.v1.VersionResponse
+	16, // [16:21] is the sub-list for method output_type
+	11, // [11:16] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_pegad_v1_admin_proto_init() }
@@ -1190,7 +1302,7 @@ func file_pegad_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_pegad_v1_admin_proto_rawDesc), len(file_pegad_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   14,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -95,9 +95,12 @@ func (SessionEnd) EnumDescriptor() ([]byte, []int) {
 // Who is asking. incarnation changes at every start of the requester's
 // daemon, so a holder can drop everything an old incarnation still holds.
 type Requester struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	NodeId        string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
-	Incarnation   string                 `protobuf:"bytes,2,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	NodeId      string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	Incarnation string                 `protobuf:"bytes,2,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	// The requester's own advertised peer address (its --advertise), so the
+	// holder can name it in `pegactl conns list`; informational only.
+	Advertise     string `protobuf:"bytes,3,opt,name=advertise,proto3" json:"advertise,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -142,6 +145,13 @@ func (x *Requester) GetNodeId() string {
 func (x *Requester) GetIncarnation() string {
 	if x != nil {
 		return x.Incarnation
+	}
+	return ""
+}
+
+func (x *Requester) GetAdvertise() string {
+	if x != nil {
+		return x.Advertise
 	}
 	return ""
 }
@@ -1142,10 +1152,11 @@ var File_pegad_v1_peer_proto protoreflect.FileDescriptor
 
 const file_pegad_v1_peer_proto_rawDesc = "" +
 	"\n" +
-	"\x13pegad/v1/peer.proto\x12\bpegad.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"F\n" +
+	"\x13pegad/v1/peer.proto\x12\bpegad.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"d\n" +
 	"\tRequester\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12 \n" +
-	"\vincarnation\x18\x02 \x01(\tR\vincarnation\"\xab\x01\n" +
+	"\vincarnation\x18\x02 \x01(\tR\vincarnation\x12\x1c\n" +
+	"\tadvertise\x18\x03 \x01(\tR\tadvertise\"\xab\x01\n" +
 	"\x1dQueryBlocksForTransferRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x16\n" +
 	"\x06hashes\x18\x02 \x03(\fR\x06hashes\x12!\n" +

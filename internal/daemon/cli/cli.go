@@ -6,6 +6,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -38,6 +39,8 @@ flag > environment > config file > default.`,
 	// The root accepts serve's flags so that `pegad --pool-size 1GiB` works.
 	root.Flags().AddFlagSet(serve.Flags())
 	root.AddCommand(serve, newVersionCommand())
+	// Bad flags are configuration errors too (inherited by subcommands).
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &configError{err} })
 	return root
 }
 
@@ -49,7 +52,7 @@ func newServeCommand() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := config.Load(cmd.Flags(), config.Default())
 			if err != nil {
-				return err
+				return &configError{err}
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
@@ -75,11 +78,38 @@ func newVersionCommand() *cobra.Command {
 	}
 }
 
+// Exit statuses of pegad (docs/config.md "Exit status").
+const (
+	ExitError = 1
+	// ExitConfig: pegad refused its configuration (a flag, PEGAD_*
+	// variable, config file or value). Restarting cannot help, so a unit
+	// sets RestartPreventExitStatus=78 (EX_CONFIG of sysexits.h).
+	ExitConfig = 78
+)
+
+// configError marks an error as the configuration's fault.
+type configError struct{ err error }
+
+func (e *configError) Error() string { return e.err.Error() }
+func (e *configError) Unwrap() error { return e.err }
+
+// exitCode is the process exit status for err (nil: 0).
+func exitCode(err error) int {
+	var ce *configError
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &ce), errors.Is(err, daemon.ErrLoopbackAdvertise):
+		return ExitConfig
+	}
+	return ExitError
+}
+
 // Main runs the command line and returns the process exit status.
 func Main() int {
-	if err := NewRootCommand().ExecuteContext(context.Background()); err != nil {
+	err := NewRootCommand().ExecuteContext(context.Background())
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "pegad: error:", err)
-		return 1
 	}
-	return 0
+	return exitCode(err)
 }

@@ -50,3 +50,44 @@ func TestFlagsReachConfig(t *testing.T) {
 		})
 	}
 }
+
+// TestConfigErrorsExit78: every configuration error (flag, environment,
+// file, value, a tcp plan that would advertise loopback) exits 78, so a
+// unit's RestartPreventExitStatus=78 stops restart loops; other failures
+// exit 1.
+func TestConfigErrorsExit78(t *testing.T) {
+	tests := []struct {
+		args []string
+		env  map[string]string
+		want int
+	}{
+		{[]string{"--pool-size=lots"}, nil, ExitConfig},
+		{[]string{"serve", "--transport=ib"}, nil, ExitConfig},
+		{[]string{"--no-such-flag"}, nil, ExitConfig},
+		{[]string{"--qps-per-peer", "two"}, nil, ExitConfig},
+		{nil, map[string]string{"PEGAD_QPS_PER_PEER": "two"}, ExitConfig},
+		{[]string{"--listen", "0.0.0.0:0", "--advertise", "127.0.0.1:50055", "--transport", "tcp",
+			"--metrics-listen", "", "--pool-size", "4MiB"}, nil, ExitConfig},
+	}
+	for _, tc := range tests {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
+			args := append([]string{"--socket", t.TempDir() + "/s.sock"}, tc.args...)
+			if len(tc.args) > 0 && tc.args[0] == "serve" {
+				args = append([]string{"serve", "--socket", t.TempDir() + "/s.sock"}, tc.args[1:]...)
+			}
+			_, err := run(t, args...)
+			if got := exitCode(err); got != tc.want {
+				t.Fatalf("exit %d for %v, want %d", got, err, tc.want)
+			}
+		})
+	}
+	// A runtime failure (the socket path is a directory) is not a config error.
+	dir := t.TempDir()
+	_, err := run(t, "--socket", dir, "--metrics-listen", "", "--listen", "127.0.0.1:0", "--pool-size", "4MiB", "--transport", "tcp")
+	if err == nil || exitCode(err) != ExitError {
+		t.Fatalf("runtime failure: exit %d for %v, want %d", exitCode(err), err, ExitError)
+	}
+}

@@ -39,6 +39,7 @@ import (
 	"net/netip"
 	"os"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 	"unsafe"
@@ -65,8 +66,11 @@ type DeviceOptions struct {
 	Name       string // default "tcp0", "tcp1", ...
 	ListenAddr string // data listener, default "127.0.0.1:0"
 	Advertise  string // address peers dial; default the listener's actual address
-	QPNStart   uint32 // first QPN this device allocates (default 0x100); QPNs are per device
-	NUMANode   int
+	// AdvertiseHost, when Advertise is empty, is advertised with the port
+	// the listener actually bound (an ephemeral one included).
+	AdvertiseHost string
+	QPNStart      uint32 // first QPN this device allocates (default 0x100); QPNs are per device
+	NUMANode      int
 	// Logger receives debug/warn lines about data connections; default none.
 	Logger *zerolog.Logger
 	// Metrics, when set, counts data connections dropped before or at
@@ -207,6 +211,9 @@ func newDevice(o DeviceOptions) (*Device, error) {
 	ln, err := net.Listen("tcp", o.ListenAddr)
 	if err != nil {
 		return nil, fmt.Errorf("tcp: device %s: listen %s: %w", o.Name, o.ListenAddr, err)
+	}
+	if o.Advertise == "" && o.AdvertiseHost != "" {
+		o.Advertise = net.JoinHostPort(o.AdvertiseHost, strconv.Itoa(ln.Addr().(*net.TCPAddr).Port))
 	}
 	if o.Advertise == "" {
 		o.Advertise = ln.Addr().String()

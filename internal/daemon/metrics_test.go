@@ -1,0 +1,262 @@
+package daemon
+
+import (
+	"bufio"
+	"fmt"
+	"net/http"
+	"os"
+	"regexp"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+	"github.com/pegaflow/pegad/internal/metrics"
+	"github.com/pegaflow/pegad/internal/version"
+)
+
+// family is one metric family of a /metrics page.
+type family struct {
+	typ    string
+	labels []string // label names of its first sample, sorted (le/quantile dropped)
+}
+
+// scrapeFamilies reads /metrics and returns its families by name.
+func scrapeFamilies(t *testing.T, addr string) map[string]family {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	out := map[string]family{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	labelName := regexp.MustCompile(`([a-zA-Z_][a-zA-Z0-9_]*)="`)
+	for sc.Scan() {
+		line := sc.Text()
+		if f, ok := strings.CutPrefix(line, "# TYPE "); ok {
+			name, typ, _ := strings.Cut(f, " ")
+			out[name] = family{typ: typ}
+			continue
+		}
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		name, rest, _ := strings.Cut(line, "{")
+		for _, suf := range []string{"_bucket", "_sum", "_count"} {
+			if base, ok := strings.CutSuffix(name, suf); ok && out[base].typ == "histogram" {
+				name = base
+			}
+		}
+		f, ok := out[name]
+		if !ok || f.labels != nil {
+			continue
+		}
+		f.labels = []string{}
+		if lbl, _, ok := strings.Cut(rest, "}"); ok {
+			for _, m := range labelName.FindAllStringSubmatch(lbl, -1) {
+				if m[1] != "le" && m[1] != "quantile" {
+					f.labels = append(f.labels, m[1])
+				}
+			}
+		}
+		sort.Strings(f.labels)
+		out[name] = f
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestFreshNodeMetrics: a node that has done nothing yet already exports
+// every series an operator's alert or dashboard subtracts or rates, at zero,
+// plus build and transport info.
+func TestFreshNodeMetrics(t *testing.T) {
+	n := startNode(t, testConfig(t))
+	m := scrape(t, n.d.MetricsAddr())
+	want := map[string]float64{
+		"pegaflow_holder_sessions_granted_total":                                  0,
+		"pegaflow_holder_oldest_session_age_seconds":                              0,
+		"pegaflow_holder_empty_queries_total":                                     0,
+		"pegaflow_transfer_lock_timeouts_total":                                   0,
+		`pegaflow_rdma_fetch_total{status="ok"}`:                                  0,
+		`pegaflow_rdma_fetch_total{status="error"}`:                               0,
+		`pegaflow_rdma_fetch_errors_total{class="connection"}`:                    0,
+		`pegaflow_rdma_connections{role="holder",state="connected"}`:              0,
+		`pegaflow_rdma_handshakes_total{result="ok",role="requester"}`:            0,
+		`pegaflow_rdma_connection_invalidations_total{reason="completion_error"}`: 0,
+		`pegaflow_rdma_work_completions_total{status="retry_exc_err"}`:            0,
+		`pegad_transport_info{reason="requested",transport="tcp"}`:                1,
+		fmt.Sprintf(`pegad_build_info{commit=%q,goversion=%q,version=%q}`,
+			version.CommitOrVCS(), version.GoVersion(), version.Version): 1,
+	}
+	for _, o := range metrics.Outcomes {
+		want[`pegaflow_holder_session_ends_total{outcome="`+o+`"}`] = 0
+	}
+	for _, rpc := range metrics.RPCs {
+		want[`pegaflow_holder_rpc_total{code="OK",rpc="`+rpc+`"}`] = 0
+	}
+	for k, v := range want {
+		got, ok := m[k]
+		if !ok {
+			t.Errorf("fresh node: no series %s", k)
+		} else if got != v {
+			t.Errorf("fresh node: %s = %v, want %v", k, got, v)
+		}
+	}
+}
+
+// TestLeakedSessionsShowBeforeTimeout: requesters that die between their
+// query and their release (kill -9: the holder answered, nothing ever
+// releases) show on the holder at once as granted − ended rising, per
+// requester, with the oldest session's age growing, long before any lock
+// times out. A query that locks nothing is counted apart.
+func TestLeakedSessionsShowBeforeTimeout(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.LockTimeout = time.Hour
+	n := startNode(t, cfg)
+	ctx := ctxT(t)
+	for i := range 4 {
+		putBlock(t, n, "ns", []byte{byte(i + 1)}, []byte("block-body"), false)
+	}
+	addr := n.d.MetricsAddr()
+	leaked := func(m map[string]float64) float64 {
+		ended := 0.0
+		for _, o := range metrics.Outcomes {
+			ended += m[`pegaflow_holder_session_ends_total{outcome="`+o+`"}`]
+		}
+		return m["pegaflow_holder_sessions_granted_total"] - ended
+	}
+	// A requester that releases leaves no deficit.
+	live := &pegadv1.Requester{NodeId: "req-live", Incarnation: "i1"}
+	q, err := n.peer.QueryBlocksForTransfer(ctx, &pegadv1.QueryBlocksForTransferRequest{Namespace: "ns", Hashes: [][]byte{{1}}, Requester: live})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.peer.ReleaseTransferLock(ctx, &pegadv1.ReleaseTransferLockRequest{SessionId: q.SessionId, Requester: live}); err != nil {
+		t.Fatal(err)
+	}
+	if d := leaked(scrape(t, addr)); d != 0 {
+		t.Fatalf("granted − ended = %v after a released session, want 0", d)
+	}
+	// Two requesters die holding three sessions.
+	dead := []*pegadv1.Requester{{NodeId: "req-dead-1", Incarnation: "a"}, {NodeId: "req-dead-2", Incarnation: "b"}, {NodeId: "req-dead-1", Incarnation: "a"}}
+	for i, r := range dead {
+		if _, err := n.peer.QueryBlocksForTransfer(ctx, &pegadv1.QueryBlocksForTransferRequest{Namespace: "ns", Hashes: [][]byte{{byte(i + 2)}}, Requester: r}); err != nil {
+			t.Fatal(err)
+		}
+		if d := leaked(scrape(t, addr)); d != float64(i+1) {
+			t.Fatalf("after %d abandoned sessions granted − ended = %v", i+1, d)
+		}
+	}
+	// And a query for blocks the holder lacks locks nothing.
+	if _, err := n.peer.QueryBlocksForTransfer(ctx, &pegadv1.QueryBlocksForTransferRequest{Namespace: "ns", Hashes: [][]byte{{99}}, Requester: live}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	m := scrape(t, addr)
+	for k, v := range map[string]float64{
+		`pegaflow_holder_sessions_live_by_requester{requester="req-dead-1"}`: 2,
+		`pegaflow_holder_sessions_live_by_requester{requester="req-dead-2"}`: 1,
+		`pegaflow_holder_sessions_live_by_requester{requester="req-live"}`:   0,
+		"pegaflow_holder_empty_queries_total":                                1,
+		"pegaflow_holder_sessions_granted_total":                             4,
+		`pegaflow_holder_session_ends_total{outcome="released"}`:             1,
+		"pegaflow_transfer_lock_timeouts_total":                              0,
+		"pegaflow_transfer_sessions_active":                                  3,
+	} {
+		if m[k] != v {
+			t.Errorf("%s = %v, want %v", k, m[k], v)
+		}
+	}
+	if age := m["pegaflow_holder_oldest_session_age_seconds"]; age <= 0 || age > 60 {
+		t.Errorf("oldest session age = %v s, want a small positive age", age)
+	}
+	// A force-release ends one as "forced".
+	sess, err := n.admin.ListSessions(ctx, &pegadv1.ListSessionsRequest{IncludeBlocks: true})
+	if err != nil || len(sess.GetSessions()) != 3 {
+		t.Fatalf("sessions: %v, %v", sess, err)
+	}
+	// pegactl locks list: each session names the block it locked.
+	for _, s := range sess.Sessions {
+		if l := s.GetLocked(); len(l) != 1 || l[0].GetNamespace() != "ns" || len(l[0].GetHash()) != 1 || l[0].GetBytes() != uint64(len("block-body")) {
+			t.Errorf("session %s locked %v", s.GetSessionId(), l)
+		}
+	}
+	if _, err := n.admin.ReleaseLock(ctx, &pegadv1.ReleaseLockRequest{SessionId: sess.Sessions[0].GetSessionId()}); err != nil {
+		t.Fatal(err)
+	}
+	m = scrape(t, addr)
+	if m[`pegaflow_holder_session_ends_total{outcome="forced"}`] != 1 || leaked(m) != 2 {
+		t.Fatalf("after a force-release: forced %v, granted − ended %v", m[`pegaflow_holder_session_ends_total{outcome="forced"}`], leaked(m))
+	}
+}
+
+// readmeMetricRow matches a row of README.md's metric table.
+var readmeMetricRow = regexp.MustCompile("^\\| (`pegad?[a-z_]*(?:\\{[a-z_,]*\\})?`(?:, `pegad?[a-z_]*(?:\\{[a-z_,]*\\})?`)*) \\| ([a-z]+) \\|(.*)\\|$")
+
+// TestReadmeMetricTable: README.md's metric table lists exactly the pegad
+// families a live node exports (pegaflow_*, pegad_*), each with its type
+// and label names, and the rpc values of pegaflow_holder_rpc_total.
+func TestReadmeMetricTable(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := startNode(t, testConfig(t))
+	// One granted session makes the per-requester family appear.
+	putBlock(t, n, "ns", []byte{1}, []byte("x"), false)
+	if _, err := n.peer.QueryBlocksForTransfer(ctxT(t), &pegadv1.QueryBlocksForTransferRequest{Namespace: "ns", Hashes: [][]byte{{1}},
+		Requester: &pegadv1.Requester{NodeId: "r", Incarnation: "i"}}); err != nil {
+		t.Fatal(err)
+	}
+	live := scrapeFamilies(t, n.d.MetricsAddr())
+
+	documented := map[string]bool{}
+	for _, line := range strings.Split(string(readme), "\n") {
+		row := readmeMetricRow.FindStringSubmatch(line)
+		if row == nil {
+			continue
+		}
+		for _, cell := range strings.Split(row[1], ", ") {
+			cell = strings.Trim(cell, "`")
+			name, lbl, _ := strings.Cut(strings.TrimSuffix(cell, "}"), "{")
+			documented[name] = true
+			f, ok := live[name]
+			switch {
+			case !ok:
+				t.Errorf("README lists %s; a live node does not export it", name)
+				continue
+			case f.typ != row[2]:
+				t.Errorf("README: %s is a %s; live it is a %s", name, row[2], f.typ)
+			}
+			var labels []string
+			if lbl != "" {
+				labels = strings.Split(lbl, ",")
+			}
+			sort.Strings(labels)
+			if !slices.Equal(labels, f.labels) && !(len(labels) == 0 && len(f.labels) == 0) {
+				t.Errorf("README: %s has labels %v; live %v", name, labels, f.labels)
+			}
+			if name == "pegaflow_holder_rpc_total" {
+				for _, rpc := range metrics.RPCs {
+					if !strings.Contains(row[3], "`"+rpc+"`") {
+						t.Errorf("README: pegaflow_holder_rpc_total row misses rpc %q", rpc)
+					}
+				}
+			}
+		}
+	}
+	if len(documented) == 0 {
+		t.Fatal("no metric table found in README.md")
+	}
+	for name := range live {
+		if (strings.HasPrefix(name, "pegaflow_") || strings.HasPrefix(name, "pegad_")) && !documented[name] {
+			t.Errorf("live metric %s is missing from README.md's table", name)
+		}
+	}
+}

@@ -1,0 +1,113 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/rs/zerolog"
+
+	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+	"github.com/pegaflow/pegad/internal/testutil"
+)
+
+// TestPortInUseFailsBeforePool: a peer port in use fails start-up before
+// the pool is mapped (it used to come after populating the whole pool).
+func TestPortInUseFailsBeforePool(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	cfg := testConfig(t)
+	cfg.Listen = busy.Addr().String()
+	logs := &testutil.LogBuffer{}
+	_, err = Start(context.Background(), cfg, WithLogger(zerolog.New(logs)), WithNotify(func(string) {}))
+	if !errorsIsAddrInUse(err) {
+		t.Fatalf("err = %v, want address in use", err)
+	}
+	// The flag is named and the address said once.
+	if !strings.HasPrefix(err.Error(), "--listen: ") || strings.Count(err.Error(), cfg.Listen) != 1 {
+		t.Fatalf("err = %q", err)
+	}
+	if strings.Contains(logs.String(), "pool mapped") || strings.Contains(logs.String(), "Populating pool") {
+		t.Fatalf("the pool was populated before the port was bound:\n%s", logs)
+	}
+}
+
+func errorsIsAddrInUse(err error) bool { return errors.Is(err, syscall.EADDRINUSE) }
+
+// TestSocketInUseFailsBeforePool: the same for a socket another pegad
+// serves; the failed start leaves the other's socket and the peer port
+// it bound free again.
+func TestSocketInUseFailsBeforePool(t *testing.T) {
+	first := startNode(t, testConfig(t))
+	cfg := testConfig(t)
+	cfg.Socket = first.d.SocketPath()
+	logs := &testutil.LogBuffer{}
+	_, err := Start(context.Background(), cfg, WithLogger(zerolog.New(logs)), WithNotify(func(string) {}))
+	if err == nil || !strings.Contains(err.Error(), "socket in use") {
+		t.Fatalf("err = %v", err)
+	}
+	if strings.Contains(logs.String(), "pool mapped") {
+		t.Fatalf("pool populated before the socket was bound:\n%s", logs)
+	}
+	// The first pegad's socket survived the failed start.
+	if _, err := first.admin.Stats(ctxT(t), &pegadv1.StatsRequest{}); err != nil {
+		t.Fatalf("first pegad unreachable after a failed second start: %v", err)
+	}
+}
+
+// TestReadyLineNamesTransport: "pegad ready" names the transport, its NICs
+// and the data ports; the pool's population is logged before and after.
+func TestReadyLineNamesTransport(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.NICs = "2"
+	n := startNode(t, cfg)
+	var ready string
+	for _, l := range strings.Split(n.logs.String(), "\n") {
+		if strings.Contains(l, `"message":"pegad ready"`) {
+			ready = l
+		}
+	}
+	for _, want := range []string{`"transport":"tcp"`, `"nics":["tcp0","tcp1"]`, `"data_addrs":["127.0.0.1:`} {
+		if !strings.Contains(ready, want) {
+			t.Errorf("ready line lacks %s: %s", want, ready)
+		}
+	}
+	for _, want := range []string{`"message":"Populating pool"`, `"message":"Pool ready"`} {
+		if !strings.Contains(n.logs.String(), want) {
+			t.Errorf("no %s in the start-up log", want)
+		}
+	}
+}
+
+func TestBoundAddr(t *testing.T) {
+	tests := []struct {
+		configured string
+		bound      net.Addr
+		want       string
+	}{
+		{"0.0.0.0:50055", &net.TCPAddr{IP: net.IPv6unspecified, Port: 50055}, "0.0.0.0:50055"},
+		{"0.0.0.0:0", &net.TCPAddr{IP: net.IPv6unspecified, Port: 41000}, "0.0.0.0:41000"},
+		{":9464", &net.TCPAddr{IP: net.IPv6unspecified, Port: 9464}, "0.0.0.0:9464"},
+		{"[::]:0", &net.TCPAddr{IP: net.IPv6unspecified, Port: 7}, "[::]:7"},
+		{"127.0.0.1:0", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 5}, "127.0.0.1:5"},
+	}
+	for _, tc := range tests {
+		if got := boundAddr(tc.configured, tc.bound); got != tc.want {
+			t.Errorf("boundAddr(%s, %s) = %s, want %s", tc.configured, tc.bound, got, tc.want)
+		}
+	}
+}
+
+func TestIEC(t *testing.T) {
+	for n, want := range map[uint64]string{512: "512 B", 1 << 20: "1.0 MiB", 16_700_000_000: "15.6 GiB", 3 << 40: "3.0 TiB"} {
+		if got := iec(n); got != want {
+			t.Errorf("iec(%d) = %q, want %q", n, got, want)
+		}
+	}
+}

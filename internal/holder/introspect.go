@@ -1,0 +1,60 @@
+package holder
+
+import (
+	"time"
+
+	"github.com/pegaflow/pegad/internal/metrics"
+	"github.com/pegaflow/pegad/internal/store"
+)
+
+// What the lock table shows operators beyond its own bookkeeping: the
+// outcome label of ended sessions, the oldest live session's age (a
+// leaked lock grows it) and each session's locked blocks.
+
+// outcome is r as the outcome label of metrics.SessionEnds.
+func (r EndReason) outcome() string {
+	switch r {
+	case EndReleased:
+		return metrics.OutcomeReleased
+	case EndExpired:
+		return metrics.OutcomeExpired
+	case EndReclaimed:
+		return metrics.OutcomeReclaimed
+	}
+	return metrics.OutcomeForced // force-release and shutdown: the holder ended it
+}
+
+// oldestAge is the age of the oldest live session (0 when none), read at
+// each metrics scrape: one pass over the shards, each locked briefly.
+func (t *LockTable) oldestAge() time.Duration {
+	var oldest time.Time
+	for i := range t.shards {
+		sh := &t.shards[i]
+		sh.mu.Lock()
+		for _, s := range sh.live {
+			if oldest.IsZero() || s.created.Before(oldest) {
+				oldest = s.created
+			}
+		}
+		sh.mu.Unlock()
+	}
+	if oldest.IsZero() {
+		return 0
+	}
+	return t.now().Sub(oldest)
+}
+
+// LockedBlock is one block a session pins (pegactl locks list).
+type LockedBlock struct {
+	Key   store.Key
+	Bytes uint64
+}
+
+// Locked lists the session's blocks, in the order the requester asked.
+func (s SessionInfo) Locked() []LockedBlock {
+	out := make([]LockedBlock, len(s.blocks))
+	for i, b := range s.blocks {
+		out[i] = LockedBlock{Key: b.Key(), Bytes: b.Size()}
+	}
+	return out
+}

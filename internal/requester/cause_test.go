@@ -1,0 +1,57 @@
+package requester
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/pegaflow/pegad/internal/conn"
+)
+
+// TestFetchErrorOneCause: a failed fetch's text names the peer once,
+// carries no gRPC wrapping, and says in words when the peer closed or
+// refused the connection.
+func TestFetchErrorOneCause(t *testing.T) {
+	const peer = "10.0.0.1:50055"
+	tests := []struct {
+		name     string
+		err      error
+		want     string
+		notWants []string
+	}{
+		{
+			name: "read on a broken connection",
+			err:  fmt.Errorf("conn: read from %s: %w: work completion qpn=257: transport retry counter exceeded (12)", peer, conn.ErrConnectionBroken),
+			want: "requester: prefetch from 10.0.0.1:50055: read (connection broken): conn: connection broken: work completion qpn=257: transport retry counter exceeded (12)",
+		},
+		{
+			name: "release to a holder that reset the connection",
+			err:  status.Error(codes.Unavailable, "error reading from server: read tcp 10.0.0.2:40000->10.0.0.1:50055: read: connection reset by peer"),
+			want: "requester: prefetch from 10.0.0.1:50055: read (connection broken): peer closed the connection (error reading from server: read tcp 10.0.0.2:40000->10.0.0.1:50055: read: connection reset by peer)",
+		},
+		{
+			name: "holder gone",
+			err:  status.Error(codes.Unavailable, `connection error: desc = "transport: Error while dialing: dial tcp 10.0.0.1:50055: connect: connection refused"`),
+			want: "read (connection broken): peer refused the connection (connection refused): is pegad running there?",
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			fe := &FetchError{Peer: peer, Phase: PhaseRead, Class: ErrConnection, Err: tc.err}
+			got := fe.Error()
+			if !strings.Contains(got, tc.want) {
+				t.Errorf("got  %q\nwant %q", got, tc.want)
+			}
+			if strings.Contains(got, "rpc error") || strings.Count(got, peer) > 1+strings.Count(tc.err.Error(), "->"+peer) {
+				t.Errorf("wrapping or repeated peer: %q", got)
+			}
+			if !errors.Is(fe, ErrConnection) || !errors.Is(fe, tc.err) {
+				t.Error("class or cause lost")
+			}
+		})
+	}
+}
