@@ -21,6 +21,9 @@ func NewLocalLeases(reg prometheus.Registerer, live func() float64) *LocalLeases
 			Name: "pegaflow_local_lease_ends_total", Help: "Local leases ended without their client finishing them, by reason (disconnected, expired, shutdown).",
 		}, []string{"reason"}),
 	}
+	for _, r := range LocalLeaseEndReasons {
+		m.Ended.WithLabelValues(r) // 0 from start, like every known series
+	}
 	reg.MustRegister(m.Live, m.Ended)
 	return m
 }

@@ -58,6 +58,12 @@ var (
 		"session_invalidated", "connection_broken", "peer_restarted", "remote_memory", "other"}
 	WCStatuses = []string{"success", "wr_flush_err", "rem_access_err", "loc_prot_err", "retry_exc_err",
 		"rem_inv_req_err", "loc_len_err"}
+	// TCPRefusedReasons: internal/ibv/tcp's refused* reasons.
+	TCPRefusedReasons = []string{"source_limit", "total_limit", "bad_hello", "hello_timeout", "rejected"}
+	// ReapReasons: internal/conn's reap* reasons.
+	ReapReasons = []string{"idle", "drain_timeout"}
+	// LocalLeaseEndReasons: internal/lease's Reason strings.
+	LocalLeaseEndReasons = []string{"disconnected", "expired", "shutdown"}
 )
 
 // MaxRequesterLabels bounds the requester label of
@@ -320,6 +326,12 @@ func (m *Metrics) initSeries() {
 	}
 	for _, s := range WCStatuses {
 		m.WorkCompletions.WithLabelValues(s)
+	}
+	for _, r := range TCPRefusedReasons {
+		m.TCPDataRefused.WithLabelValues(r)
+	}
+	for _, r := range ReapReasons {
+		m.AcceptedReaped.WithLabelValues(r)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	"github.com/pegaflow/pegad/internal/conn"
+	"github.com/pegaflow/pegad/internal/ibv"
 	"github.com/pegaflow/pegad/internal/store"
 )
 
@@ -343,7 +344,19 @@ func (e *Engine) lock(ctx context.Context, st *fetchState, client pegadv1.PeerSe
 // under it (a batch flushed or never run), which a fresh connection need
 // not repeat: another fetch's cancel breaks the QPs it shares with us.
 func innocent(err error) bool {
-	return errors.Is(err, conn.ErrSessionInvalidated) || errors.Is(err, conn.ErrConnectionBroken)
+	if !errors.Is(err, conn.ErrSessionInvalidated) && !errors.Is(err, conn.ErrConnectionBroken) {
+		return false
+	}
+	// A WR of this read completed in error by itself (retry exceeded,
+	// remote access): the link or the peer failed, not a bystander's
+	// cancel. Retrying would only wait out the deadline on a dead path and
+	// turn a connection error into a deadline one. Flushed WRs are
+	// collateral and do qualify.
+	var se *ibv.StatusError
+	if errors.As(err, &se) && se.Status != ibv.WCWRFlushErr {
+		return false
+	}
+	return true
 }
 
 func abortReason(ctx context.Context) string {
