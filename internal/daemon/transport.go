@@ -181,7 +181,7 @@ func openTCP(cfg *config.Config, count int, names []string, reason string, verbs
 	opts := make([]tcp.DeviceOptions, count)
 	dlog := log.With().Str("component", "tcp").Logger()
 	for i := range opts {
-		o := tcp.DeviceOptions{QPNStart: cfg.TCPQPNStart, NUMANode: -1, Logger: &dlog, AdvertiseHost: plan.advertise}
+		o := tcp.DeviceOptions{QPNStart: cfg.TCPQPNStart, NUMANode: -1, Logger: &dlog, Metrics: met, AdvertiseHost: plan.advertise}
 		if names != nil {
 			o.Name = names[i]
 		}
