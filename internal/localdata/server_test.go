@@ -360,6 +360,8 @@ pegaflow_local_leases %d
 # HELP pegaflow_local_lease_ends_total Local leases ended without their client finishing them, by reason (disconnected, expired, shutdown).
 # TYPE pegaflow_local_lease_ends_total counter
 pegaflow_local_lease_ends_total{reason="disconnected"} 1
+pegaflow_local_lease_ends_total{reason="expired"} 0
+pegaflow_local_lease_ends_total{reason="shutdown"} 0
 `), "pegaflow_local_leases", "pegaflow_local_lease_ends_total"); err != nil {
 		t.Fatal(err)
 	}
