@@ -1,0 +1,210 @@
+package reliability
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+	"github.com/pegaflow/pegad/internal/testutil"
+)
+
+// Holder-side session ledger, from the metrics pegad exports today.
+const (
+	mQueryOK    = `pegaflow_holder_rpc_total{code="OK",rpc="query_blocks_for_transfer"}`
+	mReleaseOK  = `pegaflow_holder_rpc_total{code="OK",rpc="release_transfer_lock"}`
+	mNotLive    = "pegaflow_transfer_lock_release_not_live_total"
+	mTimeouts   = "pegaflow_transfer_lock_timeouts_total"
+	mForce      = "pegaflow_transfer_lock_force_releases_total"
+	mReclaims   = "pegaflow_transfer_lock_incarnation_reclaims_total"
+	mSessions   = "pegaflow_transfer_sessions_active"
+	mLockActive = "pegaflow_transfer_lock_active"
+	mQPs        = "pegaflow_rdma_qps"
+	mWorkers    = "pegaflow_session_workers"
+	mInFlight   = "pegaflow_rdma_fetches_in_flight"
+	mDeferred   = "pegaflow_blocks_deferred_free"
+	mQuarantine = "pegaflow_rdma_staging_quarantined_bytes"
+	mPoolUsed   = "pegaflow_pool_used_bytes"
+	mBlockBytes = "pegaflow_block_bytes"
+	mBlocks     = "pegaflow_blocks"
+	mGoroutines = "go_goroutines"
+)
+
+// ledger is a holder's session accounting: every session granted ended
+// released (live), expired, force-released or reclaimed, or is active.
+type ledger struct {
+	granted, released, expired, forced, reclaimed, active float64
+}
+
+func ledgerOf(m map[string]float64) ledger {
+	return ledger{
+		granted:   m[mQueryOK],
+		released:  m[mReleaseOK] - m[mNotLive],
+		expired:   m[mTimeouts],
+		forced:    m[mForce],
+		reclaimed: m[mReclaims],
+		active:    m[mSessions],
+	}
+}
+
+func (l ledger) ended() float64 { return l.released + l.expired + l.forced + l.reclaimed }
+
+func (l ledger) String() string {
+	return fmt.Sprintf("granted %.0f = released %.0f + expired %.0f + force-released %.0f + reclaimed %.0f + active %.0f",
+		l.granted, l.released, l.expired, l.forced, l.reclaimed, l.active)
+}
+
+// quiet is true when a node holds nothing for a transfer: no session, no
+// pinned block, no fetch in flight, no deferred free, no quarantined staging.
+func quiet(m map[string]float64) bool {
+	return m[mSessions] == 0 && m[mLockActive] == 0 && m[mInFlight] == 0 && m[mDeferred] == 0 && m[mQuarantine] == 0
+}
+
+// baseline is what a node looked like once started, before the faults.
+type baseline struct {
+	goroutines float64
+	poolExtra  float64 // pool used beyond block bytes
+}
+
+// validate checks every invariant on every running node once the scenario
+// is over and returns (bytes verified, wrong, leaked, problems). It waits
+// up to wait for the nodes to go quiet (lock timeouts running out).
+func (c *cluster) validate(wait time.Duration) (verified int64, wrong, leaked int, problems []string) {
+	ctx, cancel := context.WithTimeout(context.Background(), wait+60*time.Second)
+	defer cancel()
+	names := make([]string, 0, len(c.nodes))
+	for name := range c.nodes {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	leak := func(format string, args ...any) {
+		leaked++
+		problems = append(problems, "leak: "+fmt.Sprintf(format, args...))
+	}
+	for _, name := range names {
+		n := c.nodes[name]
+		if !n.running() {
+			// Every daemon still serves: a scenario restarts what it kills.
+			problems = append(problems, fmt.Sprintf("%s: not running at the end: %v", name, n.exited()))
+			leaked++
+			continue
+		}
+		// 1. Every stored byte is a put byte.
+		lb, err := n.local.ListBlocks(ctx, &pegadv1.ListBlocksRequest{Limit: 100000})
+		if err != nil {
+			problems = append(problems, fmt.Sprintf("%s: list blocks: %v (does not serve)", name, err))
+			leaked++
+			continue
+		}
+		for _, info := range lb.GetBlocks() {
+			b, ok := c.reg.lookup(info.GetNamespace(), info.GetHash())
+			if !ok {
+				wrong++
+				problems = append(problems, fmt.Sprintf("%s: serves block %x that no client put", name, info.GetHash()))
+				continue
+			}
+			got, err := testutil.GetBlock(ctx, n.local, b.ns, b.hash)
+			if err != nil {
+				problems = append(problems, fmt.Sprintf("%s: lists %s but get failed: %v", name, b.key()[:24], err))
+				continue
+			}
+			c.hist.check("final state of "+name, b, got) // counts a mismatch
+		}
+		// 2. Quiet within the wait: no session or pin left.
+		var m map[string]float64
+		end := time.Now().Add(wait)
+		for {
+			m, err = n.scrape()
+			if err == nil && quiet(m) {
+				break
+			}
+			if time.Now().After(end) {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if err != nil {
+			problems = append(problems, err.Error())
+			leaked++
+			continue
+		}
+		for _, k := range []string{mSessions, mLockActive, mInFlight, mDeferred, mQuarantine} {
+			if m[k] != 0 {
+				leak("%s: %s = %.0f after %v", name, k, m[k], wait)
+			}
+		}
+		// 3. The session ledger balances.
+		l := ledgerOf(m)
+		if l.ended()+l.active != l.granted && !(c.sc.emptyQueries && l.ended()+l.active < l.granted) {
+			leak("%s: session ledger does not balance: %v", name, l)
+		}
+		// 4. QPs and workers match the connections the node lists.
+		conns, err := n.admin.ListConns(ctx, &pegadv1.ListConnsRequest{})
+		if err != nil {
+			problems = append(problems, fmt.Sprintf("%s: list conns: %v", name, err))
+			leaked++
+			continue
+		}
+		var qps, reqQPs uint32
+		for _, cn := range conns.GetConns() {
+			qps += cn.GetQps()
+			if cn.GetRole() == "requester" {
+				reqQPs += cn.GetQps()
+			}
+			if cn.GetQps() != nics*qpsPerPeer && cn.GetState() == "connected" {
+				leak("%s: connection to %s (%s) has %d QPs, want %d", name, cn.GetPeer(), cn.GetRole(), cn.GetQps(), nics*qpsPerPeer)
+			}
+		}
+		if m[mQPs] != float64(qps) {
+			leak("%s: %s = %.0f but conns list shows %d QPs", name, mQPs, m[mQPs], qps)
+		}
+		if m[mWorkers] != float64(reqQPs) {
+			leak("%s: %s = %.0f but requester connections hold %d QPs", name, mWorkers, m[mWorkers], reqQPs)
+		}
+		// 5. Pool: beyond the indexed blocks (each segment rounded up to the
+		// pool's alignment, at most a K and a V per block here), no more
+		// than at start.
+		base := c.base[name]
+		if extra := m[mPoolUsed] - m[mBlockBytes]; extra > base.poolExtra+2*64*m[mBlocks] {
+			leak("%s: pool holds %.0f bytes beyond its %.0f blocks, %.0f at start", name, extra, m[mBlocks], base.poolExtra)
+		}
+		// 6. Goroutines: at most the start's, plus what live connections own.
+		if limit := base.goroutines + goroutineSlack + goroutinesPerConn*float64(len(conns.GetConns())); m[mGoroutines] > limit {
+			leak("%s: %.0f goroutines, more than %.0f (start %.0f, %d conns)", name, m[mGoroutines], limit, base.goroutines, len(conns.GetConns()))
+		}
+		c.logf("%s: %v; %.0f QPs, %.0f workers, %.0f goroutines", name, l, m[mQPs], m[mWorkers], m[mGoroutines])
+	}
+	c.hist.mu.Lock()
+	verified = c.hist.verified
+	wrong += c.hist.wrong
+	problems = append(problems, c.hist.problems...)
+	c.hist.mu.Unlock()
+	return verified, wrong, leaked, problems
+}
+
+// Goroutine budget of the leak check: a connection owns its session
+// workers (one per requester QP) and a few per NIC on the holder side.
+const (
+	goroutineSlack    = 12
+	goroutinesPerConn = 3 * nics * qpsPerPeer
+)
+
+// takeBaseline records a node's start state (after it is ready).
+func (c *cluster) takeBaseline(n *node) error {
+	m, err := n.scrape()
+	if err != nil {
+		return err
+	}
+	c.base[n.spec.name] = baseline{goroutines: m[mGoroutines], poolExtra: m[mPoolUsed] - m[mBlockBytes]}
+	return nil
+}
+
+// summary is one line of problems for the report.
+func summary(problems []string) string {
+	if len(problems) > 5 {
+		return strings.Join(problems[:5], "; ") + fmt.Sprintf("; ... (%d more)", len(problems)-5)
+	}
+	return strings.Join(problems, "; ")
+}
