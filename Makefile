@@ -11,7 +11,7 @@ BENCHTIME ?=
 BENCHCOUNT ?=
 PROTOS := $(wildcard api/pegad/v1/*.proto)
 
-.PHONY: all build test test-short bench bench-all fuzz proto proto-check lint vet fmt-check nocgo tidy-check staticcheck e2e clean help
+.PHONY: all build test test-short bench bench-all fuzz proto proto-check lint vet fmt-check nocgo tidy-check staticcheck e2e reliability clean help
 
 all: build
 
@@ -64,6 +64,13 @@ staticcheck: ## staticcheck, pinned in go.mod's tool block: 0 findings
 	$(GO) tool staticcheck ./...
 
 lint: vet fmt-check nocgo tidy-check staticcheck ## go vet, gofmt, CGO_ENABLED=0 build, go mod tidy -diff, staticcheck
+
+reliability: ## reliability suite: real pegads in netns under faults, one totals line (root; RUN=scenario for one)
+	@rm -f bin/.reliability-totals; mkdir -p bin; rc=0; \
+	PEGAD_RELIABILITY=1 PEGAD_RELIABILITY_TOTALS=$(CURDIR)/bin/.reliability-totals \
+		$(GO) test -count=1 -timeout 12m -v -run '^TestReliability$$$(if $(RUN),/$(RUN),)' ./internal/reliability/ || rc=$$?; \
+	if [[ -s bin/.reliability-totals ]]; then cat bin/.reliability-totals; \
+	else echo "reliability: no totals (the suite did not finish, exit $$rc)"; [[ $$rc -ne 0 ]] || rc=1; fi; exit $$rc
 
 e2e: ## scripted end-to-end checks (scripts/e2e-*.sh) on real binaries
 	@set -e; for s in scripts/e2e-*.sh; do echo "==> $$s"; bash "$$s"; done

@@ -87,7 +87,7 @@ type node struct {
 	// dataAddrs are the tcp provider's device ports (one per NIC).
 	dataAddrs []string
 	args      []string
-	logPath string
+	logPath   string
 
 	mu      sync.Mutex // guards cmd, done, exitErr, starts
 	cmd     *exec.Cmd
@@ -433,4 +433,3 @@ func (n *node) waitReading(ctx context.Context, peer *node, d time.Duration) err
 	}
 	return fmt.Errorf("%s: no read from %s in flight after %v", n.spec.name, peer.spec.name, d)
 }
-
