@@ -16,41 +16,59 @@ import (
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 )
 
+// shortErr is an error for the figures: its gRPC code and the end of its
+// message (the part that says why).
 func shortErr(err error) string {
 	if err == nil {
 		return "no error"
 	}
-	s := err.Error()
-	if len(s) > 120 {
-		s = s[:120] + "..."
+	st, _ := status.FromError(err)
+	msg := st.Message()
+	if len(msg) > 90 {
+		msg = "..." + msg[len(msg)-90:]
 	}
-	return s
+	return st.Code().String() + ": " + msg
 }
 
 func runCutHandshake(c *cluster) {
 	a, b := c.n("a"), c.n("b")
 	hb := c.host("b")
 	var ok, failed int
-	for round := range 3 {
+	var worst time.Duration
+	for round := range 4 {
 		// A fresh B has no connection to A: its next prefetch handshakes.
 		c.require(b.stop(), "restart B")
 		b.start(c.t)
 		bs := c.put(a, false, 1<<20)
-		ch := c.background(b, a, bs...)
-		time.Sleep(time.Duration(rand.N(40)) * time.Millisecond)
-		c.require(hb.linkDown(), "link down")
-		c.fault("round %d: B's link cut during the handshake", round)
-		time.Sleep(2 * time.Second)
-		c.require(hb.linkUp(), "link up")
-		r := c.await(ch, 40*time.Second, "prefetch across a cut handshake")
+		var r fetchResult
+		if round%2 == 0 {
+			// The whole link, 0-10 ms into the prefetch, for 2 s.
+			ch := c.background(b, a, bs...)
+			time.Sleep(time.Duration(rand.N(10)) * time.Millisecond)
+			c.require(hb.linkDown(), "link down")
+			c.fault("round %d: B's link cut during the handshake", round)
+			time.Sleep(2 * time.Second)
+			c.require(hb.linkUp(), "link up")
+			r = c.await(ch, 40*time.Second, "prefetch across a cut handshake")
+		} else {
+			// A's data ports go silent: the query and the handshake RPC
+			// succeed, the QP connections cannot be made.
+			c.require(hb.blackholeFrom(dataPort, dataPort+nics-1), "blackhole")
+			c.fault("round %d: A's data ports unreachable during the handshake", round)
+			r = c.await(c.background(b, a, bs...), 40*time.Second, "prefetch with the data ports cut")
+			c.require(hb.unlossy(), "lift blackhole")
+			c.expect(r.fetched == 0, "round %d: fetched %d blocks with A's data ports unreachable", round, r.fetched)
+		}
+		worst = max(worst, r.took)
 		if r.err == nil && r.fetched == 1 {
 			ok++
 		} else {
 			failed++
+			c.logf("round %d: %s", round, shortErr(r.err))
 		}
 		c.fetchOK(b, a, c.put(a, true, 1<<20)...)
 	}
-	c.note("cut prefetches: %d succeeded after the link came back, %d failed cleanly", ok, failed)
+	c.note("cut handshakes: %d prefetches succeeded once the link was back, %d failed cleanly (slowest %.1fs); the next prefetch always succeeded", ok, failed, worst.Seconds())
 }
 
 func runCutRead(c *cluster) {
@@ -93,16 +111,28 @@ func runFlapRead(c *cluster) {
 func runLossDelay(c *cluster) {
 	a, b := c.n("a"), c.n("b")
 	ha, hb := c.host("a"), c.host("b")
-	how := "netem delay 50ms loss 5% on both egresses"
+	how := "sch_netem: delay 50ms loss 5% on both egresses"
+	var line *delayLine
 	if haveNetem {
 		c.require(ha.netem("delay", "50ms", "loss", "5%"), "netem a")
 		c.require(hb.netem("delay", "50ms", "loss", "5%"), "netem b")
 	} else {
-		how = "5% BPF ingress loss on both sides; no sch_netem in this kernel, so no delay"
-		c.require(ha.lossy(5), "loss a")
-		c.require(hb.lossy(5), "loss b")
+		how = "userspace tun delay line (no sch_netem here): 50 ms each way, 5% loss each way"
+		var err error
+		line, err = newDelayLine(c.t, ha, hb, 50*time.Millisecond, 5)
+		c.require(err, "delay line")
 	}
 	c.fault("%s", how)
+	// The impairment is real: a TCP connect from B to A takes one RTT.
+	var rtt time.Duration
+	for range 3 {
+		t0 := time.Now()
+		conn, err := hb.dial(context.Background(), "tcp", a.peer)
+		c.require(err, "dial through the impaired path")
+		conn.Close()
+		rtt = max(rtt, time.Since(t0))
+	}
+	c.expect(rtt >= 90*time.Millisecond, "TCP connect B→A took %v: the 2 x 50 ms delay is not applied", rtt)
 	t0 := time.Now()
 	for range 16 {
 		c.fetchOK(b, a, c.put(a, true, 512<<10, 1<<20)...)
@@ -113,10 +143,10 @@ func runLossDelay(c *cluster) {
 		c.require(ha.unshape(), "unshape a")
 		c.require(hb.unshape(), "unshape b")
 	} else {
-		c.require(ha.unlossy(), "unloss a")
-		c.require(hb.unlossy(), "unloss b")
+		line.close()
+		c.note("%d packets delivered late, %d dropped", line.moved.Load(), line.dropped.Load())
 	}
-	c.note("%s: 16 prefetches (24 MiB) in %.1fs", how, took.Seconds())
+	c.note("%s: connect RTT %v; 16 prefetches (24 MiB) in %.1fs", how, rtt.Round(time.Millisecond), took.Seconds())
 }
 
 func runSlowRenewal(c *cluster) {

@@ -217,6 +217,19 @@ func (h *netns) lossy(pct int) error {
 		fmt.Sprintf("4,32 0 0 4294963256,53 0 1 %d,6 0 0 0,6 0 0 2", thr))
 }
 
+// blackholeFrom drops every TCP segment h receives from source ports
+// lo..hi (classic BPF on ingress; cls_bpf shows a classic program the
+// frame from its 14-byte Ethernet header on):
+// a peer's data ports go silent while its gRPC port still answers.
+func (h *netns) blackholeFrom(lo, hi int) error {
+	if err := command("tc", "-n", h.name, "qdisc", "add", "dev", "eth0", "ingress"); err != nil {
+		return err
+	}
+	return command("tc", "-n", h.name, "filter", "add", "dev", "eth0", "parent", "ffff:", "bpf", "da", "bytecode",
+		fmt.Sprintf("8,48 0 0 23,21 0 5 6,177 0 0 14,72 0 0 14,53 0 2 %d,37 1 0 %d,6 0 0 2,6 0 0 0", lo, hi))
+}
+
+// unlossy removes lossy's or blackholeFrom's filter.
 func (h *netns) unlossy() error {
 	return command("tc", "-n", h.name, "qdisc", "del", "dev", "eth0", "ingress")
 }

@@ -63,13 +63,13 @@ func scenarios() []scenario {
 		},
 		{
 			name:    "link-cut-handshake",
-			promise: "B's link is cut 0-40 ms after a prefetch starts on a fresh B (so during the RDMA handshake), for 2 s: the prefetch either succeeds byte-identical or fails indexing nothing; after the link is back the next prefetch succeeds",
+			promise: "a fresh B (no connection yet) prefetches while its link is cut 0-10 ms in for 2 s, or while A's tcp data ports are blackholed (the handshake RPC passes, the QP connections cannot): the prefetch succeeds byte-identical or fails indexing nothing; the next one succeeds",
 			nodes:   ab(nodeSpec{name: "a", lockTimeout: 3 * time.Second}),
 			run:     runCutHandshake,
 		},
 		{
 			name:    "link-cut-read",
-			promise: "B's link goes down mid-read for longer than the retry budget: the fetch fails (connection class) within 15 s, B invalidates the connection, A's sweeper expires the session; after link up B reconnects and fetches byte-identical",
+			promise: "B's link goes down mid-read for longer than the retry budget: the fetch fails within 15 s (connection class, or transfer deadline when A's 4 s lock runs out first), indexing nothing; B invalidates the connection, A's sweeper expires the session; after link up B reconnects and fetches byte-identical",
 			nodes:   ab(nodeSpec{name: "a", lockTimeout: 4 * time.Second}),
 			run:     runCutRead,
 		},
@@ -81,7 +81,7 @@ func scenarios() []scenario {
 		},
 		{
 			name:    "loss-delay",
-			promise: "5% packet loss both ways and 50 ms delay each way (sch_netem; without it, loss by a BPF ingress filter and delay not applied, said in the figures): 16 prefetches all byte-identical within 60 s",
+			promise: "5% packet loss and 50 ms delay each way between A and B (sch_netem, or where the kernel has none a userspace tun delay line): a TCP connect shows the 100 ms RTT; 16 prefetches all byte-identical within 60 s",
 			nodes:   ab(nodeSpec{name: "a"}),
 			run:     runLossDelay,
 		},
