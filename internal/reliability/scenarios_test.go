@@ -299,7 +299,7 @@ func runRequesterKillSweeper(c *cluster) {
 	took := c.waitFor(10*time.Second, "A's sweeper to expire the session", func() bool { return c.sessions(a) == 0 })
 	c.expect(c.metric(a, mTimeouts)-to0 == 1, "A lock timeouts %+.0f, want 1", c.metric(a, mTimeouts)-to0)
 	c.expect(time.Since(tk) >= 2*time.Second, "session ended %.1fs after the kill, before the 3 s lock timeout could run out", time.Since(tk).Seconds())
-	c.note("session expired %.1fs after the kill (lock timeout 3s)", time.Since(tk).Seconds()-took.Seconds()+took.Seconds())
+	c.note("session expired %.1fs after the kill (lock timeout 3s; %.1fs after B's fetch returned)", time.Since(tk).Seconds(), took.Seconds())
 	b.start(c.t)
 	c.fetchOK(b, a, c.put(a, false, 2<<20)...)
 }
@@ -316,10 +316,13 @@ func runRequesterKillRestart(c *cluster) {
 	c.expect(c.sessions(a) == 1, "A holds %d sessions after B died, want the dead fetch's 1", c.sessions(a))
 	b.start(c.t)
 	c.fetchOK(b, a, c.put(a, true, 2<<20)...)
-	c.expect(c.sessions(a) == 0, "A still holds %d sessions after the restarted B's prefetch", c.sessions(a))
+	left := c.sessions(a)
 	since := time.Since(tk)
+	c.expect(left == 0, "A still holds %d sessions after the restarted B's prefetch", left)
 	c.expect(since < 9*time.Second, "too slow (%v) to tell a reclaim from the 10 s lock timeout", since)
 	c.expect(c.metric(a, mReclaims)-rc0 == 1, "A incarnation reclaims %+.0f, want 1", c.metric(a, mReclaims)-rc0)
 	c.expect(c.metric(a, mTimeouts)-to0 == 0, "A lock timeouts %+.0f, want 0", c.metric(a, mTimeouts)-to0)
-	c.note("old session reclaimed %.1fs after the kill, at the restarted B's first query", since.Seconds())
+	if left == 0 {
+		c.note("old session reclaimed %.1fs after the kill, at the restarted B's first query", since.Seconds())
+	}
 }
