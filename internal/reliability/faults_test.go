@@ -56,7 +56,7 @@ func runCutHandshake(c *cluster) {
 			c.require(hb.blackholeFrom(dataPort, dataPort+nics-1), "blackhole")
 			c.fault("round %d: A's data ports unreachable during the handshake", round)
 			r = c.await(c.background(b, a, bs...), 40*time.Second, "prefetch with the data ports cut")
-			c.require(hb.unlossy(), "lift blackhole")
+			c.require(hb.unfilter(), "lift blackhole")
 			c.expect(r.fetched == 0, "round %d: fetched %d blocks with A's data ports unreachable", round, r.fetched)
 		}
 		worst = max(worst, r.took)

@@ -80,7 +80,7 @@ func hostileWrite(h *netns, network, addr string, payload []byte) error {
 		return err
 	}
 	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(500 * time.Millisecond))
+	_ = conn.SetDeadline(time.Now().Add(200 * time.Millisecond))
 	if len(payload) > 0 {
 		_, _ = conn.Write(payload)
 	}

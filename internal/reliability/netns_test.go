@@ -66,8 +66,7 @@ func netnsSupport() string {
 }
 
 // netemSupported reports whether the kernel has sch_netem (often not built
-// in minimal kernels; then loss is a classic-BPF ingress filter and delay a
-// userspace delay line).
+// in minimal kernels; then delay and loss come from a userspace delay line).
 func netemSupported() bool {
 	name := runID + "-netem"
 	if command("ip", "netns", "add", name) != nil {
@@ -205,18 +204,6 @@ func (h *netns) netem(spec ...string) error {
 	return command("tc", append([]string{"-n", h.name, "qdisc", "replace", "dev", "eth0", "root", "netem"}, spec...)...)
 }
 
-// lossy drops pct% (< 100) of the packets h receives (classic BPF: a random
-// u32 below the threshold → TC_ACT_SHOT). Dropped on the receiving side,
-// so the sender's TCP sees real loss, not local back-pressure.
-func (h *netns) lossy(pct int) error {
-	thr := uint64(pct) * (1 << 32) / 100
-	if err := command("tc", "-n", h.name, "qdisc", "add", "dev", "eth0", "ingress"); err != nil {
-		return err
-	}
-	return command("tc", "-n", h.name, "filter", "add", "dev", "eth0", "parent", "ffff:", "bpf", "da", "bytecode",
-		fmt.Sprintf("4,32 0 0 4294963256,53 0 1 %d,6 0 0 0,6 0 0 2", thr))
-}
-
 // blackholeFrom drops every TCP segment h receives from source ports
 // lo..hi (classic BPF on ingress; cls_bpf shows a classic program the
 // frame from its 14-byte Ethernet header on):
@@ -229,8 +216,8 @@ func (h *netns) blackholeFrom(lo, hi int) error {
 		fmt.Sprintf("8,48 0 0 23,21 0 5 6,177 0 0 14,72 0 0 14,53 0 2 %d,37 1 0 %d,6 0 0 2,6 0 0 0", lo, hi))
 }
 
-// unlossy removes lossy's or blackholeFrom's filter.
-func (h *netns) unlossy() error {
+// unfilter removes blackholeFrom's filter.
+func (h *netns) unfilter() error {
 	return command("tc", "-n", h.name, "qdisc", "del", "dev", "eth0", "ingress")
 }
 
@@ -269,34 +256,4 @@ func (h *netns) dial(ctx context.Context, network, addr string) (net.Conn, error
 		return nil, r.err
 	}
 	return r.c, r.err
-}
-
-// listen listens inside h's namespace (see dial).
-func (h *netns) listen(network, addr string) (net.Listener, error) {
-	if h == nil {
-		return net.Listen(network, addr)
-	}
-	type result struct {
-		l   net.Listener
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread()
-		f, err := os.Open(filepath.Join("/run/netns", h.name))
-		if err != nil {
-			ch <- result{err: err}
-			return
-		}
-		err = unix.Setns(int(f.Fd()), unix.CLONE_NEWNET)
-		f.Close()
-		if err != nil {
-			ch <- result{err: fmt.Errorf("setns %s: %w", h.name, err)}
-			return
-		}
-		l, err := net.Listen(network, addr)
-		ch <- result{l, err}
-	}()
-	r := <-ch
-	return r.l, r.err
 }

@@ -111,13 +111,6 @@ func (c *cluster) host(name string) *netns {
 	return c.net.hosts[name]
 }
 
-// restart starts n again (same node id, a new incarnation).
-func (c *cluster) restart(n *node) {
-	c.t.Helper()
-	n.kill()
-	n.start(c.t)
-}
-
 // result is one scenario's line of the report.
 type result struct {
 	name     string

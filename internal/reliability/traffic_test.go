@@ -127,19 +127,6 @@ func (h *history) put(ctx context.Context, n *node, blocks ...block) error {
 	return nil
 }
 
-// get reads b from n and compares it (a served byte must be a put byte).
-func (h *history) get(ctx context.Context, n *node, b block) error {
-	o := op{kind: "get", node: n.spec.name, blocks: 1, start: time.Now()}
-	defer func() { o.end = time.Now(); h.record(o) }()
-	got, err := testutil.GetBlock(ctx, n.local, b.ns, b.hash)
-	if err != nil {
-		o.err = err
-		return err
-	}
-	h.check("get from "+n.spec.name, b, got)
-	return nil
-}
-
 // fetchResult is a prefetch's outcome as the traffic saw it.
 type fetchResult struct {
 	resp    *pegadv1.PrefetchResponse
