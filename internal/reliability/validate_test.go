@@ -92,13 +92,13 @@ func (c *cluster) validate(wait time.Duration) (verified int64, wrong, leaked in
 			continue
 		}
 		// 1. Every stored byte is a put byte.
-		lb, err := n.local.ListBlocks(ctx, &pegadv1.ListBlocksRequest{Limit: 100000})
+		infos, err := listBlocks(ctx, n)
 		if err != nil {
 			problems = append(problems, fmt.Sprintf("%s: list blocks: %v (does not serve)", name, err))
 			leaked++
 			continue
 		}
-		for _, info := range lb.GetBlocks() {
+		for _, info := range infos {
 			b, ok := c.reg.lookup(info.GetNamespace(), info.GetHash())
 			if !ok {
 				wrong++
@@ -193,6 +193,22 @@ func (c *cluster) validate(wait time.Duration) (verified int64, wrong, leaked in
 	problems = append(problems, c.hist.problems...)
 	c.hist.mu.Unlock()
 	return verified, wrong, leaked, problems
+}
+
+// listBlocks lists every block n indexes, page by page.
+func listBlocks(ctx context.Context, n *node) ([]*pegadv1.BlockInfo, error) {
+	var out []*pegadv1.BlockInfo
+	cursor := ""
+	for {
+		r, err := n.local.ListBlocks(ctx, &pegadv1.ListBlocksRequest{Limit: 4096, Cursor: cursor})
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r.GetBlocks()...)
+		if cursor = r.GetNextCursor(); cursor == "" {
+			return out, nil
+		}
+	}
 }
 
 // Goroutine budget of the leak check: a connection owns its session
