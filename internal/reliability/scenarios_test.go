@@ -63,9 +63,15 @@ func scenarios() []scenario {
 		},
 		{
 			name:    "link-cut-handshake",
-			promise: "a fresh B (no connection yet) prefetches while its link is cut 0-10 ms in for 2 s, or while A's tcp data ports are blackholed (the handshake RPC passes, the QP connections cannot): the prefetch succeeds byte-identical or fails indexing nothing; the next one succeeds",
+			promise: "a fresh B (no connection yet) prefetches while its link is cut 0-10 ms in for 2 s, or while A's tcp data ports are blackholed (the handshake RPC passes, the QP connections cannot): the prefetch succeeds byte-identical or fails indexing nothing; once the link is back a prefetch succeeds within 20 s (the figures say how many failed first)",
 			nodes:   ab(nodeSpec{name: "a", lockTimeout: 3 * time.Second}),
 			run:     runCutHandshake,
+		},
+		{
+			name:    "link-recovery",
+			promise: "B's link goes down while B is idle; a prefetch during the cut fails within its 3 s timeout (+3 s) and indexes nothing; after link up a prefetch succeeds within 30 s (the figures say how many failed first and how long the requester took to recover)",
+			nodes:   ab(nodeSpec{name: "a"}),
+			run:     runLinkRecovery,
 		},
 		{
 			name:    "link-cut-read",
