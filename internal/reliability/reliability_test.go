@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -312,4 +313,18 @@ func peerClient(t testing.TB, h *netns, addr string) pegadv1.PeerServiceClient {
 	}
 	t.Cleanup(func() { conn.Close() })
 	return pegadv1.NewPeerServiceClient(conn)
+}
+
+// TestDocsListEveryScenario keeps docs/reliability.md true: every row of
+// the table has its line there.
+func TestDocsListEveryScenario(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "..", "docs", "reliability.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sc := range scenarios() {
+		if !strings.Contains(string(b), "| "+sc.name+" |") {
+			t.Errorf("docs/reliability.md has no row for scenario %s", sc.name)
+		}
+	}
 }
