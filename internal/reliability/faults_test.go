@@ -246,7 +246,7 @@ func runForceRelease(c *cluster) {
 	_, ch := c.startSlowRead(a, b, true, 8<<20)
 	ss := mustSessions(c, a)
 	c.require(errIf(len(ss) != 1, "A holds %d sessions while B reads", len(ss)), "sessions")
-	_, err := a.admin.ReleaseLock(context.Background(), &pegadv1.ReleaseLockRequest{SessionId: ss[0].GetSessionId(), Operator: "reliability"})
+	_, err := a.pegactl("locks", "release", ss[0].GetSessionId())
 	c.require(err, "force release")
 	c.fault("operator force-released A's session mid-read")
 	r := c.await(ch, 30*time.Second, "prefetch whose lock was force-released")

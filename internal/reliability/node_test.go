@@ -1,6 +1,7 @@
 package reliability
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -368,6 +369,15 @@ func (n *node) stop() error {
 		return fmt.Errorf("%s exited after SIGTERM: %w, want exit 0", n.spec.name, err)
 	}
 	return nil
+}
+
+// pegactl runs bin/pegactl against n's socket (what an operator types).
+func (n *node) pegactl(args ...string) (string, error) {
+	out, err := exec.Command(binaries.pegactl, append([]string{"--socket", n.sock, "--timeout", "10s"}, args...)...).CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("pegactl %s: %w: %s", strings.Join(args, " "), err, bytes.TrimSpace(out))
+	}
+	return string(out), nil
 }
 
 // rssBytes is the process's resident set size (0 when unknown).

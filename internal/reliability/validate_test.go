@@ -112,6 +112,11 @@ func (c *cluster) validate(wait time.Duration) (verified int64, wrong, leaked in
 			}
 			c.hist.check("final state of "+name, b, got) // counts a mismatch
 		}
+		// The operator's tool still gets answers.
+		if _, err := n.pegactl("stats"); err != nil {
+			problems = append(problems, fmt.Sprintf("%s: %v (does not serve)", name, err))
+			leaked++
+		}
 		// 2. Quiet within the wait: no session or pin left.
 		var m map[string]float64
 		end := time.Now().Add(wait)
