@@ -95,6 +95,9 @@ type node struct {
 	done    chan struct{} // closed when the current process has exited
 	exitErr error
 	starts  int
+	// stopping: a signal was sent to the current process; what it serves
+	// now is not a verdict on the data (its socket may already be closed).
+	stopping bool
 
 	conn  *grpc.ClientConn
 	local pegadv1.LocalServiceClient
@@ -271,7 +274,7 @@ func (n *node) startErr() error {
 	}
 	done := make(chan struct{})
 	n.mu.Lock()
-	n.cmd, n.done, n.exitErr = cmd, done, nil
+	n.cmd, n.done, n.exitErr, n.stopping = cmd, done, nil, false
 	n.starts++
 	n.mu.Unlock()
 	go func() {
@@ -303,6 +306,20 @@ func (n *node) startErr() error {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+func (n *node) setStopping() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.stopping = true
+}
+
+// serving reports whether the current process runs and was not signalled.
+func (n *node) serving() bool {
+	n.mu.Lock()
+	stopping := n.stopping
+	n.mu.Unlock()
+	return !stopping && n.running()
 }
 
 func (n *node) exited() error {
@@ -344,6 +361,7 @@ func (n *node) kill() {
 	if cmd == nil || !n.running() {
 		return
 	}
+	n.setStopping()
 	_ = cmd.Process.Signal(syscall.SIGKILL)
 	<-done
 }
@@ -356,6 +374,7 @@ func (n *node) stop() error {
 	if cmd == nil || !n.running() {
 		return nil
 	}
+	n.setStopping()
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		return err
 	}

@@ -62,6 +62,18 @@ func scenarios() []scenario {
 			run:     runRequesterKillRestart,
 		},
 		{
+			name:    "sigterm-holder-mid-read",
+			promise: "A gets SIGTERM in the middle of B's READs: it exits 0 within its 5 s shutdown timeout (+5 s); B's fetch succeeds byte-identical or fails indexing nothing; A restarted serves B again",
+			nodes:   ab(nodeSpec{name: "a"}),
+			run:     runSigtermHolder,
+		},
+		{
+			name:    "sigterm-requester-mid-read",
+			promise: "B gets SIGTERM in the middle of its READs: it exits 0; its release reaches A, so A (lock timeout 30 s) holds no session within B's 5 s shutdown timeout + 2 s and expires nothing; B restarted fetches again",
+			nodes:   ab(nodeSpec{name: "a", lockTimeout: 30 * time.Second}),
+			run:     runSigtermRequester,
+		},
+		{
 			name:    "link-cut-handshake",
 			promise: "a fresh B (no connection yet) prefetches while its link is cut 0-10 ms in for 2 s, or while A's tcp data ports are blackholed (the handshake RPC passes, the QP connections cannot): the prefetch succeeds byte-identical or fails indexing nothing; once the link is back a prefetch succeeds within 20 s (the figures say how many failed first)",
 			nodes:   ab(nodeSpec{name: "a", lockTimeout: 3 * time.Second}),
@@ -331,4 +343,43 @@ func runRequesterKillRestart(c *cluster) {
 	if left == 0 {
 		c.note("old session reclaimed %.1fs after the kill, at the restarted B's first query", since.Seconds())
 	}
+}
+
+func runSigtermHolder(c *cluster) {
+	a, b := c.n("a"), c.n("b")
+	_, ch := c.startSlowRead(a, b, false, 16<<20)
+	time.Sleep(300 * time.Millisecond)
+	t0 := time.Now()
+	c.fault("SIGTERM to A mid-read")
+	err := a.stop()
+	took := time.Since(t0)
+	c.expect(err == nil, "A on SIGTERM mid-read: %v", err)
+	c.expect(took < 10*time.Second, "A took %v to exit", took)
+	r := c.await(ch, 30*time.Second, "prefetch from a stopping holder")
+	c.require(c.host("a").unshape(), "unshape")
+	a.start(c.t)
+	c.fetchOK(b, a, c.put(a, true, 2<<20)...)
+	c.note("A exited 0 %.1fs after SIGTERM; B's fetch: %d fetched, %s", took.Seconds(), r.fetched, shortErr(r.err))
+}
+
+func runSigtermRequester(c *cluster) {
+	a, b := c.n("a"), c.n("b")
+	to0 := c.metric(a, mTimeouts)
+	_, ch := c.startSlowRead(a, b, false, 16<<20)
+	time.Sleep(300 * time.Millisecond)
+	c.fault("SIGTERM to B mid-read")
+	t0 := time.Now()
+	err := b.stop()
+	stopped := time.Since(t0)
+	c.expect(err == nil, "B on SIGTERM mid-read: %v", err)
+	c.await(ch, 30*time.Second, "prefetch of a stopping requester")
+	c.require(c.host("a").unshape(), "unshape")
+	c.waitFor(20*time.Second, "A to hold no session", func() bool { return c.sessions(a) == 0 })
+	ended := time.Since(t0)
+	c.expect(ended < 7*time.Second && c.metric(a, mTimeouts) == to0,
+		"A's session of the stopped B ended %.1fs after SIGTERM (%+.0f lock timeouts), want released by B within its 5 s shutdown timeout + 2 s",
+		ended.Seconds(), c.metric(a, mTimeouts)-to0)
+	b.start(c.t)
+	c.fetchOK(b, a, c.put(a, false, 2<<20)...)
+	c.note("B exited 0 %.1fs after SIGTERM; A's session released %.1fs after it, no lock timeout", stopped.Seconds(), ended.Seconds())
 }

@@ -165,13 +165,16 @@ func (h *history) prefetch(ctx context.Context, n, peer *node, timeout time.Dura
 		}
 	}
 	h.record(o)
-	if !n.running() {
-		return res // a killed requester serves nothing to check
+	if !n.serving() {
+		return res // a killed or stopping requester serves nothing to check
 	}
 	cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for i, b := range blocks {
 		got, gerr := testutil.GetBlock(cctx, n.local, b.ns, b.hash)
+		if gerr != nil && !n.serving() {
+			return res // signalled while we read back
+		}
 		switch {
 		case status[i] == pegadv1.PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_FETCHED ||
 			status[i] == pegadv1.PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_ALREADY_LOCAL:
@@ -182,7 +185,7 @@ func (h *history) prefetch(ctx context.Context, n, peer *node, timeout time.Dura
 			if h.check("prefetched on "+n.spec.name, b, got) && status[i] == pegadv1.PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_FETCHED {
 				res.fetched++
 			}
-		case gerr == nil && n.running():
+		case gerr == nil:
 			// Not fetched, yet indexed: whatever it holds must still be
 			// right, but a failed fetch must index nothing.
 			h.check("failed-prefetch block on "+n.spec.name, b, got)
