@@ -53,6 +53,7 @@ func netnsSupport() string {
 	}
 	defer command("ip", "netns", "del", name) //nolint:errcheck // best effort, the probe namespace is empty
 	for _, args := range [][]string{
+		{"ip", "netns", "exec", name, "true"}, // how the daemons are started
 		{"ip", "-n", name, "link", "add", "br0", "type", "bridge"},
 		{"ip", "-n", name, "link", "add", "va", "type", "veth", "peer", "name", "vb"},
 		{"tc", "-n", name, "qdisc", "add", "dev", "va", "root", "tbf", "rate", "40mbit", "burst", "32kbit", "latency", "200ms"},
