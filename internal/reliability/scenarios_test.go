@@ -1,12 +1,20 @@
 package reliability
 
 import (
+	"bufio"
 	"context"
+	"encoding/hex"
 	"fmt"
+	"os"
+	"os/exec"
 	"strings"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+	"github.com/pegaflow/pegad/internal/testutil"
 )
 
 // slowRate is the bottleneck that makes a transfer last seconds. Not
@@ -135,7 +143,13 @@ func scenarios() []scenario {
 			flood:   true,
 			run:     runQueryFlood,
 		},
-		{name: "local-client-killed-with-leases", promise: "a local zero-copy client killed -9 while holding block leases: its leases end, its blocks are freed", pending: "issue 11.2-11.3 (local zero-copy protocol)"},
+		{
+			name:     "local-client-killed-with-leases",
+			promise:  "a local zero-copy client process (client package) leases 3 blocks in place (their bytes checked) and half-writes a 1 MiB allocation, then is killed -9: its pins end and its allocation is freed within 10 s (A's lock timeout is 2 min), the half-written block is never indexed, A serves on",
+			nodes:    []nodeSpec{{name: "a", lockTimeout: 2 * time.Minute}},
+			loopback: true,
+			run:      runLeaseKill,
+		},
 		{name: "certificates-expired-rotated", promise: "peer mTLS with an expired certificate is refused; a rotated certificate is picked up without restart", pending: "peer TLS issue"},
 		{name: "redis-down", promise: "the block directory (Redis) goes down mid-lookup: lookups fail fast, local service continues", pending: "Redis directory issue"},
 		{name: "sigterm-drain", promise: "SIGTERM with fetches in flight: the drain finishes or releases them, every session ends, exit 0", pending: "issue 9 (drain)"},
@@ -382,4 +396,69 @@ func runSigtermRequester(c *cluster) {
 	b.start(c.t)
 	c.fetchOK(b, a, c.put(a, false, 2<<20)...)
 	c.note("B exited 0 %.1fs after SIGTERM; A's session released %.1fs after it, no lock timeout", stopped.Seconds(), ended.Seconds())
+}
+
+func runLeaseKill(c *cluster) {
+	a := c.n("a")
+	bs := c.put(a, true, 64<<10, 1<<20, 4<<20)
+	ctx := context.Background()
+	st0, err := a.admin.Stats(ctx, &pegadv1.StatsRequest{})
+	c.require(err, "stats")
+	hexes := make([]string, len(bs))
+	byHash := map[string]block{}
+	for i, b := range bs {
+		hexes[i] = hex.EncodeToString(b.hash)
+		byHash[hexes[i]] = b
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), envLeaseHelper+"="+a.sock, envLeaseHashes+"="+strings.Join(hexes, ","))
+	out, err := cmd.StdoutPipe()
+	c.require(err, "pipe")
+	c.require(startCmd(cmd), "start the lease client")
+	c.t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	lines := make(chan string)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+	}()
+	timeout := time.After(20 * time.Second)
+	for ready := false; !ready; {
+		select {
+		case l, ok := <-lines:
+			c.require(errIf(!ok, "lease client exited before ready"), "lease client")
+			f := strings.Fields(l)
+			switch {
+			case l == "ready":
+				ready = true
+			case len(f) == 3 && f[0] == "block":
+				sum, _ := hex.DecodeString(f[2])
+				c.hist.checkSum("leased in place by a client process", byHash[f[1]], sum)
+			default:
+				c.t.Fatalf("lease client: %s", l)
+			}
+		case <-timeout:
+			c.t.Fatal("lease client not ready after 20 s")
+		}
+	}
+	st, err := a.admin.Stats(ctx, &pegadv1.StatsRequest{})
+	c.require(err, "stats")
+	c.expect(st.GetPinnedBlocks() == uint64(len(bs)) && st.GetPoolUsed() >= st0.GetPoolUsed()+leaseAllocSize,
+		"with the client's leases A shows %d pinned blocks and %d pool bytes used, want %d and >= %d",
+		st.GetPinnedBlocks(), st.GetPoolUsed(), len(bs), st0.GetPoolUsed()+leaseAllocSize)
+	c.require(cmd.Process.Kill(), "kill -9 the lease client")
+	tk := time.Now()
+	c.fault("local client killed -9 holding %d leases and a half-written allocation", len(bs))
+	for range lines { // drain until the pipe closes
+	}
+	_ = cmd.Wait()
+	c.waitFor(10*time.Second, "A to free the killed client's leases", func() bool {
+		st, err := a.admin.Stats(ctx, &pegadv1.StatsRequest{})
+		return err == nil && st.GetPinnedBlocks() == 0 && st.GetPoolUsed() == st0.GetPoolUsed() && st.GetBlocks() == st0.GetBlocks()
+	})
+	_, err = testutil.GetBlock(ctx, a.local, ns, []byte("reliability-half-written"))
+	c.expect(status.Code(err) == codes.NotFound, "the killed client's half-written block: %v, want NotFound", err)
+	c.note("leases and allocation freed %.2fs after the kill (lock timeout 2 min)", time.Since(tk).Seconds())
 }

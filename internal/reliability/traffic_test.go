@@ -108,6 +108,21 @@ func (h *history) check(where string, b block, got []byte) bool {
 	return true
 }
 
+// checkSum compares the SHA-256 of bytes a client read (zero-copy, in
+// another process) with b's content.
+func (h *history) checkSum(where string, b block, sum []byte) bool {
+	want := sha256.Sum256(b.content())
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.verified += int64(b.size)
+	if !bytes.Equal(sum, want[:]) {
+		h.wrong++
+		h.problems = append(h.problems, fmt.Sprintf("%s: block %s: leased bytes differ from the %d put", where, b.key()[:24], b.size))
+		return false
+	}
+	return true
+}
+
 func (h *history) problem(format string, args ...any) {
 	h.mu.Lock()
 	defer h.mu.Unlock()

@@ -30,6 +30,10 @@ const (
 	mBlockBytes = "pegaflow_block_bytes"
 	mBlocks     = "pegaflow_blocks"
 	mGoroutines = "go_goroutines"
+	// The holder's own ledger (pegad exports it since issue 19).
+	mGranted      = "pegaflow_holder_sessions_granted_total"
+	mEnds         = "pegaflow_holder_session_ends_total"
+	mEmptyQueries = "pegaflow_holder_empty_queries_total"
 )
 
 // ledger is a holder's session accounting: every session granted ended
@@ -151,10 +155,23 @@ func (c *cluster) validate(wait time.Duration) (verified int64, wrong, leaked in
 		if st.GetPinnedBlocks() != 0 || st.GetLockedBlocks() != 0 || st.GetSessionsActive() != 0 {
 			leak("%s: stats: %d pinned blocks, %d locked blocks, %d sessions", name, st.GetPinnedBlocks(), st.GetLockedBlocks(), st.GetSessionsActive())
 		}
-		// 3. The session ledger balances.
+		// 3. The session ledger balances: from the holder's own ledger
+		// metrics where it exports them, and from the RPC counters.
 		l := ledgerOf(m)
 		if l.ended()+l.active != l.granted && !(c.sc.emptyQueries && l.ended()+l.active < l.granted) {
-			leak("%s: session ledger does not balance: %v", name, l)
+			leak("%s: session ledger (RPC counters) does not balance: %v", name, l)
+		}
+		if g, ok := m[mGranted]; ok {
+			var ends float64
+			for _, o := range []string{"released", "expired", "reclaimed", "forced"} {
+				ends += m[fmt.Sprintf(`%s{outcome="%s"}`, mEnds, o)]
+			}
+			if g != ends+m[mSessions] || g+m[mEmptyQueries] != m[mQueryOK] {
+				leak("%s: holder ledger: granted %.0f != ended %.0f + live %.0f, or granted + empty queries %.0f != OK queries %.0f",
+					name, g, ends, m[mSessions], m[mEmptyQueries], m[mQueryOK])
+			}
+			l = ledger{granted: g, released: m[mEnds+`{outcome="released"}`], expired: m[mEnds+`{outcome="expired"}`],
+				forced: m[mEnds+`{outcome="forced"}`], reclaimed: m[mEnds+`{outcome="reclaimed"}`], active: m[mSessions]}
 		}
 		// 4. QPs and workers match the connections the node lists.
 		conns, err := n.admin.ListConns(ctx, &pegadv1.ListConnsRequest{})
