@@ -117,8 +117,10 @@ func (d *Daemon) startWatchdog(ctx context.Context) {
 
 // checkServing proves each endpoint answers before READY=1: a health check
 // over the peer port and the local socket, and a GET of /metrics.
+// A start-up cancelled meanwhile (SIGTERM) does not fail it: Run shuts down
+// right after.
 func (d *Daemon) checkServing(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	for _, ep := range []struct{ name, target string }{
 		{"peer port", d.peerAddr},
