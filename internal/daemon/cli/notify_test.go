@@ -19,16 +19,8 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
 
-// execMainEnv makes the test binary run pegad's Main instead of the tests,
-// so a test can start a real pegad process without building one.
-const execMainEnv = "PEGAD_TEST_EXEC_MAIN"
-
-func TestMain(m *testing.M) {
-	if os.Getenv(execMainEnv) == "1" {
-		os.Exit(Main())
-	}
-	os.Exit(m.Run())
-}
+// TestSystemdNotify re-executes the test binary as pegad through
+// netns_test.go's TestMain (childArgsEnv).
 
 // TestSystemdNotify runs pegad as systemd would (NOTIFY_SOCKET on a
 // datagram socket, WATCHDOG_USEC set) and reads what it sends: READY=1
@@ -58,11 +50,12 @@ func TestSystemdNotify(t *testing.T) {
 	}()
 
 	socket := filepath.Join(dir, "pegad.sock")
-	cmd := exec.Command(os.Args[0], "serve",
-		"--listen=127.0.0.1:0", "--metrics-listen=127.0.0.1:0", "--socket="+socket,
+	args := []string{"serve",
+		"--listen=127.0.0.1:0", "--metrics-listen=127.0.0.1:0", "--socket=" + socket,
 		"--transport=tcp", "--pool-size=4MiB", "--gc-interval=50ms", "--log-format=json",
-		"--node-id=notify-test")
-	cmd.Env = append(os.Environ(), execMainEnv+"=1", "NOTIFY_SOCKET="+notifyPath,
+		"--node-id=notify-test"}
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), childArgsEnv+"="+strings.Join(args, "\x1f"), "NOTIFY_SOCKET="+notifyPath,
 		"WATCHDOG_USEC=200000", "PEGAD_CONFIG=")
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
