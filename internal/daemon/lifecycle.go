@@ -143,7 +143,9 @@ func (d *Daemon) checkServing(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	resp, err := http.DefaultClient.Do(req)
+	// No keep-alive: no client connection outlives the check.
+	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := hc.Do(req)
 	if err != nil {
 		return fmt.Errorf("metrics %s does not answer: %w", d.metricsAddr, err)
 	}
