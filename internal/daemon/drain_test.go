@@ -19,6 +19,7 @@ import (
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	"github.com/pegaflow/pegad/internal/config"
+	"github.com/pegaflow/pegad/internal/ctl"
 	"github.com/pegaflow/pegad/internal/requester"
 )
 
@@ -217,8 +218,8 @@ func TestDrainTimeoutAbortsFetch(t *testing.T) {
 		t.Fatalf("aborted fetch succeeded: %v", r.resp)
 	}
 	st := status.Convert(r.err)
-	if st.Code() == codes.Unknown || st.Message() == "" || strings.Contains(st.Message(), "\n") {
-		t.Fatalf("aborted fetch's reason: %v, want one line with a code", r.err)
+	if st.Code() != codes.Unavailable || !strings.Contains(st.Message(), "shut down") || strings.Contains(st.Message(), "\n") {
+		t.Fatalf("aborted fetch's reason: %v, want one line, UNAVAILABLE, naming the shutdown", r.err)
 	}
 	var detail *pegadv1.PrefetchResponse
 	for _, d := range st.Details() {
@@ -287,5 +288,46 @@ func TestUnhealthyReasons(t *testing.T) {
 				t.Fatalf("unhealthy = %q, want %q", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestDrainTimeoutPegactlPrefetch: `pegactl prefetch` cut short by a
+// shutdown prints its per-block results and a one-line reason, and exits
+// with the retryable "unavailable" code (not a raw transport error).
+func TestDrainTimeoutPegactlPrefetch(t *testing.T) {
+	gate := newReadGate()
+	a := startNode(t, testConfig(t))
+	bcfg := testConfig(t)
+	bcfg.ShutdownTimeout = 400 * time.Millisecond
+	b := startNode(t, bcfg, gate.option())
+	putBlock(t, a, "ns", []byte{1}, pattern(4096, 1), false)
+
+	var stdout, stderr bytes.Buffer
+	code := make(chan int, 1)
+	go func() {
+		code <- ctl.Main(context.Background(), []string{"--socket", b.d.SocketPath(),
+			"prefetch", "--peer", a.d.PeerAddr(), "--namespace", "ns", "01"},
+			ctl.Streams{In: strings.NewReader(""), Out: &stdout, Err: &stderr})
+	}()
+	select {
+	case <-gate.reached:
+	case c := <-code:
+		t.Fatalf("pegactl prefetch ended (%d) before its read: %s%s", c, stdout.String(), stderr.String())
+	case <-time.After(10 * time.Second):
+		t.Fatal("prefetch never reached its read")
+	}
+	if err := b.d.Close(); err != nil {
+		t.Fatalf("shutdown: %v", err)
+	}
+	if c := <-code; c != ctl.ExitUnavailable {
+		t.Fatalf("pegactl exit %d, want %d (unavailable)\nstdout:\n%s\nstderr:\n%s", c, ctl.ExitUnavailable, stdout.String(), stderr.String())
+	}
+	if lines := strings.Split(strings.TrimSpace(stderr.String()), "\n"); len(lines) != 1 ||
+		!strings.Contains(lines[0], "pegad shut down before the fetch finished") {
+		t.Fatalf("pegactl's reason: %q, want one line naming the shutdown", stderr.String())
+	}
+	t.Logf("pegactl prefetch cut short by a shutdown:\n%s%s", stdout.String(), stderr.String())
+	if !strings.Contains(stdout.String(), "01") || !strings.Contains(stdout.String(), "failed") {
+		t.Fatalf("pegactl printed no per-block result:\n%s", stdout.String())
 	}
 }

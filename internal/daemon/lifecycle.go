@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	"github.com/pegaflow/pegad/internal/gc"
@@ -171,8 +172,38 @@ func (d *Daemon) drainInterceptor() grpc.UnaryServerInterceptor {
 				return nil, errDraining
 			}
 		}
-		return handler(ctx, req)
+		resp, err := handler(ctx, req)
+		if err != nil && info.FullMethod == pegadv1.LocalService_Prefetch_FullMethodName &&
+			d.draining.Load() && ctx.Err() == nil && status.Code(err) == codes.Canceled {
+			err = shutdownAbort(err)
+		}
+		return resp, err
 	}
+}
+
+// shutdownAbort restates a prefetch the shutdown cut short: UNAVAILABLE
+// (retryable, on another node or after the restart) with a one-line
+// reason, keeping the per-block results the status carries.
+func shutdownAbort(err error) error {
+	const reason = "aborted: pegad shut down before the fetch finished (shutdown-timeout)"
+	st := status.Convert(err)
+	out := status.New(codes.Unavailable, reason)
+	for _, d := range st.Details() {
+		res, ok := d.(*pegadv1.PrefetchResponse)
+		if !ok {
+			continue
+		}
+		res = proto.Clone(res).(*pegadv1.PrefetchResponse)
+		for _, b := range res.GetBlocks() {
+			if b.GetStatus() == pegadv1.PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_FAILED {
+				b.Error = "aborted: pegad shut down"
+			}
+		}
+		if ds, derr := out.WithDetails(res); derr == nil {
+			out = ds
+		}
+	}
+	return out.Err()
 }
 
 // drain waits until this node runs no fetch and holds no session for a
