@@ -255,7 +255,7 @@ func TestWatchdogStopsWhenUnhealthy(t *testing.T) {
 	eventually(t, "watchdog ping", 5*time.Second, func() bool { return pings.Load() > 0 })
 	d.peerSrv.Stop() // the peer gRPC server dies under a running daemon
 	eventually(t, "unhealthy", 5*time.Second, func() bool { return d.unhealthy(time.Now()) != "" })
-	time.Sleep(60 * time.Millisecond) // a ping already past its check may land
+	time.Sleep(150 * time.Millisecond) // a ping already past its check may land
 	n := pings.Load()
 	time.Sleep(300 * time.Millisecond) // ten ping intervals
 	if got := pings.Load(); got != n {
