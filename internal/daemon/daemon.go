@@ -365,7 +365,11 @@ func (d *Daemon) listen() error {
 		mux.Handle("/metrics", promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{Registry: d.reg}))
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 			if !d.serving.Load() {
-				http.Error(w, DrainingMessage, http.StatusServiceUnavailable)
+				msg := "starting"
+				if d.draining.Load() {
+					msg = DrainingMessage
+				}
+				http.Error(w, msg, http.StatusServiceUnavailable)
 				return
 			}
 			_, _ = w.Write([]byte("ok\n"))
