@@ -132,7 +132,7 @@ key's line comment says where its value came from: default, file, env
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			e, err := config.LoadEffective(cmd.Flags(), config.Default())
 			if err != nil {
-				return err
+				return &configError{err} // exit 78, as serve would
 			}
 			return e.WriteYAML(cmd.OutOrStdout())
 		},

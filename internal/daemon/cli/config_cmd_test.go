@@ -19,8 +19,8 @@ func TestConfigCheck(t *testing.T) {
 		t.Fatal(err)
 	}
 	out, err = run(t, "config", "check", bad)
-	if err == nil || !strings.Contains(err.Error(), "3 bad key(s)") {
-		t.Fatalf("bad file: err %v", err)
+	if err == nil || !strings.Contains(err.Error(), "3 bad key(s)") || exitCode(err) != ExitError {
+		t.Fatalf("bad file: err %v (exit %d), want exit 1", err, exitCode(err))
 	}
 	for _, key := range []string{"pool-size:", "qps-per-peer:", "log-levl: unknown key (did you mean log-level?)"} {
 		if !strings.Contains(out, bad+": "+key) {
@@ -43,7 +43,8 @@ func TestConfigPrint(t *testing.T) {
 			t.Errorf("config print lacks %q:\n%s", want, out)
 		}
 	}
-	if _, err := run(t, "config", "print", "--pool-size=lots"); err == nil || !strings.Contains(err.Error(), "pool-size") {
-		t.Fatalf("invalid flag value: %v", err)
+	_, err = run(t, "config", "print", "--pool-size=lots")
+	if err == nil || !strings.Contains(err.Error(), "pool-size") || exitCode(err) != ExitConfig {
+		t.Fatalf("invalid flag value: %v (exit %d), want exit %d naming pool-size", err, exitCode(err), ExitConfig)
 	}
 }
