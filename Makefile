@@ -75,5 +75,57 @@ reliability: ## reliability suite: real pegads in netns under faults, one totals
 e2e: ## scripted end-to-end checks (scripts/e2e-*.sh) on real binaries
 	@set -e; for s in scripts/e2e-*.sh; do echo "==> $$s"; bash "$$s"; done
 
+# Install layout (make install PREFIX=... DESTDIR=...). The unit's ExecStart
+# and --config are rewritten to BINDIR and SYSCONFDIR; an existing config
+# file is never overwritten (the new one goes beside it as pegad.yaml.new).
+PREFIX ?= /usr/local
+DESTDIR ?=
+BINDIR ?= $(PREFIX)/bin
+SYSCONFDIR ?= /etc
+UNITDIR ?= $(PREFIX)/lib/systemd/system
+DATADIR ?= $(PREFIX)/share
+INSTALL ?= install
+
+.PHONY: install uninstall install-check alerts-check unit-check
+
+install: build ## binaries, systemd unit, config, pegactl completions, alerts and dashboard (PREFIX, DESTDIR)
+	$(INSTALL) -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSCONFDIR)/pegad \
+		$(DESTDIR)$(DATADIR)/bash-completion/completions $(DESTDIR)$(DATADIR)/zsh/site-functions \
+		$(DESTDIR)$(DATADIR)/fish/vendor_completions.d $(DESTDIR)$(DATADIR)/pegad/prometheus \
+		$(DESTDIR)$(DATADIR)/pegad/grafana
+	$(INSTALL) -m 0755 bin/pegad bin/pegactl $(DESTDIR)$(BINDIR)/
+	sed -e 's#/usr/local/bin/pegad#$(BINDIR)/pegad#' -e 's#/etc/pegad/#$(SYSCONFDIR)/pegad/#' \
+		deploy/systemd/pegad.service > $(DESTDIR)$(UNITDIR)/pegad.service
+	chmod 0644 $(DESTDIR)$(UNITDIR)/pegad.service
+	@if [[ -e $(DESTDIR)$(SYSCONFDIR)/pegad/pegad.yaml ]]; then \
+		$(INSTALL) -m 0644 configs/pegad.yaml $(DESTDIR)$(SYSCONFDIR)/pegad/pegad.yaml.new; \
+		echo "kept $(DESTDIR)$(SYSCONFDIR)/pegad/pegad.yaml; the shipped one is pegad.yaml.new"; \
+	else \
+		$(INSTALL) -m 0644 configs/pegad.yaml $(DESTDIR)$(SYSCONFDIR)/pegad/pegad.yaml; \
+	fi
+	bin/pegactl completion bash > $(DESTDIR)$(DATADIR)/bash-completion/completions/pegactl
+	bin/pegactl completion zsh > $(DESTDIR)$(DATADIR)/zsh/site-functions/_pegactl
+	bin/pegactl completion fish > $(DESTDIR)$(DATADIR)/fish/vendor_completions.d/pegactl.fish
+	$(INSTALL) -m 0644 deploy/prometheus/alerts.yaml $(DESTDIR)$(DATADIR)/pegad/prometheus/
+	$(INSTALL) -m 0644 deploy/grafana/pegad.json $(DESTDIR)$(DATADIR)/pegad/grafana/
+
+uninstall: ## remove what install placed, except the config in SYSCONFDIR
+	rm -f $(DESTDIR)$(BINDIR)/pegad $(DESTDIR)$(BINDIR)/pegactl $(DESTDIR)$(UNITDIR)/pegad.service \
+		$(DESTDIR)$(DATADIR)/bash-completion/completions/pegactl $(DESTDIR)$(DATADIR)/zsh/site-functions/_pegactl \
+		$(DESTDIR)$(DATADIR)/fish/vendor_completions.d/pegactl.fish
+	rm -rf $(DESTDIR)$(DATADIR)/pegad
+
+install-check: ## make install into a temp dir, then check the layout, the unit (systemd-analyze) and the config
+	GO=$(GO) scripts/install-check.sh
+
+alerts-check: ## promtool check rules + promtool test rules on deploy/prometheus (Debian package prometheus)
+	promtool check rules deploy/prometheus/alerts.yaml
+	promtool test rules deploy/prometheus/alerts_test.yaml
+
+unit-check: build ## systemd-analyze verify deploy/systemd/pegad.service (with ExecStart pointed at bin/pegad)
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	sed 's#/usr/local/bin/pegad#$(CURDIR)/bin/pegad#' deploy/systemd/pegad.service > "$$tmp/pegad.service" && \
+	out=$$(systemd-analyze verify "$$tmp/pegad.service" 2>&1) && [[ -z "$$out" ]] || { echo "$$out"; exit 1; }
+
 clean:
 	rm -rf bin/

@@ -360,9 +360,22 @@ func cleanDecodeError(err error) string {
 
 // Validate checks every value; errors name the key.
 func (c *Config) Validate() error {
-	var errs []error
+	probs := c.problems()
+	if len(probs) == 0 {
+		return nil
+	}
+	msgs := make([]string, len(probs))
+	for i, p := range probs {
+		msgs[i] = "invalid " + p.Key + ": " + p.Reason
+	}
+	return fmt.Errorf("config: %s", strings.Join(msgs, "; "))
+}
+
+// problems lists every invalid value, each with its key.
+func (c *Config) problems() []Problem {
+	var probs []Problem
 	bad := func(key, format string, a ...any) {
-		errs = append(errs, fmt.Errorf("invalid %s: %s", key, fmt.Sprintf(format, a...)))
+		probs = append(probs, Problem{Key: key, Reason: fmt.Sprintf(format, a...)})
 	}
 	if strings.TrimSpace(c.NodeID) == "" {
 		bad("node-id", "must not be empty")
@@ -432,14 +445,7 @@ func (c *Config) Validate() error {
 	default:
 		bad("log-format", "%q is not one of json, console, auto", c.LogFormat)
 	}
-	if len(errs) == 0 {
-		return nil
-	}
-	msgs := make([]string, len(errs))
-	for i, e := range errs {
-		msgs[i] = e.Error()
-	}
-	return fmt.Errorf("config: %s", strings.Join(msgs, "; "))
+	return probs
 }
 
 // EffectiveLockMaxLifetime is LockMaxLifetime, or its default.

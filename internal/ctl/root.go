@@ -105,6 +105,7 @@ Exit codes: 0 ok, 1 error, 2 usage, 3 not found, 4 pegad unavailable,
 		NewConnsCommand(g),
 		NewStatsCommand(g),
 		NewVersionCommand(g),
+		NewCompletionCommand(),
 	)
 	markRunErrors(root)
 	return root

@@ -114,6 +114,13 @@ type Daemon struct {
 	advertise               string
 	serving                 atomic.Bool // /healthz: true between READY and shutdown
 	ready                   bool        // Start completed; set before Start returns
+	// draining: shutdown began; new sessions, handshakes and prefetches
+	// are refused (drainInterceptor), granted work goes on.
+	draining atomic.Bool
+	// sweeps records the lock sweeper's ticks for the watchdog.
+	sweeps sweepClock
+	// serverDown names a server whose Serve loop ended before shutdown.
+	serverDown atomic.Pointer[string]
 
 	// cancel stops the background goroutines (sweeper, watchdog); wg waits
 	// for them and for the servers' Serve loops.
@@ -242,10 +249,12 @@ func Start(ctx context.Context, cfg config.Config, opts ...Option) (d *Daemon, e
 
 	bg, cancel := context.WithCancel(context.Background())
 	d.cancel = cancel
+	d.sweeps.Expirer = d.holder.Locks()
+	d.sweeps.last.Store(time.Now().UnixNano())
 	d.wg.Add(1)
 	go func() { // lock sweeper; stops with d.cancel
 		defer d.wg.Done()
-		gc.Run(bg, cfg.GCInterval, d.holder.Locks(), nil)
+		gc.Run(bg, cfg.GCInterval, &d.sweeps, nil)
 	}()
 
 	if err := d.listen(); err != nil {
@@ -256,6 +265,10 @@ func Start(ctx context.Context, cfg config.Config, opts ...Option) (d *Daemon, e
 		defer d.wg.Done()
 		gc.Run(bg, cfg.GCInterval, d.data.Leases(), nil)
 	}()
+	// READY=1 promises systemd that every endpoint serves: prove it.
+	if err := d.checkServing(ctx); err != nil {
+		return d, fmt.Errorf("self-check before READY: %w", err)
+	}
 
 	d.ready = true
 	d.serving.Store(true)
@@ -281,7 +294,7 @@ func (d *Daemon) listen() error {
 
 	// Peer port.
 	peerLis := take(&d.bound.peer)
-	peerUnary := []grpc.UnaryServerInterceptor{srvMetrics.UnaryServerInterceptor(), holder.RecoveryInterceptor(d.log)}
+	peerUnary := []grpc.UnaryServerInterceptor{srvMetrics.UnaryServerInterceptor(), holder.RecoveryInterceptor(d.log), d.drainInterceptor()}
 	if d.opts.peerInterceptor != nil {
 		peerUnary = append(peerUnary, d.opts.peerInterceptor)
 	}
@@ -305,7 +318,7 @@ func (d *Daemon) listen() error {
 	d.localSrv = grpc.NewServer(
 		grpc.Creds(localapi.PeerCredentials()),
 		grpc.MaxRecvMsgSize(localapi.MaxRecvMsgSize),
-		grpc.ChainUnaryInterceptor(srvMetrics.UnaryServerInterceptor(), holder.RecoveryInterceptor(d.log)),
+		grpc.ChainUnaryInterceptor(srvMetrics.UnaryServerInterceptor(), holder.RecoveryInterceptor(d.log), d.drainInterceptor()),
 		grpc.ChainStreamInterceptor(srvMetrics.StreamServerInterceptor(), streamRecovery(d.log)),
 	)
 	d.local = localapi.NewLocal(localapi.LocalOptions{
@@ -352,7 +365,11 @@ func (d *Daemon) listen() error {
 		mux.Handle("/metrics", promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{Registry: d.reg}))
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 			if !d.serving.Load() {
-				http.Error(w, "shutting down", http.StatusServiceUnavailable)
+				msg := "starting"
+				if d.draining.Load() {
+					msg = DrainingMessage
+				}
+				http.Error(w, msg, http.StatusServiceUnavailable)
 				return
 			}
 			_, _ = w.Write([]byte("ok\n"))
@@ -368,43 +385,37 @@ func (d *Daemon) listen() error {
 	return nil
 }
 
-// serve runs fn in a goroutine owned by d (stopped by Close).
+// serve runs fn in a goroutine owned by d (stopped by Close). A Serve loop
+// that ends before shutdown marks the daemon unhealthy (no watchdog ping).
 func (d *Daemon) serve(name string, fn func() error) {
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
-		if err := fn(); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		err := fn()
+		if err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 			d.log.Error().Err(err).Str("server", name).Msg("Server stopped with an error")
 		}
-	}()
-}
-
-// startWatchdog pings systemd's watchdog at half its interval when enabled.
-func (d *Daemon) startWatchdog(ctx context.Context) {
-	iv, err := daemon.SdWatchdogEnabled(false)
-	if err != nil || iv <= 0 {
-		return
-	}
-	d.wg.Add(1)
-	go func() {
-		defer d.wg.Done()
-		t := time.NewTicker(iv / 2)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				d.notify(daemon.SdNotifyWatchdog)
-			}
+		if !d.draining.Load() {
+			d.serverDown.CompareAndSwap(nil, &name)
 		}
 	}()
 }
 
-// Close shuts down in order: health NOT_SERVING → STOPPING → stop accepting
-// and drain RPCs (bounded by shutdown-timeout) → prefetch engine (its guards
-// release the locks it holds) → holder sessions → connections → transport →
-// pool. Safe to call more than once; later calls return the first result.
+// Close shuts down in order (docs/operations.md "Shutdown"):
+//
+//  1. announce: health NOT_SERVING, /healthz 503 "draining", STOPPING=1;
+//     new sessions, handshakes and prefetches get UNAVAILABLE "draining";
+//  2. drain until no fetch runs here and no peer holds a session here, or
+//     until shutdown-timeout (reads of granted sessions, releases and
+//     renewals are served meanwhile);
+//  3. prefetch engine: abort what is left (its guards release the locks);
+//  4. holder: release the sessions peers still hold;
+//  5. peer port, lock sweeper, watchdog;
+//  6. local socket and /metrics, the last to go, so pegactl and scrapes
+//     work throughout;
+//  7. connections, peer clients, transport, pool.
+//
+// Safe to call more than once; later calls return the first result.
 func (d *Daemon) Close() error {
 	d.closeOnce.Do(func() { d.closeErr = d.shutdown() })
 	return d.closeErr
@@ -412,6 +423,12 @@ func (d *Daemon) Close() error {
 
 func (d *Daemon) shutdown() error {
 	var errs []error
+	start := time.Now()
+	deadline := start.Add(d.cfg.ShutdownTimeout)
+	stopBy := func() time.Duration { return max(time.Until(deadline), minStopGrace) }
+
+	// 1. Announce.
+	d.draining.Store(true)
 	d.serving.Store(false)
 	if d.peerHealth != nil {
 		d.peerHealth.Shutdown()
@@ -423,20 +440,46 @@ func (d *Daemon) shutdown() error {
 		d.notify(daemon.SdNotifyStopping)
 	}
 
-	deadline := time.Now().Add(d.cfg.ShutdownTimeout)
-	var stopWG sync.WaitGroup
-	for _, s := range []*grpc.Server{d.peerSrv, d.localSrv} {
-		if s == nil {
-			continue
+	// 2. Drain.
+	if d.ready {
+		d.log.Info().Stringer("shutdown_timeout", d.cfg.ShutdownTimeout).
+			Msg("Draining: refusing new sessions and prefetches; serving granted ones")
+		if !d.drain(deadline) {
+			d.logDrain(len(d.engine.InFlight()), d.holder.Locks().Len(), 0)
+			d.log.Warn().Msg("Shutdown timeout: aborting the fetches and releasing the sessions above")
 		}
+	}
+
+	// 3. Requester: abort what is left; guards release the locks on peers.
+	if d.engine != nil {
+		if err := d.engine.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("prefetch engine: %w", err))
+		}
+	}
+	// 4. Holder: sessions peers did not release in time.
+	if d.holder != nil {
+		if n := d.holder.Locks().ReleaseAll("shutdown"); n > 0 {
+			d.log.Info().Int("sessions", n).Msg("Released holder sessions at shutdown")
+		}
+	}
+	// 5. Peer port and background goroutines.
+	if d.peerSrv != nil {
+		gracefulStop(d.peerSrv, stopBy())
+	}
+	if d.cancel != nil {
+		d.cancel()
+	}
+	// 6. Local socket and /metrics, last.
+	var stopWG sync.WaitGroup
+	if d.localSrv != nil {
 		stopWG.Add(1)
 		go func() {
 			defer stopWG.Done()
-			gracefulStop(s, time.Until(deadline))
+			gracefulStop(d.localSrv, stopBy())
 		}()
 	}
 	if d.httpSrv != nil {
-		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		ctx, cancel := context.WithTimeout(context.Background(), stopBy())
 		if err := d.httpSrv.Shutdown(ctx); err != nil {
 			_ = d.httpSrv.Close()
 		}
@@ -447,21 +490,9 @@ func (d *Daemon) shutdown() error {
 		// Ends every local lease: nothing may hold pool memory past here.
 		_ = d.data.Close()
 	}
-	if d.cancel != nil {
-		d.cancel()
-	}
 	d.wg.Wait()
 
-	if d.engine != nil {
-		if err := d.engine.Close(); err != nil {
-			errs = append(errs, fmt.Errorf("prefetch engine: %w", err))
-		}
-	}
-	if d.holder != nil {
-		if n := d.holder.Locks().ReleaseAll("shutdown"); n > 0 {
-			d.log.Info().Int("sessions", n).Msg("Released holder sessions at shutdown")
-		}
-	}
+	// 7. Data plane and memory.
 	if d.conns != nil {
 		if err := d.conns.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("connections: %w", err))
@@ -490,7 +521,7 @@ func (d *Daemon) shutdown() error {
 	case err != nil:
 		d.log.Error().Err(err).Msg("Shutdown finished with errors")
 	case d.ready:
-		d.log.Info().Msg("Shutdown complete")
+		d.log.Info().Float64("took", time.Since(start).Seconds()).Msg("Shutdown complete")
 	}
 	return err
 }

@@ -318,6 +318,7 @@ func TestHolderNode(t *testing.T) {
 func TestShutdownReleasesSessions(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.LockTimeout = time.Minute
+	cfg.ShutdownTimeout = 300 * time.Millisecond // the drain waits for a release that never comes
 	n := startNode(t, cfg)
 	putBlock(t, n, "ns", []byte{7}, pattern(1000, 7), false)
 	q, err := n.peer.QueryBlocksForTransfer(ctxT(t), &pegadv1.QueryBlocksForTransferRequest{

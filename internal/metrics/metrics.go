@@ -141,6 +141,7 @@ type Metrics struct {
 	BlockBytes     prometheus.Gauge
 	Evictions      prometheus.Counter
 	PinnedDeferred prometheus.Gauge // evicted/deleted blocks whose memory waits for the last pin
+	PoolPinned     prometheus.Gauge // bytes of pinned blocks: what eviction cannot free
 
 	// Process.
 	buildInfo     *prometheus.GaugeVec
@@ -274,6 +275,9 @@ func New(reg prometheus.Registerer, runtime bool) *Metrics {
 		PinnedDeferred: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "pegaflow_blocks_deferred_free", Help: "Blocks out of the index whose memory waits for their last pin.",
 		}),
+		PoolPinned: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "pegaflow_pool_pinned_bytes", Help: "Bytes of blocks pinned by a transfer lock or a local read: pool memory eviction cannot free.",
+		}),
 	}
 	reg.MustRegister(
 		m.HolderRPC, m.SessionsActive, m.LockActive, m.LockTimeouts, m.LockForceReleases,
@@ -289,6 +293,7 @@ func New(reg prometheus.Registerer, runtime bool) *Metrics {
 		m.RDMAQPs, m.SessionWorkers, m.Conns, m.Handshakes, m.Invalidations, m.WorkCompletions,
 		m.BatchesInvalidated, m.QPDrainFailures, m.TCPDataRefused, m.AcceptedReaped,
 		m.PoolSize, m.PoolUsed, m.PoolLocked, m.Blocks, m.BlockBytes, m.Evictions, m.PinnedDeferred,
+		m.PoolPinned,
 	)
 	m.initSeries()
 	if runtime {

@@ -172,6 +172,7 @@ type Store struct {
 	seq        uint64 // last insertion sequence given out
 	bytes      uint64 // sum of indexed blocks' sizes
 	pinned     uint64 // blocks with pins > 0
+	pinnedSize uint64 // bytes of those blocks (pegaflow_pool_pinned_bytes)
 	deferred   uint64 // out of the index, pins > 0
 	evictions  uint64
 	underflows uint64
@@ -233,6 +234,12 @@ func (s *Store) underflowLocked(what string) {
 func (s *Store) poolMetricLocked() {
 	if s.m != nil {
 		s.m.PoolUsed.Set(float64(s.pool.Used()))
+	}
+}
+
+func (s *Store) pinnedMetricLocked() {
+	if s.m != nil {
+		s.m.PoolPinned.Set(float64(s.pinnedSize))
 	}
 }
 
@@ -394,6 +401,8 @@ func (s *Store) Pin(keys []Key) (pinned []*Block, missing []int) {
 		}
 		if b.pins == 0 {
 			s.pinned++
+			s.pinnedSize += b.size
+			s.pinnedMetricLocked()
 		}
 		b.pins++
 		b.lastAccess = now
@@ -423,6 +432,8 @@ func (s *Store) unpinLocked(b *Block) {
 		return
 	}
 	s.pinned--
+	s.pinnedSize -= b.size
+	s.pinnedMetricLocked()
 	if b.elem == nil { // out of the index: the pin was all that kept it
 		s.deferred--
 		s.indexMetricsLocked()

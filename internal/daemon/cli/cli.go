@@ -1,5 +1,5 @@
 // Package cli is pegad's command line: the cobra root with `serve` (the
-// default when no subcommand is given) and `version`. It only turns argv,
+// default when no subcommand is given), `config print|check` and `version`. It only turns argv,
 // environment and config file into a config.Config and hands it to
 // daemon.Run; it must never wire components itself.
 package cli
@@ -38,7 +38,7 @@ flag > environment > config file > default.`,
 	}
 	// The root accepts serve's flags so that `pegad --pool-size 1GiB` works.
 	root.Flags().AddFlagSet(serve.Flags())
-	root.AddCommand(serve, newVersionCommand())
+	root.AddCommand(serve, newVersionCommand(), newConfigCommand())
 	// Bad flags are configuration errors too (inherited by subcommands).
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &configError{err} })
 	return root
@@ -112,4 +112,58 @@ func Main() int {
 		fmt.Fprintln(os.Stderr, "pegad: error:", err)
 	}
 	return exitCode(err)
+}
+
+func newConfigCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "config",
+		Short: "Show the effective configuration or check a config file",
+		Args:  cobra.NoArgs,
+		RunE:  func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
+	}
+	print := &cobra.Command{
+		Use:   "print [serve flags]",
+		Short: "Print the effective configuration as YAML, each key with its source (default, file, env, flag)",
+		Long: `Print the configuration "pegad serve" would run with, given the same flags,
+PEGAD_* environment and config file (--config or PEGAD_CONFIG), as YAML. Each
+key's line comment says where its value came from: default, file, env
+(with the variable) or flag. The output is itself a valid config file.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			e, err := config.LoadEffective(cmd.Flags(), config.Default())
+			if err != nil {
+				return &configError{err} // exit 78, as serve would
+			}
+			return e.WriteYAML(cmd.OutOrStdout())
+		},
+	}
+	config.RegisterFlags(print.Flags(), config.Default())
+	check := &cobra.Command{
+		Use:   "check FILE",
+		Short: "Validate a config file without starting; list every bad key with its reason (exit 1)",
+		Long: `Validate FILE on its own (over the defaults; environment and flags are not
+read) without starting anything. Every bad key is listed on stdout as
+"KEY: REASON" (unknown keys, values that do not parse, values out of range);
+the exit status is 1 when there is any, 0 when the file is valid.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			probs, err := config.CheckFile(args[0])
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			if len(probs) == 0 {
+				_, err := fmt.Fprintf(out, "%s: ok\n", args[0])
+				return err
+			}
+			for _, p := range probs {
+				if _, err := fmt.Fprintf(out, "%s: %s\n", args[0], p); err != nil {
+					return err
+				}
+			}
+			return fmt.Errorf("%s: %d bad key(s)", args[0], len(probs))
+		},
+	}
+	cmd.AddCommand(print, check)
+	return cmd
 }
