@@ -104,8 +104,13 @@ func (f *holderFaults) interceptor() grpc.UnaryServerInterceptor {
 const faultKey = "x-test-fault"
 
 type requesterFaults struct {
-	panics atomic.Int64 // panics raised
-	hangs  atomic.Int64 // fetches held until cancelled
+	// panics counts Prefetch calls (req_ids) that raised an injected
+	// panic: one Prefetch can run more than one fetch round (a joiner whose
+	// owner was cancelled fetches itself) and panic in each, but it is
+	// counted once as a panicked fetch.
+	panics   atomic.Int64
+	panicked sync.Map     // req_id -> struct{}
+	hangs    atomic.Int64 // fetches held until cancelled
 }
 
 func (f *requesterFaults) hook(ctx context.Context, reqID, phase string) {
@@ -117,7 +122,9 @@ func (f *requesterFaults) hook(ctx context.Context, reqID, phase string) {
 		}
 		switch kind {
 		case "panic":
-			f.panics.Add(1)
+			if _, seen := f.panicked.LoadOrStore(reqID, struct{}{}); !seen {
+				f.panics.Add(1)
+			}
 			panic(fmt.Sprintf("injected panic at %s (req_id %s)", phase, reqID))
 		case "hang":
 			f.hangs.Add(1)
