@@ -67,6 +67,9 @@ type Config struct {
 	MetricsListen string `mapstructure:"metrics-listen"`
 	// PoolSize is the pinned host-memory pool.
 	PoolSize ByteSize `mapstructure:"pool-size"`
+	// PoolHugePages backs the pool with huge pages: none, thp, 2M or 1G
+	// (2M/1G must be reserved: vm.nr_hugepages).
+	PoolHugePages string `mapstructure:"pool-hugepages"`
 	// Transport is auto, verbs or tcp.
 	Transport string `mapstructure:"transport"`
 	// NICs: tcp → how many software devices; verbs → a count (the first N
@@ -74,6 +77,21 @@ type Config struct {
 	NICs string `mapstructure:"nics"`
 	// QPsPerPeer is the number of RC queue pairs per peer per NIC.
 	QPsPerPeer int `mapstructure:"qps-per-peer"`
+	// RelaxedOrdering registers the pool with IBV_ACCESS_RELAXED_ORDERING
+	// (verbs; ignored where the NIC or kernel lacks it).
+	RelaxedOrdering bool `mapstructure:"relaxed-ordering"`
+	// GIDIndex forces the GID table entry of every verbs port; -1 chooses
+	// (RoCE v2, a routable IPv4 address first).
+	GIDIndex int `mapstructure:"gid-index"`
+	// TrafficClass is the GRH traffic class of RoCE and GRH traffic: the
+	// DSCP << 2 (e.g. 106 for DSCP 26, a common lossless class).
+	TrafficClass int `mapstructure:"traffic-class"`
+	// ServiceLevel is the InfiniBand SL (RoCE: the priority when the port
+	// maps SL to PCP).
+	ServiceLevel int `mapstructure:"service-level"`
+	// PKeyIndex is the P_Key table entry of every QP (0: the default
+	// partition).
+	PKeyIndex int `mapstructure:"pkey-index"`
 	// TCPDataListen is where the tcp provider's devices listen for READs.
 	// Port 0: each device gets an ephemeral port; port P: device i uses P+i.
 	// Empty: --listen's host (a wildcard included) with ephemeral ports, so
@@ -118,9 +136,12 @@ func Default() Config {
 		Socket:          DefaultSocket(),
 		MetricsListen:   "127.0.0.1:9464",
 		PoolSize:        256 << 20,
+		PoolHugePages:   "none",
 		Transport:       TransportAuto,
 		NICs:            "1",
 		QPsPerPeer:      2,
+		RelaxedOrdering: true,
+		GIDIndex:        -1,
 		TCPDataListen:   "",
 		TCPQPNStart:     0x100,
 		RDMAIdleTimeout: 60 * time.Second,
@@ -176,9 +197,15 @@ func RegisterFlags(fs *pflag.FlagSet, d Config) {
 	fs.String("socket", d.Socket, "unix socket for the local and admin API")
 	fs.String("metrics-listen", d.MetricsListen, "HTTP address serving /metrics and /healthz (empty disables)")
 	fs.String("pool-size", d.PoolSize.String(), "pinned host-memory pool size (e.g. 256MiB, 16GiB, 512M, bytes)")
+	fs.String("pool-hugepages", d.PoolHugePages, "pool pages: none|thp|2M|1G (2M/1G must be reserved, vm.nr_hugepages)")
 	fs.String("transport", d.Transport, "data transport: auto|verbs|tcp (auto: verbs when devices exist, else tcp)")
 	fs.String("nics", d.NICs, "tcp: number of software NICs; verbs: a count or a comma list of device names")
 	fs.Int("qps-per-peer", d.QPsPerPeer, "RC queue pairs per peer per NIC")
+	fs.Bool("relaxed-ordering", d.RelaxedOrdering, "verbs: register the pool with relaxed ordering (--relaxed-ordering=false turns it off)")
+	fs.Int("gid-index", d.GIDIndex, "verbs: GID table entry of every port (-1: RoCE v2, routable IPv4 first)")
+	fs.Int("traffic-class", d.TrafficClass, "verbs: GRH traffic class, DSCP<<2 (e.g. 106 = DSCP 26)")
+	fs.Int("service-level", d.ServiceLevel, "verbs: InfiniBand service level 0..15")
+	fs.Int("pkey-index", d.PKeyIndex, "verbs: P_Key table index of every QP")
 	fs.String("tcp-data-listen", d.TCPDataListen, "tcp transport: data listener address (port 0: ephemeral; port P: NIC i uses P+i; default: --listen's host, ephemeral ports, advertised with --advertise's host)")
 	fs.String("tcp-qpn-start", "0x"+strconv.FormatUint(uint64(d.TCPQPNStart), 16), "tcp transport: first QPN allocated per device")
 	fs.Duration("rdma-idle-timeout", d.RDMAIdleTimeout, "holder: free a requester's connection once its data connections have all been closed this long (tcp transport)")
@@ -399,6 +426,11 @@ func (c *Config) problems() []Problem {
 	if c.PoolSize < MinPoolSize {
 		bad("pool-size", "%s is below the minimum %s", c.PoolSize, MinPoolSize)
 	}
+	switch c.PoolHugePages {
+	case "none", "thp", "2M", "1G":
+	default:
+		bad("pool-hugepages", "%q is not one of none, thp, 2M, 1G", c.PoolHugePages)
+	}
 	switch c.Transport {
 	case TransportAuto, TransportVerbs, TransportTCP:
 	default:
@@ -409,6 +441,18 @@ func (c *Config) problems() []Problem {
 	}
 	if c.QPsPerPeer < 1 || c.QPsPerPeer > MaxQPsPerPeer {
 		bad("qps-per-peer", "%d is outside 1..%d", c.QPsPerPeer, MaxQPsPerPeer)
+	}
+	if c.GIDIndex < -1 || c.GIDIndex > 255 {
+		bad("gid-index", "%d is outside -1..255", c.GIDIndex)
+	}
+	if c.TrafficClass < 0 || c.TrafficClass > 255 {
+		bad("traffic-class", "%d is outside 0..255", c.TrafficClass)
+	}
+	if c.ServiceLevel < 0 || c.ServiceLevel > 15 {
+		bad("service-level", "%d is outside 0..15", c.ServiceLevel)
+	}
+	if c.PKeyIndex < 0 || c.PKeyIndex > 0xffff {
+		bad("pkey-index", "%d is outside 0..65535", c.PKeyIndex)
 	}
 	if c.TCPDataListen != "" {
 		if err := checkHostPort(c.TCPDataListen, true); err != nil {

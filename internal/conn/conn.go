@@ -120,6 +120,11 @@ type Options struct {
 	// READs in flight on it (default 30s); its requester's disconnect
 	// usually ends it sooner.
 	ReconnectDrain time.Duration
+	// NoRelaxedOrdering registers the pool without
+	// IBV_ACCESS_RELAXED_ORDERING (on by default: READ responses land
+	// faster on AMD, Grace and PCIe-switch hosts; libibverbs drops it where
+	// unsupported).
+	NoRelaxedOrdering bool
 }
 
 const (
@@ -229,6 +234,7 @@ type Manager struct {
 	// Close, which waits for those first, waits for every one.
 	disconnects sync.WaitGroup
 	reaping     sync.WaitGroup // the reaper goroutine
+	nicEvents   sync.WaitGroup // NIC event watchers (nic.go); stop with ctx
 	closeOnce   sync.Once
 
 	// drainTimeout bounds waiting for a QP in ERROR to flush (the
@@ -305,20 +311,13 @@ func NewManager(opts Options) (m *Manager, err error) {
 			m.releaseNICs()
 		}
 	}()
-	for _, dev := range opts.Devices {
-		n := &localNIC{dev: dev, info: dev.Info()}
-		m.nics = append(m.nics, n)
-		if n.pd, err = dev.AllocPD(); err != nil {
-			return nil, fmt.Errorf("conn: alloc pd on %s: %w", n.info.Name, err)
-		}
-		n.mr, err = n.pd.RegMR(opts.Memory, ibv.AccessLocalWrite|ibv.AccessRemoteRead)
-		if err != nil {
-			return nil, fmt.Errorf("conn: register memory on %s: %w", n.info.Name, err)
-		}
+	if err := m.registerNICs(opts); err != nil {
+		return nil, err
 	}
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	m.reaping.Add(1)
 	go m.reaper()
+	m.watchNICEvents()
 	return m, nil
 }
 
@@ -454,6 +453,7 @@ func (m *Manager) Close() error {
 		m.conns.Wait()
 		m.workers.Wait()
 		m.disconnects.Wait() // each bounded by DisconnectTimeout
+		m.nicEvents.Wait()
 		m.releaseNICs()
 	})
 	return nil

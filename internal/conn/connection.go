@@ -45,6 +45,7 @@ type connNic struct {
 	remote   []ibv.RemoteRegion
 	sessions []*session
 	rr       atomic.Uint64
+	bytes    atomic.Uint64 // READ bytes planned on this NIC (pickNIC)
 }
 
 func (c *AddrConnection) Peer() string { return c.peer }
@@ -324,7 +325,7 @@ func (c *AddrConnection) plan(ops []ReadOp) ([]*batch, error) {
 		}
 		for off := uint64(0); off < op.Len; off += maxWRBytes {
 			n := min(uint64(maxWRBytes), op.Len-off)
-			cn := c.pickNIC(op.NUMA)
+			cn := c.pickNIC(op.NUMA, n)
 			raddr := op.RemoteAddr + off
 			rkey, ok := cn.rkeyFor(raddr, n)
 			if !ok || op.RemoteAddr+op.Len < op.RemoteAddr {
@@ -343,32 +344,6 @@ func (c *AddrConnection) plan(ops []ReadOp) ([]*batch, error) {
 		}
 	}
 	return out, nil
-}
-
-// pickNIC round-robins over the NICs on numa when there are any, else
-// over all NICs.
-func (c *AddrConnection) pickNIC(numa int) *connNic {
-	k := c.rr.Add(1)
-	if numa >= 0 {
-		matches := 0
-		for _, cn := range c.nics {
-			if cn.nic.info.NUMANode == numa {
-				matches++
-			}
-		}
-		if matches > 0 {
-			idx := int(k % uint64(matches))
-			for _, cn := range c.nics {
-				if cn.nic.info.NUMANode == numa {
-					if idx == 0 {
-						return cn
-					}
-					idx--
-				}
-			}
-		}
-	}
-	return c.nics[k%uint64(len(c.nics))]
 }
 
 // rkeyFor finds the snapshot region holding [addr, addr+n).

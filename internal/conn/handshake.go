@@ -74,14 +74,15 @@ func (m *Manager) connect(peer string) (_ *AddrConnection, err error) {
 		HandshakeId: hsID,
 	}
 	for i, n := range m.nics {
-		nh := &pegadv1.NicHandshake{Nic: n.info.Name, Memory: []*pegadv1.MemoryRegion{m.localRegion(n)}}
+		nh := &pegadv1.NicHandshake{Nic: n.info.Name, Memory: []*pegadv1.MemoryRegion{m.localRegion(n)},
+			LinkLayer: n.info.LinkLayer, Subnet: nicSubnet(n.info)}
 		for q := 0; q < m.opts.QPsPerPeer; q++ {
 			p, err := m.newQPPair(n)
 			if err != nil {
 				return nil, fmt.Errorf("conn: handshake %s: %w", peer, err)
 			}
 			prepared[i] = append(prepared[i], p)
-			nh.Endpoints = append(nh.Endpoints, endpointToProto(p.qp.Endpoint()))
+			nh.Endpoints = append(nh.Endpoints, endpointToProto(m.localEndpoint(p)))
 		}
 		req.Nics = append(req.Nics, nh)
 	}
@@ -194,6 +195,8 @@ func (m *Manager) localRegion(n *localNIC) *pegadv1.MemoryRegion {
 
 type remoteNIC struct {
 	name      string
+	linkLayer string // pairing (pairNICs)
+	subnet    string
 	endpoints []ibv.Endpoint
 	regions   []ibv.RemoteRegion
 }
@@ -227,10 +230,10 @@ func (m *Manager) parseNIC(nh *pegadv1.NicHandshake, needMemory bool) (remoteNIC
 	if nh == nil {
 		return r, fmt.Errorf("%w: nil nic", ErrInvalidHandshake)
 	}
-	if len(nh.GetNic()) > maxNICNameLen {
-		return r, fmt.Errorf("%w: nic name too long", ErrInvalidHandshake)
+	if len(nh.GetNic()) > maxNICNameLen || len(nh.GetLinkLayer()) > maxNICNameLen || len(nh.GetSubnet()) > maxNICNameLen {
+		return r, fmt.Errorf("%w: nic name, link layer or subnet too long", ErrInvalidHandshake)
 	}
-	r.name = nh.GetNic()
+	r.name, r.linkLayer, r.subnet = nh.GetNic(), nh.GetLinkLayer(), nh.GetSubnet()
 	eps := nh.GetEndpoints()
 	if len(eps) == 0 || len(eps) > maxQPsPerPeer {
 		return r, fmt.Errorf("%w: %d endpoints (want 1..%d)", ErrInvalidHandshake, len(eps), maxQPsPerPeer)
@@ -260,7 +263,7 @@ func (m *Manager) parseNIC(nh *pegadv1.NicHandshake, needMemory bool) (remoteNIC
 
 func endpointToProto(e ibv.Endpoint) *pegadv1.Endpoint {
 	return &pegadv1.Endpoint{Gid: append([]byte(nil), e.GID[:]...), Lid: uint32(e.LID), Qpn: e.QPN,
-		Psn: e.PSN, Addr: e.Addr, Mtu: uint32(e.MTU)}
+		Psn: e.PSN, Addr: e.Addr, Mtu: uint32(e.MTU), MaxDestRdAtomic: uint32(e.MaxDestRd)}
 }
 
 func (m *Manager) endpointFromProto(e *pegadv1.Endpoint) (ibv.Endpoint, error) {
@@ -280,6 +283,8 @@ func (m *Manager) endpointFromProto(e *pegadv1.Endpoint) (ibv.Endpoint, error) {
 		return ep, fmt.Errorf("%w: mtu %d", ErrInvalidHandshake, e.GetMtu())
 	case len(e.GetAddr()) > maxAddrLen:
 		return ep, fmt.Errorf("%w: addr too long", ErrInvalidHandshake)
+	case e.GetMaxDestRdAtomic() > 255:
+		return ep, fmt.Errorf("%w: max_dest_rd_atomic %d", ErrInvalidHandshake, e.GetMaxDestRdAtomic())
 	}
 	if m.opts.Transport == "tcp" || e.GetAddr() != "" {
 		if _, _, err := net.SplitHostPort(e.GetAddr()); err != nil {
@@ -292,6 +297,7 @@ func (m *Manager) endpointFromProto(e *pegadv1.Endpoint) (ibv.Endpoint, error) {
 	ep.PSN = e.GetPsn()
 	ep.MTU = int(e.GetMtu())
 	ep.Addr = e.GetAddr()
+	ep.MaxDestRd = uint8(e.GetMaxDestRdAtomic())
 	return ep, nil
 }
 
@@ -309,7 +315,7 @@ type acceptedConn struct {
 	advertise   string // the requester's advertised address, as it sent it
 	handshakeID string
 	since       time.Time // when Accept began (monotonic): orders attempts
-	// qps[i] are the QPs on local nic i%len(m.nics), paired with the
+	// nics[i] are the QPs on the local NIC paired (pairNICs) with the
 	// requester's nic i.
 	nics [][]*qpPair
 
@@ -370,10 +376,12 @@ func (m *Manager) Accept(ctx context.Context, req *pegadv1.RdmaHandshakeRequest)
 		}
 	}()
 	resp := &pegadv1.RdmaHandshakeResponse{HolderNodeId: m.opts.NodeID, HolderIncarnation: m.opts.Incarnation}
+	pairs := m.pairNICs(reqNICs, log)
 	for i, rn := range reqNICs {
-		n := m.nics[i%len(m.nics)]
+		n := pairs[i]
 		attr := m.connectAttr(n)
-		nh := &pegadv1.NicHandshake{Nic: n.info.Name, Memory: []*pegadv1.MemoryRegion{m.localRegion(n)}}
+		nh := &pegadv1.NicHandshake{Nic: n.info.Name, Memory: []*pegadv1.MemoryRegion{m.localRegion(n)},
+			LinkLayer: n.info.LinkLayer, Subnet: nicSubnet(n.info)}
 		var qs []*qpPair
 		for _, rep := range rn.endpoints {
 			if err := ctx.Err(); err != nil {
@@ -388,7 +396,7 @@ func (m *Manager) Accept(ctx context.Context, req *pegadv1.RdmaHandshakeRequest)
 			if err := p.qp.Connect(rep, attr); err != nil {
 				return nil, fmt.Errorf("conn: accept: connect qp %d to %s: %w", p.qpn, rep.Addr, err)
 			}
-			nh.Endpoints = append(nh.Endpoints, endpointToProto(p.qp.Endpoint()))
+			nh.Endpoints = append(nh.Endpoints, endpointToProto(m.localEndpoint(p)))
 		}
 		resp.Nics = append(resp.Nics, nh)
 	}

@@ -44,6 +44,8 @@ type nodeOpts struct {
 	idleTimeout, reconnectDrain time.Duration
 	// wrapDevice lets a test inject failures into the verbs calls.
 	wrapDevice func(ibv.Device) ibv.Device
+	// noRelaxedOrdering is Options.NoRelaxedOrdering.
+	noRelaxedOrdering bool
 }
 
 // node is one in-process pegad as far as conn is concerned: tcp devices,
@@ -205,6 +207,7 @@ func newNode(t testing.TB, d *dialers, o nodeOpts) *node {
 		IdleTimeout:       o.idleTimeout,
 		ReconnectDrain:    o.reconnectDrain,
 		ConnectAttr:       testConnectAttr(),
+		NoRelaxedOrdering: o.noRelaxedOrdering,
 	})
 	if err != nil {
 		t.Fatalf("NewManager: %v", err)

@@ -100,6 +100,7 @@ Exit codes: 0 ok, 1 error, 2 usage, 3 not found, 4 pegad unavailable,
 	root.AddCommand(
 		NewBlocksCommand(g),
 		NewPrefetchCommand(g),
+		NewBenchCommand(g),
 		NewSessionsCommand(g),
 		NewLocksCommand(g),
 		NewConnsCommand(g),

@@ -1,11 +1,19 @@
 package daemon
 
 import (
+	"context"
+	"errors"
+	"os"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/rs/zerolog"
+
 	"github.com/pegaflow/pegad/internal/config"
 	"github.com/pegaflow/pegad/internal/ibv"
+	"github.com/pegaflow/pegad/internal/pool"
 )
 
 // TestConnectAttr: QPs on the tcp provider get a retry budget a loaded
@@ -19,7 +27,8 @@ func TestConnectAttr(t *testing.T) {
 		{config.TransportVerbs, 500 * time.Millisecond, 600 * time.Millisecond},
 	}
 	for _, tc := range tests {
-		a := connectAttr(tc.transport)
+		d := config.Default()
+		a := connectAttr(tc.transport, &d)
 		if b := a.RetryBudget(); b < tc.min || b > tc.max {
 			t.Errorf("%s: retry budget %v, want %v..%v", tc.transport, b, tc.min, tc.max)
 		}
@@ -28,5 +37,62 @@ func TestConnectAttr(t *testing.T) {
 		if a != want {
 			t.Errorf("%s: attributes other than Timeout changed: %+v", tc.transport, a)
 		}
+	}
+}
+
+// TestQoSSettings: traffic-class and service-level reach every QP's
+// attributes; gid-index and pkey-index the verbs provider's options.
+func TestQoSSettings(t *testing.T) {
+	cfg := config.Default()
+	cfg.TrafficClass, cfg.ServiceLevel, cfg.GIDIndex, cfg.PKeyIndex = 106, 3, 2, 1
+	if a := connectAttr(config.TransportVerbs, &cfg); a.TrafficCls != 106 || a.SL != 3 {
+		t.Fatalf("connect attributes %+v: want traffic class 106, SL 3", a)
+	}
+	if o := verbsOptions(&cfg); !o.ForceGIDIndex || o.GIDIndex != 2 || o.PKeyIndex != 1 {
+		t.Fatalf("verbs options %+v: want GID index 2 forced, P_Key index 1", o)
+	}
+	cfg = config.Default()
+	if o := verbsOptions(&cfg); o.ForceGIDIndex || o.PKeyIndex != 0 {
+		t.Fatalf("default verbs options %+v: want the GID chosen, P_Key index 0", o)
+	}
+}
+
+// TestStartExtendsTimeout: while Start runs, systemd is asked for more
+// time (EXTEND_TIMEOUT_USEC), and never after READY=1.
+func TestStartExtendsTimeout(t *testing.T) {
+	old := extendEvery
+	extendEvery = time.Millisecond
+	t.Cleanup(func() { extendEvery = old })
+	n := startNode(t, testConfig(t))
+	notes := slices.Clone(*n.notes) // Start has returned: no sender left
+	ready := slices.Index(notes, "READY=1")
+	if ready < 1 || !strings.HasPrefix(notes[0], "EXTEND_TIMEOUT_USEC=") {
+		t.Fatalf("sd_notify during start %v: want EXTEND_TIMEOUT_USEC=... before READY=1", notes)
+	}
+	for _, s := range notes[ready:] {
+		if strings.HasPrefix(s, "EXTEND_TIMEOUT_USEC=") {
+			t.Fatalf("sd_notify %v: EXTEND_TIMEOUT_USEC after READY=1", notes)
+		}
+	}
+	if want := "EXTEND_TIMEOUT_USEC=30000000"; notes[0] != want {
+		t.Fatalf("first note %q, want %q", notes[0], want)
+	}
+}
+
+// TestStartHugePagesUnreserved: --pool-hugepages=1G where none are free
+// stops the start with the pool's clear error (this host reserves none).
+func TestStartHugePagesUnreserved(t *testing.T) {
+	if b, err := os.ReadFile("/sys/kernel/mm/hugepages/hugepages-1048576kB/free_hugepages"); err == nil && strings.TrimSpace(string(b)) != "0" {
+		t.Skip("this host has free 1 GiB pages")
+	}
+	cfg := testConfig(t)
+	cfg.PoolHugePages = "1G"
+	d, err := Start(context.Background(), cfg, WithLogger(zerolog.Nop()))
+	if err == nil {
+		d.Close()
+		t.Fatal("start with unreserved 1G pages succeeded")
+	}
+	if !errors.Is(err, pool.ErrHugePages) || !strings.Contains(err.Error(), "nr_hugepages") {
+		t.Fatalf("start: %v, want pool.ErrHugePages naming nr_hugepages", err)
 	}
 }

@@ -169,6 +169,8 @@ func Start(ctx context.Context, cfg config.Config, opts ...Option) (d *Daemon, e
 	}
 	d.incarnation = newIncarnation()
 	d.log = d.log.With().Str("node", cfg.NodeID).Logger()
+	stopExtend := extendStart(d.notify)
+	defer stopExtend()
 	defer func() {
 		if err != nil {
 			d.log.Error().Err(err).Msg("Start-up failed")
@@ -199,8 +201,14 @@ func Start(ctx context.Context, cfg config.Config, opts ...Option) (d *Daemon, e
 	d.log.Info().Str("transport", d.tr.name).Str("reason", d.tr.reason).Int("nics", len(d.tr.devices)).
 		Strs("data_addrs", d.tr.dataAddrs).Msg("Transport selected")
 	d.metrics.SetTransport(d.tr.name, d.tr.reasonCode)
+	if d.tr.name == config.TransportVerbs {
+		// Before mapping: each NIC's registration pins the whole pool.
+		if err := pool.CheckPinLimit(uint64(cfg.PoolSize), len(d.tr.devices)); err != nil {
+			return d, err
+		}
+	}
 
-	if d.pool, err = newPool(cfg.PoolSize, d.log); err != nil {
+	if d.pool, err = newPool(cfg.PoolSize, cfg.PoolHugePages, d.log); err != nil {
 		return d, err
 	}
 	d.store = store.New(d.pool, d.metrics)
@@ -214,11 +222,13 @@ func Start(ctx context.Context, cfg config.Config, opts ...Option) (d *Daemon, e
 		Devices:     d.tr.devices,
 		Memory:      d.pool.Bytes(),
 		QPsPerPeer:  cfg.QPsPerPeer,
-		ConnectAttr: connectAttr(d.tr.name),
+		ConnectAttr: connectAttr(d.tr.name, &cfg),
 		IdleTimeout: cfg.RDMAIdleTimeout,
 		Dial:        d.peers.Get,
-		Metrics:     d.metrics,
-		Log:         d.log.With().Str("component", "conn").Logger(),
+
+		NoRelaxedOrdering: !cfg.RelaxedOrdering,
+		Metrics:           d.metrics,
+		Log:               d.log.With().Str("component", "conn").Logger(),
 	})
 	if err != nil {
 		return d, fmt.Errorf("connections: %w", err)
@@ -272,6 +282,7 @@ func Start(ctx context.Context, cfg config.Config, opts ...Option) (d *Daemon, e
 
 	d.ready = true
 	d.serving.Store(true)
+	stopExtend()
 	d.notify(daemon.SdNotifyReady)
 	d.startWatchdog(bg)
 	d.log.Info().Str("version", version.Version).Str("incarnation", d.incarnation).

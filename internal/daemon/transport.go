@@ -43,12 +43,21 @@ type transport struct {
 const tcpConnectTimeout = 17
 
 // connectAttr are the RC attributes of the QPs of transport name.
-func connectAttr(name string) ibv.ConnectAttr {
+func connectAttr(name string, cfg *config.Config) ibv.ConnectAttr {
 	a := ibv.DefaultConnectAttr()
 	if name == config.TransportTCP {
 		a.Timeout = tcpConnectTimeout
 	}
+	a.TrafficCls, a.SL = uint8(cfg.TrafficClass), uint8(cfg.ServiceLevel)
 	return a
+}
+
+// verbsOptions are the provider options the config sets.
+func verbsOptions(cfg *config.Config) verbs.Options {
+	o := verbs.DefaultOptions()
+	o.ForceGIDIndex, o.GIDIndex = cfg.GIDIndex >= 0, cfg.GIDIndex
+	o.PKeyIndex = cfg.PKeyIndex
+	return o
 }
 
 // verbsProbe is verbs.Available, swappable in tests.
@@ -72,7 +81,7 @@ func openTransport(cfg *config.Config, met *metrics.Metrics, log zerolog.Logger)
 		if !avail {
 			return nil, fmt.Errorf("%w: %s", ErrVerbsUnavailable, why)
 		}
-		t, err = openVerbs(count, names, "requested ("+why+")")
+		t, err = openVerbs(verbsOptions(cfg), count, names, "requested ("+why+")")
 	default: // auto
 		if !avail {
 			code = metrics.TransportFallback
@@ -80,7 +89,7 @@ func openTransport(cfg *config.Config, met *metrics.Metrics, log zerolog.Logger)
 			break
 		}
 		code = metrics.TransportAuto
-		t, err = openVerbs(count, names, "auto: "+why)
+		t, err = openVerbs(verbsOptions(cfg), count, names, "auto: "+why)
 		if err != nil {
 			// Devices exist but cannot be opened as configured: say so, do
 			// not silently fall back to tcp on a host meant for RDMA.
@@ -219,8 +228,8 @@ func openTCP(cfg *config.Config, count int, names []string, reason string, verbs
 	return t, nil
 }
 
-func openVerbs(count int, names []string, reason string) (*transport, error) {
-	prov := verbs.New()
+func openVerbs(opts verbs.Options, count int, names []string, reason string) (*transport, error) {
+	prov := verbs.NewWithOptions(opts)
 	infos, err := prov.Devices()
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrVerbsUnavailable, err)

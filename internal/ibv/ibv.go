@@ -111,6 +111,11 @@ const (
 	AccessLocalWrite  Access = 1
 	AccessRemoteWrite Access = 2
 	AccessRemoteRead  Access = 4
+	// AccessRelaxedOrdering lets the NIC write READ responses to memory
+	// out of order (faster on AMD, Grace and PCIe-switch hosts; a
+	// completion still means all data is visible: ibv_reg_mr(3)). An
+	// optional flag: dropped where the kernel or NIC lacks support.
+	AccessRelaxedOrdering Access = 1 << 20
 )
 
 // QPState is a queue pair state, numbered as enum ibv_qp_state.
@@ -174,6 +179,9 @@ type Endpoint struct {
 	PSN  uint32 // 24 bits
 	MTU  int
 	Addr string // tcp provider: the remote device's data listener
+	// MaxDestRd is the QP's responder resources (max_dest_rd_atomic): the
+	// peer's initiator depth (max_rd_atomic) must not exceed it. 0: unknown.
+	MaxDestRd uint8
 }
 
 // RemoteRegion is one registered region of a peer's memory, as snapshotted
@@ -255,6 +263,48 @@ type Provider interface {
 	Devices() ([]DeviceInfo, error)
 	// Open opens a device by name.
 	Open(name string) (Device, error)
+}
+
+// DeviceEventKind is what an asynchronous device event says about the
+// port a device is used through.
+type DeviceEventKind int
+
+const (
+	// PortDown: the port left ACTIVE (IBV_EVENT_PORT_ERR); connections
+	// through it are dead.
+	PortDown DeviceEventKind = iota + 1
+	// PortUp: the port is ACTIVE again (IBV_EVENT_PORT_ACTIVE).
+	PortUp
+	// AddressChange: the port's GID or LID changed (an IP removed and
+	// re-added, a bond failover, a new LID from the subnet manager); the
+	// device re-resolved it, and QPs created from now on use the new one.
+	AddressChange
+)
+
+func (k DeviceEventKind) String() string {
+	switch k {
+	case PortDown:
+		return "port_down"
+	case PortUp:
+		return "port_up"
+	case AddressChange:
+		return "address_change"
+	}
+	return fmt.Sprintf("event(%d)", int(k))
+}
+
+// DeviceEvent is one asynchronous event of a device's port.
+type DeviceEvent struct {
+	Kind DeviceEventKind
+	Info DeviceInfo // the device as resolved after the event
+}
+
+// EventDevice is a Device that reports asynchronous port events. Events
+// is closed when the device is closed; a slow reader misses events, never
+// blocks the device.
+type EventDevice interface {
+	Device
+	Events() <-chan DeviceEvent
 }
 
 // Device is an open device context.

@@ -123,6 +123,8 @@ type Metrics struct {
 	Handshakes      *prometheus.CounterVec // role, result
 	Invalidations   *prometheus.CounterVec // reason
 	WorkCompletions *prometheus.CounterVec // status
+	NICReadBytes    *prometheus.CounterVec // nic
+	NICEvents       *prometheus.CounterVec // nic, event
 	// Batches answered "session invalidated before batch execution".
 	BatchesInvalidated prometheus.Counter
 	// QPs destroyed because they did not drain after ERROR.
@@ -239,6 +241,12 @@ func New(reg prometheus.Registerer, runtime bool) *Metrics {
 		Invalidations: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pegaflow_rdma_connection_invalidations_total", Help: "Connections invalidated, by reason.",
 		}, []string{"reason"}),
+		NICReadBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pegaflow_rdma_nic_read_bytes_total", Help: "Bytes of RDMA READs issued through each local NIC.",
+		}, []string{"nic"}),
+		NICEvents: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pegaflow_rdma_nic_events_total", Help: "Asynchronous port events of each local NIC (port_down, port_up, address_change).",
+		}, []string{"nic", "event"}),
 		WorkCompletions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pegaflow_rdma_work_completions_total", Help: "Work completions polled, by ibv_wc_status.",
 		}, []string{"status"}),
@@ -291,7 +299,7 @@ func New(reg prometheus.Registerer, runtime bool) *Metrics {
 		m.FetchTotal, m.FetchBytes, m.FetchDuration, m.FetchErrors, m.GuardAborts,
 		m.GuardReleaseFails, m.RenewFailures, m.FetchesInFlight, m.StagingQuarantine,
 		m.RDMAQPs, m.SessionWorkers, m.Conns, m.Handshakes, m.Invalidations, m.WorkCompletions,
-		m.BatchesInvalidated, m.QPDrainFailures, m.TCPDataRefused, m.AcceptedReaped,
+		m.BatchesInvalidated, m.QPDrainFailures, m.TCPDataRefused, m.AcceptedReaped, m.NICReadBytes, m.NICEvents,
 		m.PoolSize, m.PoolUsed, m.PoolLocked, m.Blocks, m.BlockBytes, m.Evictions, m.PinnedDeferred,
 		m.PoolPinned,
 	)

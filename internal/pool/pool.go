@@ -1,9 +1,9 @@
 // Package pool owns pegad's pinned host-memory region: one memfd, mapped
-// MAP_SHARED, populated and (where RLIMIT_MEMLOCK allows) mlock'ed, and an
-// allocator of variable-size ranges inside it. Every allocation records its
-// NUMA node. The memfd (FD) is what local clients map to read and write
-// blocks in place; handing it to them is the local data socket's job, not
-// the pool's.
+// MAP_SHARED, populated (in parallel, failures reported) and (where
+// RLIMIT_MEMLOCK allows) mlock'ed, and an allocator of variable-size ranges
+// inside it. Every allocation records its NUMA node. The memfd (FD) is what
+// local clients map to read and write blocks in place; handing it to them
+// is the local data socket's job, not the pool's.
 //
 // The pool never knows what its bytes mean (blocks, staging); it must never
 // hand the same byte to two live allocations, and never free twice.
@@ -45,6 +45,8 @@ type Options struct {
 	// naming LimitMEMLOCK / ulimit -l and continues unlocked.
 	Lock bool
 	Log  zerolog.Logger
+	// HugePages is none (""), thp, 2M or 1G (hugepages.go).
+	HugePages string
 }
 
 // Alloc is one allocation: [Off, Off+Len) inside the pool.
@@ -97,14 +99,23 @@ func New(opts Options) (*Pool, error) {
 	if opts.Size == 0 {
 		return nil, fmt.Errorf("%w: size 0", ErrInvalid)
 	}
-	page := uint64(unix.Getpagesize())
+	page := hugePageSize(opts.HugePages)
 	size := (opts.Size + page - 1) / page * page
 	if size < opts.Size || size > uint64(^uint(0)>>1) {
 		return nil, fmt.Errorf("%w: size %d too large", ErrInvalid, opts.Size)
 	}
-	fd, mem, err := mapMemfd(size)
+	if err := checkHugePages(opts.HugePages, size); err != nil {
+		return nil, err
+	}
+	fd, mem, err := mapMemfd(size, opts.HugePages)
 	if err != nil {
 		return nil, err
+	}
+	adviseHuge(mem, opts.HugePages)
+	if err := populate(mem, populateWorkers(size)); err != nil { // populate.go
+		_ = unix.Munmap(mem)
+		_ = unix.Close(fd)
+		return nil, fmt.Errorf("pool: populate %d bytes: %w", size, err)
 	}
 	p := &Pool{
 		fd:   fd,
@@ -141,8 +152,8 @@ func New(opts Options) (*Pool, error) {
 
 // mapMemfd creates a memfd of size bytes and maps it shared and populated.
 // Shared, so that a local client mapping the same fd sees the same pages.
-func mapMemfd(size uint64) (fd int, mem []byte, err error) {
-	fd, err = unix.MemfdCreate("pegad-pool", unix.MFD_CLOEXEC)
+func mapMemfd(size uint64, hugePages string) (fd int, mem []byte, err error) {
+	fd, err = unix.MemfdCreate("pegad-pool", unix.MFD_CLOEXEC|hugeMemfdFlags(hugePages))
 	if err != nil {
 		return -1, nil, fmt.Errorf("pool: memfd_create: %w", err)
 	}
@@ -150,7 +161,8 @@ func mapMemfd(size uint64) (fd int, mem []byte, err error) {
 		_ = unix.Close(fd)
 		return -1, nil, fmt.Errorf("pool: size memfd to %d bytes: %w", size, err)
 	}
-	mem, err = unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
+	// Populated by New, in parallel (populate.go).
+	mem, err = unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		_ = unix.Close(fd)
 		return -1, nil, fmt.Errorf("pool: mmap %d bytes: %w", size, err)

@@ -719,10 +719,13 @@ type Endpoint struct {
 	Qpn   uint32                 `protobuf:"varint,3,opt,name=qpn,proto3" json:"qpn,omitempty"`
 	Psn   uint32                 `protobuf:"varint,4,opt,name=psn,proto3" json:"psn,omitempty"`
 	// tcp provider only: the device's data listener, host:port.
-	Addr          string `protobuf:"bytes,5,opt,name=addr,proto3" json:"addr,omitempty"`
-	Mtu           uint32 `protobuf:"varint,6,opt,name=mtu,proto3" json:"mtu,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Addr string `protobuf:"bytes,5,opt,name=addr,proto3" json:"addr,omitempty"`
+	Mtu  uint32 `protobuf:"varint,6,opt,name=mtu,proto3" json:"mtu,omitempty"`
+	// Responder resources of this QP (max_dest_rd_atomic): the peer's
+	// initiator depth must not exceed it. 0: unknown.
+	MaxDestRdAtomic uint32 `protobuf:"varint,7,opt,name=max_dest_rd_atomic,json=maxDestRdAtomic,proto3" json:"max_dest_rd_atomic,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Endpoint) Reset() {
@@ -797,6 +800,13 @@ func (x *Endpoint) GetMtu() uint32 {
 	return 0
 }
 
+func (x *Endpoint) GetMaxDestRdAtomic() uint32 {
+	if x != nil {
+		return x.MaxDestRdAtomic
+	}
+	return 0
+}
+
 type MemoryRegion struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Base          uint64                 `protobuf:"varint,1,opt,name=base,proto3" json:"base,omitempty"`
@@ -863,7 +873,13 @@ type NicHandshake struct {
 	// One per queue pair of this NIC toward the peer, in order.
 	Endpoints []*Endpoint `protobuf:"bytes,2,rep,name=endpoints,proto3" json:"endpoints,omitempty"`
 	// The pool as registered on this NIC.
-	Memory        []*MemoryRegion `protobuf:"bytes,3,rep,name=memory,proto3" json:"memory,omitempty"`
+	Memory []*MemoryRegion `protobuf:"bytes,3,rep,name=memory,proto3" json:"memory,omitempty"`
+	// "InfiniBand", "Ethernet" or "tcp"; with subnet, what NICs are paired
+	// by (same link layer and subnet: the same rail).
+	LinkLayer string `protobuf:"bytes,4,opt,name=link_layer,json=linkLayer,proto3" json:"link_layer,omitempty"`
+	// The NIC's subnet: the GID's upper 64 bits (InfiniBand subnet prefix,
+	// or the IPv6 /64) or an IPv4 GID's /24, in text. Empty: unknown.
+	Subnet        string `protobuf:"bytes,5,opt,name=subnet,proto3" json:"subnet,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -917,6 +933,20 @@ func (x *NicHandshake) GetMemory() []*MemoryRegion {
 		return x.Memory
 	}
 	return nil
+}
+
+func (x *NicHandshake) GetLinkLayer() string {
+	if x != nil {
+		return x.LinkLayer
+	}
+	return ""
+}
+
+func (x *NicHandshake) GetSubnet() string {
+	if x != nil {
+		return x.Subnet
+	}
+	return ""
 }
 
 type RdmaHandshakeRequest struct {
@@ -1197,22 +1227,26 @@ const file_pegad_v1_peer_proto_rawDesc = "" +
 	"\x19RenewTransferLockResponse\x129\n" +
 	"\n" +
 	"expires_at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12>\n" +
-	"\rlifetime_left\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\flifetimeLeft\"x\n" +
+	"\rlifetime_left\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\flifetimeLeft\"\xa5\x01\n" +
 	"\bEndpoint\x12\x10\n" +
 	"\x03gid\x18\x01 \x01(\fR\x03gid\x12\x10\n" +
 	"\x03lid\x18\x02 \x01(\rR\x03lid\x12\x10\n" +
 	"\x03qpn\x18\x03 \x01(\rR\x03qpn\x12\x10\n" +
 	"\x03psn\x18\x04 \x01(\rR\x03psn\x12\x12\n" +
 	"\x04addr\x18\x05 \x01(\tR\x04addr\x12\x10\n" +
-	"\x03mtu\x18\x06 \x01(\rR\x03mtu\"N\n" +
+	"\x03mtu\x18\x06 \x01(\rR\x03mtu\x12+\n" +
+	"\x12max_dest_rd_atomic\x18\a \x01(\rR\x0fmaxDestRdAtomic\"N\n" +
 	"\fMemoryRegion\x12\x12\n" +
 	"\x04base\x18\x01 \x01(\x04R\x04base\x12\x16\n" +
 	"\x06length\x18\x02 \x01(\x04R\x06length\x12\x12\n" +
-	"\x04rkey\x18\x03 \x01(\rR\x04rkey\"\x82\x01\n" +
+	"\x04rkey\x18\x03 \x01(\rR\x04rkey\"\xb9\x01\n" +
 	"\fNicHandshake\x12\x10\n" +
 	"\x03nic\x18\x01 \x01(\tR\x03nic\x120\n" +
 	"\tendpoints\x18\x02 \x03(\v2\x12.pegad.v1.EndpointR\tendpoints\x12.\n" +
-	"\x06memory\x18\x03 \x03(\v2\x16.pegad.v1.MemoryRegionR\x06memory\"\xb6\x01\n" +
+	"\x06memory\x18\x03 \x03(\v2\x16.pegad.v1.MemoryRegionR\x06memory\x12\x1d\n" +
+	"\n" +
+	"link_layer\x18\x04 \x01(\tR\tlinkLayer\x12\x16\n" +
+	"\x06subnet\x18\x05 \x01(\tR\x06subnet\"\xb6\x01\n" +
 	"\x14RdmaHandshakeRequest\x121\n" +
 	"\trequester\x18\x01 \x01(\v2\x13.pegad.v1.RequesterR\trequester\x12\x1c\n" +
 	"\ttransport\x18\x02 \x01(\tR\ttransport\x12*\n" +

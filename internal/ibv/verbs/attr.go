@@ -59,12 +59,16 @@ func pathMTU(local, remote, requested int) (int, error) {
 
 // localPort is what a QP's device says about the port it uses.
 type localPort struct {
-	Num       uint8
-	Ethernet  bool // RoCE: address by GID; InfiniBand: by LID
-	GIDIndex  int
-	MTU       int // active MTU, bytes
-	MaxRdAtom int // device max_qp_rd_atom (responder resources)
-	MaxInitRd int // device max_qp_init_rd_atom (initiator depth)
+	Num      uint8
+	Ethernet bool // RoCE: address by GID; InfiniBand: by LID
+	// GRHRequired: an InfiniBand port that needs a GRH besides the LID
+	// (IBV_QPF_GRH_REQUIRED).
+	GRHRequired bool
+	GIDIndex    int
+	PKeyIndex   uint16 // P_Key table entry the QPs use (Options.PKeyIndex)
+	MTU         int    // active MTU, bytes
+	MaxRdAtom   int    // device max_qp_rd_atom (responder resources)
+	MaxInitRd   int    // device max_qp_init_rd_atom (initiator depth)
 }
 
 // connParams are the plain values the C side copies into ibv_qp_attr for
@@ -94,7 +98,8 @@ const psnMask = 1<<24 - 1
 
 // buildConnParams checks a connect request and derives the RTR/RTS
 // values: path MTU min(local, remote, requested); RoCE addresses the peer by
-// GID through a GRH (is_global, sgid_index, hop_limit), InfiniBand by LID;
+// GID through a GRH (is_global, sgid_index, hop_limit), InfiniBand by LID,
+// plus the GRH when the port requires one (ibv_modify_qp(3));
 // read depths are clamped to what the device supports (an RTS with a larger
 // max_rd_atomic fails with EINVAL on real HCAs).
 func buildConnParams(lp localPort, localPSN uint32, remote ibv.Endpoint, a ibv.ConnectAttr) (connParams, error) {
@@ -119,6 +124,12 @@ func buildConnParams(lp localPort, localPSN uint32, remote ibv.Endpoint, a ibv.C
 	case a.SL > 15:
 		return p, fmt.Errorf("service level %d exceeds 15: %w", a.SL, ibv.ErrInvalidArgument)
 	}
+	// The initiator depth must not exceed the peer's responder resources
+	// (an older HCA in a mixed fleet has fewer): it NAKs the excess READs.
+	initRd := clampRd(a.MaxRdAtomic, lp.MaxInitRd)
+	if remote.MaxDestRd > 0 {
+		initRd = min(initRd, remote.MaxDestRd)
+	}
 	p = connParams{
 		PathMTU:         mtuEnum(mtu),
 		DestQPN:         remote.QPN,
@@ -129,14 +140,14 @@ func buildConnParams(lp localPort, localPSN uint32, remote ibv.Endpoint, a ibv.C
 		Timeout:         a.Timeout,
 		RetryCnt:        a.RetryCnt,
 		RNRRetry:        a.RNRRetry,
-		MaxRdAtomic:     clampRd(a.MaxRdAtomic, lp.MaxInitRd),
+		MaxRdAtomic:     initRd,
 		Port:            lp.Num,
 		SL:              a.SL,
 		TrafficClass:    a.TrafficCls,
 	}
-	if lp.Ethernet {
+	if lp.Ethernet || lp.GRHRequired {
 		if remote.GID == (ibv.GID{}) {
-			return connParams{}, fmt.Errorf("RoCE peer sent a zero GID: %w", ibv.ErrInvalidArgument)
+			return connParams{}, fmt.Errorf("peer sent a zero GID and the local port needs a GRH: %w", ibv.ErrInvalidArgument)
 		}
 		if lp.GIDIndex < 0 || lp.GIDIndex > 255 {
 			return connParams{}, fmt.Errorf("local GID index %d: %w", lp.GIDIndex, ibv.ErrInvalidArgument)
@@ -148,6 +159,8 @@ func buildConnParams(lp localPort, localPSN uint32, remote ibv.Endpoint, a ibv.C
 		if p.HopLimit == 0 {
 			p.HopLimit = 64 // routable RoCE v2 needs a non-zero TTL
 		}
+	}
+	if lp.Ethernet {
 		return p, nil
 	}
 	if remote.LID == 0 || remote.LID >= 0xc000 {

@@ -122,6 +122,31 @@ func TestBuildConnParamsIB(t *testing.T) {
 	}
 }
 
+// TestBuildConnParamsIBGRHRequired: an InfiniBand port flagged
+// IBV_QPF_GRH_REQUIRED addresses the peer by LID and GRH both.
+func TestBuildConnParamsIBGRHRequired(t *testing.T) {
+	lp := localPort{Num: 1, MTU: 4096, MaxRdAtom: 16, MaxInitRd: 16, GRHRequired: true, GIDIndex: 0}
+	remote := ibv.Endpoint{LID: 0x17, QPN: 77, PSN: 5, MTU: 4096, GID: testGIDll}
+	a := ibv.DefaultConnectAttr()
+	a.TrafficCls = 8
+	p, err := buildConnParams(lp, 9, remote, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := connParams{
+		PathMTU: mtu4096, DestQPN: 77, RqPSN: 5, SqPSN: 9,
+		MaxDestRdAtomic: 16, MinRNRTimer: 12, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 16,
+		Port: 1, DLID: 0x17, IsGlobal: true, DGID: testGIDll, HopLimit: 64, TrafficClass: 8,
+	}
+	if p != want {
+		t.Fatalf("got  %+v\nwant %+v", p, want)
+	}
+	remote.GID = ibv.GID{}
+	if _, err := buildConnParams(lp, 9, remote, a); !errors.Is(err, ibv.ErrInvalidArgument) {
+		t.Fatalf("zero peer GID on a GRH-required port: %v, want ErrInvalidArgument", err)
+	}
+}
+
 func TestBuildConnParamsInvalid(t *testing.T) {
 	ib := localPort{Num: 1, MTU: 4096, MaxRdAtom: 16, MaxInitRd: 16}
 	good := ibv.Endpoint{GID: testGIDv4, LID: 5, QPN: 100, PSN: 1, MTU: 4096}

@@ -18,7 +18,8 @@
 // Files without cgo hold the logic that needs no device (errno mapping, MTU
 // and attribute building, GID parsing, sysfs reading, port and GID
 // selection) so it is unit-tested on every host. fakeverbs.c is a loopback
-// stand-in for libibverbs that only tests select: it lets the conformance
+// stand-in for libibverbs that only tests select, as strict as rdma-core's
+// man pages say an mlx5 HCA is: it lets the conformance
 // suite exercise the Go/C glue here; TestConformance runs the same suite on
 // real devices where they exist.
 //
@@ -26,6 +27,7 @@
 // InfiniBand port needs a LID from the subnet manager; a RoCE port a
 // non-zero GID, RoCE v2 and IPv4-mapped preferred); GID types come from
 // _ibv_query_gid_ex (ibv_query_gid_type is a private symbol) or sysfs;
-// CQ.Wait polls with a short spin then 20us..1ms sleeps rather than using a
-// completion channel.
+// every CQ has its own completion channel, and CQ.Wait busy-polls for
+// Options.CQSpin, then arms the CQ and parks on the channel's fd in Go's
+// netpoller (no timers: Go fires sub-millisecond ones about 1 ms late).
 package verbs

@@ -2,6 +2,7 @@ package verbs
 
 import (
 	"errors"
+	"fmt"
 	"syscall"
 
 	"github.com/pegaflow/pegad/internal/ibv"
@@ -84,6 +85,14 @@ func verbsErr(op string, errno syscall.Errno) error {
 		}
 	}
 	return e
+}
+
+// pollErr reports a negative ibv_poll_cq return. ibv_poll_cq(3) says only
+// "a negative value" (mlx5 returns -2, CQ_POLL_ERR): it is not an errno,
+// so it reads as EIO with the value in the message.
+func pollErr(r int) error {
+	return &Error{Op: "ibv_poll_cq", Errno: syscall.EIO,
+		Hint: fmt.Sprintf("returned %d: the CQ is unusable (overrun, or a CQE the provider cannot parse)", r)}
 }
 
 // unavailableError says why the verbs provider cannot run on this host.

@@ -8,13 +8,29 @@
 // of one process, with an RC QP's checks (rkey/lkey, bounds, access, queue
 // depth, states, flush after an error, RETRY_EXC_ERR toward a destroyed
 // peer). One mutex serializes it.
+//
+// Completions can be made visible a set delay after posting
+// (pv_fake_set_delay), as a wire and a remote HCA would; a thread of the
+// fake then adds them to their CQ at that moment and signals the CQ's
+// completion channel (a pipe) when the CQ was armed. It is as strict as
+// rdma-core's man pages: an armed CQ signals only for a CQE added after
+// the arm (ibv_req_notify_cq(3)), once per arm ("one shot"), and a CQ with
+// events got but not acked, or a channel with CQs, refuses to be destroyed
+// (ibv_get_cq_event(3), ibv_create_comp_channel(3); libibverbs would hang
+// or fail).
 
+#define _GNU_SOURCE // pipe2
 #include "shim.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <time.h>
+#include <unistd.h>
 
 #define FK_MAX 4096
 
@@ -23,23 +39,48 @@ typedef struct fk_mr {
 	int access;
 } fk_mr;
 
+// One CQE and the moment it becomes visible (CLOCK_MONOTONIC ns).
+typedef struct fk_cqe {
+	struct ibv_wc wc;
+	uint64_t at;
+	int added; // made visible: counted for the CQ's arm
+} fk_cqe;
+
 typedef struct fk_cq {
 	struct ibv_cq cq;
 	int cap, head, count;
-	struct ibv_wc *ring;
+	fk_cqe *ring;
+	int armed, overrun;
+	unsigned got, acked; // events taken by ibv_get_cq_event, acked
 } fk_cq;
+
+// A completion channel: its events queue in memory, as the kernel's do
+// (unbounded, never blocking the HCA), and its fd, a pipe's read end,
+// holds one byte exactly while the queue is not empty (the fd is readable
+// iff an event is queued, as the kernel's event file is).
+typedef struct fk_chan {
+	struct ibv_comp_channel ch; // ch.fd: the pipe's read end
+	int wfd;
+	struct fk_cq **q; // queued events, oldest first
+	int qlen, qcap;
+	int byte;         // the readiness byte is in the pipe
+} fk_chan;
 
 typedef struct fk_qp {
 	struct ibv_qp qp;
 	int state;
 	uint32_t dest, max_send_wr, outstanding;
+	uint8_t max_rd, max_dest_rd; // initiator depth (RTS), responder resources (RTR)
 } fk_qp;
 
 static pthread_mutex_t fk_mu = PTHREAD_MUTEX_INITIALIZER;
 static fk_mr *fk_mrs[FK_MAX];
 static fk_qp *fk_qps[FK_MAX];
+static fk_cq *fk_cqs[FK_MAX];
+static uint64_t fk_delay_ns;     // completion visibility delay
+static int fk_timer_started;     // the visibility thread runs
+static pthread_cond_t fk_timer_cv; // wakes it: a delayed CQE was queued
 static uint32_t fk_next_key = 0x100, fk_next_qpn = 0x40;
-static struct ibv_device fk_dev;
 static pv_lib fk_lib;
 
 static int fk_hi; // tables are used below this index (scans stop there)
@@ -61,14 +102,53 @@ static void fk_del(void **tab, void *p) {
 			tab[i] = NULL;
 }
 
+// The fake's devices: eight RoCE ports, one per rail (GID ::ffff:10.0.N.5
+// on pegadfakeN); an older HCA on rail 0 (fewer responder resources, a
+// 4 GiB max_mr_size) as in a mixed fleet; and an InfiniBand port that
+// requires a GRH (IBV_QPF_GRH_REQUIRED, as SR-IOV virtual functions in
+// cloud VMs report), with a LID from a subnet manager.
+typedef struct fk_desc {
+	const char *name;
+	uint8_t link_layer, flags;
+	uint16_t lid;
+	enum ibv_mtu active_mtu;
+	int max_rd;           // max_qp_rd_atom and max_qp_init_rd_atom
+	uint64_t max_mr_size;
+	uint8_t rail;         // third byte of the RoCE v2 GID's IPv4 address
+} fk_desc;
+
+#define FK_NDEV 10
+#define FK_ETH IBV_LINK_LAYER_ETHERNET
+static const fk_desc fk_descs[FK_NDEV] = {
+	{"pegadfake0", FK_ETH, 0, 0, IBV_MTU_1024, 16, UINT64_MAX, 0},
+	{"pegadfake1", FK_ETH, 0, 0, IBV_MTU_1024, 16, UINT64_MAX, 1},
+	{"pegadfake2", FK_ETH, 0, 0, IBV_MTU_1024, 16, UINT64_MAX, 2},
+	{"pegadfake3", FK_ETH, 0, 0, IBV_MTU_1024, 16, UINT64_MAX, 3},
+	{"pegadfake4", FK_ETH, 0, 0, IBV_MTU_1024, 16, UINT64_MAX, 4},
+	{"pegadfake5", FK_ETH, 0, 0, IBV_MTU_1024, 16, UINT64_MAX, 5},
+	{"pegadfake6", FK_ETH, 0, 0, IBV_MTU_1024, 16, UINT64_MAX, 6},
+	{"pegadfake7", FK_ETH, 0, 0, IBV_MTU_1024, 16, UINT64_MAX, 7},
+	{"pegadfakeold0", FK_ETH, 0, 0, IBV_MTU_1024, 8, 1ULL << 32, 0},
+	{"pegadfakeib0", IBV_LINK_LAYER_INFINIBAND, IBV_QPF_GRH_REQUIRED, 0x11, IBV_MTU_4096, 16, UINT64_MAX, 0},
+};
+static struct ibv_device fk_devs[FK_NDEV];
+static int fk_port_down[FK_NDEV]; // pv_fake_port_event: the port went down
+static int fk_gid_gen[FK_NDEV];   // pv_fake_port_event: the RoCE v2 GID changed this often
+
+static const fk_desc *fk_desc_of(struct ibv_context *ctx) {
+	return &fk_descs[ctx->device - fk_devs];
+}
+
 static struct ibv_device **fk_get_device_list(int *num) {
-	struct ibv_device **l = calloc(2, sizeof(*l));
+	struct ibv_device **l = calloc(FK_NDEV + 1, sizeof(*l));
 	if (l == NULL)
 		return NULL;
-	strcpy(fk_dev.name, "pegadfake0");
-	l[0] = &fk_dev;
+	for (int i = 0; i < FK_NDEV; i++) {
+		strcpy(fk_devs[i].name, fk_descs[i].name);
+		l[i] = &fk_devs[i];
+	}
 	if (num)
-		*num = 1;
+		*num = FK_NDEV;
 	return l;
 }
 
@@ -76,29 +156,52 @@ static void fk_free_device_list(struct ibv_device **l) { free(l); }
 
 static const char *fk_get_device_name(struct ibv_device *d) { return d->name; }
 
+#define FK_GID_TBL_LEN 4
+
+// RoCE ports have the default P_Key only; the InfiniBand one a partition
+// besides.
+static int fk_pkey_tbl_len(const fk_desc *d) { return d->link_layer == IBV_LINK_LAYER_ETHERNET ? 1 : 2; }
+
 static int fk_query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *a, size_t len) {
-	(void)ctx;
+	const fk_desc *d = fk_desc_of(ctx);
 	if (port != 1)
 		return EINVAL;
 	memset(a, 0, len);
-	a->state = IBV_PORT_ACTIVE;
+	pthread_mutex_lock(&fk_mu);
+	a->state = fk_port_down[d - fk_descs] ? IBV_PORT_DOWN : IBV_PORT_ACTIVE;
+	pthread_mutex_unlock(&fk_mu);
 	a->max_mtu = IBV_MTU_4096;
-	a->active_mtu = IBV_MTU_1024;
-	a->gid_tbl_len = 4;
-	a->link_layer = IBV_LINK_LAYER_ETHERNET;
+	a->active_mtu = d->active_mtu;
+	a->gid_tbl_len = FK_GID_TBL_LEN;
+	a->pkey_tbl_len = fk_pkey_tbl_len(d);
+	a->link_layer = d->link_layer;
+	a->lid = d->lid;
+	a->flags = d->flags;
 	return 0;
 }
 
-// GID 0: link-local RoCE v1; GID 1: IPv4-mapped 10.0.0.5 RoCE v2; others empty.
-static int fk_gid(int idx, uint8_t *raw, uint32_t *type) {
+// RoCE: GID 0 link-local RoCE v1, GID 1 IPv4-mapped 10.0.0.5 RoCE v2.
+// InfiniBand: GID 0, the default subnet prefix and the port GUID. Others
+// empty.
+static int fk_gid(const fk_desc *d, int idx, uint8_t *raw, uint32_t *type) {
 	memset(raw, 0, 16);
+	if (d->link_layer == IBV_LINK_LAYER_INFINIBAND) {
+		if (idx != 0)
+			return ENODATA;
+		raw[0] = 0xfe, raw[1] = 0x80, raw[8] = 0x02, raw[15] = 0x11;
+		*type = IBV_GID_TYPE_IB;
+		return 0;
+	}
 	switch (idx) {
 	case 0:
 		raw[0] = 0xfe, raw[1] = 0x80, raw[15] = 1;
 		*type = IBV_GID_TYPE_ROCE_V1;
 		return 0;
 	case 1:
-		raw[10] = 0xff, raw[11] = 0xff, raw[12] = 10, raw[15] = 5;
+		raw[10] = 0xff, raw[11] = 0xff, raw[12] = 10, raw[14] = d->rail;
+		pthread_mutex_lock(&fk_mu);
+		raw[15] = (uint8_t)(5 + fk_gid_gen[d - fk_descs]);
+		pthread_mutex_unlock(&fk_mu);
 		*type = IBV_GID_TYPE_ROCE_V2;
 		return 0;
 	}
@@ -107,47 +210,143 @@ static int fk_gid(int idx, uint8_t *raw, uint32_t *type) {
 
 static int fk_query_gid(struct ibv_context *ctx, uint8_t port, int idx, union ibv_gid *g) {
 	uint32_t t;
-	(void)ctx, (void)port;
-	return fk_gid(idx, g->raw, &t) ? -1 : 0;
+	(void)port;
+	return fk_gid(fk_desc_of(ctx), idx, g->raw, &t) ? -1 : 0;
 }
 
 static int fk_query_gid_ex(struct ibv_context *ctx, uint32_t port, uint32_t idx,
 			   struct ibv_gid_entry *e, uint32_t flags, size_t size) {
-	(void)ctx, (void)flags, (void)size;
+	(void)flags, (void)size;
 	e->gid_index = idx;
 	e->port_num = port;
-	return fk_gid((int)idx, e->gid.raw, &e->gid_type);
+	return fk_gid(fk_desc_of(ctx), (int)idx, e->gid.raw, &e->gid_type);
 }
 
 static int fk_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
 static int fk_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc);
+static int fk_req_notify_cq(struct ibv_cq *cq, int solicited_only);
+
+// An open context and the write end of its async_fd pipe, where
+// pv_fake_port_event puts events.
+typedef struct fk_ctx {
+	struct ibv_context *ctx;
+	int async_wfd;
+} fk_ctx;
+static fk_ctx fk_ctxs[FK_MAX];
 
 static struct ibv_context *fk_open_device(struct ibv_device *d) {
 	struct verbs_context *v = calloc(1, sizeof(*v));
 	if (v == NULL)
 		return NULL;
+	int p[2];
+	if (pipe2(p, O_CLOEXEC) != 0) {
+		free(v);
+		return NULL;
+	}
+	pthread_mutex_lock(&fk_mu);
+	int slot = -1;
+	for (int i = 0; i < FK_MAX && slot < 0; i++)
+		if (fk_ctxs[i].ctx == NULL)
+			slot = i;
+	if (slot >= 0)
+		fk_ctxs[slot] = (fk_ctx){&v->context, p[1]};
+	pthread_mutex_unlock(&fk_mu);
+	if (slot < 0) {
+		close(p[0]), close(p[1]), free(v);
+		errno = ENOMEM;
+		return NULL;
+	}
+	v->context.async_fd = p[0];
 	v->sz = sizeof(*v);
 	v->query_port = fk_query_port;
 	v->context.device = d;
 	v->context.abi_compat = __VERBS_ABI_IS_EXTENDED;
 	v->context.ops.post_send = fk_post_send;
 	v->context.ops.poll_cq = fk_poll_cq;
+	v->context.ops.req_notify_cq = fk_req_notify_cq;
 	return &v->context;
 }
 
 static int fk_close_device(struct ibv_context *ctx) {
+	pthread_mutex_lock(&fk_mu);
+	for (int i = 0; i < FK_MAX; i++)
+		if (fk_ctxs[i].ctx == ctx) {
+			close(fk_ctxs[i].async_wfd);
+			fk_ctxs[i].ctx = NULL;
+		}
+	pthread_mutex_unlock(&fk_mu);
+	close(ctx->async_fd);
 	free(verbs_get_ctx(ctx));
 	return 0;
 }
 
+// An async event as the fake queues it on a context's async_fd.
+typedef struct fk_aev {
+	uint32_t type, port;
+} fk_aev;
+
+// Reads async_fd like libibverbs: read(2), so a non-blocking fd with
+// nothing queued fails with EAGAIN.
+static int fk_get_async_event(struct ibv_context *ctx, struct ibv_async_event *ev) {
+	fk_aev a;
+	if (read(ctx->async_fd, &a, sizeof(a)) != sizeof(a))
+		return -1;
+	memset(ev, 0, sizeof(*ev));
+	ev->event_type = (enum ibv_event_type)a.type;
+	ev->element.port_num = (int)a.port;
+	return 0;
+}
+
+static void fk_ack_async_event(struct ibv_async_event *ev) { (void)ev; }
+
+int pv_fake_chan_pending(struct ibv_cq *cq) {
+	pthread_mutex_lock(&fk_mu);
+	fk_chan *ch = (fk_chan *)cq->channel;
+	int n = ch ? ch->qlen : 0;
+	pthread_mutex_unlock(&fk_mu);
+	return n;
+}
+
+void pv_fake_reset_ports(void) {
+	pthread_mutex_lock(&fk_mu);
+	memset(fk_port_down, 0, sizeof(fk_port_down));
+	memset(fk_gid_gen, 0, sizeof(fk_gid_gen));
+	pthread_mutex_unlock(&fk_mu);
+}
+
+int pv_fake_port_event(const char *dev, int type) {
+	int told = 0;
+	pthread_mutex_lock(&fk_mu);
+	for (int i = 0; i < FK_NDEV; i++) {
+		if (strcmp(fk_descs[i].name, dev) != 0)
+			continue;
+		if (type == IBV_EVENT_PORT_ERR)
+			fk_port_down[i] = 1;
+		else if (type == IBV_EVENT_PORT_ACTIVE)
+			fk_port_down[i] = 0;
+		else if (type == IBV_EVENT_GID_CHANGE)
+			fk_gid_gen[i]++;
+		for (int j = 0; j < FK_MAX; j++) {
+			if (fk_ctxs[j].ctx == NULL || fk_ctxs[j].ctx->device != &fk_devs[i])
+				continue;
+			fk_aev a = {(uint32_t)type, 1};
+			if (write(fk_ctxs[j].async_wfd, &a, sizeof(a)) == sizeof(a))
+				told++;
+		}
+	}
+	pthread_mutex_unlock(&fk_mu);
+	return told;
+}
+
 static int fk_query_device(struct ibv_context *ctx, struct ibv_device_attr *a) {
-	(void)ctx;
+	const fk_desc *d = fk_desc_of(ctx);
 	memset(a, 0, sizeof(*a));
 	a->max_qp_wr = 16384;
 	a->max_sge = 30;
 	a->max_cqe = 1 << 16;
-	a->max_qp_rd_atom = 16;
-	a->max_qp_init_rd_atom = 16;
+	a->max_qp_rd_atom = d->max_rd;
+	a->max_qp_init_rd_atom = d->max_rd;
+	a->max_mr_size = d->max_mr_size;
 	a->phys_port_cnt = 1;
 	return 0;
 }
@@ -171,7 +370,21 @@ static int fk_dealloc_pd(struct ibv_pd *pd) {
 	return 0;
 }
 
-static struct ibv_mr *fk_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access) {
+// Access flags the fake knows: the three pegad uses and the optional
+// relaxed ordering (IBV_ACCESS_OPTIONAL_RANGE).
+#define FK_ACCESS (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ)
+
+static struct ibv_mr *fk_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t len, uint64_t iova,
+				      unsigned int access) {
+	// ibv_reg_mr(3): REMOTE_WRITE needs LOCAL_WRITE, else EINVAL; and
+	// the device's max_mr_size bounds a region (ibv_query_device(3)).
+	if (len == 0 || iova != (uint64_t)(uintptr_t)addr ||
+	    (access & ~(FK_ACCESS | IBV_ACCESS_OPTIONAL_RANGE)) != 0 ||
+	    ((access & IBV_ACCESS_REMOTE_WRITE) && !(access & IBV_ACCESS_LOCAL_WRITE)) ||
+	    len > fk_desc_of(pd->context)->max_mr_size) {
+		errno = EINVAL;
+		return NULL;
+	}
 	fk_mr *m = calloc(1, sizeof(*m));
 	if (m == NULL)
 		return NULL;
@@ -182,7 +395,7 @@ static struct ibv_mr *fk_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int a
 	m->mr.length = len;
 	m->mr.lkey = fk_next_key++;
 	m->mr.rkey = fk_next_key++;
-	m->access = access;
+	m->access = (int)access;
 	int rc = fk_put((void **)fk_mrs, m);
 	pthread_mutex_unlock(&fk_mu);
 	if (rc) {
@@ -193,6 +406,21 @@ static struct ibv_mr *fk_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int a
 	return &m->mr;
 }
 
+// The exported ibv_reg_mr takes the same path in libibverbs (verbs.c).
+static struct ibv_mr *fk_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access) {
+	return fk_reg_mr_iova2(pd, addr, len, (uint64_t)(uintptr_t)addr, (unsigned int)access);
+}
+
+int pv_fake_mr_access(uint32_t lkey) {
+	int a = -1;
+	pthread_mutex_lock(&fk_mu);
+	for (int i = 0; i < fk_hi; i++)
+		if (fk_mrs[i] && fk_mrs[i]->mr.lkey == lkey)
+			a = fk_mrs[i]->access;
+	pthread_mutex_unlock(&fk_mu);
+	return a;
+}
+
 static int fk_dereg_mr(struct ibv_mr *mr) {
 	pthread_mutex_lock(&fk_mu);
 	fk_del((void **)fk_mrs, mr);
@@ -201,9 +429,120 @@ static int fk_dereg_mr(struct ibv_mr *mr) {
 	return 0;
 }
 
+static uint64_t fk_now(void) {
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static struct ibv_comp_channel *fk_create_comp_channel(struct ibv_context *ctx) {
+	int p[2];
+	fk_chan *c = calloc(1, sizeof(*c));
+	if (c == NULL)
+		return NULL;
+	if (pipe2(p, O_CLOEXEC) != 0) {
+		free(c);
+		return NULL;
+	}
+	c->ch.context = ctx;
+	c->ch.fd = p[0];
+	c->wfd = p[1];
+	return &c->ch;
+}
+
+// ibv_create_comp_channel(3): "fails if any CQs are still associated".
+static int fk_destroy_comp_channel(struct ibv_comp_channel *ch) {
+	fk_chan *c = (fk_chan *)ch;
+	pthread_mutex_lock(&fk_mu);
+	int busy = ch->refcnt > 0;
+	pthread_mutex_unlock(&fk_mu);
+	if (busy)
+		return EBUSY;
+	close(ch->fd);
+	close(c->wfd);
+	free(c->q);
+	free(c);
+	return 0;
+}
+
+// fk_chan_unready takes the readiness byte out once the queue is empty.
+// fk_mu held.
+static void fk_chan_unready(fk_chan *ch) {
+	uint8_t b;
+	if (ch->qlen == 0 && ch->byte && read(ch->ch.fd, &b, 1) == 1)
+		ch->byte = 0;
+}
+
+// fk_signal puts one event for c on its channel, as the kernel queues a
+// struct ib_uverbs_comp_event_desc naming the CQ. fk_mu held.
+static void fk_signal(fk_cq *c) {
+	fk_chan *ch = (fk_chan *)c->cq.channel;
+	c->armed = 0;
+	if (ch == NULL)
+		return;
+	if (ch->qlen == ch->qcap) {
+		int n = ch->qcap ? 2 * ch->qcap : 16;
+		fk_cq **q = realloc(ch->q, (size_t)n * sizeof(*q));
+		if (q == NULL)
+			abort(); // losing an event would hang a waiter
+		ch->q = q, ch->qcap = n;
+	}
+	ch->q[ch->qlen++] = c;
+	uint8_t b = 1;
+	if (!ch->byte && write(ch->wfd, &b, 1) == 1)
+		ch->byte = 1;
+}
+
+// fk_add makes c's CQEs whose moment has come visible; the first of them
+// fires an armed CQ's event. fk_mu held.
+static void fk_add(fk_cq *c, uint64_t now) {
+	for (int i = 0; i < c->count; i++) {
+		fk_cqe *e = &c->ring[(c->head + i) % c->cap];
+		if (e->added)
+			continue;
+		if (e->at > now)
+			break; // CQEs become visible in order
+		e->added = 1;
+		if (c->armed)
+			fk_signal(c);
+	}
+}
+
+// fk_timer adds delayed CQEs at their moment (the thread lives as long as
+// the process: tests only).
+static void *fk_timer(void *arg) {
+	(void)arg;
+	prctl(PR_SET_TIMERSLACK, 1UL); // the default 50us slack would blur the delay
+	pthread_mutex_lock(&fk_mu);
+	for (;;) {
+		uint64_t now = fk_now(), next = UINT64_MAX;
+		for (int i = 0; i < fk_hi; i++) {
+			fk_cq *c = fk_cqs[i];
+			if (c == NULL)
+				continue;
+			fk_add(c, now);
+			for (int j = 0; j < c->count; j++) {
+				fk_cqe *e = &c->ring[(c->head + j) % c->cap];
+				if (!e->added) {
+					if (e->at < next)
+						next = e->at;
+					break;
+				}
+			}
+		}
+		if (next == UINT64_MAX) {
+			pthread_cond_wait(&fk_timer_cv, &fk_mu);
+			continue;
+		}
+		struct timespec ts = {.tv_sec = (time_t)(next / 1000000000u), .tv_nsec = (long)(next % 1000000000u)};
+		pthread_cond_timedwait(&fk_timer_cv, &fk_mu, &ts);
+	}
+	return NULL;
+}
+
 static struct ibv_cq *fk_create_cq(struct ibv_context *ctx, int cqe, void *cq_ctx,
 				   struct ibv_comp_channel *ch, int vector) {
-	(void)cq_ctx, (void)ch, (void)vector;
+	(void)vector;
 	fk_cq *c = calloc(1, sizeof(*c));
 	if (c == NULL)
 		return NULL;
@@ -215,21 +554,102 @@ static struct ibv_cq *fk_create_cq(struct ibv_context *ctx, int cqe, void *cq_ct
 	c->cap = cqe;
 	c->cq.context = ctx;
 	c->cq.cqe = cqe;
+	c->cq.channel = ch;
+	c->cq.cq_context = cq_ctx;
+	pthread_mutex_lock(&fk_mu);
+	int rc = fk_put((void **)fk_cqs, c);
+	if (rc == 0 && ch != NULL)
+		ch->refcnt++;
+	pthread_mutex_unlock(&fk_mu);
+	if (rc) {
+		free(c->ring);
+		free(c);
+		errno = rc;
+		return NULL;
+	}
 	return &c->cq;
 }
 
 static int fk_destroy_cq(struct ibv_cq *cq) {
+	fk_cq *c = (fk_cq *)cq;
 	pthread_mutex_lock(&fk_mu);
 	for (int i = 0; i < fk_hi; i++)
 		if (fk_qps[i] && fk_qps[i]->qp.send_cq == cq) {
 			pthread_mutex_unlock(&fk_mu);
 			return EBUSY;
 		}
+	// ibv_get_cq_event(3): "destroying a CQ will wait for all completion
+	// events to be acknowledged"; here that hang is an error.
+	if (c->got != c->acked) {
+		pthread_mutex_unlock(&fk_mu);
+		return EBUSY;
+	}
+	fk_del((void **)fk_cqs, c);
+	if (cq->channel) {
+		// The kernel drops a destroyed CQ's unread events.
+		fk_chan *ch = (fk_chan *)cq->channel;
+		int kept = 0;
+		for (int i = 0; i < ch->qlen; i++)
+			if (ch->q[i] != c)
+				ch->q[kept++] = ch->q[i];
+		ch->qlen = kept;
+		fk_chan_unready(ch);
+		cq->channel->refcnt--;
+	}
 	pthread_mutex_unlock(&fk_mu);
-	fk_cq *c = (fk_cq *)cq;
 	free(c->ring);
 	free(c);
 	return 0;
+}
+
+// ibv_req_notify_cq(3): one event for the next CQE added, not for those
+// already in the CQ.
+static int fk_req_notify_cq(struct ibv_cq *cq, int solicited_only) {
+	fk_cq *c = (fk_cq *)cq;
+	if (solicited_only)
+		return EINVAL; // pegad never asks; the fake does not model it
+	pthread_mutex_lock(&fk_mu);
+	fk_add(c, fk_now()); // CQEs whose moment passed were added before the arm
+	c->armed = 1;
+	pthread_mutex_unlock(&fk_mu);
+	return 0;
+}
+
+// Takes the oldest event like libibverbs: with nothing queued, a
+// non-blocking fd fails with EAGAIN and a blocking one waits.
+static int fk_get_cq_event(struct ibv_comp_channel *ibch, struct ibv_cq **cq, void **cq_ctx) {
+	fk_chan *ch = (fk_chan *)ibch;
+	for (;;) {
+		pthread_mutex_lock(&fk_mu);
+		if (ch->qlen > 0) {
+			fk_cq *c = ch->q[0];
+			memmove(ch->q, ch->q + 1, (size_t)(ch->qlen - 1) * sizeof(*ch->q));
+			ch->qlen--;
+			fk_chan_unready(ch);
+			c->got++;
+			pthread_mutex_unlock(&fk_mu);
+			*cq = &c->cq;
+			*cq_ctx = c->cq.cq_context;
+			return 0;
+		}
+		pthread_mutex_unlock(&fk_mu);
+		int fl = fcntl(ibch->fd, F_GETFL);
+		if (fl < 0)
+			return -1;
+		if (fl & O_NONBLOCK) {
+			errno = EAGAIN;
+			return -1;
+		}
+		struct pollfd pfd = {.fd = ibch->fd, .events = POLLIN};
+		if (poll(&pfd, 1, -1) < 0 && errno != EINTR)
+			return -1;
+	}
+}
+
+static void fk_ack_cq_events(struct ibv_cq *cq, unsigned int n) {
+	pthread_mutex_lock(&fk_mu);
+	((fk_cq *)cq)->acked += n;
+	pthread_mutex_unlock(&fk_mu);
 }
 
 static struct ibv_qp *fk_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *a) {
@@ -271,29 +691,46 @@ static int fk_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *a, int mask) {
 		q->state = IBV_QPS_ERR;
 	} else if (a->qp_state == IBV_QPS_INIT) {
 		int need = IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
-		if (q->state != IBV_QPS_RESET || (mask & need) != need || a->port_num != 1)
+		// A P_Key index past the port's table is EINVAL (the kernel's
+		// ib_modify_qp_is_ok / mlx5 check it against pkey_tbl_len).
+		if (q->state != IBV_QPS_RESET || (mask & need) != need || a->port_num != 1 ||
+		    a->pkey_index >= fk_pkey_tbl_len(fk_desc_of(qp->context)))
 			rc = EINVAL;
 		else
 			q->state = IBV_QPS_INIT;
 	} else if (a->qp_state == IBV_QPS_RTR) {
+		const fk_desc *d = fk_desc_of(qp->context);
 		int need = IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
 			   IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+		int eth = d->link_layer == IBV_LINK_LAYER_ETHERNET;
+		struct ibv_ah_attr *ah = &a->ah_attr;
 		if (q->state != IBV_QPS_INIT || (mask & need) != need || a->path_mtu < IBV_MTU_256 ||
-		    a->path_mtu > IBV_MTU_1024 || !a->ah_attr.is_global || a->ah_attr.grh.sgid_index >= 4 ||
-		    a->ah_attr.grh.hop_limit == 0 || a->ah_attr.port_num != 1 || a->max_dest_rd_atomic > 16)
+		    a->path_mtu > d->active_mtu || ah->port_num != 1 || a->max_dest_rd_atomic > d->max_rd)
+			rc = EINVAL;
+		// RoCE addresses by GID only; ibv_modify_qp(3): "If port flag
+		// IBV_QPF_GRH_REQUIRED is set then ah_attr ... must be passed with
+		// ... .is_global = 1" (mlx5 and the kernel: EINVAL).
+		else if ((eth || (d->flags & IBV_QPF_GRH_REQUIRED)) && !ah->is_global)
+			rc = EINVAL;
+		else if (ah->is_global && (ah->grh.sgid_index >= FK_GID_TBL_LEN || ah->grh.hop_limit == 0))
+			rc = EINVAL;
+		else if (!eth && (ah->dlid == 0 || ah->dlid >= 0xc000)) // IB routes by a unicast LID
 			rc = EINVAL;
 		else {
 			q->dest = a->dest_qp_num;
+			q->max_dest_rd = a->max_dest_rd_atomic;
 			q->state = IBV_QPS_RTR;
 		}
 	} else if (a->qp_state == IBV_QPS_RTS) {
 		int need = IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
 			   IBV_QP_MAX_QP_RD_ATOMIC;
-		if (q->state != IBV_QPS_RTR || (mask & need) != need || a->max_rd_atomic > 16 ||
-		    a->max_rd_atomic == 0)
+		if (q->state != IBV_QPS_RTR || (mask & need) != need ||
+		    a->max_rd_atomic > fk_desc_of(qp->context)->max_rd || a->max_rd_atomic == 0)
 			rc = EINVAL;
-		else
+		else {
+			q->max_rd = a->max_rd_atomic;
 			q->state = IBV_QPS_RTS;
+		}
 	} else {
 		rc = EINVAL;
 	}
@@ -324,9 +761,9 @@ static int fk_destroy_qp(struct ibv_qp *qp) {
 	fk_cq *c = (fk_cq *)q->qp.send_cq;
 	int kept = 0;
 	for (int i = 0; i < c->count; i++) {
-		struct ibv_wc w = c->ring[(c->head + i) % c->cap];
-		if (w.qp_num != q->qp.qp_num)
-			c->ring[(c->head + kept++) % c->cap] = w;
+		fk_cqe e = c->ring[(c->head + i) % c->cap];
+		if (e.wc.qp_num != q->qp.qp_num)
+			c->ring[(c->head + kept++) % c->cap] = e;
 	}
 	c->count = kept;
 	pthread_mutex_unlock(&fk_mu);
@@ -353,10 +790,15 @@ static void fk_complete(fk_qp *q, struct ibv_send_wr *wr, enum ibv_wc_status st)
 		q->outstanding--;
 		return;
 	}
-	if (c->count == c->cap)
-		return; // overrun: a real CQ raises an async error
-	struct ibv_wc *w = &c->ring[(c->head + c->count++) % c->cap];
-	memset(w, 0, sizeof(*w));
+	if (c->count == c->cap) {
+		// ibv_poll_cq(3): after an overrun "the CQ cannot be used".
+		c->overrun = 1;
+		return;
+	}
+	fk_cqe *e = &c->ring[(c->head + c->count++) % c->cap];
+	memset(e, 0, sizeof(*e));
+	e->at = fk_now() + fk_delay_ns;
+	struct ibv_wc *w = &e->wc;
 	w->wr_id = wr->wr_id;
 	w->status = st;
 	w->qp_num = q->qp.qp_num;
@@ -366,6 +808,23 @@ static void fk_complete(fk_qp *q, struct ibv_send_wr *wr, enum ibv_wc_status st)
 		w->opcode = 0xff; // undefined for failed completions
 		w->vendor_err = 0x99;
 	}
+	if (fk_delay_ns == 0) {
+		fk_add(c, e->at);
+		return;
+	}
+	if (!fk_timer_started) {
+		pthread_t t;
+		pthread_condattr_t ca;
+		pthread_condattr_init(&ca);
+		pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+		pthread_cond_init(&fk_timer_cv, &ca);
+		pthread_condattr_destroy(&ca);
+		if (pthread_create(&t, NULL, fk_timer, NULL) != 0)
+			abort();
+		pthread_detach(t);
+		fk_timer_started = 1;
+	}
+	pthread_cond_signal(&fk_timer_cv);
 }
 
 static enum ibv_wc_status fk_execute(fk_qp *q, struct ibv_send_wr *wr) {
@@ -374,7 +833,17 @@ static enum ibv_wc_status fk_execute(fk_qp *q, struct ibv_send_wr *wr) {
 	fk_qp *r = fk_find_qp(q->dest);
 	if (r == NULL || r->dest != q->qp.qp_num || (r->state != IBV_QPS_RTR && r->state != IBV_QPS_RTS))
 		return IBV_WC_RETRY_EXC_ERR;
+	const fk_desc *ld = fk_desc_of(q->qp.context), *rd = fk_desc_of(r->qp.context);
+	// Rail-isolated fabric: each RoCE rail is its own network, so RTR
+	// toward another rail succeeds and then nothing arrives.
+	if (ld->link_layer != rd->link_layer || ld->rail != rd->rail)
+		return IBV_WC_RETRY_EXC_ERR;
 	int read = wr->opcode == IBV_WR_RDMA_READ;
+	// An initiator depth above the responder's resources: hardware NAKs
+	// (Invalid Request) once more READs are in flight than the responder
+	// holds; the fake fails every READ of such a QP, so one READ shows it.
+	if (read && q->max_rd > r->max_dest_rd)
+		return IBV_WC_REM_INV_REQ_ERR;
 	struct ibv_sge *s = &wr->sg_list[0];
 	if (wr->num_sge != 1 || fk_find_mr(q->qp.pd, s->lkey, 0, s->addr, s->length,
 					     read ? IBV_ACCESS_LOCAL_WRITE : 0) == NULL)
@@ -416,12 +885,21 @@ static int fk_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_se
 	return 0;
 }
 
+// mlx5's poll returns CQ_POLL_ERR (-2) for a CQ it cannot read; the fake
+// does so after an overrun.
+#define FK_POLL_ERR (-2)
+
 static int fk_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc) {
 	fk_cq *c = (fk_cq *)cq;
 	int k = 0;
 	pthread_mutex_lock(&fk_mu);
-	for (; k < n && c->count > 0; k++) {
-		wc[k] = c->ring[c->head];
+	if (c->overrun) {
+		pthread_mutex_unlock(&fk_mu);
+		return FK_POLL_ERR;
+	}
+	fk_add(c, fk_now());
+	for (; k < n && c->count > 0 && c->ring[c->head].added; k++) {
+		wc[k] = c->ring[c->head].wc;
 		c->head = (c->head + 1) % c->cap;
 		c->count--;
 		fk_qp *q = fk_find_qp(wc[k].qp_num);
@@ -447,9 +925,16 @@ pv_lib *pv_fake_lib(void) {
 		fk_lib.alloc_pd = fk_alloc_pd;
 		fk_lib.dealloc_pd = fk_dealloc_pd;
 		fk_lib.reg_mr = fk_reg_mr;
+		fk_lib.reg_mr_iova2 = fk_reg_mr_iova2;
 		fk_lib.dereg_mr = fk_dereg_mr;
 		fk_lib.create_cq = fk_create_cq;
 		fk_lib.destroy_cq = fk_destroy_cq;
+		fk_lib.create_comp_channel = fk_create_comp_channel;
+		fk_lib.destroy_comp_channel = fk_destroy_comp_channel;
+		fk_lib.get_cq_event = fk_get_cq_event;
+		fk_lib.ack_cq_events = fk_ack_cq_events;
+		fk_lib.get_async_event = fk_get_async_event;
+		fk_lib.ack_async_event = fk_ack_async_event;
 		fk_lib.create_qp = fk_create_qp;
 		fk_lib.modify_qp = fk_modify_qp;
 		fk_lib.query_qp = fk_query_qp;
@@ -457,4 +942,10 @@ pv_lib *pv_fake_lib(void) {
 	}
 	pthread_mutex_unlock(&fk_mu);
 	return &fk_lib;
+}
+
+void pv_fake_set_delay(uint64_t ns) {
+	pthread_mutex_lock(&fk_mu);
+	fk_delay_ns = ns;
+	pthread_mutex_unlock(&fk_mu);
 }

@@ -104,6 +104,9 @@ func isIPv4Mapped(g ibv.GID) bool {
 
 func isLinkLocal(g ibv.GID) bool { return g[0] == 0xfe && g[1]&0xc0 == 0x80 }
 
+// isIPv4LinkLocal reports an IPv4-mapped 169.254/16 address.
+func isIPv4LinkLocal(g ibv.GID) bool { return isIPv4Mapped(g) && g[12] == 169 && g[13] == 254 }
+
 // sysfs reads the parts of /sys/class/infiniband pegad needs. Root is
 // overridable so tests run against fake trees.
 type sysfs struct{ root string }

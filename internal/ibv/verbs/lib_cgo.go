@@ -17,6 +17,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"github.com/pegaflow/pegad/internal/ibv"
@@ -129,6 +130,7 @@ type devLimits struct {
 	maxQPWR, maxSGE, maxCQE  int
 	maxRdAtom, maxInitRdAtom int
 	ports                    int
+	maxMRSize                uint64 // 0: unknown
 }
 
 func (l *lib) queryDevice(ctx *C.struct_ibv_context) (devLimits, error) {
@@ -139,7 +141,7 @@ func (l *lib) queryDevice(ctx *C.struct_ibv_context) (devLimits, error) {
 	return devLimits{
 		maxQPWR: int(a.max_qp_wr), maxSGE: int(a.max_sge), maxCQE: int(a.max_cqe),
 		maxRdAtom: int(a.max_qp_rd_atom), maxInitRdAtom: int(a.max_qp_init_rd_atom),
-		ports: int(a.phys_port_cnt),
+		ports: int(a.phys_port_cnt), maxMRSize: uint64(a.max_mr_size),
 	}, nil
 }
 
@@ -152,7 +154,7 @@ func (l *lib) queryPorts(ctx *C.struct_ibv_context, dev string, nports int, fs s
 		if rc := C.pv_query_port(l.c, ctx, C.uint8_t(p), &a); rc != 0 {
 			return nil, fmt.Errorf("port %d: %w", p, verbsErr("ibv_query_port", syscall.Errno(rc)))
 		}
-		d := portDesc{Num: uint8(p), State: int(a.state), LinkLayer: int(a.link_layer), LID: uint16(a.lid), ActiveMTU: int(a.active_mtu)}
+		d := portDesc{Num: uint8(p), State: int(a.state), LinkLayer: int(a.link_layer), LID: uint16(a.lid), ActiveMTU: int(a.active_mtu), Flags: int(a.flags), PKeys: int(a.pkey_tbl_len)}
 		if d.State == portActive {
 			d.GIDs = l.queryGIDs(ctx, dev, d, int(a.gid_tbl_len), fs, gidIndex)
 		}
@@ -215,6 +217,10 @@ func (l *lib) describe(ctx *C.struct_ibv_context, name string, want uint8, o Opt
 	c, err := choosePort(ports, want, o.gidIndex())
 	if err != nil {
 		return ibv.DeviceInfo{}, lim, portChoice{}, err
+	}
+	if o.PKeyIndex < 0 || o.PKeyIndex > 0xffff || (c.PKeys > 0 && o.PKeyIndex >= c.PKeys) {
+		return ibv.DeviceInfo{}, lim, portChoice{}, fmt.Errorf("P_Key index %d outside port %d's table of %d entries: %w",
+			o.PKeyIndex, c.Port, c.PKeys, ibv.ErrInvalidArgument)
 	}
 	info := deviceInfo(name, fs.numaNode(name), c, lim.maxQPWR, min(lim.maxInitRdAtom, lim.maxRdAtom))
 	return info, lim, c, nil
@@ -284,10 +290,16 @@ func (p *Provider) Open(name string) (ibv.Device, error) {
 		C.pv_close_device(l.c, ctx)
 		return nil, fmt.Errorf("open %s: %w", name, err)
 	}
-	return &device{lib: l, ctx: ctx, info: info, lim: lim, port: localPort{
-		Num: c.Port, Ethernet: c.Ethernet, GIDIndex: c.GID.Index, MTU: c.MTU,
-		MaxRdAtom: lim.maxRdAtom, MaxInitRd: lim.maxInitRdAtom,
-	}}, nil
+	d := &device{lib: l, name: devName, opts: p.opts, ctx: ctx, lim: lim, spin: p.opts.cqSpin()}
+	d.st.Store(&devState{info: info, port: portOf(c, lim, p.opts)})
+	d.evs = startAsyncEvents(d)
+	return d, nil
+}
+
+// portOf is the localPort QPs use on port choice c.
+func portOf(c portChoice, lim devLimits, o Options) localPort {
+	return localPort{Num: c.Port, Ethernet: c.Ethernet, GRHRequired: c.GRHRequired, GIDIndex: c.GID.Index, MTU: c.MTU,
+		PKeyIndex: uint16(o.PKeyIndex), MaxRdAtom: lim.maxRdAtom, MaxInitRd: lim.maxInitRdAtom}
 }
 
 // inspectConn runs connParams through the C code that fills ibv_qp_attr
@@ -334,3 +346,18 @@ func fromC(c C.pv_conn) connParams {
 	}
 	return p
 }
+
+// fakeMRAccess is the access flags the fake registered the MR with lkey
+// with, or -1 (tests).
+func fakeMRAccess(lkey uint32) int { return int(C.pv_fake_mr_access(C.uint32_t(lkey))) }
+
+// fakeChanPending is how many events wait on the fake CQ's channel (tests).
+func fakeChanPending(c *cq) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return int(C.pv_fake_chan_pending(c.c))
+}
+
+// setFakeDelay makes the fake provider's completions visible d after
+// posting (tests; the setting is process-wide).
+func setFakeDelay(d time.Duration) { C.pv_fake_set_delay(C.uint64_t(max(d, 0))) }

@@ -11,9 +11,11 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 	"unsafe"
@@ -30,24 +32,38 @@ import (
 // device is an open ibv_context on one chosen port.
 type device struct {
 	lib  *lib
-	info ibv.DeviceInfo
+	name string
+	opts Options
 	lim  devLimits
-	port localPort
+	spin time.Duration // CQ busy-poll budget (Options.CQSpin)
+	// st is the port as last resolved: at Open, and again after an async
+	// event changed its GID or LID (events.go). Each QP keeps the state
+	// it was created with.
+	st  atomic.Pointer[devState]
+	evs *asyncEvents // the async-event loop; nil for none
 
 	mu   sync.Mutex // guards ctx and refs
 	ctx  *C.struct_ibv_context
 	refs int // live PDs and CQs
 }
 
+// devState is what a device says about its port, swapped whole.
+type devState struct {
+	info ibv.DeviceInfo
+	port localPort
+}
+
 var _ ibv.Device = (*device)(nil)
 
-func (d *device) Info() ibv.DeviceInfo { return d.info }
+func (d *device) state() *devState { return d.st.Load() }
+
+func (d *device) Info() ibv.DeviceInfo { return d.state().info }
 
 func (d *device) AllocPD() (ibv.PD, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.ctx == nil {
-		return nil, fmt.Errorf("alloc pd on %s: %w", d.info.Name, ibv.ErrClosed)
+		return nil, fmt.Errorf("alloc pd on %s: %w", d.name, ibv.ErrClosed)
 	}
 	var errno C.int
 	p := C.pv_alloc_pd(d.lib.c, d.ctx, &errno)
@@ -65,15 +81,27 @@ func (d *device) CreateCQ(depth int) (ibv.CQ, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.ctx == nil {
-		return nil, fmt.Errorf("create cq on %s: %w", d.info.Name, ibv.ErrClosed)
+		return nil, fmt.Errorf("create cq on %s: %w", d.name, ibv.ErrClosed)
 	}
-	var errno C.int
-	c := C.pv_create_cq(d.lib.c, d.ctx, C.int(depth), &errno)
+	var errno, fd C.int
+	var ch *C.struct_ibv_comp_channel
+	c := C.pv_create_cq(d.lib.c, d.ctx, C.int(depth), &ch, &fd, &errno)
 	if c == nil {
 		return nil, verbsErr("ibv_create_cq", syscall.Errno(errno))
 	}
+	// The dup'd channel fd is non-blocking, so os.NewFile puts it in the
+	// netpoller: a blocked Wait parks its goroutine, no thread, no timer.
+	f := os.NewFile(uintptr(fd), "ibv_comp_channel")
+	raw, err := f.SyscallConn()
+	if err != nil {
+		f.Close()
+		C.pv_destroy_cq(d.lib.c, c)
+		C.pv_destroy_comp_channel(d.lib.c, ch)
+		return nil, fmt.Errorf("completion channel of %s: %w", d.name, err)
+	}
 	d.refs++
-	return &cq{dev: d, c: c, done: make(chan struct{})}, nil
+	return &cq{dev: d, c: c, ch: ch, file: f, raw: raw, spin: d.spin,
+		done: make(chan struct{}), waiter: make(chan struct{}, 1)}, nil
 }
 
 func (d *device) release() {
@@ -86,11 +114,12 @@ func (d *device) Close() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.ctx == nil {
-		return fmt.Errorf("close %s: %w", d.info.Name, ibv.ErrClosed)
+		return fmt.Errorf("close %s: %w", d.name, ibv.ErrClosed)
 	}
 	if d.refs > 0 {
-		return fmt.Errorf("close %s: %d PDs/CQs still open: %w", d.info.Name, d.refs, ibv.ErrInvalidState)
+		return fmt.Errorf("close %s: %d PDs/CQs still open: %w", d.name, d.refs, ibv.ErrInvalidState)
 	}
+	d.evs.stop() // before the context its loop reads goes
 	if rc := C.pv_close_device(d.lib.c, d.ctx); rc != 0 {
 		return verbsErr("ibv_close_device", syscall.Errno(rc))
 	}
@@ -131,8 +160,12 @@ func (p *pd) RegMR(buf []byte, access ibv.Access) (ibv.MR, error) {
 	if len(buf) == 0 {
 		return nil, fmt.Errorf("register empty buffer: %w", ibv.ErrInvalidArgument)
 	}
-	if access&^(ibv.AccessLocalWrite|ibv.AccessRemoteWrite|ibv.AccessRemoteRead) != 0 {
+	if access&^(ibv.AccessLocalWrite|ibv.AccessRemoteWrite|ibv.AccessRemoteRead|ibv.AccessRelaxedOrdering) != 0 {
 		return nil, fmt.Errorf("access flags %#x: %w", uint32(access), ibv.ErrInvalidArgument)
+	}
+	if lim := p.dev.lim.maxMRSize; lim > 0 && uint64(len(buf)) > lim {
+		return nil, fmt.Errorf("register %d bytes on %s: above the device's max_mr_size %d (split the pool): %w",
+			len(buf), p.dev.name, lim, ibv.ErrInvalidArgument)
 	}
 	pp, err := p.acquire()
 	if err != nil {
@@ -152,7 +185,7 @@ func (p *pd) RegMR(buf []byte, access ibv.Access) (ibv.MR, error) {
 func (p *pd) CreateQP(c ibv.CQ, qc ibv.QPCap) (ibv.QP, error) {
 	vc, ok := c.(*cq)
 	if !ok || vc.dev != p.dev {
-		return nil, fmt.Errorf("create qp: cq is not of device %s: %w", p.dev.info.Name, ibv.ErrInvalidArgument)
+		return nil, fmt.Errorf("create qp: cq is not of device %s: %w", p.dev.name, ibv.ErrInvalidArgument)
 	}
 	lim := p.dev.lim
 	if qc.MaxSendWR <= 0 || (lim.maxQPWR > 0 && (qc.MaxSendWR > lim.maxQPWR || qc.MaxRecvWR > lim.maxQPWR)) {
@@ -179,13 +212,14 @@ func (p *pd) CreateQP(c ibv.CQ, qc ibv.QPCap) (ibv.QP, error) {
 		p.release()
 		return nil, verbsErr("ibv_create_qp", syscall.Errno(errno))
 	}
-	if rc := C.pv_qp_init(l, q, C.uint8_t(p.dev.port.Num)); rc != 0 {
+	st := p.dev.state()
+	if rc := C.pv_qp_init(l, q, C.uint8_t(st.port.Num), C.uint16_t(st.port.PKeyIndex)); rc != 0 {
 		C.pv_destroy_qp(l, q)
 		vc.release()
 		p.release()
 		return nil, fmt.Errorf("qp to INIT: %w", verbsErr("ibv_modify_qp", syscall.Errno(rc)))
 	}
-	return &qp{pd: p, cq: vc, p: q, qpn: uint32(q.qp_num), psn: rand.Uint32() & psnMask,
+	return &qp{pd: p, cq: vc, st: st, p: q, qpn: uint32(q.qp_num), psn: rand.Uint32() & psnMask,
 		maxRd: qc.MaxRdAtomic, state: ibv.QPSInit}, nil
 }
 
@@ -237,20 +271,31 @@ func (m *mr) Dereg() error {
 	return nil
 }
 
-// cq is a completion queue. Wait polls with a short spin and then backoff
-// sleeps (20us doubling to 1ms): no completion channel, so no event fd or
-// interrupt per completion, at the cost of up to 1ms of latency after an
-// idle period. Completions found by Wait are kept and handed out by the
-// next Poll, in order.
+// cq is a completion queue with its own completion channel. Wait busy-polls
+// for up to spin, then arms the CQ and parks on the channel's fd in Go's
+// netpoller until the HCA signals a completion: no timer on the path (Go
+// fires sub-millisecond timers about 1 ms late once the runtime idles).
+// Completions found by Wait are kept and handed out by the next Poll, in
+// order.
 type cq struct {
 	dev  *device
-	done chan struct{} // closed by Close; wakes Wait
+	spin time.Duration // busy-poll budget of Wait before it blocks
+	// ch, file and raw are set at creation; Close closes file (waking a
+	// parked Wait and waiting for its callback) before it frees ch.
+	ch     *C.struct_ibv_comp_channel
+	file   *os.File // dup of ch's fd, in the netpoller
+	raw    syscall.RawConn
+	done   chan struct{} // closed by Close; wakes Waits queued on waiter
+	waiter chan struct{} // one token: the Wait that may block on the channel
+	// beforeArm, when set (tests), runs in Wait just before it arms the CQ.
+	beforeArm func()
 
-	mu    sync.Mutex // guards c, stash, scratch and refs
-	c     *C.struct_ibv_cq
-	stash []C.pv_wc // polled by Wait, not yet returned by Poll
-	buf   []C.pv_wc // scratch for Poll
-	refs  int       // QPs created on this CQ
+	mu       sync.Mutex // guards c, fileShut, stash, buf and refs
+	c        *C.struct_ibv_cq
+	fileShut bool      // file and done are closed
+	stash    []C.pv_wc // polled by Wait, not yet returned by Poll
+	buf      []C.pv_wc // scratch for Poll
+	refs     int       // QPs created on this CQ
 }
 
 var _ ibv.CQ = (*cq)(nil)
@@ -277,7 +322,7 @@ func (c *cq) pollLocked(dst []C.pv_wc, n int) ([]C.pv_wc, error) {
 	dst = slices.Grow(dst, n)[:start+n] // allocates only when the buffer is too small
 	r := C.pv_poll_cq(c.c, C.int(n), &dst[start])
 	if r < 0 {
-		return dst[:start], verbsErr("ibv_poll_cq", syscall.Errno(-r))
+		return dst[:start], pollErr(int(r))
 	}
 	return dst[:start+int(r)], nil
 }
@@ -320,57 +365,129 @@ func copyWCs(dst []ibv.WorkCompletion, src []C.pv_wc) int {
 	return n
 }
 
-const (
-	waitSpins    = 64
-	waitSleepMin = 20 * time.Microsecond
-	waitSleepMax = time.Millisecond
-	waitBatch    = 64
-)
+const waitBatch = 64
 
+// Wait returns once a completion is stashed for Poll, ctx is done or the CQ
+// is closed. It follows ibv_get_cq_event(3): arm (ibv_req_notify_cq), then
+// poll again, since a CQE added between the last poll and the arm raises
+// no event; block on the channel only when that poll is empty; after an
+// event (acked at once) re-arm and poll again. An event can come with no
+// CQE (one polled after the arm): the loop simply re-arms.
 func (c *cq) Wait(ctx context.Context) error {
-	var t *time.Timer
-	defer func() {
-		if t != nil {
-			t.Stop()
+	if ready, err := c.pollStash(); ready || err != nil {
+		return err
+	}
+	for deadline := time.Now().Add(c.spin); time.Now().Before(deadline); {
+		if err := ctx.Err(); err != nil {
+			return err
 		}
-	}()
-	sleep := waitSleepMin
-	for spin := 0; ; spin++ {
+		runtime.Gosched()
+		if ready, err := c.pollStash(); ready || err != nil {
+			return err
+		}
+	}
+	// One Wait at a time parks on the channel: an event wakes one reader.
+	select {
+	case c.waiter <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-c.done:
+		return fmt.Errorf("wait cq: %w", ibv.ErrClosed)
+	}
+	defer func() { <-c.waiter }()
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if c.beforeArm != nil {
+			c.beforeArm()
+		}
 		c.mu.Lock()
 		if c.c == nil {
 			c.mu.Unlock()
 			return fmt.Errorf("wait cq: %w", ibv.ErrClosed)
 		}
-		var err error
-		if len(c.stash) == 0 {
-			c.stash, err = c.pollLocked(c.stash, waitBatch)
+		// Events of earlier arms nobody blocked for (the poll after the
+		// arm found the CQE) would pile up in the kernel and wake later
+		// Waits for nothing: take them first. c.mu keeps Close from
+		// freeing the channel meanwhile.
+		for {
+			rc := C.pv_get_cq_event(c.dev.lib.c, c.ch)
+			if rc == C.EAGAIN {
+				break
+			}
+			if rc != 0 {
+				c.mu.Unlock()
+				return verbsErr("ibv_get_cq_event", syscall.Errno(rc))
+			}
 		}
-		ready := len(c.stash) > 0
+		if rc := C.pv_req_notify_cq(c.c); rc != 0 {
+			c.mu.Unlock()
+			return verbsErr("ibv_req_notify_cq", syscall.Errno(rc))
+		}
+		ready, err := c.pollStashLocked()
 		c.mu.Unlock()
 		if ready || err != nil {
 			return err
 		}
-		if err := ctx.Err(); err != nil {
+		if err := c.block(ctx); err != nil {
 			return err
 		}
-		if spin < waitSpins {
-			runtime.Gosched()
-			continue
-		}
-		if t == nil {
-			t = time.NewTimer(sleep)
-		} else {
-			t.Reset(sleep)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-c.done:
-			return fmt.Errorf("wait cq: %w", ibv.ErrClosed)
-		case <-t.C:
-		}
-		sleep = min(2*sleep, waitSleepMax)
 	}
+}
+
+// pollStash polls into the stash unless it holds completions already.
+func (c *cq) pollStash() (bool, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.c == nil {
+		return false, fmt.Errorf("wait cq: %w", ibv.ErrClosed)
+	}
+	return c.pollStashLocked()
+}
+
+func (c *cq) pollStashLocked() (bool, error) {
+	var err error
+	if len(c.stash) == 0 {
+		c.stash, err = c.pollLocked(c.stash, waitBatch)
+	}
+	return len(c.stash) > 0, err
+}
+
+// block parks until the channel has an event, takes and acks it. ctx ends
+// the park through a read deadline.
+func (c *cq) block(ctx context.Context) error {
+	fired := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		_ = c.file.SetReadDeadline(time.Unix(1, 0))
+		close(fired)
+	})
+	var rc C.int
+	err := c.raw.Read(func(uintptr) bool {
+		// Runs with the file referenced: Close waits for it to return
+		// before it frees the channel and the CQ the ack touches.
+		rc = C.pv_get_cq_event(c.dev.lib.c, c.ch)
+		return rc != C.EAGAIN
+	})
+	if !stop() {
+		<-fired
+		_ = c.file.SetReadDeadline(time.Time{})
+	}
+	if err == nil {
+		if rc != 0 {
+			return verbsErr("ibv_get_cq_event", syscall.Errno(rc))
+		}
+		return nil
+	}
+	select {
+	case <-c.done: // Close closes done before the file
+		return fmt.Errorf("wait cq: %w", ibv.ErrClosed)
+	default:
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return fmt.Errorf("wait cq: completion channel: %w", err)
 }
 
 func (c *cq) Close() error {
@@ -382,12 +499,26 @@ func (c *cq) Close() error {
 	if c.refs > 0 {
 		return fmt.Errorf("close cq: %d QPs still use it: %w", c.refs, ibv.ErrInvalidState)
 	}
-	if rc := C.pv_destroy_cq(c.dev.lib.c, c.c); rc != 0 {
+	// Closing the file wakes a parked Wait and returns once its
+	// ibv_get_cq_event/ack callback has finished.
+	if !c.fileShut {
+		c.fileShut = true
+		close(c.done)
+		if err := c.file.Close(); err != nil {
+			return fmt.Errorf("close cq: completion channel: %w", err)
+		}
+	}
+	l := c.dev.lib.c
+	if rc := C.pv_destroy_cq(l, c.c); rc != 0 {
 		return verbsErr("ibv_destroy_cq", syscall.Errno(rc))
 	}
 	c.c = nil
 	c.stash = nil
-	close(c.done)
+	if rc := C.pv_destroy_comp_channel(l, c.ch); rc != 0 {
+		c.dev.release()
+		return verbsErr("ibv_destroy_comp_channel", syscall.Errno(rc))
+	}
+	c.ch = nil
 	c.dev.release()
 	return nil
 }
@@ -396,6 +527,7 @@ func (c *cq) Close() error {
 type qp struct {
 	pd    *pd
 	cq    *cq
+	st    *devState // the port as resolved when the QP was created
 	qpn   uint32
 	psn   uint32 // our initial send PSN, sent in the endpoint
 	maxRd int    // QPCap.MaxRdAtomic; 0: ConnectAttr decides
@@ -428,8 +560,9 @@ func (q *qp) State() ibv.QPState {
 }
 
 func (q *qp) Endpoint() ibv.Endpoint {
-	info := q.pd.dev.info
-	return ibv.Endpoint{GID: info.GID, LID: info.LID, QPN: q.qpn, PSN: q.psn, MTU: info.MTU}
+	info := q.st.info
+	return ibv.Endpoint{GID: info.GID, LID: info.LID, QPN: q.qpn, PSN: q.psn, MTU: info.MTU,
+		MaxDestRd: clampRd(0, q.st.port.MaxRdAtom)}
 }
 
 func (q *qp) Connect(remote ibv.Endpoint, attr ibv.ConnectAttr) error {
@@ -444,7 +577,7 @@ func (q *qp) Connect(remote ibv.Endpoint, attr ibv.ConnectAttr) error {
 	if q.maxRd > 0 && (attr.MaxRdAtomic == 0 || int(attr.MaxRdAtomic) > q.maxRd) {
 		attr.MaxRdAtomic = uint8(min(q.maxRd, 255))
 	}
-	params, err := buildConnParams(q.pd.dev.port, q.psn, remote, attr)
+	params, err := buildConnParams(q.st.port, q.psn, remote, attr)
 	if err != nil {
 		return fmt.Errorf("connect qp %d to qpn %d: %w", q.qpn, remote.QPN, err)
 	}

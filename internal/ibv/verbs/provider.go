@@ -4,12 +4,25 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/pegaflow/pegad/internal/ibv"
 )
 
 // DefaultLibrary is the soname loaded at run time.
 const DefaultLibrary = "libibverbs.so.1"
+
+// FakeLibrary, as Options.Library, selects fakeverbs.c, an in-process
+// loopback stand-in for libibverbs (tests of other packages): eight RoCE
+// devices pegadfake0-7, one per isolated rail (10.0.N.5), pegadfakeold0
+// (an older HCA on rail 0) and pegadfakeib0, an InfiniBand port that
+// requires a GRH.
+const FakeLibrary = "pegad-fake-libibverbs"
+
+// DefaultCQSpin is how long CQ.Wait busy-polls before it blocks on the
+// completion channel: short READs complete within it at no syscall; a
+// longer wait costs one channel event, not a timer.
+const DefaultCQSpin = 20 * time.Microsecond
 
 // Options tune the provider; empty fields take the defaults.
 type Options struct {
@@ -21,6 +34,23 @@ type Options struct {
 	// of the chosen one (RoCE v2 preferred, IPv4-mapped first).
 	ForceGIDIndex bool
 	GIDIndex      int
+	// PKeyIndex is the P_Key table entry every QP uses (default 0, the
+	// default partition); it must exist on the chosen port.
+	PKeyIndex int
+	// CQSpin is how long CQ.Wait busy-polls before it blocks on the CQ's
+	// completion channel (0: DefaultCQSpin; negative: block at once).
+	CQSpin time.Duration
+}
+
+// cqSpin is the busy-poll budget of CQ.Wait.
+func (o Options) cqSpin() time.Duration {
+	switch {
+	case o.CQSpin == 0:
+		return DefaultCQSpin
+	case o.CQSpin < 0:
+		return 0
+	}
+	return o.CQSpin
 }
 
 // gidIndex is the forced GID index, or -1 to choose.
@@ -42,7 +72,7 @@ func DefaultOptions() Options {
 type Provider struct {
 	opts Options
 	// fake selects the in-process loopback stand-in for libibverbs
-	// (fakeverbs.c); set only by this package's tests.
+	// (fakeverbs.c): Options.Library FakeLibrary, or this package's tests.
 	fake bool
 }
 
@@ -60,7 +90,7 @@ func NewWithOptions(opts Options) *Provider {
 	if opts.SysfsRoot == "" {
 		opts.SysfsRoot = d.SysfsRoot
 	}
-	return &Provider{opts: opts}
+	return &Provider{opts: opts, fake: opts.Library == FakeLibrary}
 }
 
 // Name is "verbs".

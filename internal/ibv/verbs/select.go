@@ -48,8 +48,14 @@ type portDesc struct {
 	LinkLayer int // enum ibv_link_layer
 	LID       uint16
 	ActiveMTU int // enum ibv_mtu
+	Flags     int // port_attr.flags (IBV_QPF_GRH_REQUIRED)
+	PKeys     int // pkey_tbl_len
 	GIDs      []gidEntry
 }
+
+// portFlagGRHRequired is IBV_QPF_GRH_REQUIRED: every address vector on
+// the port needs a GRH (ibv_query_port(3)).
+const portFlagGRHRequired = 1
 
 // portChoice is the port (and GID) a device is used through.
 type portChoice struct {
@@ -59,6 +65,10 @@ type portChoice struct {
 	LID       uint16
 	GID       gidEntry
 	MTU       int // bytes
+	// GRHRequired: InfiniBand port whose QPs must address the peer with a
+	// GRH too (ibv_modify_qp(3)); RoCE always does.
+	GRHRequired bool
+	PKeys       int // P_Key table length; 0 unknown
 }
 
 // choosePort picks the port a deployment should use: the first ACTIVE port
@@ -105,7 +115,8 @@ func usePort(p portDesc, gidIndex int) (portChoice, error) {
 	if mtu == 0 {
 		return portChoice{}, fmt.Errorf("active MTU enum %d unknown", p.ActiveMTU)
 	}
-	c := portChoice{Port: p.Num, LinkLayer: linkLayerName(p.LinkLayer), Ethernet: p.LinkLayer == linkLayerEthernet, LID: p.LID, MTU: mtu}
+	c := portChoice{Port: p.Num, LinkLayer: linkLayerName(p.LinkLayer), Ethernet: p.LinkLayer == linkLayerEthernet, LID: p.LID, MTU: mtu,
+		GRHRequired: p.LinkLayer != linkLayerEthernet && p.Flags&portFlagGRHRequired != 0, PKeys: p.PKeys}
 	if c.Ethernet {
 		g, err := chooseGID(p.GIDs, gidIndex)
 		if err != nil {
@@ -129,6 +140,9 @@ func usePort(p portDesc, gidIndex int) (portChoice, error) {
 			break
 		}
 	}
+	if c.GRHRequired && c.GID.GID == (ibv.GID{}) {
+		return portChoice{}, fmt.Errorf("InfiniBand port requires a GRH but GID index %d not populated", want)
+	}
 	return c, nil
 }
 
@@ -142,8 +156,10 @@ func gidRank(g gidEntry) int {
 	}
 	addr := 2
 	switch {
-	case isIPv4Mapped(g.GID):
+	case isIPv4Mapped(g.GID) && !isIPv4LinkLocal(g.GID):
 		addr = 0
+	case isIPv4Mapped(g.GID):
+		// 169.254/16 (RFC 3927) does not route: as link-local as fe80::.
 	case !isLinkLocal(g.GID):
 		addr = 1
 	}

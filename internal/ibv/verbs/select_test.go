@@ -171,6 +171,7 @@ func TestChooseGID(t *testing.T) {
 	ll := mustGID(t, "fe80:0000:0000:0000:0a5c:2cff:fe11:2233")
 	v4 := mustGID(t, "0000:0000:0000:0000:0000:ffff:0a00:0005")
 	v6 := mustGID(t, "2001:0db8:0000:0000:0000:0000:0000:0042")
+	apipa := mustGID(t, "0000:0000:0000:0000:0000:ffff:a9fe:0102") // 169.254.1.2
 	tests := []struct {
 		name  string
 		gids  []gidEntry
@@ -183,6 +184,8 @@ func TestChooseGID(t *testing.T) {
 		{"v2 link-local beats v1 v4", []gidEntry{{2, v4, gidTypeRoCEv1}, {1, ll, gidTypeRoCEv2}}, -1, 1},
 		{"unknown type beats v1", []gidEntry{{2, v4, gidTypeRoCEv1}, {4, v4, gidTypeUnknown}}, -1, 4},
 		{"v1 only", []gidEntry{{0, ll, gidTypeRoCEv1}, {2, v4, gidTypeRoCEv1}}, -1, 2},
+		{"global v6 beats v4 link-local 169.254", []gidEntry{{2, apipa, gidTypeRoCEv2}, {5, v6, gidTypeRoCEv2}}, -1, 5},
+		{"169.254 ranks with fe80 (lower index wins)", []gidEntry{{4, apipa, gidTypeRoCEv2}, {1, ll, gidTypeRoCEv2}}, -1, 1},
 		{"lowest index among equals", []gidEntry{{9, v4, gidTypeRoCEv2}, {3, v4, gidTypeRoCEv2}}, -1, 3},
 		{"zero gids only", []gidEntry{{0, ibv.GID{}, gidTypeRoCEv2}}, -1, -1},
 		{"none", nil, -1, -1},

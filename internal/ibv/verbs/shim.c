@@ -4,6 +4,8 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,9 +61,16 @@ int pv_open(const char *name, pv_lib **out, char *err, size_t errlen) {
 	PV_SYM(alloc_pd, "ibv_alloc_pd", 1);
 	PV_SYM(dealloc_pd, "ibv_dealloc_pd", 1);
 	PV_SYM(reg_mr, "ibv_reg_mr", 1);
+	PV_SYM(reg_mr_iova2, "ibv_reg_mr_iova2", 0);
 	PV_SYM(dereg_mr, "ibv_dereg_mr", 1);
 	PV_SYM(create_cq, "ibv_create_cq", 1);
 	PV_SYM(destroy_cq, "ibv_destroy_cq", 1);
+	PV_SYM(create_comp_channel, "ibv_create_comp_channel", 1);
+	PV_SYM(destroy_comp_channel, "ibv_destroy_comp_channel", 1);
+	PV_SYM(get_cq_event, "ibv_get_cq_event", 1);
+	PV_SYM(ack_cq_events, "ibv_ack_cq_events", 1);
+	PV_SYM(get_async_event, "ibv_get_async_event", 1);
+	PV_SYM(ack_async_event, "ibv_ack_async_event", 1);
 	PV_SYM(create_qp, "ibv_create_qp", 1);
 	PV_SYM(modify_qp, "ibv_modify_qp", 1);
 	PV_SYM(query_qp, "ibv_query_qp", 1);
@@ -162,6 +171,8 @@ int pv_query_port(pv_lib *l, struct ibv_context *ctx, uint8_t port, pv_portattr 
 	out->gid_tbl_len = a.gid_tbl_len;
 	out->lid = a.lid;
 	out->link_layer = a.link_layer;
+	out->flags = a.flags;
+	out->pkey_tbl_len = a.pkey_tbl_len;
 	return 0;
 }
 
@@ -201,16 +212,101 @@ struct ibv_pd *pv_alloc_pd(pv_lib *l, struct ibv_context *ctx, int *err) {
 struct ibv_mr *pv_reg_mr(pv_lib *l, struct ibv_pd *pd, uintptr_t addr, size_t len,
 			 int access, int *err) {
 	errno = 0;
-	struct ibv_mr *r = l->reg_mr(pd, (void *)addr, len, access);
+	struct ibv_mr *r;
+	if ((access & IBV_ACCESS_OPTIONAL_RANGE) && l->reg_mr_iova2 != NULL)
+		r = l->reg_mr_iova2(pd, (void *)addr, len, (uint64_t)addr, (unsigned int)access);
+	else
+		r = l->reg_mr(pd, (void *)addr, len, access & ~IBV_ACCESS_OPTIONAL_RANGE);
 	*err = r == NULL ? pointer_errno() : 0;
 	return r;
 }
 
-struct ibv_cq *pv_create_cq(pv_lib *l, struct ibv_context *ctx, int depth, int *err) {
+struct ibv_cq *pv_create_cq(pv_lib *l, struct ibv_context *ctx, int depth,
+			    struct ibv_comp_channel **chp, int *gofd, int *err) {
 	errno = 0;
-	struct ibv_cq *r = l->create_cq(ctx, depth, NULL, NULL, 0);
-	*err = r == NULL ? pointer_errno() : 0;
+	struct ibv_comp_channel *ch = l->create_comp_channel(ctx);
+	if (ch == NULL) {
+		*err = pointer_errno();
+		return NULL;
+	}
+	int flags = fcntl(ch->fd, F_GETFL);
+	int fd = -1;
+	if (flags < 0 || fcntl(ch->fd, F_SETFL, flags | O_NONBLOCK) < 0 ||
+	    (fd = fcntl(ch->fd, F_DUPFD_CLOEXEC, 0)) < 0) {
+		*err = pointer_errno();
+		l->destroy_comp_channel(ch);
+		return NULL;
+	}
+	errno = 0;
+	struct ibv_cq *r = l->create_cq(ctx, depth, NULL, ch, 0);
+	if (r == NULL) {
+		*err = pointer_errno();
+		close(fd);
+		l->destroy_comp_channel(ch);
+		return NULL;
+	}
+	*err = 0;
+	*chp = ch;
+	*gofd = fd;
 	return r;
+}
+
+int pv_async_fd(struct ibv_context *ctx) {
+	int flags = fcntl(ctx->async_fd, F_GETFL);
+	if (flags < 0 || fcntl(ctx->async_fd, F_SETFL, flags | O_NONBLOCK) < 0)
+		return -pointer_errno();
+	int fd = fcntl(ctx->async_fd, F_DUPFD_CLOEXEC, 0);
+	return fd < 0 ? -pointer_errno() : fd;
+}
+
+int pv_get_async_event(pv_lib *l, struct ibv_context *ctx, int *type, int *port) {
+	struct ibv_async_event ev;
+	memset(&ev, 0, sizeof(ev));
+	errno = 0;
+	if (l->get_async_event(ctx, &ev) != 0) {
+		int e = errno;
+		return e == EWOULDBLOCK ? EAGAIN : (e > 0 ? e : EIO);
+	}
+	*type = ev.event_type;
+	switch (ev.event_type) {
+	case IBV_EVENT_PORT_ACTIVE:
+	case IBV_EVENT_PORT_ERR:
+	case IBV_EVENT_LID_CHANGE:
+	case IBV_EVENT_PKEY_CHANGE:
+	case IBV_EVENT_SM_CHANGE:
+	case IBV_EVENT_CLIENT_REREGISTER:
+	case IBV_EVENT_GID_CHANGE:
+		*port = ev.element.port_num;
+		break;
+	default:
+		*port = 0;
+	}
+	// ibv_get_async_event(3): every event must be acked, and destroying
+	// the object it names waits for that.
+	l->ack_async_event(&ev);
+	return 0;
+}
+
+int pv_destroy_comp_channel(pv_lib *l, struct ibv_comp_channel *ch) {
+	errno = 0;
+	return status(l->destroy_comp_channel(ch));
+}
+
+int pv_req_notify_cq(struct ibv_cq *cq) {
+	errno = 0;
+	return status(ibv_req_notify_cq(cq, 0));
+}
+
+int pv_get_cq_event(pv_lib *l, struct ibv_comp_channel *ch) {
+	struct ibv_cq *cq = NULL;
+	void *cq_ctx = NULL;
+	errno = 0;
+	if (l->get_cq_event(ch, &cq, &cq_ctx) != 0) {
+		int e = errno;
+		return e == EWOULDBLOCK ? EAGAIN : (e > 0 ? e : EIO);
+	}
+	l->ack_cq_events(cq, 1);
+	return 0;
 }
 
 struct ibv_qp *pv_create_qp(pv_lib *l, struct ibv_pd *pd, struct ibv_cq *cq,
@@ -232,11 +328,11 @@ struct ibv_qp *pv_create_qp(pv_lib *l, struct ibv_pd *pd, struct ibv_cq *cq,
 	return r;
 }
 
-int pv_qp_init(pv_lib *l, struct ibv_qp *qp, uint8_t port) {
+int pv_qp_init(pv_lib *l, struct ibv_qp *qp, uint8_t port, uint16_t pkey_index) {
 	struct ibv_qp_attr a;
 	memset(&a, 0, sizeof(a));
 	a.qp_state = IBV_QPS_INIT;
-	a.pkey_index = 0;
+	a.pkey_index = pkey_index;
 	a.port_num = port;
 	a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE;
 	errno = 0;
@@ -255,6 +351,7 @@ void pv_fill_rtr(const pv_conn *p, struct ibv_qp_attr *a, int *mask) {
 	a->ah_attr.port_num = p->port;
 	a->ah_attr.sl = p->sl;
 	a->ah_attr.src_path_bits = 0;
+	a->ah_attr.dlid = p->dlid; // 0 on RoCE; InfiniBand routes by it, with or without a GRH
 	if (p->is_global) {
 		a->ah_attr.is_global = 1;
 		memcpy(a->ah_attr.grh.dgid.raw, p->dgid, 16);
@@ -262,8 +359,6 @@ void pv_fill_rtr(const pv_conn *p, struct ibv_qp_attr *a, int *mask) {
 		a->ah_attr.grh.hop_limit = p->hop_limit;
 		a->ah_attr.grh.traffic_class = p->traffic_class;
 		a->ah_attr.grh.flow_label = 0;
-	} else {
-		a->ah_attr.dlid = p->dlid;
 	}
 	*mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
 		IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
@@ -395,7 +490,7 @@ int pv_poll_cq(struct ibv_cq *cq, int n, pv_wc *out) {
 		memset(wc, 0, sizeof(wc[0]) * m);
 		int r = ibv_poll_cq(cq, m, wc);
 		if (r < 0)
-			return total > 0 ? total : (r == -1 && errno > 0 ? -errno : r);
+			return total > 0 ? total : r;
 		for (int i = 0; i < r; i++) {
 			pv_wc *o = &out[total + i];
 			o->wr_id = wc[i].wr_id;

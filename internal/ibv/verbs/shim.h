@@ -28,10 +28,20 @@ typedef struct pv_lib {
 	struct ibv_pd *(*alloc_pd)(struct ibv_context *ctx);
 	int (*dealloc_pd)(struct ibv_pd *pd);
 	struct ibv_mr *(*reg_mr)(struct ibv_pd *pd, void *addr, size_t len, int access);
+	// Optional (IBVERBS_1.8): what verbs.h's ibv_reg_mr macro calls when
+	// optional access flags (IBV_ACCESS_RELAXED_ORDERING) are set.
+	struct ibv_mr *(*reg_mr_iova2)(struct ibv_pd *pd, void *addr, size_t len, uint64_t iova,
+				       unsigned int access);
 	int (*dereg_mr)(struct ibv_mr *mr);
 	struct ibv_cq *(*create_cq)(struct ibv_context *ctx, int cqe, void *cq_ctx,
 				    struct ibv_comp_channel *ch, int vector);
 	int (*destroy_cq)(struct ibv_cq *cq);
+	struct ibv_comp_channel *(*create_comp_channel)(struct ibv_context *ctx);
+	int (*destroy_comp_channel)(struct ibv_comp_channel *ch);
+	int (*get_cq_event)(struct ibv_comp_channel *ch, struct ibv_cq **cq, void **cq_ctx);
+	void (*ack_cq_events)(struct ibv_cq *cq, unsigned int nevents);
+	int (*get_async_event)(struct ibv_context *ctx, struct ibv_async_event *ev);
+	void (*ack_async_event)(struct ibv_async_event *ev);
 	struct ibv_qp *(*create_qp)(struct ibv_pd *pd, struct ibv_qp_init_attr *attr);
 	int (*modify_qp)(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask);
 	int (*query_qp)(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask,
@@ -67,6 +77,8 @@ typedef struct pv_portattr {
 	int state, max_mtu, active_mtu, gid_tbl_len;
 	uint16_t lid;
 	uint8_t link_layer;
+	uint8_t flags; // IBV_QPF_GRH_REQUIRED
+	uint16_t pkey_tbl_len;
 } pv_portattr;
 
 // Calls that return a status return 0 or a positive errno.
@@ -77,16 +89,31 @@ int pv_query_gid(pv_lib *l, struct ibv_context *ctx, uint8_t port, int idx,
 		 uint8_t gid[16], int *type);
 
 struct ibv_pd *pv_alloc_pd(pv_lib *l, struct ibv_context *ctx, int *err);
+// Registers with access; optional flags (IBV_ACCESS_RELAXED_ORDERING) go
+// through ibv_reg_mr_iova2 as verbs.h's ibv_reg_mr does, and are dropped
+// on a library too old to have it (as libibverbs drops them where the
+// kernel lacks support).
 struct ibv_mr *pv_reg_mr(pv_lib *l, struct ibv_pd *pd, uintptr_t addr, size_t len,
 			 int access, int *err);
-struct ibv_cq *pv_create_cq(pv_lib *l, struct ibv_context *ctx, int depth, int *err);
+// Creates a completion channel (its fd made O_NONBLOCK, as
+// ibv_get_cq_event(3) shows for non-blocking use) and a CQ on it. *gofd is
+// a close-on-exec dup of the channel's fd for Go's netpoller (Go closes it;
+// ibv_destroy_comp_channel closes the original).
+struct ibv_cq *pv_create_cq(pv_lib *l, struct ibv_context *ctx, int depth,
+			    struct ibv_comp_channel **ch, int *gofd, int *err);
+int pv_destroy_comp_channel(pv_lib *l, struct ibv_comp_channel *ch);
+// Arms cq for one completion event (ibv_req_notify_cq(3), solicited_only 0).
+int pv_req_notify_cq(struct ibv_cq *cq);
+// Takes one event off ch and acknowledges it at once (so ibv_destroy_cq
+// never waits for acks): 0, EAGAIN when none is queued, or an errno.
+int pv_get_cq_event(pv_lib *l, struct ibv_comp_channel *ch);
 // Creates an RC QP on cq (send and receive) with no inline data and
 // unsignaled-by-default sends (each WR says).
 struct ibv_qp *pv_create_qp(pv_lib *l, struct ibv_pd *pd, struct ibv_cq *cq,
 			    uint32_t max_send_wr, uint32_t max_recv_wr,
 			    uint32_t max_send_sge, int *err);
-// RESET->INIT on port with pkey index 0 and LOCAL_WRITE|REMOTE_READ|REMOTE_WRITE.
-int pv_qp_init(pv_lib *l, struct ibv_qp *qp, uint8_t port);
+// RESET->INIT on port with pkey_index and LOCAL_WRITE|REMOTE_READ|REMOTE_WRITE.
+int pv_qp_init(pv_lib *l, struct ibv_qp *qp, uint8_t port, uint16_t pkey_index);
 
 // What RTR and RTS need, as plain values (see buildConnParams in Go).
 typedef struct pv_conn {
@@ -123,10 +150,35 @@ typedef struct pv_wc {
 	uint32_t status, opcode, byte_len, qp_num, vendor_err;
 } pv_wc;
 
-// Polls up to n completions into out; returns the count or -errno.
+// Polls up to n completions into out; returns the count, or the
+// provider's negative return when nothing was polled (ibv_poll_cq(3): "a
+// negative value", not an errno; mlx5 returns -2, CQ_POLL_ERR).
 int pv_poll_cq(struct ibv_cq *cq, int n, pv_wc *out);
+
+// Makes ctx->async_fd non-blocking (ibv_get_async_event(3)) and returns a
+// close-on-exec dup of it for Go's netpoller, or -errno.
+int pv_async_fd(struct ibv_context *ctx);
+// Takes one async event off ctx and acks it at once: 0 with *type (enum
+// ibv_event_type) and *port (port events; 0 otherwise), EAGAIN when none is
+// queued, or an errno.
+int pv_get_async_event(pv_lib *l, struct ibv_context *ctx, int *type, int *port);
 
 // pv_fake_lib is the loopback stand-in of fakeverbs.c (tests only).
 pv_lib *pv_fake_lib(void);
+// pv_fake_set_delay makes the fake's completions visible ns after posting
+// (0: at once).
+void pv_fake_set_delay(uint64_t ns);
+// pv_fake_port_event changes port 1 of fake device dev as event type says
+// (IBV_EVENT_PORT_ERR: down; IBV_EVENT_PORT_ACTIVE: up; IBV_EVENT_GID_CHANGE:
+// a new RoCE v2 GID) and raises the event on every open context of it.
+// Returns the number of contexts told.
+int pv_fake_port_event(const char *dev, int type);
+// pv_fake_chan_pending is how many events wait on cq's channel.
+int pv_fake_chan_pending(struct ibv_cq *cq);
+// pv_fake_reset_ports undoes every pv_fake_port_event (no event raised).
+void pv_fake_reset_ports(void);
+// pv_fake_mr_access is the access flags the fake MR with lkey was
+// registered with, or -1.
+int pv_fake_mr_access(uint32_t lkey);
 
 #endif

@@ -7,7 +7,9 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/pegaflow/pegad/internal/ibv"
@@ -202,9 +204,16 @@ func TestFakeDevices(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := ibv.DeviceInfo{Name: "pegadfake0", NUMANode: -1, Port: 1, LinkLayer: "Ethernet",
-		GID: ibv.GID{10: 0xff, 11: 0xff, 12: 10, 15: 5}, GIDIndex: 1, MTU: 1024, MaxQPWR: 16384, MaxRdAtomic: 16}
-	if len(devs) != 1 || devs[0] != want {
+	var want []ibv.DeviceInfo
+	for i := range 8 {
+		want = append(want, ibv.DeviceInfo{Name: "pegadfake" + itoa(i), NUMANode: -1, Port: 1, LinkLayer: "Ethernet",
+			GID: ibv.GID{10: 0xff, 11: 0xff, 12: 10, 14: byte(i), 15: 5}, GIDIndex: 1, MTU: 1024, MaxQPWR: 16384, MaxRdAtomic: 16})
+	}
+	want = append(want, ibv.DeviceInfo{Name: "pegadfakeold0", NUMANode: -1, Port: 1, LinkLayer: "Ethernet",
+		GID: ibv.GID{10: 0xff, 11: 0xff, 12: 10, 15: 5}, GIDIndex: 1, MTU: 1024, MaxQPWR: 16384, MaxRdAtomic: 8})
+	want = append(want, ibv.DeviceInfo{Name: "pegadfakeib0", NUMANode: -1, Port: 1, LinkLayer: "InfiniBand",
+		GID: ibv.GID{0: 0xfe, 1: 0x80, 8: 0x02, 15: 0x11}, LID: 0x11, MTU: 4096, MaxQPWR: 16384, MaxRdAtomic: 16})
+	if !slices.Equal(devs, want) {
 		t.Fatalf("Devices() = %+v\nwant %+v", devs, want)
 	}
 	if _, err := fakeProvider().Open("nope0"); !errors.Is(err, ibv.ErrNoDevice) {
@@ -218,22 +227,68 @@ func TestFakeDevices(t *testing.T) {
 // TestConformanceFake runs the conformance suite over the loopback
 // stand-in: it checks this package's Go and C glue, not an HCA.
 func TestConformanceFake(t *testing.T) {
-	p := fakeProvider()
-	ibvtest.Run(t, func(t *testing.T) ibvtest.Env {
-		open := func() ibv.Device {
-			d, err := p.Open("pegadfake0")
-			if err != nil {
-				t.Fatalf("open: %v", err)
-			}
-			t.Cleanup(func() {
-				if err := d.Close(); err != nil {
-					t.Errorf("close: %v", err)
+	for _, name := range []string{"pegadfake0", "pegadfakeib0"} {
+		t.Run(name, func(t *testing.T) {
+			p := fakeProvider()
+			ibvtest.Run(t, func(t *testing.T) ibvtest.Env {
+				open := func() ibv.Device {
+					d, err := p.Open(name)
+					if err != nil {
+						t.Fatalf("open: %v", err)
+					}
+					t.Cleanup(func() {
+						if err := d.Close(); err != nil {
+							t.Errorf("close: %v", err)
+						}
+					})
+					return d
 				}
+				return ibvtest.Env{Requester: open(), Peer1: open(), Peer2: open()}
 			})
-			return d
+		})
+	}
+}
+
+// TestFakeGRHRequired: an InfiniBand port flagged IBV_QPF_GRH_REQUIRED
+// (SR-IOV VFs in cloud VMs) connects with is_global = 1 besides the LID;
+// without the GRH the fake refuses RTR with EINVAL, as ibv_modify_qp(3)
+// says hardware does ("If port flag IBV_QPF_GRH_REQUIRED is set then
+// ah_attr ... must be passed with ... .is_global = 1").
+func TestFakeGRHRequired(t *testing.T) {
+	p := fakeProvider()
+	open := func() ibv.Device {
+		d, err := p.Open("pegadfakeib0")
+		if err != nil {
+			t.Fatal(err)
 		}
-		return ibvtest.Env{Requester: open(), Peer1: open(), Peer2: open()}
-	})
+		t.Cleanup(func() { d.Close() })
+		return d
+	}
+	da := open()
+	if lp := da.(*device).state().port; !lp.GRHRequired || lp.Ethernet {
+		t.Fatalf("pegadfakeib0 port %+v: want InfiniBand with GRHRequired", lp)
+	}
+	a := ibvtest.NewSide(t, da, ibvtest.DefaultCap())
+	b := ibvtest.NewSide(t, open(), ibvtest.DefaultCap())
+	ibvtest.Connect(t, a, b, ibv.DefaultConnectAttr())
+	rmem, rmr := ibvtest.Region(t, b, 4096, ibv.AccessRemoteRead, 1)
+	lmem, lmr := ibvtest.Region(t, a, 4096, ibv.AccessLocalWrite, 2)
+	if _, err := a.QP.PostSend([]ibv.SendWR{{ID: 1, Op: ibv.OpRDMARead, Signaled: true, LocalAddr: lmr.Addr(), Length: 4096,
+		LKey: lmr.LKey(), RemoteAddr: rmr.Addr(), RKey: rmr.RKey()}}); err != nil {
+		t.Fatal(err)
+	}
+	if wc := ibvtest.Collect(t, a.CQ, 1)[0]; wc.Status != ibv.WCSuccess || string(lmem) != string(rmem) {
+		t.Fatalf("READ over the GRH-required port: %+v, bytes equal %v", wc, string(lmem) == string(rmem))
+	}
+
+	// The same connect without the GRH, as the provider used to build it.
+	dc := open()
+	mutatePort(dc, func(p *localPort) { p.GRHRequired = false })
+	c := ibvtest.NewSide(t, dc, ibvtest.DefaultCap())
+	d := ibvtest.NewSide(t, open(), ibvtest.DefaultCap())
+	if err := c.QP.Connect(d.QP.Endpoint(), ibv.DefaultConnectAttr()); !errors.Is(err, ibv.ErrInvalidArgument) || !errors.Is(err, syscall.EINVAL) {
+		t.Fatalf("RTR without a GRH on a GRH-required port: %v, want EINVAL", err)
+	}
 }
 
 func TestFakeForcedGID(t *testing.T) {
@@ -243,7 +298,7 @@ func TestFakeForcedGID(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if devs[0].GIDIndex != 0 || devs[0].GID != (ibv.GID{0: 0xfe, 1: 0x80, 15: 1}) {
+	if len(devs) != 10 || devs[0].GIDIndex != 0 || devs[0].GID != (ibv.GID{0: 0xfe, 1: 0x80, 15: 1}) {
 		t.Fatalf("forced GID 0: got %+v", devs[0])
 	}
 	p = NewWithOptions(Options{SysfsRoot: "/nonexistent", ForceGIDIndex: true, GIDIndex: 3})

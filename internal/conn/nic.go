@@ -1,0 +1,219 @@
+package conn
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+	"sync"
+
+	"github.com/rs/zerolog"
+
+	"github.com/pegaflow/pegad/internal/ibv"
+)
+
+// NIC choice and pairing: which local NIC carries each READ (pickNIC),
+// which of the holder's NICs each requester NIC talks to (pairNICs), and
+// the NIC metadata a handshake carries for that (link layer, subnet,
+// responder resources).
+
+// Cost per byte of a READ on a NIC, in quarters: a NIC on another NUMA
+// node than the segment costs 5/4 of a local one, so local NICs carry
+// about 1.25x the bytes of remote ones and none sits idle (a node's
+// bandwidth is all its NICs, not the half on one socket).
+const (
+	localNICCost  = 4
+	remoteNICCost = 5
+)
+
+// pickNIC chooses the NIC for n more bytes of a READ whose segment lives
+// on numa (-1: unknown): the one whose bytes so far, this chunk included,
+// cost least, starting the scan at a rotating index so ties spread.
+func (c *AddrConnection) pickNIC(numa int, n uint64) *connNic {
+	start := int(c.rr.Add(1) % uint64(len(c.nics)))
+	var best *connNic
+	var bestCost uint64
+	for i := range c.nics {
+		cn := c.nics[(start+i)%len(c.nics)]
+		w := uint64(localNICCost)
+		if nn := cn.nic.info.NUMANode; numa >= 0 && nn >= 0 && nn != numa {
+			w = remoteNICCost
+		}
+		if cost := (cn.bytes.Load() + n) * w; best == nil || cost < bestCost {
+			best, bestCost = cn, cost
+		}
+	}
+	best.bytes.Add(n)
+	c.m.met.NICReadBytes.WithLabelValues(best.nic.info.Name).Add(float64(n))
+	return best
+}
+
+// nicSubnet is the subnet a handshake names for a NIC, which pairs it with
+// the peer's NIC on the same rail: an IPv4 RoCE GID's /24, else the GID's
+// upper 64 bits (the InfiniBand subnet prefix, a RoCE IPv6 /64). Empty
+// when it says nothing (no GID; a link-local RoCE GID is the same
+// fe80::/64 on every rail).
+func nicSubnet(info ibv.DeviceInfo) string {
+	g := info.GID
+	if g == (ibv.GID{}) {
+		return ""
+	}
+	addr := netip.AddrFrom16(g)
+	if addr.Is4In6() {
+		p, _ := addr.Unmap().Prefix(24)
+		return p.String()
+	}
+	if info.LinkLayer == "Ethernet" && addr.IsLinkLocalUnicast() {
+		return ""
+	}
+	p, _ := addr.Prefix(64)
+	return p.String()
+}
+
+// nicMatch is how well a holder NIC fits a requester NIC.
+type nicMatch int
+
+const (
+	matchPosition nicMatch = iota // nothing in common: paired by position
+	matchName                     // same device name
+	matchSubnet                   // same link layer and subnet: the same rail
+)
+
+// pairNICs chooses, for each requester NIC, the local NIC it talks to:
+// the same link layer and subnet (rail) first, then the same name, then
+// position (logged as a warning: on a rail-isolated fabric such a pair
+// connects and then its READs time out). Among equals the least used local
+// NIC wins, then the one at the requester NIC's position.
+func (m *Manager) pairNICs(req []remoteNIC, log zerolog.Logger) []*localNIC {
+	uses := make([]int, len(m.nics))
+	out := make([]*localNIC, len(req))
+	var byPosition []string
+	for i, r := range req {
+		best, bestMatch := -1, matchPosition
+		for j, n := range m.nics {
+			mt := matchPosition
+			switch {
+			case r.subnet != "" && r.linkLayer == n.info.LinkLayer && r.subnet == nicSubnet(n.info):
+				mt = matchSubnet
+			case r.name != "" && r.name == n.info.Name:
+				mt = matchName
+			}
+			if best < 0 || mt > bestMatch || (mt == bestMatch && (uses[j] < uses[best] ||
+				(uses[j] == uses[best] && j == i%len(m.nics)))) {
+				best, bestMatch = j, mt
+			}
+		}
+		uses[best]++
+		out[i] = m.nics[best]
+		if bestMatch == matchPosition {
+			byPosition = append(byPosition, fmt.Sprintf("%s(%s %s)->%s(%s %s)", r.name, r.linkLayer, r.subnet,
+				m.nics[best].info.Name, m.nics[best].info.LinkLayer, nicSubnet(m.nics[best].info)))
+		}
+	}
+	if len(byPosition) > 0 && m.opts.Transport != "tcp" {
+		log.Warn().Str("pairs", strings.Join(byPosition, ", ")).
+			Msg("NICs paired by position: no local NIC shares their subnet or name; on a rail-isolated fabric their READs will fail")
+	}
+	return out
+}
+
+// localEndpoint is what a handshake sends for one local QP: its endpoint
+// with the responder resources the QP gets (the configured read depth,
+// capped by the device), so the peer's initiator depth stays within them.
+func (m *Manager) localEndpoint(p *qpPair) ibv.Endpoint {
+	ep := p.qp.Endpoint()
+	n := m.connectAttr(p.nic).MaxDestRd
+	if ep.MaxDestRd == 0 || n < ep.MaxDestRd {
+		ep.MaxDestRd = n
+	}
+	return ep
+}
+
+// registerNICs opens a PD on every device and registers the pool on it, all
+// devices at once: pinning a large pool takes seconds per NIC in the kernel,
+// and eight NICs in sequence can outlast systemd's start timeout. Every
+// localNIC is in m.nics, in device order, whatever fails (releaseNICs frees
+// what was made). The error names the first NIC, in order, that failed.
+func (m *Manager) registerNICs(opts Options) error {
+	access := ibv.AccessLocalWrite | ibv.AccessRemoteRead | ibv.AccessRelaxedOrdering
+	if opts.NoRelaxedOrdering {
+		access &^= ibv.AccessRelaxedOrdering
+	}
+	errs := make([]error, len(opts.Devices))
+	var wg sync.WaitGroup
+	for i, dev := range opts.Devices {
+		n := &localNIC{dev: dev, info: dev.Info()}
+		m.nics = append(m.nics, n)
+		wg.Go(func() {
+			pd, err := dev.AllocPD()
+			if err != nil {
+				errs[i] = fmt.Errorf("conn: alloc pd on %s: %w", n.info.Name, err)
+				return
+			}
+			n.pd = pd
+			if n.mr, err = pd.RegMR(opts.Memory, access); err != nil {
+				errs[i] = fmt.Errorf("conn: register memory on %s: %w", n.info.Name, err)
+			}
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// watchNICEvents follows the asynchronous port events of every NIC that
+// reports them, until Close: each is logged and counted; a port that went
+// down invalidates every requester connection (each has QPs on every NIC,
+// and an RC QP through a dead port never recovers), so the next Get
+// handshakes afresh. An address change needs nothing here: the device
+// re-resolved its GID, and the QPs of the next handshake use it.
+func (m *Manager) watchNICEvents() {
+	for _, n := range m.nics {
+		// Every NIC's series exist from the start, at 0.
+		m.met.NICReadBytes.WithLabelValues(n.info.Name)
+		for _, k := range []ibv.DeviceEventKind{ibv.PortDown, ibv.PortUp, ibv.AddressChange} {
+			m.met.NICEvents.WithLabelValues(n.info.Name, k.String())
+		}
+		ed, ok := n.dev.(ibv.EventDevice)
+		if !ok {
+			continue
+		}
+		evs := ed.Events()
+		m.nicEvents.Go(func() {
+			for {
+				select {
+				case <-m.ctx.Done():
+					return
+				case ev, ok := <-evs:
+					if !ok {
+						return
+					}
+					m.onNICEvent(n, ev)
+				}
+			}
+		})
+	}
+}
+
+func (m *Manager) onNICEvent(n *localNIC, ev ibv.DeviceEvent) {
+	name := n.info.Name
+	m.met.NICEvents.WithLabelValues(name, ev.Kind.String()).Inc()
+	log := m.log.With().Str("nic", name).Str("event", ev.Kind.String()).Logger()
+	if ev.Kind != ibv.PortDown {
+		log.Info().Int("gid_index", ev.Info.GIDIndex).Uint16("lid", ev.Info.LID).Msg("nic port event")
+		return
+	}
+	m.mu.Lock()
+	conns := make([]*AddrConnection, 0, len(m.peers))
+	for _, c := range m.peers {
+		conns = append(conns, c)
+	}
+	m.mu.Unlock()
+	log.Warn().Int("connections", len(conns)).Msg("nic port went down; invalidating connections through it")
+	for _, c := range conns {
+		m.Invalidate(c, fmt.Errorf("%w: port of %s went down", ErrConnectionBroken, name))
+	}
+}

@@ -1,0 +1,196 @@
+//go:build linux && cgo && !noverbs
+
+package conn
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/rs/zerolog"
+	"google.golang.org/grpc"
+
+	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+	"github.com/pegaflow/pegad/internal/ibv"
+	"github.com/pegaflow/pegad/internal/ibv/ibvtest"
+	"github.com/pegaflow/pegad/internal/ibv/verbs"
+	"github.com/pegaflow/pegad/internal/metrics"
+)
+
+// These tests run conn over the verbs provider's fake HCA (fakeverbs.c):
+// eight RoCE NICs, each on its own isolated rail (a READ toward another
+// rail fails with RETRY_EXC_ERR after a successful connect, as on a real
+// rail-isolated fabric), over two NUMA nodes described in a fake sysfs.
+
+// fakeSysfs writes <dev>/device/numa_node for each device.
+func fakeSysfs(t *testing.T, numa map[string]int) string {
+	t.Helper()
+	root := t.TempDir()
+	for dev, n := range numa {
+		dir := filepath.Join(root, dev, "device")
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "numa_node"), []byte(strconv.Itoa(n)+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return root
+}
+
+// directPeer is a holder's PeerService as its Manager answers it, without
+// gRPC in between.
+type directPeer struct {
+	pegadv1.PeerServiceClient
+	m *Manager
+}
+
+func (p directPeer) RdmaHandshake(ctx context.Context, in *pegadv1.RdmaHandshakeRequest, _ ...grpc.CallOption) (*pegadv1.RdmaHandshakeResponse, error) {
+	return p.m.Accept(ctx, in)
+}
+
+func (p directPeer) RdmaDisconnect(ctx context.Context, in *pegadv1.RdmaDisconnectRequest, _ ...grpc.CallOption) (*pegadv1.RdmaDisconnectResponse, error) {
+	return p.m.Disconnect(ctx, in)
+}
+
+type fakeNode struct {
+	mgr *Manager
+	mem []byte
+	met *metrics.Metrics
+}
+
+// newFakeNode opens names on the fake HCA, maps memBytes of pool and
+// starts a Manager; dial answers handshakes with holder (nil: none).
+func newFakeNode(t *testing.T, id, sysfs string, names []string, memBytes int, holder *fakeNode) *fakeNode {
+	t.Helper()
+	prov := verbs.NewWithOptions(verbs.Options{Library: verbs.FakeLibrary, SysfsRoot: sysfs})
+	var devs []ibv.Device
+	for _, name := range names {
+		d, err := prov.Open(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if err := d.Close(); err != nil {
+				t.Errorf("close %s: %v", name, err)
+			}
+		})
+		devs = append(devs, d)
+	}
+	n := &fakeNode{mem: ibvtest.MapMemory(t, memBytes), met: metrics.NewForTest()}
+	var err error
+	n.mgr, err = NewManager(Options{
+		NodeID: id, Incarnation: id + "-1", Transport: "verbs", Devices: devs, Memory: n.mem,
+		QPsPerPeer: 1, Metrics: n.met, Log: zerolog.Nop(), HandshakeTimeout: 5 * time.Second,
+		Dial: func(string) (pegadv1.PeerServiceClient, error) { return directPeer{m: holder.mgr}, nil },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := n.mgr.Close(); err != nil {
+			t.Errorf("close manager %s: %v", id, err)
+		}
+	})
+	return n
+}
+
+func base(b []byte) uint64 { return uint64(uintptr(unsafe.Pointer(&b[0]))) }
+
+// TestFakeVerbsEightNICs: a 64-block fetch from a holder whose NICs are
+// listed in another order (pegadfake7..0) over 8 NICs on 2 NUMA nodes.
+// NICs pair by rail (the handshake carries each NIC's subnet), not by
+// position, which on this rail-isolated fabric connects and then fails
+// every READ; and every NIC carries bytes, the segment's NUMA node's
+// NICs a little more, none more than 1.5x another.
+func TestFakeVerbsEightNICs(t *testing.T) {
+	var names []string
+	numa := map[string]int{}
+	for i := range 8 {
+		name := "pegadfake" + strconv.Itoa(i)
+		names = append(names, name)
+		numa[name] = i / 4
+	}
+	sysfs := fakeSysfs(t, numa)
+	const blocks, bs = 64, 256 << 10
+	reversed := slices.Clone(names)
+	slices.Reverse(reversed)
+	holder := newFakeNode(t, "holder", sysfs, reversed, blocks*bs, nil)
+	ibvtest.Fill(holder.mem, 7)
+	req := newFakeNode(t, "requester", sysfs, names, blocks*bs, holder)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := req.mgr.Get(ctx, "holder:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ops := make([]ReadOp, blocks)
+	for i := range ops {
+		off := uint64(i * bs)
+		ops[i] = ReadOp{LocalAddr: base(req.mem) + off, RemoteAddr: base(holder.mem) + off, Len: bs, NUMA: 0}
+	}
+	if err := c.Read(ctx, ops); err != nil {
+		t.Fatalf("64-block read: %v", err)
+	}
+	if !bytes.Equal(req.mem, holder.mem) {
+		t.Fatal("fetched bytes differ from the holder's")
+	}
+	per := map[string]float64{}
+	for _, name := range names {
+		per[name] = testutil.ToFloat64(req.met.NICReadBytes.WithLabelValues(name))
+	}
+	t.Logf("bytes per NIC: %v", per)
+	lo, hi := slices.Min(mapValues(per)), slices.Max(mapValues(per))
+	if lo == 0 || hi > 1.5*lo {
+		t.Fatalf("bytes per NIC %v: want every NIC used, none above 1.5x another", per)
+	}
+	var local, remote float64
+	for name, b := range per {
+		if numa[name] == 0 {
+			local += b
+		} else {
+			remote += b
+		}
+	}
+	if local <= remote {
+		t.Fatalf("NUMA-0 NICs carried %v bytes, NUMA-1 %v: want the segment's node preferred", local, remote)
+	}
+}
+
+func mapValues(m map[string]float64) []float64 {
+	var out []float64
+	for _, v := range m {
+		out = append(out, v)
+	}
+	return out
+}
+
+// TestFakeVerbsMixedFleet: the holder's older HCA has 8 responder
+// resources; the handshake carries them and the requester's 16-deep
+// initiator is clamped, else its READs are NAKed (Remote Invalid Request).
+func TestFakeVerbsMixedFleet(t *testing.T) {
+	sysfs := fakeSysfs(t, nil)
+	holder := newFakeNode(t, "holder", sysfs, []string{"pegadfakeold0"}, 1<<20, nil)
+	ibvtest.Fill(holder.mem, 3)
+	req := newFakeNode(t, "requester", sysfs, []string{"pegadfake0"}, 1<<20, holder)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := req.mgr.Get(ctx, "holder:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Read(ctx, []ReadOp{{LocalAddr: base(req.mem), RemoteAddr: base(holder.mem), Len: 1 << 20, NUMA: -1}}); err != nil {
+		t.Fatalf("read toward an older HCA: %v", err)
+	}
+	if !bytes.Equal(req.mem, holder.mem) {
+		t.Fatal("fetched bytes differ from the holder's")
+	}
+}

@@ -1,0 +1,148 @@
+//go:build linux && cgo && !noverbs
+
+package verbs
+
+/*
+#include <errno.h>
+#include <stdlib.h>
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"os"
+	"sync"
+	"syscall"
+	"unsafe"
+
+	"github.com/pegaflow/pegad/internal/ibv"
+)
+
+// Values of enum ibv_event_type the loop acts on.
+const (
+	eventPortActive = 9  // IBV_EVENT_PORT_ACTIVE
+	eventPortErr    = 10 // IBV_EVENT_PORT_ERR
+	eventLIDChange  = 11 // IBV_EVENT_LID_CHANGE
+	eventGIDChange  = 18 // IBV_EVENT_GID_CHANGE
+)
+
+// asyncEvents reads a device's async events (ibv_get_async_event(3)) with
+// the context's async_fd in Go's netpoller: port up/down and address
+// changes of the device's port become ibv.DeviceEvents, and an address
+// change re-resolves the port's GID (and LID) for QPs created afterwards.
+type asyncEvents struct {
+	d    *device
+	file *os.File // dup of ctx->async_fd
+	out  chan ibv.DeviceEvent
+	wg   sync.WaitGroup // the loop
+	once sync.Once      // stop
+}
+
+var _ ibv.EventDevice = (*device)(nil)
+
+// Events reports the port's asynchronous events; closed when the device
+// closes. A device without an event loop returns a closed channel.
+func (d *device) Events() <-chan ibv.DeviceEvent {
+	if d.evs == nil {
+		c := make(chan ibv.DeviceEvent)
+		close(c)
+		return c
+	}
+	return d.evs.out
+}
+
+// eventBuffer bounds the events waiting for a reader; more are dropped
+// (Events' reader acts on the latest state, so losing one is harmless).
+const eventBuffer = 16
+
+// startAsyncEvents starts d's event loop; nil when the context's fd cannot
+// be polled (the device works without events).
+func startAsyncEvents(d *device) *asyncEvents {
+	fd := C.pv_async_fd(d.ctx)
+	if fd < 0 {
+		return nil
+	}
+	e := &asyncEvents{d: d, file: os.NewFile(uintptr(fd), "ibv_async_fd"), out: make(chan ibv.DeviceEvent, eventBuffer)}
+	raw, err := e.file.SyscallConn()
+	if err != nil {
+		e.file.Close()
+		return nil
+	}
+	e.wg.Go(func() { e.run(raw) })
+	return e
+}
+
+func (e *asyncEvents) run(raw syscall.RawConn) {
+	defer close(e.out)
+	for {
+		var rc, typ, port C.int
+		err := raw.Read(func(uintptr) bool {
+			// The context lives until stop has returned: Close calls
+			// stop before ibv_close_device.
+			rc = C.pv_get_async_event(e.d.lib.c, e.d.ctx, &typ, &port)
+			return rc != C.EAGAIN
+		})
+		if err != nil || rc != 0 {
+			return // the file was closed (device closing), or the fd broke
+		}
+		e.handle(int(typ), uint8(port))
+	}
+}
+
+func (e *asyncEvents) handle(typ int, port uint8) {
+	st := e.d.state()
+	if port != st.port.Num {
+		return
+	}
+	var kind ibv.DeviceEventKind
+	switch typ {
+	case eventPortErr:
+		kind = ibv.PortDown
+	case eventPortActive:
+		kind = ibv.PortUp
+		e.d.reresolve()
+	case eventGIDChange, eventLIDChange:
+		kind = ibv.AddressChange
+		e.d.reresolve()
+	default:
+		return
+	}
+	select {
+	case e.out <- ibv.DeviceEvent{Kind: kind, Info: e.d.Info()}:
+	default:
+	}
+}
+
+// stop ends the loop and waits for it; safe on nil and more than once.
+func (e *asyncEvents) stop() {
+	if e == nil {
+		return
+	}
+	e.once.Do(func() {
+		e.file.Close() // wakes the loop; returns once its callback is done
+		e.wg.Wait()
+	})
+}
+
+// reresolve queries the port again and, when it is still usable, makes
+// its GID, LID and MTU the ones new QPs use. A port that cannot be used now
+// (down, its GID gone) keeps the last state until a later event.
+func (d *device) reresolve() {
+	cur := d.state()
+	info, lim, c, err := d.lib.describe(d.ctx, d.name, cur.port.Num, d.opts)
+	if err != nil {
+		return
+	}
+	d.st.Store(&devState{info: info, port: portOf(c, lim, d.opts)})
+}
+
+// fakePortEvent raises async event typ on port 1 of fake device dev and
+// changes the port to match (tests); how many open contexts were told.
+func fakePortEvent(dev string, typ int) int {
+	cs := C.CString(dev)
+	defer C.free(unsafe.Pointer(cs))
+	return int(C.pv_fake_port_event(cs, C.int(typ)))
+}
+
+// fakeResetPorts undoes every fakePortEvent (tests).
+func fakeResetPorts() { C.pv_fake_reset_ports() }
