@@ -545,13 +545,15 @@ func (a *acceptedConn) destroyQPs() {
 // has already removed it from the map (or owns it exclusively).
 func (a *acceptedConn) destroy(reason string) {
 	a.once.Do(func() {
+		// Counted before the QPs go: whoever sees the QP gauge fall sees
+		// why (the disconnect tests read both).
+		a.m.met.Invalidations.WithLabelValues(reason).Inc()
 		a.destroyQPs()
 		state := StateConnected
 		if a.retired { // removed from the maps already: no writer left
 			state = StateInvalidated
 		}
 		a.m.met.Conns.WithLabelValues(RoleHolder, state).Dec()
-		a.m.met.Invalidations.WithLabelValues(reason).Inc()
 		a.m.log.Debug().Str("peer", a.remoteAddr).Str("session", a.handshakeID).Str("reason", reason).Msg("accepted connection destroyed")
 	})
 }
