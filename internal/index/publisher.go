@@ -1,0 +1,267 @@
+package index
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/pegaflow/pegad/internal/metrics"
+	"github.com/pegaflow/pegad/internal/store"
+)
+
+// Source is what the publisher reads of the local store: the truth it
+// publishes. *store.Store satisfies it through StoreSource.
+type Source interface {
+	Has(store.Key) bool
+	Keys() []store.Key
+}
+
+// StoreSource adapts a store to Source.
+type StoreSource struct{ S *store.Store }
+
+func (s StoreSource) Has(k store.Key) bool { return s.S.Has(k) }
+
+// Keys lists every indexed key (for a full republication).
+func (s StoreSource) Keys() []store.Key {
+	infos, _ := s.S.List("", 0)
+	keys := make([]store.Key, len(infos))
+	for i, in := range infos {
+		keys[i] = in.Key
+	}
+	return keys
+}
+
+// Defaults of PublisherOptions left zero.
+const (
+	DefaultBatchDelay = 20 * time.Millisecond
+	DefaultMaxBatch   = 1024
+	// opTimeout bounds one round trip of registration or publication.
+	opTimeout = 5 * time.Second
+)
+
+// PublisherOptions configure a Publisher.
+type PublisherOptions struct {
+	Index  Index
+	Source Source
+	// Self returns this node's record as of now (free bytes change).
+	Self func() Node
+	// TTL of the membership record; it is refreshed every TTL/3.
+	TTL time.Duration
+	// BatchDelay is how long a change waits for others to share its
+	// round trip (0: DefaultBatchDelay); MaxBatch caps one pipeline.
+	BatchDelay time.Duration
+	MaxBatch   int
+	Metrics    *metrics.Cluster
+	Log        zerolog.Logger
+}
+
+// Publisher keeps this node's membership record alive and its block
+// entries in step with the store. It is fed by Notify (the store's change
+// subscriber) and runs as one goroutine owned by the daemon (Run).
+//
+// Any failure to write (the index down, a timeout) makes it republish
+// everything once the index answers again, rather than remember which
+// writes were lost: the store, not a log of changes, is the truth, so a
+// resync converges whatever the index forgot (a restart with no data
+// included).
+type Publisher struct {
+	o    PublisherOptions
+	wake chan struct{} // cap 1: a change is waiting
+
+	mu     sync.Mutex // guards dirty, oldest, resync
+	dirty  map[store.Key]struct{}
+	oldest time.Time // when the oldest unpublished change arrived
+	// resync: a full republication is due; changes are not tracked
+	// meanwhile (the resync reads the store).
+	resync bool
+}
+
+// NewPublisher makes a publisher; nothing runs before Run.
+func NewPublisher(o PublisherOptions) *Publisher {
+	if o.BatchDelay <= 0 {
+		o.BatchDelay = DefaultBatchDelay
+	}
+	if o.MaxBatch <= 0 {
+		o.MaxBatch = DefaultMaxBatch
+	}
+	if o.Metrics == nil {
+		o.Metrics = metrics.NewClusterForTest()
+	}
+	return &Publisher{o: o, wake: make(chan struct{}, 1), dirty: make(map[store.Key]struct{}), resync: true}
+}
+
+// Notify records that k changed in the store. It never blocks.
+func (p *Publisher) Notify(k store.Key) {
+	p.mu.Lock()
+	if p.resync {
+		p.mu.Unlock()
+		return
+	}
+	if len(p.dirty) == 0 {
+		p.oldest = time.Now()
+	}
+	p.dirty[k] = struct{}{}
+	p.mu.Unlock()
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Run registers this node, publishes its blocks and keeps both fresh
+// until ctx ends, then removes its record (best effort).
+func (p *Publisher) Run(ctx context.Context) {
+	every := max(p.o.TTL/3, 10*time.Millisecond)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	up := true // last heartbeat reached the index; logs transitions only
+	heartbeat := func() {
+		err := p.heartbeat(ctx)
+		switch {
+		case err != nil && up && ctx.Err() == nil:
+			p.o.Log.Warn().Err(err).Msg("Cluster index unreachable: serving on, will register again when it answers")
+		case err == nil && !up:
+			p.o.Log.Info().Msg("Cluster index reachable again: registered and republished")
+		}
+		up = err == nil
+	}
+	heartbeat()
+	for {
+		select {
+		case <-ctx.Done():
+			p.deregister()
+			return
+		case <-t.C:
+			heartbeat()
+		case <-p.wake:
+			delay := time.NewTimer(p.o.BatchDelay)
+			select {
+			case <-ctx.Done():
+				delay.Stop()
+				continue // the outer select sees ctx too
+			case <-delay.C:
+			}
+			p.flush(ctx)
+		}
+	}
+}
+
+// heartbeat refreshes the record and runs a resync when one is due.
+func (p *Publisher) heartbeat(ctx context.Context) error {
+	octx, cancel := context.WithTimeout(ctx, opTimeout)
+	lost, err := p.o.Index.Register(octx, p.o.Self())
+	cancel()
+	if err != nil {
+		p.o.Metrics.PublishErrors.Inc()
+		p.markResync()
+		return err
+	}
+	p.mu.Lock()
+	due := p.resync || lost
+	p.mu.Unlock()
+	if !due {
+		p.flush(ctx) // anything a missed wake-up left behind
+		return nil
+	}
+	return p.republish(ctx)
+}
+
+func (p *Publisher) markResync() {
+	p.mu.Lock()
+	p.resync = true
+	clear(p.dirty)
+	p.mu.Unlock()
+}
+
+// republish clears this node's entries and announces every stored block.
+func (p *Publisher) republish(ctx context.Context) error {
+	p.mu.Lock()
+	// From here on, changes are tracked again: one that lands after the
+	// snapshot below is published by the next flush.
+	p.resync = false
+	clear(p.dirty)
+	p.mu.Unlock()
+	start := time.Now()
+	octx, cancel := context.WithTimeout(ctx, opTimeout)
+	err := p.o.Index.Reset(octx)
+	cancel()
+	if err == nil {
+		keys := p.o.Source.Keys()
+		err = p.write(ctx, keys, nil)
+		if err == nil {
+			p.o.Metrics.Resyncs.Inc()
+			p.o.Log.Debug().Int("blocks", len(keys)).Dur("took", time.Since(start)).Msg("Cluster index: republished this node's blocks")
+		}
+	}
+	if err != nil {
+		p.o.Metrics.PublishErrors.Inc()
+		p.markResync()
+	}
+	return err
+}
+
+// flush publishes the changes noted since the last flush: each key as the
+// store has it now (present: announce; gone: withdraw).
+func (p *Publisher) flush(ctx context.Context) {
+	p.mu.Lock()
+	if p.resync || len(p.dirty) == 0 {
+		p.mu.Unlock()
+		return
+	}
+	keys := make([]store.Key, 0, len(p.dirty))
+	for k := range p.dirty {
+		keys = append(keys, k)
+	}
+	clear(p.dirty)
+	oldest := p.oldest
+	p.mu.Unlock()
+
+	var add, del []store.Key
+	for _, k := range keys {
+		if p.o.Source.Has(k) {
+			add = append(add, k)
+		} else {
+			del = append(del, k)
+		}
+	}
+	if err := p.write(ctx, add, del); err != nil {
+		p.o.Metrics.PublishErrors.Inc()
+		p.markResync()
+		return
+	}
+	p.o.Metrics.PublishLag.Observe(time.Since(oldest).Seconds())
+}
+
+// write announces add and withdraws del in pipelines of MaxBatch.
+func (p *Publisher) write(ctx context.Context, add, del []store.Key) error {
+	for _, job := range []struct {
+		keys []store.Key
+		op   string
+		fn   func(context.Context, []store.Key) error
+	}{{add, metrics.PublishAnnounce, p.o.Index.Announce}, {del, metrics.PublishWithdraw, p.o.Index.Withdraw}} {
+		for len(job.keys) > 0 {
+			n := min(len(job.keys), p.o.MaxBatch)
+			octx, cancel := context.WithTimeout(ctx, opTimeout)
+			err := job.fn(octx, job.keys[:n])
+			cancel()
+			if err != nil {
+				return err
+			}
+			p.o.Metrics.Published.WithLabelValues(job.op).Add(float64(n))
+			job.keys = job.keys[n:]
+		}
+	}
+	return nil
+}
+
+// deregister removes the record on the way out, on a fresh short context
+// (the run's own has ended).
+func (p *Publisher) deregister() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if err := p.o.Index.Deregister(ctx); err != nil {
+		p.o.Log.Debug().Err(err).Msg("Cluster index: deregister failed (the record lapses after its TTL)")
+	}
+}
