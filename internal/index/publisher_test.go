@@ -155,3 +155,20 @@ func TestPublisherRedisRestartsEmpty(t *testing.T) {
 		t.Fatalf("Nodes after Redis came back = %+v, %v", nodes, err)
 	}
 }
+
+// Redis lost everything without ever failing a call (FLUSHALL, a failover
+// to an empty replica): the next heartbeat finds the record gone and the
+// node republishes.
+func TestPublisherRedisFlushed(t *testing.T) {
+	r := testutil.StartRedis(t)
+	a := startNode(t, r, "a", 600*time.Millisecond)
+	a.put(t, "h1")
+	eventually(t, a.idx, map[string]string{"h1": "a"})
+	if err := r.Client(t).FlushAll(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, a.idx, map[string]string{"h1": "a"})
+	if got := metrics.Value(a.m.PublishErrors); got != 0 {
+		t.Fatalf("publish errors = %v, want 0 (no call failed)", got)
+	}
+}
