@@ -43,7 +43,9 @@ func startNode(t *testing.T, r *testutil.Redis, id string, ttl time.Duration) *n
 	}
 	pub := index.NewPublisher(index.PublisherOptions{
 		Index: n.idx, Source: index.StoreSource{S: n.st}, TTL: ttl, Metrics: n.m, Log: zerolog.Nop(),
-		Self: func() index.Node { return index.Node{Addr: id + ":1", PoolSize: p.Size(), FreeBytes: p.Size() - p.Used()} },
+		Self: func() index.Node {
+			return index.Node{Addr: id + ":1", PoolSize: p.Size(), FreeBytes: p.Size() - p.Used()}
+		},
 	})
 	n.st.OnChange(pub.Notify)
 	ctx, cancel := context.WithCancel(context.Background())

@@ -83,7 +83,7 @@ func (c *Cluster) Prefetch(ctx context.Context, peer, namespace string, hashes [
 		return nil, &FetchError{Phase: "validate", Class: ErrInvalidInput, Err: err}
 	}
 	if c.o.Locator == nil {
-		return nil, &FetchError{Phase: "locate", Class: ErrInvalidInput, Err: index.ErrDisabled}
+		return nil, fmt.Errorf("requester: prefetch without a peer: %w", index.ErrDisabled)
 	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
