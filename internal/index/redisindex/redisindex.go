@@ -409,3 +409,12 @@ func (x *Index) Locate(ctx context.Context, ns string, hashes [][]byte) (_ [][]i
 	}
 	return out, nil
 }
+
+// quiet drops go-redis's own log lines ("failed to dial"...): every
+// failure reaches pegad as an error, which the publisher logs once per
+// outage and the callers return.
+type quiet struct{}
+
+func (quiet) Printf(context.Context, string, ...any) {}
+
+func init() { redis.SetLogger(quiet{}) }
