@@ -24,10 +24,12 @@ type cluster struct {
 // openCluster connects the index client (lazily: Redis may be down) and
 // subscribes the publisher to the store. Standalone: nothing.
 func (d *Daemon) openCluster() error {
+	// Registered standalone too (at 0): dashboards and alerts need not
+	// know which nodes are clustered.
+	m := metrics.NewCluster(d.reg)
 	if d.cfg.ClusterRedis == "" {
 		return nil
 	}
-	m := metrics.NewCluster(d.reg)
 	idx, err := redisindex.Open(redisindex.Options{
 		URLs: d.cfg.ClusterRedis, NodeID: d.cfg.NodeID, Incarnation: d.incarnation,
 		TTL: d.cfg.ClusterTTL, Metrics: m,
