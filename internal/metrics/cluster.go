@@ -47,7 +47,7 @@ func NewCluster(reg prometheus.Registerer) *Cluster {
 			Name: "pegaflow_cluster_index_lookups_total", Help: "Cluster index lookups, by outcome.",
 		}, []string{"outcome"}),
 		Nodes: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "pegaflow_cluster_nodes", Help: "Live nodes in the cluster index at the last membership read.",
+			Name: "pegaflow_cluster_nodes", Help: "Live nodes in the cluster index, as of this node's last heartbeat (or nodes list).",
 		}),
 	}
 	reg.MustRegister(c.PublishLag, c.PublishErrors, c.Published, c.Resyncs, c.Lookups, c.Nodes)

@@ -150,15 +150,22 @@ func (x *Index) Register(ctx context.Context, self index.Node) (lost bool, err e
 	}
 	expiry := time.Now().Add(x.o.TTL)
 	var old *redis.StatusCmd
+	var live *redis.IntCmd
+	now := time.Now()
 	_, err = x.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		old = p.SetArgs(ctx, x.nodeKey(x.o.NodeID), val, redis.SetArgs{TTL: x.o.TTL, Get: true})
 		p.ZAdd(ctx, x.membersKey(), redis.Z{Score: float64(expiry.UnixMilli()), Member: x.o.NodeID})
 		// Members whose record lapsed long ago: keep the set small.
-		p.ZRemRangeByScore(ctx, x.membersKey(), "-inf", strconv.FormatInt(time.Now().Add(-10*x.o.TTL).UnixMilli(), 10))
+		p.ZRemRangeByScore(ctx, x.membersKey(), "-inf", strconv.FormatInt(now.Add(-10*x.o.TTL).UnixMilli(), 10))
+		// Membership size for the metric, in the same round trip.
+		live = p.ZCount(ctx, x.membersKey(), strconv.FormatInt(now.UnixMilli(), 10), "+inf")
 		return nil
 	})
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return false, unavailable("register", err)
+	}
+	if n, err := live.Result(); err == nil {
+		x.m.Nodes.Set(float64(n))
 	}
 	prev, err := old.Result()
 	if errors.Is(err, redis.Nil) || (err == nil && prev == "") {
