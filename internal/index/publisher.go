@@ -24,14 +24,7 @@ type StoreSource struct{ S *store.Store }
 func (s StoreSource) Has(k store.Key) bool { return s.S.Has(k) }
 
 // Keys lists every indexed key (for a full republication).
-func (s StoreSource) Keys() []store.Key {
-	infos, _ := s.S.List("", 0)
-	keys := make([]store.Key, len(infos))
-	for i, in := range infos {
-		keys[i] = in.Key
-	}
-	return keys
-}
+func (s StoreSource) Keys() []store.Key { return s.S.Keys() }
 
 // Defaults of PublisherOptions left zero.
 const (

@@ -38,3 +38,15 @@ func (s *Store) unlockNotify() {
 		}
 	}
 }
+
+// Keys lists every indexed key (a subscriber's full resync), copying only
+// the keys while the lock is held.
+func (s *Store) Keys() []Key {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	keys := make([]Key, 0, len(s.index))
+	for k := range s.index {
+		keys = append(keys, k)
+	}
+	return keys
+}

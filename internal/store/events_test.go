@@ -2,6 +2,7 @@ package store
 
 import (
 	"os/exec"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -81,6 +82,14 @@ func TestOnChange(t *testing.T) {
 	mustPut(t, s, key(7), 7, sz)
 	if keys, _ := r.take(); len(keys) != 0 {
 		t.Fatalf("notified %v after OnChange(nil)", keys)
+	}
+	var all []string
+	for _, k := range s.Keys() {
+		all = append(all, k.Hash)
+	}
+	sort.Strings(all)
+	if got := strings.Join(all, ","); got != "h0004,h0005,h0006,h0007" {
+		t.Fatalf("Keys() = %s", got)
 	}
 }
 
