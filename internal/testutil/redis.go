@@ -2,6 +2,7 @@ package testutil
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"net"
 	"os"
@@ -25,6 +26,9 @@ type Redis struct {
 	dir  string
 	port int
 
+	extra   []string // more redis-server arguments (cluster mode)
+	busPort int      // cluster mode: the cluster bus port
+
 	mu  sync.Mutex // guards cmd
 	cmd *exec.Cmd  // nil while killed
 }
@@ -32,6 +36,11 @@ type Redis struct {
 // StartRedis starts redis-server, or skips the test when the binary is
 // not installed (.ci/run installs Debian's redis-server).
 func StartRedis(tb testing.TB) *Redis {
+	tb.Helper()
+	return startRedis(tb, false)
+}
+
+func startRedis(tb testing.TB, cluster bool) *Redis {
 	tb.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
@@ -41,6 +50,12 @@ func StartRedis(tb testing.TB) *Redis {
 	var last error
 	for range 5 { // a free port can be taken between probe and bind
 		r.port = freePort(tb)
+		if cluster {
+			// The bus port must be free too (port+10000 may not exist).
+			r.busPort = freePort(tb)
+			r.extra = []string{"--cluster-enabled", "yes", "--cluster-config-file", filepath.Join(r.dir, "nodes.conf"),
+				"--cluster-port", strconv.Itoa(r.busPort)}
+		}
 		if last = r.start(); last == nil {
 			tb.Cleanup(r.Kill)
 			return r
@@ -61,10 +76,12 @@ func freePort(tb testing.TB) int {
 }
 
 func (r *Redis) start() error {
-	cmd := exec.Command(r.bin,
+	args := append([]string{
 		"--port", strconv.Itoa(r.port), "--bind", "127.0.0.1", "--dir", r.dir,
 		"--save", "", "--appendonly", "no", "--protected-mode", "no",
-		"--logfile", filepath.Join(r.dir, "redis.log"))
+		"--logfile", filepath.Join(r.dir, "redis.log"),
+	}, r.extra...)
+	cmd := exec.Command(r.bin, args...)
 	if err := cmd.Start(); err != nil {
 		return err
 	}
@@ -158,4 +175,52 @@ func (r *Redis) Client(tb testing.TB) *redis.Client {
 	c := redis.NewClient(&redis.Options{Addr: r.Addr()})
 	tb.Cleanup(func() { _ = c.Close() })
 	return c
+}
+
+// StartRedisCluster starts a Redis Cluster of n primaries (no replicas),
+// the 16384 slots split evenly, and waits until it serves. Its
+// --cluster-redis value is ClusterURL.
+func StartRedisCluster(tb testing.TB, n int) []*Redis {
+	tb.Helper()
+	rs := make([]*Redis, n)
+	for i := range rs {
+		rs[i] = startRedis(tb, true)
+	}
+	ctx := context.Background()
+	const slots = 16384
+	for i, r := range rs {
+		c := r.Client(tb)
+		lo, hi := i*slots/n, (i+1)*slots/n-1
+		if err := c.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", lo, hi).Err(); err != nil {
+			tb.Fatalf("redis cluster: ADDSLOTSRANGE on %s: %v", r.Addr(), err)
+		}
+		if i > 0 {
+			if err := rs[0].Client(tb).Do(ctx, "CLUSTER", "MEET", "127.0.0.1", r.port, r.busPort).Err(); err != nil {
+				tb.Fatalf("redis cluster: MEET %s: %v", r.Addr(), err)
+			}
+		}
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for _, r := range rs {
+		for {
+			info, err := r.Client(tb).ClusterInfo(ctx).Result()
+			if err == nil && strings.Contains(info, "cluster_state:ok") && strings.Contains(info, fmt.Sprintf("cluster_known_nodes:%d", n)) {
+				break
+			}
+			if time.Now().After(deadline) {
+				tb.Fatalf("redis cluster never became ok on %s: %v %s", r.Addr(), err, info)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	return rs
+}
+
+// ClusterURL is the comma list of the cluster's redis:// URLs.
+func ClusterURL(rs []*Redis) string {
+	urls := make([]string, len(rs))
+	for i, r := range rs {
+		urls[i] = r.URL()
+	}
+	return strings.Join(urls, ",")
 }

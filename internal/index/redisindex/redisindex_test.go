@@ -279,3 +279,55 @@ func TestParseURLs(t *testing.T) {
 		})
 	}
 }
+
+// The same operations on a real three-shard Redis Cluster (a comma list):
+// no command spans two slots.
+func TestRedisCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a three-node Redis Cluster")
+	}
+	rs := testutil.StartRedisCluster(t, 3)
+	ctx := context.Background()
+	mk := func(node, inc string) *Index {
+		x, err := Open(Options{URLs: testutil.ClusterURL(rs), NodeID: node, Incarnation: inc, TTL: 10 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = x.Close() })
+		return x
+	}
+	a, b := mk("a", "1"), mk("b", "1")
+	register(t, a, "x:1")
+	register(t, b, "y:1")
+	var hs []string
+	for i := range 200 { // spread over every shard
+		hs = append(hs, fmt.Sprintf("h%03d", i))
+	}
+	if err := a.Announce(ctx, keys("ns", hs...)); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Announce(ctx, keys("ns", hs[:100]...)); err != nil {
+		t.Fatal(err)
+	}
+	if got := holders(t, b, "ns", hs[0], hs[150]); got != "a,b|a" {
+		t.Fatalf("Locate on the cluster = %q", got)
+	}
+	if nodes, err := a.Nodes(ctx); err != nil || len(nodes) != 2 {
+		t.Fatalf("Nodes = %v, %v", nodes, err)
+	}
+	// a restarts: its old entries stop counting, the lookup cleans them
+	// (the one-key script), Reset clears the rest.
+	a2 := mk("a", "2")
+	if !register(t, a2, "x:1") {
+		t.Fatal("new incarnation not reported lost")
+	}
+	if got := holders(t, b, "ns", hs[0], hs[150]); got != "b|" {
+		t.Fatalf("after a restarted: %q", got)
+	}
+	if err := a2.Reset(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := a2.Withdraw(ctx, keys("ns", hs[:10]...)); err != nil {
+		t.Fatal(err)
+	}
+}
