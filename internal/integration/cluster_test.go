@@ -329,3 +329,23 @@ func TestClusterRedisRestartedEmpty(t *testing.T) {
 		t.Fatalf("c counted %v failed lookups, want >= 1", got)
 	}
 }
+
+// Without --cluster-redis nothing changes: no cluster metrics, and a
+// prefetch without a peer (or a cluster command) says the index is not
+// configured.
+func TestClusterDisabled(t *testing.T) {
+	n := start(t, baseConfig(t, "solo"))
+	ctx := ctxT(t, 30*time.Second)
+	_, err := n.local.Prefetch(ctx, &pegadv1.PrefetchRequest{Namespace: "ns", Hashes: [][]byte{[]byte("h")}})
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "--cluster-redis") {
+		t.Fatalf("peer-less prefetch standalone: %v, want FailedPrecondition naming --cluster-redis", err)
+	}
+	if _, err := cluster(n).ListNodes(ctx, &pegadv1.ListNodesRequest{}); status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("ListNodes standalone: %v", err)
+	}
+	for name := range scrape(t, n) {
+		if strings.HasPrefix(name, "pegaflow_cluster_") {
+			t.Fatalf("standalone node exports %s", name)
+		}
+	}
+}
