@@ -69,6 +69,12 @@ type Publisher struct {
 	// resync: a full republication is due; changes are not tracked
 	// meanwhile (the resync reads the store).
 	resync bool
+
+	// lostRun counts consecutive heartbeats that found the record gone;
+	// only Run's goroutine touches it. A real loss is healed by the next
+	// heartbeat, so a run of them means another process registers under
+	// this node id.
+	lostRun int
 }
 
 // NewPublisher makes a publisher; nothing runs before Run.
@@ -150,6 +156,15 @@ func (p *Publisher) heartbeat(ctx context.Context) error {
 		p.o.Metrics.PublishErrors.Inc()
 		p.markResync()
 		return err
+	}
+	if lost {
+		p.lostRun++
+		if p.lostRun == 3 {
+			p.o.Log.Warn().Int("heartbeats", p.lostRun).
+				Msg("Cluster index: this node's record keeps being replaced: is another pegad running with the same --node-id?")
+		}
+	} else {
+		p.lostRun = 0
 	}
 	p.mu.Lock()
 	due := p.resync || lost

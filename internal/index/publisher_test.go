@@ -3,6 +3,7 @@ package index_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -174,3 +175,41 @@ func TestPublisherRedisFlushed(t *testing.T) {
 		t.Fatalf("publish errors = %v, want 0 (no call failed)", got)
 	}
 }
+
+// Two pegads under one node id replace each other's record at every
+// heartbeat: the publisher says so.
+func TestPublisherDuplicateNodeID(t *testing.T) {
+	r := testutil.StartRedis(t)
+	logs := &testutil.LogBuffer{}
+	ttl := 300 * time.Millisecond
+	for _, inc := range []string{"first", "second"} {
+		x, err := redisindex.Open(redisindex.Options{URLs: r.URL(), NodeID: "twin", Incarnation: inc, TTL: ttl})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pub := index.NewPublisher(index.PublisherOptions{
+			Index: x, Source: emptySource{}, TTL: ttl, Log: zerolog.New(logs),
+			Self: func() index.Node { return index.Node{Addr: inc + ":1"} },
+		})
+		ctx, cancel := context.WithCancel(context.Background())
+		var wg sync.WaitGroup
+		wg.Go(func() { pub.Run(ctx) })
+		t.Cleanup(func() {
+			cancel()
+			wg.Wait()
+			_ = x.Close()
+		})
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.Contains(logs.String(), "same --node-id") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no warning about a duplicate node id; logs:\n%s", logs)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+type emptySource struct{}
+
+func (emptySource) Has(store.Key) bool { return false }
+func (emptySource) Keys() []store.Key  { return nil }
