@@ -3,6 +3,7 @@ package index
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -62,6 +63,7 @@ type PublisherOptions struct {
 type Publisher struct {
 	o    PublisherOptions
 	wake chan struct{} // cap 1: a change is waiting
+	kick chan struct{} // cap 1: keepalive asks for a republication
 
 	mu     sync.Mutex // guards dirty, oldest, resync
 	dirty  map[store.Key]struct{}
@@ -70,11 +72,15 @@ type Publisher struct {
 	// meanwhile (the resync reads the store).
 	resync bool
 
-	// lostRun counts consecutive heartbeats that found the record gone;
-	// only Run's goroutine touches it. A real loss is healed by the next
-	// heartbeat, so a run of them means another process registers under
-	// this node id.
+	// up: the last heartbeat reached the index. Written by keepalive,
+	// read by the publishing loop.
+	up atomic.Bool
+	// Owned by keepalive's goroutine. lostRun counts consecutive
+	// heartbeats that found the record gone: a real loss is healed by the
+	// next heartbeat, so a run of them means another process registers
+	// under this node id. everUp: some heartbeat succeeded (logs).
 	lostRun int
+	everUp  bool
 }
 
 // NewPublisher makes a publisher; nothing runs before Run.
@@ -88,7 +94,7 @@ func NewPublisher(o PublisherOptions) *Publisher {
 	if o.Metrics == nil {
 		o.Metrics = metrics.NewClusterForTest()
 	}
-	return &Publisher{o: o, wake: make(chan struct{}, 1), dirty: make(map[store.Key]struct{}), resync: true}
+	return &Publisher{o: o, wake: make(chan struct{}, 1), kick: make(chan struct{}, 1), dirty: make(map[store.Key]struct{}), resync: true}
 }
 
 // Notify records that k changed in the store. It never blocks.
@@ -111,35 +117,34 @@ func (p *Publisher) Notify(k store.Key) {
 
 // Run registers this node, publishes its blocks and keeps both fresh
 // until ctx ends, then removes its record (best effort).
+//
+// Two loops: keepalive refreshes the record every TTL/3 on its own, so a
+// long republication (a million blocks take seconds) never lets the
+// record lapse; the publishing loop batches changes and runs the
+// republications keepalive asks for.
 func (p *Publisher) Run(ctx context.Context) {
-	every := max(p.o.TTL/3, 10*time.Millisecond)
-	t := time.NewTicker(every)
+	var wg sync.WaitGroup
+	defer func() {
+		wg.Wait()
+		p.deregister()
+	}()
+	wg.Go(func() { p.keepalive(ctx) })
+	t := time.NewTicker(p.every())
 	defer t.Stop()
-	up := true // last heartbeat reached the index; logs transitions only
-	heartbeat := func() {
-		err := p.heartbeat(ctx)
-		switch {
-		case err != nil && up && ctx.Err() == nil:
-			p.o.Log.Warn().Err(err).Msg("Cluster index unreachable: serving on, will register again when it answers")
-		case err == nil && !up:
-			p.o.Log.Info().Msg("Cluster index reachable again: registered and republished")
-		}
-		up = err == nil
-	}
-	heartbeat()
 	for {
 		select {
 		case <-ctx.Done():
-			p.deregister()
 			return
 		case <-t.C:
-			heartbeat()
+			p.sync(ctx)
+		case <-p.kick:
+			p.sync(ctx)
 		case <-p.wake:
 			delay := time.NewTimer(p.o.BatchDelay)
 			select {
 			case <-ctx.Done():
 				delay.Stop()
-				continue // the outer select sees ctx too
+				return
 			case <-delay.C:
 			}
 			p.flush(ctx)
@@ -147,33 +152,77 @@ func (p *Publisher) Run(ctx context.Context) {
 	}
 }
 
-// heartbeat refreshes the record and runs a resync when one is due.
-func (p *Publisher) heartbeat(ctx context.Context) error {
+func (p *Publisher) every() time.Duration { return max(p.o.TTL/3, 10*time.Millisecond) }
+
+// sync republishes when one is due and the index answers, else flushes
+// what a missed wake-up left behind.
+func (p *Publisher) sync(ctx context.Context) {
+	p.mu.Lock()
+	due := p.resync
+	p.mu.Unlock()
+	if !due {
+		p.flush(ctx)
+		return
+	}
+	if p.up.Load() {
+		_ = p.republish(ctx)
+	}
+}
+
+// keepalive registers at once and then every TTL/3 until ctx ends.
+func (p *Publisher) keepalive(ctx context.Context) {
+	t := time.NewTicker(p.every())
+	defer t.Stop()
+	for {
+		p.heartbeat(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// heartbeat refreshes the record; a lost record (or an error) makes a
+// republication due, which it asks the publishing loop for.
+func (p *Publisher) heartbeat(ctx context.Context) {
 	octx, cancel := context.WithTimeout(ctx, opTimeout)
 	lost, err := p.o.Index.Register(octx, p.o.Self())
 	cancel()
-	if err != nil {
-		p.o.Metrics.PublishErrors.Inc()
-		p.markResync()
-		return err
+	wasUp := p.up.Swap(err == nil)
+	switch {
+	case err != nil && wasUp && ctx.Err() == nil:
+		p.o.Log.Warn().Err(err).Msg("Cluster index unreachable: serving on, will register again when it answers")
+	case err == nil && !wasUp && p.everUp:
+		p.o.Log.Info().Msg("Cluster index reachable again: registering and republishing")
 	}
+	if err != nil {
+		if ctx.Err() == nil {
+			p.o.Metrics.PublishErrors.Inc()
+		}
+		p.markResync()
+		return
+	}
+	p.everUp = true
 	if lost {
 		p.lostRun++
 		if p.lostRun == 3 {
 			p.o.Log.Warn().Int("heartbeats", p.lostRun).
 				Msg("Cluster index: this node's record keeps being replaced: is another pegad running with the same --node-id?")
 		}
+		p.markResync()
 	} else {
 		p.lostRun = 0
 	}
 	p.mu.Lock()
-	due := p.resync || lost
+	due := p.resync
 	p.mu.Unlock()
-	if !due {
-		p.flush(ctx) // anything a missed wake-up left behind
-		return nil
+	if due {
+		select {
+		case p.kick <- struct{}{}:
+		default:
+		}
 	}
-	return p.republish(ctx)
 }
 
 func (p *Publisher) markResync() {
@@ -192,9 +241,10 @@ func (p *Publisher) republish(ctx context.Context) error {
 	clear(p.dirty)
 	p.mu.Unlock()
 	start := time.Now()
-	octx, cancel := context.WithTimeout(ctx, opTimeout)
-	err := p.o.Index.Reset(octx)
-	cancel()
+	// No overall deadline: a reset of a million entries takes seconds;
+	// each round trip has the backend's own I/O timeout, and ctx ends at
+	// shutdown.
+	err := p.o.Index.Reset(ctx)
 	if err == nil {
 		keys := p.o.Source.Keys()
 		err = p.write(ctx, keys, nil)

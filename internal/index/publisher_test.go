@@ -213,3 +213,65 @@ type emptySource struct{}
 
 func (emptySource) Has(store.Key) bool { return false }
 func (emptySource) Keys() []store.Key  { return nil }
+
+// slowIndex makes every announcement take a while, as republishing a
+// million blocks does.
+type slowIndex struct {
+	*redisindex.Index
+	delay time.Duration
+}
+
+func (s slowIndex) Announce(ctx context.Context, keys []store.Key) error {
+	time.Sleep(s.delay)
+	return s.Index.Announce(ctx, keys)
+}
+
+type oneKey struct{}
+
+func (oneKey) Has(store.Key) bool { return true }
+func (oneKey) Keys() []store.Key  { return []store.Key{{Namespace: "ns", Hash: "h"}} }
+
+// A republication longer than the TTL never lets the node's record lapse:
+// the record is refreshed on its own schedule.
+func TestPublisherSlowRepublishKeepsRecord(t *testing.T) {
+	r := testutil.StartRedis(t)
+	ttl := 300 * time.Millisecond
+	x, err := redisindex.Open(redisindex.Options{URLs: r.URL(), NodeID: "slow", Incarnation: "1", TTL: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	viewer, err := redisindex.Open(redisindex.Options{URLs: r.URL(), NodeID: "viewer", Incarnation: "1", TTL: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer viewer.Close()
+	pub := index.NewPublisher(index.PublisherOptions{
+		Index: slowIndex{x, 3 * ttl}, Source: oneKey{}, TTL: ttl, Log: zerolog.Nop(),
+		Self: func() index.Node { return index.Node{Addr: "slow:1"} },
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { pub.Run(ctx) })
+	defer func() {
+		cancel()
+		wg.Wait()
+		_ = x.Close()
+	}()
+	seen := false
+	for end := time.Now().Add(4 * ttl); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		nodes, err := viewer.Nodes(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case len(nodes) == 1:
+			seen = true
+		case seen:
+			t.Fatal("the node's record lapsed during a slow republication")
+		}
+	}
+	if !seen {
+		t.Fatal("the node never registered")
+	}
+	eventually(t, viewer, map[string]string{"h": "slow"})
+}
