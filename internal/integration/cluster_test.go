@@ -349,3 +349,39 @@ func TestClusterDisabled(t *testing.T) {
 		}
 	}
 }
+
+// A node that starts again (same id, new incarnation, empty pool) clears
+// what its old incarnation announced: its old blocks read as held by
+// nobody, and no entry of the old incarnation is left in Redis.
+func TestClusterNodeRestart(t *testing.T) {
+	r := testutil.StartRedis(t)
+	c := startClusterNode(t, "c", r)
+	a := startClusterNode(t, "a", r)
+	ns := "restart"
+	putAll(t, a, ns, []block{{hash: []byte("old"), body: bytes.Repeat([]byte{3}, 4096)}})
+	waitHolders(t, c, ns, map[string]string{"old": "a"})
+	oldInc := a.d.Incarnation()
+	if err := a.close(); err != nil {
+		t.Fatal(err)
+	}
+	a2 := startClusterNode(t, "a", r)
+	putAll(t, a2, ns, []block{{hash: []byte("new"), body: bytes.Repeat([]byte{4}, 4096)}})
+	// Only "new" is looked up before Redis is inspected: lookups clean
+	// stale entries they meet, and this is about the restart's own reset.
+	waitHolders(t, c, ns, map[string]string{"new": "a"})
+	rc := r.Client(t)
+	ctx := ctxT(t, 10*time.Second)
+	eventually(t, "no entry of a's old incarnation in Redis", 5*time.Second, func() error {
+		keys, err := rc.Keys(ctx, "pegad:b:*").Result()
+		if err != nil {
+			return err
+		}
+		for _, k := range keys {
+			if inc, err := rc.HGet(ctx, k, "a").Result(); err == nil && inc == oldInc {
+				return fmt.Errorf("%s still names a's old incarnation", k)
+			}
+		}
+		return nil
+	})
+	waitHolders(t, c, ns, map[string]string{"old": "", "new": "a"})
+}
