@@ -330,9 +330,9 @@ func TestClusterRedisRestartedEmpty(t *testing.T) {
 	}
 }
 
-// Without --cluster-redis nothing changes: no cluster metrics, and a
-// prefetch without a peer (or a cluster command) says the index is not
-// configured.
+// Without --cluster-redis nothing changes: the cluster metrics stay 0,
+// and a prefetch without a peer (or a cluster command) says the index is
+// not configured.
 func TestClusterDisabled(t *testing.T) {
 	n := start(t, baseConfig(t, "solo"))
 	ctx := ctxT(t, 30*time.Second)
@@ -343,9 +343,9 @@ func TestClusterDisabled(t *testing.T) {
 	if _, err := cluster(n).ListNodes(ctx, &pegadv1.ListNodesRequest{}); status.Code(err) != codes.FailedPrecondition {
 		t.Fatalf("ListNodes standalone: %v", err)
 	}
-	for name := range scrape(t, n) {
-		if strings.HasPrefix(name, "pegaflow_cluster_") {
-			t.Fatalf("standalone node exports %s", name)
+	for name, v := range scrape(t, n) {
+		if strings.HasPrefix(name, "pegaflow_cluster_") && v != 0 {
+			t.Fatalf("standalone node: %s = %v, want 0", name, v)
 		}
 	}
 }
