@@ -155,7 +155,15 @@ func (c *Cluster) Prefetch(ctx context.Context, peer, namespace string, hashes [
 				for i, w := range g.items {
 					hs[i] = w.hash
 				}
-				r, err := c.Engine.Prefetch(ctx, g.holder.Addr, namespace, hs)
+				// A holder that hangs (a blackholed node not yet lapsed) may
+				// take at most half the time left when another holder could
+				// serve some of its blocks, so the next one still gets a try.
+				actx, cancel := ctx, context.CancelFunc(func() {})
+				if dl, ok := ctx.Deadline(); ok && slices.ContainsFunc(g.items, func(w *want) bool { return len(w.cands) > 1 }) {
+					actx, cancel = context.WithDeadline(ctx, time.Now().Add(time.Until(dl)/2))
+				}
+				r, err := c.Engine.Prefetch(actx, g.holder.Addr, namespace, hs)
+				cancel()
 				mu.Lock()
 				defer mu.Unlock()
 				if r != nil {

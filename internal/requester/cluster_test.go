@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
+
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	"github.com/pegaflow/pegad/internal/index"
 	"github.com/pegaflow/pegad/internal/store"
@@ -229,5 +232,34 @@ func TestPlan(t *testing.T) {
 				t.Fatalf("plan = %q, want %q", got, tc.want)
 			}
 		})
+	}
+}
+
+// hangingHolder never answers a query until the caller gives up.
+type hangingHolder struct{ *fakeHolder }
+
+func (h hangingHolder) QueryBlocksForTransfer(ctx context.Context, _ *pegadv1.QueryBlocksForTransferRequest, _ ...grpc.CallOption) (*pegadv1.QueryBlocksForTransferResponse, error) {
+	<-ctx.Done()
+	return nil, status.FromContextError(ctx.Err()).Err()
+}
+
+// A holder that hangs does not eat the whole fetch: the block's next
+// holder still serves it before the deadline.
+func TestClusterPrefetchHangingHolder(t *testing.T) {
+	good := holderSet(map[string][]string{"n2": {"a"}})["n2"]
+	hs := newHarness(t, withOpts(func(o *Options) {
+		o.Peers = func(addr string) (pegadv1.PeerServiceClient, error) {
+			if addr == "n1:1" {
+				return hangingHolder{newFakeHolder()}, nil
+			}
+			return good, nil
+		}
+	}))
+	c := NewCluster(hs.e, ClusterOptions{Locator: &fakeLocator{table: map[string][]string{"a": {"n1", "n2"}}}, Self: "me"})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	res, err := c.Prefetch(ctx, "", "ns", [][]byte{[]byte("a")})
+	if err != nil || res.Blocks[0].Status != StatusFetched || res.Blocks[0].Node != "n2" {
+		t.Fatalf("Prefetch = %+v, %v; want a fetched from n2", res, err)
 	}
 }
