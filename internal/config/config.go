@@ -13,6 +13,7 @@ package config
 import (
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -119,6 +120,13 @@ type Config struct {
 	LogFormat string `mapstructure:"log-format"`
 	// PeerReflection enables gRPC server reflection on the peer port.
 	PeerReflection bool `mapstructure:"peer-reflection"`
+	// ClusterRedis joins the cluster index (docs/cluster.md): one
+	// redis:// or rediss:// URL, or a comma list of Redis Cluster seeds.
+	// Empty: standalone, prefetch needs a peer.
+	ClusterRedis string `mapstructure:"cluster-redis"`
+	// ClusterTTL is how long this node's membership record lives unless
+	// refreshed (every third of it).
+	ClusterTTL time.Duration `mapstructure:"cluster-ttl"`
 
 	// File is the config file that was read ("" when none); not a key.
 	File string `mapstructure:"-"`
@@ -150,6 +158,7 @@ func Default() Config {
 		ShutdownTimeout: 10 * time.Second,
 		LogLevel:        "info",
 		LogFormat:       "auto",
+		ClusterTTL:      10 * time.Second,
 	}
 }
 
@@ -216,6 +225,8 @@ func RegisterFlags(fs *pflag.FlagSet, d Config) {
 	fs.String("log-level", d.LogLevel, "log level: trace|debug|info|warn|error")
 	fs.String("log-format", d.LogFormat, "log format: json|console|auto (auto: console on a terminal, else json)")
 	fs.Bool("peer-reflection", d.PeerReflection, "enable gRPC server reflection on the peer port")
+	fs.String("cluster-redis", d.ClusterRedis, "cluster index on Redis: redis:// or rediss:// URL, or a comma list for Redis Cluster (empty: standalone)")
+	fs.Duration("cluster-ttl", d.ClusterTTL, "cluster membership record lifetime, refreshed every third of it")
 }
 
 // Load builds the Config from fs (already parsed, registered with
@@ -479,6 +490,12 @@ func (c *Config) problems() []Problem {
 	if c.ShutdownTimeout <= 0 {
 		bad("shutdown-timeout", "%s must be positive", c.ShutdownTimeout)
 	}
+	if err := checkRedisURLs(c.ClusterRedis); err != nil {
+		bad("cluster-redis", "%v", err)
+	}
+	if c.ClusterTTL < 100*time.Millisecond {
+		bad("cluster-ttl", "%s is shorter than 100ms", c.ClusterTTL)
+	}
 	switch strings.ToLower(c.LogLevel) {
 	case "trace", "debug", "info", "warn", "warning", "error":
 	default:
@@ -564,4 +581,26 @@ func UnknownEnv(environ []string) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// checkRedisURLs checks the form of --cluster-redis (the Redis client
+// parses it fully at start): each comma-separated item a redis:// or
+// rediss:// URL with a host.
+func checkRedisURLs(s string) error {
+	if s == "" {
+		return nil
+	}
+	for _, raw := range strings.Split(s, ",") {
+		u, err := url.Parse(strings.TrimSpace(raw))
+		if err != nil {
+			return fmt.Errorf("%q: %v", raw, err)
+		}
+		if u.Scheme != "redis" && u.Scheme != "rediss" {
+			return fmt.Errorf("%q: want redis://[user:password@]host:port or rediss://", raw)
+		}
+		if u.Host == "" {
+			return fmt.Errorf("%q: no host", raw)
+		}
+	}
+	return nil
 }

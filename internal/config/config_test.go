@@ -51,7 +51,7 @@ func TestDefaults(t *testing.T) {
 		MetricsListen: "127.0.0.1:9464", PoolSize: 256 << 20, PoolHugePages: "none", Transport: "auto", NICs: "1",
 		QPsPerPeer: 2, RelaxedOrdering: true, GIDIndex: -1, TCPDataListen: "", TCPQPNStart: 0x100, RDMAIdleTimeout: time.Minute,
 		LockTimeout: 120 * time.Second, GCInterval: time.Second, ShutdownTimeout: 10 * time.Second,
-		LogLevel: "info", LogFormat: "auto",
+		LogLevel: "info", LogFormat: "auto", ClusterTTL: 10 * time.Second,
 	}
 	if c != want {
 		t.Fatalf("defaults:\n got %+v\nwant %+v", c, want)
@@ -192,6 +192,10 @@ func TestInvalid(t *testing.T) {
 		{"log format", nil, nil, "log-format: xml\n", []string{"log-format", "xml"}},
 		{"empty node id", []string{"--node-id="}, nil, "", []string{"node-id"}},
 		{"empty socket", nil, nil, "socket: \"\"\n", []string{"socket"}},
+		{"cluster redis scheme", []string{"--cluster-redis=http://r:6379"}, nil, "", []string{"cluster-redis", "redis://"}},
+		{"cluster redis one bad of two", nil, map[string]string{"PEGAD_CLUSTER_REDIS": "redis://a:1,b:2"}, "", []string{"cluster-redis", "b:2"}},
+		{"cluster redis no host", nil, nil, "cluster-redis: redis://\n", []string{"cluster-redis", "no host"}},
+		{"cluster ttl tiny", []string{"--cluster-ttl=1ms"}, nil, "", []string{"cluster-ttl"}},
 		{"two errors at once", []string{"--transport=x", "--qps-per-peer=-1"}, nil, "", []string{"transport", "qps-per-peer"}},
 	}
 	for _, tc := range tests {

@@ -14,6 +14,7 @@ func NewBlocksCommand(g *globalFlags) *cobra.Command {
 		NewBlocksGetCommand(g),
 		NewBlocksListCommand(g),
 		NewBlocksDeleteCommand(g),
+		NewBlocksWhereCommand(g),
 	)
 	return cmd
 }

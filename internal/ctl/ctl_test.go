@@ -448,7 +448,6 @@ func TestPrefetch(t *testing.T) {
 		args []string
 		msg  string
 	}{
-		{[]string{"--namespace", "ns", "aa"}, "--peer is required"},
 		{[]string{"--peer", "nohost", "--namespace", "ns", "aa"}, `invalid --peer "nohost"`},
 		{[]string{"--peer", "h:1", "aa"}, "--namespace is required"},
 		{[]string{"--peer", "h:1", "--namespace", "ns"}, "needs at least one block hash"},

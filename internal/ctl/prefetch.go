@@ -28,8 +28,8 @@ func NewPrefetchCommand(g *globalFlags) *cobra.Command {
 		namespace string
 	)
 	cmd := &cobra.Command{
-		Use:   "prefetch --peer HOST:PORT --namespace NS HEX...",
-		Short: "Fetch blocks from a peer pegad into this node's pool (--timeout bounds the fetch)",
+		Use:   "prefetch [--peer HOST:PORT] --namespace NS HEX...",
+		Short: "Fetch blocks from a peer pegad, or without --peer from the nodes the cluster index names, into this node's pool (--timeout bounds the fetch)",
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 0 {
 				return usageErrorf("%s needs at least one block hash", cmd.CommandPath())
@@ -37,10 +37,8 @@ func NewPrefetchCommand(g *globalFlags) *cobra.Command {
 			return nil
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if peer == "" {
-				return usageErrorf("--peer is required")
-			}
-			if _, _, err := net.SplitHostPort(peer); err != nil {
+			// No --peer: the cluster index finds the holders.
+			if _, _, err := net.SplitHostPort(peer); peer != "" && err != nil {
 				return usageErrorf("invalid --peer %q: want HOST:PORT", peer)
 			}
 			if namespace == "" {
@@ -90,7 +88,7 @@ func NewPrefetchCommand(g *globalFlags) *cobra.Command {
 			return out.err()
 		},
 	}
-	cmd.Flags().StringVar(&peer, "peer", "", "peer pegad's gRPC address HOST:PORT (required)")
+	cmd.Flags().StringVar(&peer, "peer", "", "peer pegad's gRPC address HOST:PORT (default: the holders the cluster index names)")
 	cmd.Flags().StringVar(&namespace, "namespace", "", "block namespace (required)")
 	return cmd
 }
@@ -103,6 +101,7 @@ var prefetchStatusNames = map[pegadv1.PrefetchBlockStatus]string{
 	pegadv1.PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_MISSING_ON_PEER: "missing_on_peer",
 	pegadv1.PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_FAILED:          "failed",
 	pegadv1.PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_DISCARDED:       "discarded",
+	pegadv1.PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_NOT_FOUND:       "not_found",
 }
 
 func prefetchStatusName(s pegadv1.PrefetchBlockStatus) string {
@@ -116,6 +115,8 @@ type prefetchBlockJSON struct {
 	Hash   string `json:"hash"`
 	Status string `json:"status"`
 	Error  string `json:"error,omitempty"`
+	// Node served the block (prefetch without --peer).
+	Node string `json:"node,omitempty"`
 }
 
 type prefetchResult struct {
@@ -141,6 +142,7 @@ func prefetchOf(peer, ns string, res *pegadv1.PrefetchResponse) *prefetchResult 
 			Hash:   hexOf(b.GetHash()),
 			Status: prefetchStatusName(b.GetStatus()),
 			Error:  cleanError(b.GetError()),
+			Node:   b.GetNode(),
 		})
 	}
 	return out
@@ -164,7 +166,7 @@ func (r *prefetchResult) err() error {
 		return nil
 	}
 	var parts []string
-	for _, s := range []string{"missing_on_peer", "failed", "discarded", "unspecified"} {
+	for _, s := range []string{"missing_on_peer", "not_found", "failed", "discarded", "unspecified"} {
 		if counts[s] > 0 {
 			parts = append(parts, fmt.Sprintf("%d %s", counts[s], s))
 			delete(counts, s)
@@ -173,8 +175,8 @@ func (r *prefetchResult) err() error {
 	for s, n := range counts {
 		parts = append(parts, fmt.Sprintf("%d %s", n, s))
 	}
-	msg := fmt.Sprintf("%d of %d blocks not fetched from %s (%s)", bad, len(r.Blocks), r.Peer, strings.Join(parts, ", "))
-	if bad == r.countStatus("missing_on_peer") {
+	msg := fmt.Sprintf("%d of %d blocks not fetched from %s (%s)", bad, len(r.Blocks), r.source(), strings.Join(parts, ", "))
+	if bad == r.countStatus("missing_on_peer")+r.countStatus("not_found") {
 		return notFoundErrorf("%s", msg)
 	}
 	return fmt.Errorf("%s", msg)
@@ -190,21 +192,30 @@ func (r *prefetchResult) countStatus(s string) int {
 	return n
 }
 
+// source names where the blocks came from.
+func (r *prefetchResult) source() string {
+	if r.Peer == "" {
+		return "the cluster"
+	}
+	return r.Peer
+}
+
 // writeTable prints one row per block, except that blocks which failed
-// the same way share one row: the first hash and how many more.
+// the same way share one row: the first hash and how many more. Without
+// --peer a NODE column says which node served (or failed) each block.
 func (r *prefetchResult) writeTable(w io.Writer) error {
 	type row struct {
 		b    prefetchBlockJSON
 		more int
 	}
 	var rows []*row
-	same := map[[2]string]*row{}
+	same := map[[3]string]*row{}
 	for _, b := range r.Blocks {
 		if b.Status == "fetched" || b.Status == "already_local" {
 			rows = append(rows, &row{b: b})
 			continue
 		}
-		k := [2]string{b.Status, b.Error}
+		k := [3]string{b.Status, b.Error, b.Node}
 		if g := same[k]; g != nil {
 			g.more++
 			continue
@@ -213,11 +224,20 @@ func (r *prefetchResult) writeTable(w io.Writer) error {
 		same[k] = g
 		rows = append(rows, g)
 	}
-	fmt.Fprintln(w, "HASH\tSTATUS\tERROR")
+	cluster := r.Peer == ""
+	if cluster {
+		fmt.Fprintln(w, "HASH\tSTATUS\tNODE\tERROR")
+	} else {
+		fmt.Fprintln(w, "HASH\tSTATUS\tERROR")
+	}
 	for _, g := range rows {
 		hash := g.b.Hash
 		if g.more > 0 {
 			hash = fmt.Sprintf("%s (+%d more)", hash, g.more)
+		}
+		if cluster {
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", hash, g.b.Status, dash(g.b.Node), dash(g.b.Error))
+			continue
 		}
 		fmt.Fprintf(w, "%s\t%s\t%s\n", hash, g.b.Status, dash(g.b.Error))
 	}
@@ -226,7 +246,7 @@ func (r *prefetchResult) writeTable(w io.Writer) error {
 		sess = "-"
 	}
 	_, err := fmt.Fprintf(w, "%s from %s in %s (session %s)\n",
-		humanBytes(r.Bytes), r.Peer, humanDur(time.Duration(r.DurationSeconds*float64(time.Second))), sess)
+		humanBytes(r.Bytes), r.source(), humanDur(time.Duration(r.DurationSeconds*float64(time.Second))), sess)
 	return err
 }
 

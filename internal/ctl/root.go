@@ -107,6 +107,7 @@ Exit codes: 0 ok, 1 error, 2 usage, 3 not found, 4 pegad unavailable,
 		NewStatsCommand(g),
 		NewVersionCommand(g),
 		NewCompletionCommand(),
+		NewNodesCommand(g),
 	)
 	markRunErrors(root)
 	return root

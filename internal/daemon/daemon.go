@@ -103,6 +103,8 @@ type Daemon struct {
 	holder *holder.Service
 	engine *requester.Engine
 	local  *localapi.Local // its Wait: no handler touches pool memory any more
+	// cluster: the cluster index client and publisher (cluster.go).
+	cluster cluster
 
 	peerSrv, localSrv       *grpc.Server
 	data                    *localdata.Server // the zero-copy data socket beside the local one
@@ -256,6 +258,9 @@ func Start(ctx context.Context, cfg config.Config, opts ...Option) (d *Daemon, e
 	if err != nil {
 		return d, fmt.Errorf("prefetch engine: %w", err)
 	}
+	if err := d.openCluster(); err != nil {
+		return d, err
+	}
 
 	bg, cancel := context.WithCancel(context.Background())
 	d.cancel = cancel
@@ -279,6 +284,7 @@ func Start(ctx context.Context, cfg config.Config, opts ...Option) (d *Daemon, e
 	if err := d.checkServing(ctx); err != nil {
 		return d, fmt.Errorf("self-check before READY: %w", err)
 	}
+	d.startPublisher(bg)
 
 	d.ready = true
 	d.serving.Store(true)
@@ -334,7 +340,7 @@ func (d *Daemon) listen() error {
 	)
 	d.local = localapi.NewLocal(localapi.LocalOptions{
 		Store:   d.store,
-		Fetcher: d.engine,
+		Fetcher: d.fetcher(),
 		Log:     d.log.With().Str("component", "localapi").Logger(),
 	})
 	pegadv1.RegisterLocalServiceServer(d.localSrv, d.local)
@@ -350,6 +356,7 @@ func (d *Daemon) listen() error {
 		},
 		Log: d.log.With().Str("component", "admin").Logger(),
 	}))
+	d.registerCluster()
 	d.localHealth = health.NewServer()
 	for _, svc := range []string{pegadv1.LocalService_ServiceDesc.ServiceName, pegadv1.AdminService_ServiceDesc.ServiceName} {
 		d.localHealth.SetServingStatus(svc, healthpb.HealthCheckResponse_SERVING)
@@ -502,6 +509,9 @@ func (d *Daemon) shutdown() error {
 		_ = d.data.Close()
 	}
 	d.wg.Wait()
+	if d.store != nil {
+		d.closeCluster()
+	}
 
 	// 7. Data plane and memory.
 	if d.conns != nil {

@@ -1,8 +1,6 @@
 package integration
 
 import (
-	"bytes"
-	"context"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -11,16 +9,13 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pegaflow/pegad/internal/ctl"
 )
 
 // pegactl runs the CLI against n's socket.
-func pegactl(t *testing.T, n *node, args ...string) (string, int) {
+func pegactlNode(t *testing.T, n *node, args ...string) (string, int) {
 	t.Helper()
-	var out, errb bytes.Buffer
-	code := ctl.Main(context.Background(), append([]string{"--socket", n.d.SocketPath(), "--timeout", "60s"}, args...),
-		ctl.Streams{In: bytes.NewReader(nil), Out: &out, Err: &errb})
-	return out.String() + errb.String(), code
+	out, errOut, code := runPegactl(n.d.SocketPath(), append([]string{"--timeout", "60s"}, args...)...)
+	return out + errOut, code
 }
 
 // TestBenchSeedFetch: `pegactl bench seed` on a holder and `pegactl bench
@@ -35,10 +30,10 @@ func TestBenchSeedFetch(t *testing.T) {
 	hold, req := start(t, hcfg), start(t, rcfg)
 	small := []string{"--sizes", "64KiB,1MiB", "--blocks", "4"}
 
-	if out, code := pegactl(t, hold, append([]string{"bench", "seed"}, small...)...); code != 0 {
+	if out, code := pegactlNode(t, hold, append([]string{"bench", "seed"}, small...)...); code != 0 {
 		t.Fatalf("bench seed: exit %d\n%s", code, out)
 	}
-	out, code := pegactl(t, req, append([]string{"bench", "fetch", "--peer", hold.d.PeerAddr(),
+	out, code := pegactlNode(t, req, append([]string{"bench", "fetch", "--peer", hold.d.PeerAddr(),
 		"--concurrency", "1,2", "--metrics", req.d.MetricsAddr()}, small...)...)
 	if code != 0 || !strings.Contains(out, "every byte checked") || !strings.Contains(out, "tcp0") || !strings.Contains(out, "tcp1") {
 		t.Fatalf("bench fetch: exit %d\n%s", code, out)
@@ -53,16 +48,16 @@ func TestBenchSeedFetch(t *testing.T) {
 	if err := os.WriteFile(file, bad, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if out, code := pegactl(t, hold, "blocks", "put", "--namespace", "bad", "--hash", benchHashHex(7, 64<<10, 0), "--file", file); code != 0 {
+	if out, code := pegactlNode(t, hold, "blocks", "put", "--namespace", "bad", "--hash", benchHashHex(7, 64<<10, 0), "--file", file); code != 0 {
 		t.Fatalf("blocks put: %d\n%s", code, out)
 	}
-	out, code = pegactl(t, req, "bench", "fetch", "--peer", hold.d.PeerAddr(), "--namespace", "bad",
+	out, code = pegactlNode(t, req, "bench", "fetch", "--peer", hold.d.PeerAddr(), "--namespace", "bad",
 		"--sizes", "64KiB", "--blocks", "1", "--seed", "7", "--concurrency", "1")
 	if code == 0 || !strings.Contains(out, "fetched bytes differ from the seed's") {
 		t.Fatalf("fetch of a block with other bytes: exit %d\n%s", code, out)
 	}
 	// A seed the holder never stored: its blocks are missing on the peer.
-	out, code = pegactl(t, req, append([]string{"bench", "fetch", "--peer", hold.d.PeerAddr(), "--seed", "9"}, small...)...)
+	out, code = pegactlNode(t, req, append([]string{"bench", "fetch", "--peer", hold.d.PeerAddr(), "--seed", "9"}, small...)...)
 	if code == 0 || !strings.Contains(out, "MISSING_ON_PEER") {
 		t.Fatalf("fetch of another seed: exit %d\n%s", code, out)
 	}

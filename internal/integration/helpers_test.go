@@ -1,12 +1,14 @@
 package integration
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -18,6 +20,7 @@ import (
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	"github.com/pegaflow/pegad/internal/config"
+	"github.com/pegaflow/pegad/internal/ctl"
 	"github.com/pegaflow/pegad/internal/daemon"
 	"github.com/pegaflow/pegad/internal/testutil"
 )
@@ -192,3 +195,12 @@ func prefetch(ctx context.Context, n *node, peer, ns string, hashes ...[]byte) (
 }
 
 const statusFetched = pegadv1.PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_FETCHED
+
+// runPegactl runs pegactl in process against socket: its stdout, its
+// stderr and its exit status.
+func runPegactl(socket string, args ...string) (stdout, stderr string, code int) {
+	var out, errb bytes.Buffer
+	code = ctl.Main(context.Background(), append([]string{"--socket", socket}, args...),
+		ctl.Streams{In: strings.NewReader(""), Out: &out, Err: &errb})
+	return out.String(), errb.String(), code
+}

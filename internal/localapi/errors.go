@@ -9,6 +9,7 @@ import (
 
 	"github.com/pegaflow/pegad/internal/conn"
 	"github.com/pegaflow/pegad/internal/holder"
+	"github.com/pegaflow/pegad/internal/index"
 	"github.com/pegaflow/pegad/internal/pool"
 	"github.com/pegaflow/pegad/internal/requester"
 	"github.com/pegaflow/pegad/internal/store"
@@ -43,6 +44,10 @@ func codeOf(err error) codes.Code {
 		return codes.Unavailable
 	case errors.Is(err, requester.ErrRemote):
 		return codes.FailedPrecondition
+	case errors.Is(err, index.ErrDisabled):
+		return codes.FailedPrecondition
+	case errors.Is(err, index.ErrUnavailable):
+		return codes.Unavailable
 	case errors.Is(err, context.DeadlineExceeded):
 		return codes.DeadlineExceeded
 	case errors.Is(err, context.Canceled):

@@ -299,9 +299,7 @@ func (l *Local) Prefetch(ctx context.Context, req *pegadv1.PrefetchRequest) (*pe
 	if l.fetcher == nil {
 		return nil, status.Error(codes.Unavailable, "prefetch engine not running")
 	}
-	if req.GetPeer() == "" {
-		return nil, status.Error(codes.InvalidArgument, "peer is empty (want host:port)")
-	}
+	// An empty peer asks the cluster index (requester.Cluster).
 	hashes := req.GetHashes()
 	if len(hashes) == 0 {
 		return nil, status.Error(codes.InvalidArgument, "no hashes")
@@ -334,6 +332,9 @@ func (l *Local) Prefetch(ctx context.Context, req *pegadv1.PrefetchRequest) (*pe
 		}
 		return nil, st.Err()
 	}
+	if res == nil {
+		return nil, status.Error(codes.Internal, "prefetch returned no result")
+	}
 	return prefetchResponse(res), nil
 }
 
@@ -344,7 +345,7 @@ func prefetchResponse(res *requester.Result) *pegadv1.PrefetchResponse {
 		SessionId: res.SessionID,
 	}
 	for _, b := range res.Blocks {
-		r := &pegadv1.PrefetchBlockResult{Hash: b.Hash, Status: prefetchStatus(b.Status)}
+		r := &pegadv1.PrefetchBlockResult{Hash: b.Hash, Status: prefetchStatus(b.Status), Node: b.Node}
 		if b.Err != nil {
 			r.Error = b.Err.Error()
 		}
@@ -365,6 +366,8 @@ func prefetchStatus(s requester.Status) pegadv1.PrefetchBlockStatus {
 		return pegadv1.PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_FAILED
 	case requester.StatusDiscarded:
 		return pegadv1.PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_DISCARDED
+	case requester.StatusNotFound:
+		return pegadv1.PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_NOT_FOUND
 	}
 	return pegadv1.PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_UNSPECIFIED
 }

@@ -375,10 +375,6 @@ func TestBadRequests(t *testing.T) {
 			_, err := e.local.ListBlocks(ctx, &pegadv1.ListBlocksRequest{Namespace: string(make([]byte, store.MaxNSLen+1))})
 			return err
 		}, codes.InvalidArgument},
-		{"prefetch no peer", func() error {
-			_, err := e.local.Prefetch(ctx, &pegadv1.PrefetchRequest{Namespace: "ns", Hashes: [][]byte{{1}}})
-			return err
-		}, codes.InvalidArgument},
 		{"prefetch no hashes", func() error {
 			_, err := e.local.Prefetch(ctx, &pegadv1.PrefetchRequest{Peer: "h:1", Namespace: "ns"})
 			return err

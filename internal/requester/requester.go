@@ -87,6 +87,8 @@ const (
 	StatusMissingOnPeer
 	StatusFailed
 	StatusDiscarded
+	// StatusNotFound: no live node has it (prefetch without a peer).
+	StatusNotFound
 )
 
 func (s Status) String() string {
@@ -101,6 +103,8 @@ func (s Status) String() string {
 		return "failed"
 	case StatusDiscarded:
 		return "discarded"
+	case StatusNotFound:
+		return "not_found"
 	}
 	return fmt.Sprintf("status(%d)", int(s))
 }
@@ -110,6 +114,9 @@ type BlockResult struct {
 	Hash   []byte
 	Status Status
 	Err    error
+	// Node is the node that served (or failed) it; prefetch without a
+	// peer only (cluster.go).
+	Node string
 }
 
 // Result of a fetch.

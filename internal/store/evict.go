@@ -38,7 +38,7 @@ func (s *Store) AllocExtent(n uint64) (*Extent, error) {
 	// and the loop ends. A round can come up short only when someone else
 	// took the room on the fast path; then we plan again.
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlockNotify()
 	need := (n + pool.Alignment - 1) &^ uint64(pool.Alignment-1)
 	for {
 		a, err := s.pool.Alloc(n)

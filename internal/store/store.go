@@ -28,6 +28,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/pegaflow/pegad/internal/metrics"
@@ -176,6 +177,9 @@ type Store struct {
 	deferred   uint64 // out of the index, pins > 0
 	evictions  uint64
 	underflows uint64
+	changed    []Key // keys indexed or removed since mu was taken (events.go)
+
+	onChange atomic.Pointer[func(Key)] // change subscriber (events.go)
 }
 
 // New creates a store over p. m may be nil (no metrics).
@@ -318,7 +322,7 @@ func (s *Store) Insert(key Key, e *Extent, slots []SlotLayout) (created bool, er
 	b.created, b.lastAccess = now, now
 
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlockNotify()
 	if e.refs <= 0 {
 		return false, fmt.Errorf("%w: extent already released", ErrInvalid)
 	}
@@ -330,6 +334,7 @@ func (s *Store) Insert(key Key, e *Extent, slots []SlotLayout) (created bool, er
 	s.index[key] = b
 	s.listAddLocked(b)
 	s.bytes += b.size
+	s.changedLocked(key)
 	s.indexMetricsLocked()
 	return true, nil
 }
@@ -445,6 +450,7 @@ func (s *Store) unpinLocked(b *Block) {
 // reference unless a pin keeps it. It reports whether memory was freed.
 func (s *Store) removeLocked(b *Block) (freed bool) {
 	delete(s.index, b.key)
+	s.changedLocked(b.key)
 	s.lru.Remove(b.elem)
 	b.elem = nil
 	s.listRemoveLocked(b)
@@ -461,7 +467,7 @@ func (s *Store) removeLocked(b *Block) (freed bool) {
 // Delete removes key from the index. deferred: pinned, memory freed later.
 func (s *Store) Delete(key Key) (deferred bool, err error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlockNotify()
 	b, ok := s.index[key]
 	if !ok {
 		return false, fmt.Errorf("%w: namespace=%s hash=%x", ErrNotFound, key.Namespace, key.Hash)

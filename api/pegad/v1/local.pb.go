@@ -35,6 +35,8 @@ const (
 	PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_MISSING_ON_PEER PrefetchBlockStatus = 3
 	PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_FAILED          PrefetchBlockStatus = 4
 	PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_DISCARDED       PrefetchBlockStatus = 5
+	// Prefetch without a peer: no live node in the cluster index has it.
+	PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_NOT_FOUND PrefetchBlockStatus = 6
 )
 
 // Enum value maps for PrefetchBlockStatus.
@@ -46,6 +48,7 @@ var (
 		3: "PREFETCH_BLOCK_STATUS_MISSING_ON_PEER",
 		4: "PREFETCH_BLOCK_STATUS_FAILED",
 		5: "PREFETCH_BLOCK_STATUS_DISCARDED",
+		6: "PREFETCH_BLOCK_STATUS_NOT_FOUND",
 	}
 	PrefetchBlockStatus_value = map[string]int32{
 		"PREFETCH_BLOCK_STATUS_UNSPECIFIED":     0,
@@ -54,6 +57,7 @@ var (
 		"PREFETCH_BLOCK_STATUS_MISSING_ON_PEER": 3,
 		"PREFETCH_BLOCK_STATUS_FAILED":          4,
 		"PREFETCH_BLOCK_STATUS_DISCARDED":       5,
+		"PREFETCH_BLOCK_STATUS_NOT_FOUND":       6,
 	}
 )
 
@@ -796,7 +800,8 @@ func (x *DeleteBlockResponse) GetDeferred() bool {
 
 type PrefetchRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Peer's gRPC address, host:port.
+	// Peer's gRPC address, host:port. Empty: ask the cluster index which
+	// live nodes hold the blocks and fetch from them (--cluster-redis).
 	Peer      string   `protobuf:"bytes,1,opt,name=peer,proto3" json:"peer,omitempty"`
 	Namespace string   `protobuf:"bytes,2,opt,name=namespace,proto3" json:"namespace,omitempty"`
 	Hashes    [][]byte `protobuf:"bytes,3,rep,name=hashes,proto3" json:"hashes,omitempty"`
@@ -865,10 +870,12 @@ func (x *PrefetchRequest) GetTimeout() *durationpb.Duration {
 }
 
 type PrefetchBlockResult struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Hash          []byte                 `protobuf:"bytes,1,opt,name=hash,proto3" json:"hash,omitempty"`
-	Status        PrefetchBlockStatus    `protobuf:"varint,2,opt,name=status,proto3,enum=pegad.v1.PrefetchBlockStatus" json:"status,omitempty"`
-	Error         string                 `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Hash   []byte                 `protobuf:"bytes,1,opt,name=hash,proto3" json:"hash,omitempty"`
+	Status PrefetchBlockStatus    `protobuf:"varint,2,opt,name=status,proto3,enum=pegad.v1.PrefetchBlockStatus" json:"status,omitempty"`
+	Error  string                 `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	// Prefetch without a peer: the node that served (or failed) the block.
+	Node          string `protobuf:"bytes,4,opt,name=node,proto3" json:"node,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -920,6 +927,13 @@ func (x *PrefetchBlockResult) GetStatus() PrefetchBlockStatus {
 func (x *PrefetchBlockResult) GetError() string {
 	if x != nil {
 		return x.Error
+	}
+	return ""
+}
+
+func (x *PrefetchBlockResult) GetNode() string {
+	if x != nil {
+		return x.Node
 	}
 	return ""
 }
@@ -1047,24 +1061,26 @@ const file_pegad_v1_local_proto_rawDesc = "" +
 	"\x04peer\x18\x01 \x01(\tR\x04peer\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x16\n" +
 	"\x06hashes\x18\x03 \x03(\fR\x06hashes\x123\n" +
-	"\atimeout\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\atimeout\"v\n" +
+	"\atimeout\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\atimeout\"\x8a\x01\n" +
 	"\x13PrefetchBlockResult\x12\x12\n" +
 	"\x04hash\x18\x01 \x01(\fR\x04hash\x125\n" +
 	"\x06status\x18\x02 \x01(\x0e2\x1d.pegad.v1.PrefetchBlockStatusR\x06status\x12\x14\n" +
-	"\x05error\x18\x03 \x01(\tR\x05error\"\xb5\x01\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\x12\x12\n" +
+	"\x04node\x18\x04 \x01(\tR\x04node\"\xb5\x01\n" +
 	"\x10PrefetchResponse\x125\n" +
 	"\x06blocks\x18\x01 \x03(\v2\x1d.pegad.v1.PrefetchBlockResultR\x06blocks\x12\x14\n" +
 	"\x05bytes\x18\x02 \x01(\x04R\x05bytes\x125\n" +
 	"\bduration\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\bduration\x12\x1d\n" +
 	"\n" +
-	"session_id\x18\x04 \x01(\tR\tsessionId*\xfa\x01\n" +
+	"session_id\x18\x04 \x01(\tR\tsessionId*\x9f\x02\n" +
 	"\x13PrefetchBlockStatus\x12%\n" +
 	"!PREFETCH_BLOCK_STATUS_UNSPECIFIED\x10\x00\x12!\n" +
 	"\x1dPREFETCH_BLOCK_STATUS_FETCHED\x10\x01\x12'\n" +
 	"#PREFETCH_BLOCK_STATUS_ALREADY_LOCAL\x10\x02\x12)\n" +
 	"%PREFETCH_BLOCK_STATUS_MISSING_ON_PEER\x10\x03\x12 \n" +
 	"\x1cPREFETCH_BLOCK_STATUS_FAILED\x10\x04\x12#\n" +
-	"\x1fPREFETCH_BLOCK_STATUS_DISCARDED\x10\x052\xf0\x02\n" +
+	"\x1fPREFETCH_BLOCK_STATUS_DISCARDED\x10\x05\x12#\n" +
+	"\x1fPREFETCH_BLOCK_STATUS_NOT_FOUND\x10\x062\xf0\x02\n" +
 	"\fLocalService\x12C\n" +
 	"\bPutBlock\x12\x19.pegad.v1.PutBlockRequest\x1a\x1a.pegad.v1.PutBlockResponse(\x01\x12C\n" +
 	"\bGetBlock\x12\x19.pegad.v1.GetBlockRequest\x1a\x1a.pegad.v1.GetBlockResponse0\x01\x12G\n" +

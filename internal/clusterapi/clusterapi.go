@@ -1,0 +1,121 @@
+// Package clusterapi serves ClusterService on the local socket: what the
+// cluster index says about nodes and blocks, for pegactl `nodes list` and
+// `blocks where`. It translates index answers and errors to the API and
+// owns no state; it never writes to the index.
+package clusterapi
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+	"github.com/pegaflow/pegad/internal/index"
+	"github.com/pegaflow/pegad/internal/store"
+)
+
+// MaxHashes caps one LocateBlocks (as a prefetch).
+const MaxHashes = 4096
+
+// lookupTimeout bounds one answer when the caller's deadline is later:
+// a down Redis must fail fast.
+const lookupTimeout = 3 * time.Second
+
+// Server implements pegadv1.ClusterServiceServer.
+type Server struct {
+	pegadv1.UnimplementedClusterServiceServer
+	idx  index.Index // nil: the node runs standalone
+	self string
+}
+
+// New serves idx (nil: every call answers FailedPrecondition) for the
+// node named self.
+func New(idx index.Index, self string) *Server { return &Server{idx: idx, self: self} }
+
+func toStatus(err error) error {
+	switch {
+	case errors.Is(err, index.ErrUnavailable):
+		return status.Error(codes.Unavailable, err.Error())
+	case errors.Is(err, context.DeadlineExceeded):
+		return status.Error(codes.DeadlineExceeded, err.Error())
+	case errors.Is(err, context.Canceled):
+		return status.Error(codes.Canceled, err.Error())
+	}
+	return status.Error(codes.Internal, err.Error())
+}
+
+func (s *Server) ready(ctx context.Context) (context.Context, context.CancelFunc, error) {
+	if s.idx == nil {
+		return nil, nil, status.Error(codes.FailedPrecondition, index.ErrDisabled.Error())
+	}
+	ctx, cancel := context.WithTimeout(ctx, lookupTimeout)
+	return ctx, cancel, nil
+}
+
+// ListNodes lists the live nodes, this one marked.
+func (s *Server) ListNodes(ctx context.Context, _ *pegadv1.ListNodesRequest) (*pegadv1.ListNodesResponse, error) {
+	ctx, cancel, err := s.ready(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer cancel()
+	nodes, err := s.idx.Nodes(ctx)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	out := &pegadv1.ListNodesResponse{}
+	now := time.Now()
+	for _, n := range nodes {
+		cn := &pegadv1.ClusterNode{
+			NodeId: n.ID, Advertise: n.Addr, Incarnation: n.Incarnation, Transport: n.Transport,
+			PoolSize: n.PoolSize, FreeBytes: n.FreeBytes, Self: n.ID == s.self,
+		}
+		if !n.Started.IsZero() {
+			cn.StartedAt = timestamppb.New(n.Started)
+		}
+		if !n.Expires.IsZero() {
+			cn.ExpiresIn = durationpb.New(max(n.Expires.Sub(now), 0))
+		}
+		out.Nodes = append(out.Nodes, cn)
+	}
+	return out, nil
+}
+
+// LocateBlocks says which live nodes hold each hash.
+func (s *Server) LocateBlocks(ctx context.Context, req *pegadv1.LocateBlocksRequest) (*pegadv1.LocateBlocksResponse, error) {
+	ns, hashes := req.GetNamespace(), req.GetHashes()
+	switch {
+	case ns == "" || len(ns) > store.MaxNSLen:
+		return nil, status.Errorf(codes.InvalidArgument, "namespace of %d bytes (want 1..%d)", len(ns), store.MaxNSLen)
+	case len(hashes) == 0 || len(hashes) > MaxHashes:
+		return nil, status.Errorf(codes.InvalidArgument, "%d hashes (want 1..%d)", len(hashes), MaxHashes)
+	}
+	for i, h := range hashes {
+		if len(h) == 0 || len(h) > store.MaxHashLen {
+			return nil, status.Errorf(codes.InvalidArgument, "hash %d is %d bytes (want 1..%d)", i, len(h), store.MaxHashLen)
+		}
+	}
+	ctx, cancel, err := s.ready(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer cancel()
+	found, err := s.idx.Locate(ctx, ns, hashes)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	out := &pegadv1.LocateBlocksResponse{}
+	for i, h := range hashes {
+		bh := &pegadv1.BlockHolders{Hash: h}
+		for _, ho := range found[i] {
+			bh.Holders = append(bh.Holders, &pegadv1.BlockHolder{NodeId: ho.NodeID, Advertise: ho.Addr, Incarnation: ho.Incarnation})
+		}
+		out.Blocks = append(out.Blocks, bh)
+	}
+	return out, nil
+}

@@ -1,0 +1,93 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+
+	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+	"github.com/pegaflow/pegad/internal/clusterapi"
+	"github.com/pegaflow/pegad/internal/index"
+	"github.com/pegaflow/pegad/internal/index/redisindex"
+	"github.com/pegaflow/pegad/internal/localapi"
+	"github.com/pegaflow/pegad/internal/metrics"
+	"github.com/pegaflow/pegad/internal/requester"
+)
+
+// cluster is the daemon's part in the cluster index (--cluster-redis):
+// the index client and the publisher goroutine that keeps this node's
+// record and blocks in it. Zero when standalone.
+type cluster struct {
+	idx *redisindex.Index // nil: standalone
+	pub *index.Publisher
+}
+
+// openCluster connects the index client (lazily: Redis may be down) and
+// subscribes the publisher to the store. Standalone: nothing.
+func (d *Daemon) openCluster() error {
+	// Registered standalone too (at 0): dashboards and alerts need not
+	// know which nodes are clustered.
+	m := metrics.NewCluster(d.reg)
+	if d.cfg.ClusterRedis == "" {
+		return nil
+	}
+	idx, err := redisindex.Open(redisindex.Options{
+		URLs: d.cfg.ClusterRedis, NodeID: d.cfg.NodeID, Incarnation: d.incarnation,
+		TTL: d.cfg.ClusterTTL, Metrics: m,
+	})
+	if err != nil {
+		return fmt.Errorf("cluster index: %w", err)
+	}
+	d.cluster.idx = idx
+	d.cluster.pub = index.NewPublisher(index.PublisherOptions{
+		Index: idx, Source: index.StoreSource{S: d.store}, TTL: d.cfg.ClusterTTL, Metrics: m,
+		Log:  d.log.With().Str("component", "cluster").Logger(),
+		Self: d.clusterSelf,
+	})
+	d.store.OnChange(d.cluster.pub.Notify)
+	return nil
+}
+
+// clusterSelf is this node's membership record as of now.
+func (d *Daemon) clusterSelf() index.Node {
+	return index.Node{
+		Addr: d.advertise, Transport: d.tr.name, PoolSize: d.pool.Size(),
+		FreeBytes: d.pool.Size() - d.pool.Used(), Started: d.started,
+	}
+}
+
+// fetcher is the prefetch engine the local API uses: a fetch without a
+// peer asks the cluster index (refused when standalone).
+func (d *Daemon) fetcher() localapi.Fetcher {
+	var loc requester.Locator
+	if d.cluster.idx != nil {
+		loc = d.cluster.idx
+	}
+	return requester.NewCluster(d.engine, requester.ClusterOptions{Locator: loc, Self: d.cfg.NodeID})
+}
+
+// registerCluster serves ClusterService on the local socket.
+func (d *Daemon) registerCluster() {
+	var idx index.Index
+	if d.cluster.idx != nil {
+		idx = d.cluster.idx
+	}
+	pegadv1.RegisterClusterServiceServer(d.localSrv, clusterapi.New(idx, d.cfg.NodeID))
+}
+
+// startPublisher runs the publisher until bg ends (Close); it registers
+// this node once the peer port is bound, so peers can reach it.
+func (d *Daemon) startPublisher(bg context.Context) {
+	if d.cluster.pub == nil {
+		return
+	}
+	d.wg.Go(func() { d.cluster.pub.Run(bg) })
+	d.log.Info().Stringer("ttl", d.cfg.ClusterTTL).Msg("Cluster index enabled: registering with Redis")
+}
+
+// closeCluster closes the index client after the publisher stopped.
+func (d *Daemon) closeCluster() {
+	d.store.OnChange(nil)
+	if d.cluster.idx != nil {
+		_ = d.cluster.idx.Close()
+	}
+}

@@ -1,0 +1,277 @@
+package index_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/rs/zerolog"
+	"go.uber.org/goleak"
+
+	"github.com/pegaflow/pegad/internal/index"
+	"github.com/pegaflow/pegad/internal/index/redisindex"
+	"github.com/pegaflow/pegad/internal/metrics"
+	"github.com/pegaflow/pegad/internal/pool"
+	"github.com/pegaflow/pegad/internal/store"
+	"github.com/pegaflow/pegad/internal/testutil"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+type node struct {
+	st  *store.Store
+	idx *redisindex.Index
+	m   *metrics.Cluster
+}
+
+// startNode runs a store and its publisher against r until the test ends.
+func startNode(t *testing.T, r *testutil.Redis, id string, ttl time.Duration) *node {
+	t.Helper()
+	p, err := pool.New(pool.Options{Size: 64 << 10, Log: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	n := &node{st: store.New(p, nil), m: metrics.NewClusterForTest()}
+	n.idx, err = redisindex.Open(redisindex.Options{URLs: r.URL(), NodeID: id, Incarnation: id + "-1", TTL: ttl, Metrics: n.m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub := index.NewPublisher(index.PublisherOptions{
+		Index: n.idx, Source: index.StoreSource{S: n.st}, TTL: ttl, Metrics: n.m, Log: zerolog.Nop(),
+		Self: func() index.Node {
+			return index.Node{Addr: id + ":1", PoolSize: p.Size(), FreeBytes: p.Size() - p.Used()}
+		},
+	})
+	n.st.OnChange(pub.Notify)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { pub.Run(ctx) })
+	t.Cleanup(func() {
+		cancel()
+		wg.Wait()
+		_ = n.idx.Close()
+	})
+	return n
+}
+
+func (n *node) put(t *testing.T, h string) {
+	t.Helper()
+	if _, err := n.st.Put(store.Key{Namespace: "ns", Hash: h}, []store.SlotSize{{KSize: 16 << 10}}, func([]byte) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// eventually polls Locate until every hash's holders read as want.
+func eventually(t *testing.T, x index.Index, want map[string]string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	var last string
+	for time.Now().Before(deadline) {
+		hs := make([][]byte, 0, len(want))
+		order := make([]string, 0, len(want))
+		for h := range want {
+			hs = append(hs, []byte(h))
+			order = append(order, h)
+		}
+		got, err := x.Locate(context.Background(), "ns", hs)
+		if err == nil {
+			ok := true
+			last = ""
+			for i, h := range order {
+				ids := ""
+				for _, ho := range got[i] {
+					ids += ho.NodeID
+				}
+				last += fmt.Sprintf("%s=%q ", h, ids)
+				if ids != want[h] {
+					ok = false
+				}
+			}
+			if ok {
+				return
+			}
+		} else {
+			last = err.Error()
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("index never read %v; last: %s", want, last)
+}
+
+func histCount(h prometheus.Histogram) uint64 {
+	var m dto.Metric
+	_ = h.Write(&m)
+	return m.GetHistogram().GetSampleCount()
+}
+
+// Every block stored, deleted or evicted reaches the index.
+func TestPublisherFollowsStore(t *testing.T) {
+	r := testutil.StartRedis(t)
+	a := startNode(t, r, "a", 3*time.Second)
+	a.put(t, "h1")
+	a.put(t, "h2")
+	eventually(t, a.idx, map[string]string{"h1": "a", "h2": "a"})
+	if _, err := a.st.Delete(store.Key{Namespace: "ns", Hash: "h1"}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, a.idx, map[string]string{"h1": "", "h2": "a"})
+	// The pool holds four 16 KiB blocks: three more evict h2.
+	for _, h := range []string{"h3", "h4", "h5", "h6"} {
+		a.put(t, h)
+	}
+	eventually(t, a.idx, map[string]string{"h2": "", "h3": "a", "h6": "a"})
+	if histCount(a.m.PublishLag) == 0 {
+		t.Fatal("no publish lag observed")
+	}
+	if got := metrics.Value(a.m.Published.WithLabelValues(metrics.PublishWithdraw)); got < 2 {
+		t.Fatalf("withdrawals published = %v, want >= 2", got)
+	}
+}
+
+// Redis killed and restarted empty: the node registers again and
+// republishes everything it holds, including what changed while Redis was
+// away, without a restart.
+func TestPublisherRedisRestartsEmpty(t *testing.T) {
+	r := testutil.StartRedis(t)
+	ttl := 600 * time.Millisecond
+	a := startNode(t, r, "a", ttl)
+	a.put(t, "h1")
+	eventually(t, a.idx, map[string]string{"h1": "a"})
+	r.Kill()
+	a.put(t, "h2") // while Redis is down
+	deadline := time.Now().Add(5 * time.Second)
+	for metrics.Value(a.m.PublishErrors) == 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if metrics.Value(a.m.PublishErrors) == 0 {
+		t.Fatal("no publish error counted while Redis was down")
+	}
+	r.Restart()
+	eventually(t, a.idx, map[string]string{"h1": "a", "h2": "a"})
+	if nodes, err := a.idx.Nodes(context.Background()); err != nil || len(nodes) != 1 {
+		t.Fatalf("Nodes after Redis came back = %+v, %v", nodes, err)
+	}
+}
+
+// Redis lost everything without ever failing a call (FLUSHALL, a failover
+// to an empty replica): the next heartbeat finds the record gone and the
+// node republishes.
+func TestPublisherRedisFlushed(t *testing.T) {
+	r := testutil.StartRedis(t)
+	a := startNode(t, r, "a", 600*time.Millisecond)
+	a.put(t, "h1")
+	eventually(t, a.idx, map[string]string{"h1": "a"})
+	if err := r.Client(t).FlushAll(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, a.idx, map[string]string{"h1": "a"})
+	if got := metrics.Value(a.m.PublishErrors); got != 0 {
+		t.Fatalf("publish errors = %v, want 0 (no call failed)", got)
+	}
+}
+
+// Two pegads under one node id replace each other's record at every
+// heartbeat: the publisher says so.
+func TestPublisherDuplicateNodeID(t *testing.T) {
+	r := testutil.StartRedis(t)
+	logs := &testutil.LogBuffer{}
+	ttl := 300 * time.Millisecond
+	for _, inc := range []string{"first", "second"} {
+		x, err := redisindex.Open(redisindex.Options{URLs: r.URL(), NodeID: "twin", Incarnation: inc, TTL: ttl})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pub := index.NewPublisher(index.PublisherOptions{
+			Index: x, Source: emptySource{}, TTL: ttl, Log: zerolog.New(logs),
+			Self: func() index.Node { return index.Node{Addr: inc + ":1"} },
+		})
+		ctx, cancel := context.WithCancel(context.Background())
+		var wg sync.WaitGroup
+		wg.Go(func() { pub.Run(ctx) })
+		t.Cleanup(func() {
+			cancel()
+			wg.Wait()
+			_ = x.Close()
+		})
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.Contains(logs.String(), "same --node-id") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no warning about a duplicate node id; logs:\n%s", logs)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+type emptySource struct{}
+
+func (emptySource) Has(store.Key) bool { return false }
+func (emptySource) Keys() []store.Key  { return nil }
+
+// slowIndex makes every announcement take a while, as republishing a
+// million blocks does.
+type slowIndex struct {
+	*redisindex.Index
+	delay time.Duration
+}
+
+func (s slowIndex) Announce(ctx context.Context, keys []store.Key) error {
+	time.Sleep(s.delay)
+	return s.Index.Announce(ctx, keys)
+}
+
+type oneKey struct{}
+
+func (oneKey) Has(store.Key) bool { return true }
+func (oneKey) Keys() []store.Key  { return []store.Key{{Namespace: "ns", Hash: "h"}} }
+
+// A republication longer than the TTL never lets the node's record lapse:
+// the record is refreshed on its own schedule.
+func TestPublisherSlowRepublishKeepsRecord(t *testing.T) {
+	r := testutil.StartRedis(t)
+	ttl := 300 * time.Millisecond
+	x, err := redisindex.Open(redisindex.Options{URLs: r.URL(), NodeID: "slow", Incarnation: "1", TTL: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	viewer, err := redisindex.Open(redisindex.Options{URLs: r.URL(), NodeID: "viewer", Incarnation: "1", TTL: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer viewer.Close()
+	pub := index.NewPublisher(index.PublisherOptions{
+		Index: slowIndex{x, 3 * ttl}, Source: oneKey{}, TTL: ttl, Log: zerolog.Nop(),
+		Self: func() index.Node { return index.Node{Addr: "slow:1"} },
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { pub.Run(ctx) })
+	defer func() {
+		cancel()
+		wg.Wait()
+		_ = x.Close()
+	}()
+	seen := false
+	for end := time.Now().Add(4 * ttl); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		nodes, err := viewer.Nodes(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case len(nodes) == 1:
+			seen = true
+		case seen:
+			t.Fatal("the node's record lapsed during a slow republication")
+		}
+	}
+	if !seen {
+		t.Fatal("the node never registered")
+	}
+	eventually(t, viewer, map[string]string{"h": "slow"})
+}
