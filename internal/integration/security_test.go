@@ -113,12 +113,17 @@ func TestMTLSPeers(t *testing.T) {
 			t.Errorf("%s: %v, want %v", c.name, err, c.code)
 		}
 	}
-	m := scrape(t, h)
-	for reason, min := range map[string]float64{"tls_handshake": 2, "not_allowed": 1, "identity_mismatch": 1} {
-		if got := m[fmt.Sprintf(`pegaflow_peer_auth_refused_total{reason=%q}`, reason)]; got < min {
-			t.Errorf("refusals for %s = %v, want >= %v", reason, got, min)
+	// The holder counts a failed handshake after the client saw it fail.
+	eventually(t, "refusals counted by reason", 20*time.Second, func() error {
+		m := scrape(t, h)
+		for reason, min := range map[string]float64{"tls_handshake": 2, "not_allowed": 1, "identity_mismatch": 1} {
+			if got := m[fmt.Sprintf(`pegaflow_peer_auth_refused_total{reason=%q}`, reason)]; got < min {
+				return fmt.Errorf("refusals for %s = %v, want >= %v", reason, got, min)
+			}
 		}
-	}
+		return nil
+	})
+	m := scrape(t, h)
 	if m[`pegaflow_peer_tls_cert_expiry_timestamp_seconds`] < float64(time.Now().Unix()) {
 		t.Errorf("cert expiry metric %v", m[`pegaflow_peer_tls_cert_expiry_timestamp_seconds`])
 	}

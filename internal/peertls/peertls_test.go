@@ -212,6 +212,11 @@ func TestPeerPort(t *testing.T) {
 	if err := check(t, dial(t, addr, nil)); status.Code(err) != codes.Unavailable {
 		t.Errorf("plaintext: %v, want Unavailable", err)
 	}
+	// The server counts after the client saw the failure: wait for it.
+	deadline := time.Now().Add(20 * time.Second)
+	for metrics.Value(m.PeerAuthRefused.WithLabelValues(metrics.AuthTLSHandshake)) < 2 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
 	if v := metrics.Value(m.PeerAuthRefused.WithLabelValues(metrics.AuthTLSHandshake)); v < 2 {
 		t.Errorf("handshake refusals counted %v, want >= 2", v)
 	}
