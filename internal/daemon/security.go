@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/signal"
 	"os/user"
+	"slices"
 	"strconv"
 	"syscall"
 	"time"
@@ -49,6 +50,12 @@ func (d *Daemon) setupPeerTLS() error {
 	d.log.Info().Str("identity", d.tls.Identity()).Time("not_after", d.tls.NotAfter()).
 		Bool("allow_list", !allow.Empty()).Msg("Peer port requires mutual TLS")
 	d.tls.WarnExpiry()
+	if !slices.Contains(d.tls.Names(), cfg.NodeID) {
+		// Requests carry the node id; holders refuse one the certificate
+		// does not prove.
+		d.log.Warn().Str("node_id", cfg.NodeID).Strs("names", d.tls.Names()).
+			Msg("node-id is not one of this node's certificate identities: peers will refuse its requests (set --node-id to one of them)")
+	}
 	return nil
 }
 

@@ -127,3 +127,23 @@ func TestDeleteLogsCaller(t *testing.T) {
 	}
 	t.Fatalf("no delete log line:\n%s", n.logs)
 }
+
+// TestNodeIDNotInCertWarned: a node id its own certificate does not prove
+// would be refused by every peer; the start says so.
+func TestNodeIDNotInCertWarned(t *testing.T) {
+	const warning = "node-id is not one of this node's certificate identities"
+	ca := testutil.NewCA(t, "ca")
+	for _, c := range []struct {
+		nodeID string
+		warn   bool
+	}{{"gpu-1", false}, {"gpu-2", true}} {
+		f := ca.Issue(t, t.TempDir(), testutil.CertSpec{DNS: []string{"gpu-1"}})
+		cfg := testConfig(t)
+		cfg.NodeID = c.nodeID
+		cfg.PeerTLSCert, cfg.PeerTLSKey, cfg.PeerTLSCA = f.Cert, f.Key, f.CA
+		n := startNode(t, cfg)
+		if got := strings.Contains(n.logs.String(), warning); got != c.warn {
+			t.Errorf("node-id %s: warned %v, want %v", c.nodeID, got, c.warn)
+		}
+	}
+}

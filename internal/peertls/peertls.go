@@ -204,6 +204,9 @@ func (s *Source) NotAfter() time.Time { return s.cur.Load().leaf.NotAfter }
 // Identity is the identity of this node's certificate (see Identity).
 func (s *Source) Identity() string { return Identity(s.cur.Load().leaf) }
 
+// Names are the identities this node's certificate proves (see Names).
+func (s *Source) Names() []string { return Names(s.cur.Load().leaf) }
+
 // WarnExpiry logs a warning when the certificate in use expires within
 // ExpiryWarning; it reports whether it warned.
 func (s *Source) WarnExpiry() bool {
