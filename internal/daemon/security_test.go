@@ -16,6 +16,7 @@ import (
 	"github.com/rs/zerolog"
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+	"github.com/pegaflow/pegad/internal/localdata"
 	"github.com/pegaflow/pegad/internal/peertls"
 	"github.com/pegaflow/pegad/internal/testutil"
 )
@@ -30,12 +31,14 @@ func TestSocketGroup(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.SocketGroup = g.Name
 	n := startNode(t, cfg)
-	fi, err := os.Stat(n.d.SocketPath())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if st := fi.Sys().(*syscall.Stat_t); fi.Mode().Perm() != SocketMode || int(st.Gid) != os.Getgid() {
-		t.Fatalf("socket mode %v gid %d, want %v gid %d", fi.Mode().Perm(), st.Gid, os.FileMode(SocketMode), os.Getgid())
+	for _, p := range []string{n.d.SocketPath(), localdata.SocketPath(n.d.SocketPath())} {
+		fi, err := os.Stat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st := fi.Sys().(*syscall.Stat_t); fi.Mode().Perm() != SocketMode || int(st.Gid) != os.Getgid() {
+			t.Fatalf("%s: mode %v gid %d, want %v gid %d", p, fi.Mode().Perm(), st.Gid, os.FileMode(SocketMode), os.Getgid())
+		}
 	}
 
 	cfg = testConfig(t)
