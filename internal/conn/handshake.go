@@ -259,8 +259,12 @@ func (m *Manager) parseNIC(nh *pegadv1.NicHandshake, needMemory bool) (remoteNIC
 }
 
 func endpointToProto(e ibv.Endpoint) *pegadv1.Endpoint {
-	return &pegadv1.Endpoint{Gid: append([]byte(nil), e.GID[:]...), Lid: uint32(e.LID), Qpn: e.QPN,
+	p := &pegadv1.Endpoint{Gid: append([]byte(nil), e.GID[:]...), Lid: uint32(e.LID), Qpn: e.QPN,
 		Psn: e.PSN, Addr: e.Addr, Mtu: uint32(e.MTU)}
+	if e.Secret != ([16]byte{}) {
+		p.Secret = append([]byte(nil), e.Secret[:]...)
+	}
+	return p
 }
 
 func (m *Manager) endpointFromProto(e *pegadv1.Endpoint) (ibv.Endpoint, error) {
@@ -280,6 +284,8 @@ func (m *Manager) endpointFromProto(e *pegadv1.Endpoint) (ibv.Endpoint, error) {
 		return ep, fmt.Errorf("%w: mtu %d", ErrInvalidHandshake, e.GetMtu())
 	case len(e.GetAddr()) > maxAddrLen:
 		return ep, fmt.Errorf("%w: addr too long", ErrInvalidHandshake)
+	case len(e.GetSecret()) != 0 && len(e.GetSecret()) != len(ep.Secret):
+		return ep, fmt.Errorf("%w: secret of %d bytes, want %d", ErrInvalidHandshake, len(e.GetSecret()), len(ep.Secret))
 	}
 	if m.opts.Transport == "tcp" || e.GetAddr() != "" {
 		if _, _, err := net.SplitHostPort(e.GetAddr()); err != nil {
@@ -292,6 +298,7 @@ func (m *Manager) endpointFromProto(e *pegadv1.Endpoint) (ibv.Endpoint, error) {
 	ep.PSN = e.GetPsn()
 	ep.MTU = int(e.GetMtu())
 	ep.Addr = e.GetAddr()
+	copy(ep.Secret[:], e.GetSecret())
 	return ep, nil
 }
 

@@ -174,6 +174,10 @@ type Endpoint struct {
 	PSN  uint32 // 24 bits
 	MTU  int
 	Addr string // tcp provider: the remote device's data listener
+	// Secret (tcp provider) is what a data connection to this QP must
+	// present in its hello: random per QP, so per handshake, and known
+	// only to the two sides of the handshake. Zero for verbs.
+	Secret [16]byte
 }
 
 // RemoteRegion is one registered region of a peer's memory, as snapshotted

@@ -719,8 +719,12 @@ type Endpoint struct {
 	Qpn   uint32                 `protobuf:"varint,3,opt,name=qpn,proto3" json:"qpn,omitempty"`
 	Psn   uint32                 `protobuf:"varint,4,opt,name=psn,proto3" json:"psn,omitempty"`
 	// tcp provider only: the device's data listener, host:port.
-	Addr          string `protobuf:"bytes,5,opt,name=addr,proto3" json:"addr,omitempty"`
-	Mtu           uint32 `protobuf:"varint,6,opt,name=mtu,proto3" json:"mtu,omitempty"`
+	Addr string `protobuf:"bytes,5,opt,name=addr,proto3" json:"addr,omitempty"`
+	Mtu  uint32 `protobuf:"varint,6,opt,name=mtu,proto3" json:"mtu,omitempty"`
+	// tcp provider only: the random secret (16 bytes) a data connection to
+	// this queue pair must present in its hello; a new one per queue pair,
+	// so per handshake. Never logged. Empty for verbs.
+	Secret        []byte `protobuf:"bytes,7,opt,name=secret,proto3" json:"secret,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -795,6 +799,13 @@ func (x *Endpoint) GetMtu() uint32 {
 		return x.Mtu
 	}
 	return 0
+}
+
+func (x *Endpoint) GetSecret() []byte {
+	if x != nil {
+		return x.Secret
+	}
+	return nil
 }
 
 type MemoryRegion struct {
@@ -1197,14 +1208,15 @@ const file_pegad_v1_peer_proto_rawDesc = "" +
 	"\x19RenewTransferLockResponse\x129\n" +
 	"\n" +
 	"expires_at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12>\n" +
-	"\rlifetime_left\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\flifetimeLeft\"x\n" +
+	"\rlifetime_left\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\flifetimeLeft\"\x90\x01\n" +
 	"\bEndpoint\x12\x10\n" +
 	"\x03gid\x18\x01 \x01(\fR\x03gid\x12\x10\n" +
 	"\x03lid\x18\x02 \x01(\rR\x03lid\x12\x10\n" +
 	"\x03qpn\x18\x03 \x01(\rR\x03qpn\x12\x10\n" +
 	"\x03psn\x18\x04 \x01(\rR\x03psn\x12\x12\n" +
 	"\x04addr\x18\x05 \x01(\tR\x04addr\x12\x10\n" +
-	"\x03mtu\x18\x06 \x01(\rR\x03mtu\"N\n" +
+	"\x03mtu\x18\x06 \x01(\rR\x03mtu\x12\x16\n" +
+	"\x06secret\x18\a \x01(\fR\x06secret\"N\n" +
 	"\fMemoryRegion\x12\x12\n" +
 	"\x04base\x18\x01 \x01(\x04R\x04base\x12\x16\n" +
 	"\x06length\x18\x02 \x01(\x04R\x06length\x12\x12\n" +
