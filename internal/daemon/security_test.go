@@ -150,3 +150,21 @@ func TestNodeIDNotInCertWarned(t *testing.T) {
 		}
 	}
 }
+
+// TestOwnIdentityOffAllowList: the start-up self-check dials the peer port
+// as a peer; an allow-list that leaves out this node itself (which its
+// peers' lists would too) stops the start with an error that says so.
+func TestOwnIdentityOffAllowList(t *testing.T) {
+	ca := testutil.NewCA(t, "ca")
+	f := ca.Issue(t, t.TempDir(), testutil.CertSpec{DNS: []string{"gpu-1"}})
+	cfg := testConfig(t)
+	cfg.NodeID = "gpu-1"
+	cfg.PeerTLSCert, cfg.PeerTLSKey, cfg.PeerTLSCA = f.Cert, f.Key, f.CA
+	cfg.PeerAllow = "cpu-*"
+	_, err := Start(context.Background(), cfg, WithLogger(zerolog.Nop()), WithNotify(func(string) {}))
+	if err == nil || !strings.Contains(err.Error(), "--peer-allow") {
+		t.Fatalf("start with its own identity off --peer-allow: %v", err)
+	}
+	cfg.PeerAllow = "cpu-*,gpu-*"
+	startNode(t, cfg)
+}
