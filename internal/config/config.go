@@ -49,6 +49,14 @@ const (
 	MaxQPN = 0xFFFFFF
 	// LifetimeFactor: lock-max-lifetime defaults to this many lock-timeouts.
 	LifetimeFactor = 10
+	// PeerShareDivisor: max-pinned-bytes-per-peer defaults to the pool
+	// divided by it.
+	PeerShareDivisor = 4
+	// NodeEvictableDivisor: max-pinned-bytes defaults to the pool less
+	// the pool divided by it (75%), which stays evictable for local puts.
+	NodeEvictableDivisor = 4
+	// DefaultMaxSessionsPerPeer is the default max-sessions-per-peer.
+	DefaultMaxSessionsPerPeer = 1024
 )
 
 // Config is every setting of `pegad serve`. The mapstructure tag is the key
@@ -128,6 +136,29 @@ type Config struct {
 	// refreshed (every third of it).
 	ClusterTTL time.Duration `mapstructure:"cluster-ttl"`
 
+	// Peer-port protection (docs/security.md). All three TLS files, or
+	// none: with them the peer port requires client certificates signed by
+	// the CA and the requester presents the node certificate.
+	PeerTLSCert string `mapstructure:"peer-tls-cert"`
+	PeerTLSKey  string `mapstructure:"peer-tls-key"`
+	PeerTLSCA   string `mapstructure:"peer-tls-ca"`
+	// PeerAllow is a comma list of certificate identities (DNS or URI SANs,
+	// '*' globs) admitted on the peer port; empty: every certificate of
+	// the CA. Needs the TLS files.
+	PeerAllow string `mapstructure:"peer-allow"`
+	// MaxSessionsPerPeer bounds one peer's live transfer sessions; 0:
+	// unlimited.
+	MaxSessionsPerPeer int `mapstructure:"max-sessions-per-peer"`
+	// MaxPinnedBytesPerPeer bounds what one peer's sessions pin; 0:
+	// PoolSize / PeerShareDivisor.
+	MaxPinnedBytesPerPeer ByteSize `mapstructure:"max-pinned-bytes-per-peer"`
+	// MaxPinnedBytes bounds what all peers' sessions pin together, so local
+	// puts can always evict; 0: 75% of PoolSize.
+	MaxPinnedBytes ByteSize `mapstructure:"max-pinned-bytes"`
+	// SocketGroup, when set, is the group that owns the local socket (its
+	// members may use it: mode 0660).
+	SocketGroup string `mapstructure:"socket-group"`
+
 	// File is the config file that was read ("" when none); not a key.
 	File string `mapstructure:"-"`
 }
@@ -159,6 +190,8 @@ func Default() Config {
 		LogLevel:        "info",
 		LogFormat:       "auto",
 		ClusterTTL:      10 * time.Second,
+
+		MaxSessionsPerPeer: DefaultMaxSessionsPerPeer,
 	}
 }
 
@@ -227,6 +260,14 @@ func RegisterFlags(fs *pflag.FlagSet, d Config) {
 	fs.Bool("peer-reflection", d.PeerReflection, "enable gRPC server reflection on the peer port")
 	fs.String("cluster-redis", d.ClusterRedis, "cluster index on Redis: redis:// or rediss:// URL, or a comma list for Redis Cluster (empty: standalone)")
 	fs.Duration("cluster-ttl", d.ClusterTTL, "cluster membership record lifetime, refreshed every third of it")
+	fs.String("peer-tls-cert", d.PeerTLSCert, "peer mTLS: this node's certificate (PEM); with --peer-tls-key and --peer-tls-ca")
+	fs.String("peer-tls-key", d.PeerTLSKey, "peer mTLS: the certificate's private key (PEM)")
+	fs.String("peer-tls-ca", d.PeerTLSCA, "peer mTLS: CA bundle (PEM) that signs every node's certificate")
+	fs.String("peer-allow", d.PeerAllow, "peer mTLS: comma list of certificate identities (DNS/URI SANs, * globs) allowed on the peer port")
+	fs.Int("max-sessions-per-peer", d.MaxSessionsPerPeer, "live transfer sessions one peer may hold (0: unlimited)")
+	fs.String("max-pinned-bytes-per-peer", d.MaxPinnedBytesPerPeer.String(), "bytes one peer's sessions may pin (0: pool-size/4)")
+	fs.String("max-pinned-bytes", d.MaxPinnedBytes.String(), "bytes all peers' sessions may pin together (0: 75% of pool-size)")
+	fs.String("socket-group", d.SocketGroup, "group owning the local socket (mode 0660); empty: pegad's group")
 }
 
 // Load builds the Config from fs (already parsed, registered with
@@ -506,7 +547,67 @@ func (c *Config) problems() []Problem {
 	default:
 		bad("log-format", "%q is not one of json, console, auto", c.LogFormat)
 	}
+	probs = append(probs, c.securityProblems()...)
 	return probs
+}
+
+// securityProblems checks the peer-protection keys.
+func (c *Config) securityProblems() []Problem {
+	var probs []Problem
+	bad := func(key, format string, a ...any) {
+		probs = append(probs, Problem{Key: key, Reason: fmt.Sprintf(format, a...)})
+	}
+	set := 0
+	for _, f := range []string{c.PeerTLSCert, c.PeerTLSKey, c.PeerTLSCA} {
+		if f != "" {
+			set++
+		}
+	}
+	if set != 0 && set != 3 {
+		bad("peer-tls-cert", "peer-tls-cert, peer-tls-key and peer-tls-ca go together: set all three or none")
+	}
+	if strings.TrimSpace(c.PeerAllow) != "" {
+		if !c.PeerTLS() {
+			bad("peer-allow", "needs peer-tls-cert, peer-tls-key and peer-tls-ca (identities come from certificates)")
+		}
+		for _, p := range strings.Split(c.PeerAllow, ",") {
+			if strings.TrimSpace(p) == "" {
+				bad("peer-allow", "%q has an empty entry", c.PeerAllow)
+				break
+			}
+		}
+	}
+	if c.MaxSessionsPerPeer < 0 {
+		bad("max-sessions-per-peer", "%d must not be negative", c.MaxSessionsPerPeer)
+	}
+	if c.MaxPinnedBytes > c.PoolSize {
+		bad("max-pinned-bytes", "%s is more than pool-size %s", c.MaxPinnedBytes, c.PoolSize)
+	}
+	if c.MaxPinnedBytesPerPeer > c.PoolSize {
+		bad("max-pinned-bytes-per-peer", "%s is more than pool-size %s", c.MaxPinnedBytesPerPeer, c.PoolSize)
+	}
+	return probs
+}
+
+// PeerTLS reports whether the peer port runs mutual TLS.
+func (c *Config) PeerTLS() bool {
+	return c.PeerTLSCert != "" && c.PeerTLSKey != "" && c.PeerTLSCA != ""
+}
+
+// EffectiveMaxPinnedBytesPerPeer is MaxPinnedBytesPerPeer, or its default.
+func (c *Config) EffectiveMaxPinnedBytesPerPeer() ByteSize {
+	if c.MaxPinnedBytesPerPeer > 0 {
+		return c.MaxPinnedBytesPerPeer
+	}
+	return c.PoolSize / PeerShareDivisor
+}
+
+// EffectiveMaxPinnedBytes is MaxPinnedBytes, or its default.
+func (c *Config) EffectiveMaxPinnedBytes() ByteSize {
+	if c.MaxPinnedBytes > 0 {
+		return c.MaxPinnedBytes
+	}
+	return c.PoolSize - c.PoolSize/NodeEvictableDivisor
 }
 
 // EffectiveLockMaxLifetime is LockMaxLifetime, or its default.

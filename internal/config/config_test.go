@@ -51,7 +51,7 @@ func TestDefaults(t *testing.T) {
 		MetricsListen: "127.0.0.1:9464", PoolSize: 256 << 20, PoolHugePages: "none", Transport: "auto", NICs: "1",
 		QPsPerPeer: 2, RelaxedOrdering: true, GIDIndex: -1, TCPDataListen: "", TCPQPNStart: 0x100, RDMAIdleTimeout: time.Minute,
 		LockTimeout: 120 * time.Second, GCInterval: time.Second, ShutdownTimeout: 10 * time.Second,
-		LogLevel: "info", LogFormat: "auto", ClusterTTL: 10 * time.Second,
+		LogLevel: "info", LogFormat: "auto", ClusterTTL: 10 * time.Second, MaxSessionsPerPeer: DefaultMaxSessionsPerPeer,
 	}
 	if c != want {
 		t.Fatalf("defaults:\n got %+v\nwant %+v", c, want)
@@ -196,6 +196,12 @@ func TestInvalid(t *testing.T) {
 		{"cluster redis one bad of two", nil, map[string]string{"PEGAD_CLUSTER_REDIS": "redis://a:1,b:2"}, "", []string{"cluster-redis", "b:2"}},
 		{"cluster redis no host", nil, nil, "cluster-redis: redis://\n", []string{"cluster-redis", "no host"}},
 		{"cluster ttl tiny", []string{"--cluster-ttl=1ms"}, nil, "", []string{"cluster-ttl"}},
+		{"tls cert without key", []string{"--peer-tls-cert=a.pem", "--peer-tls-ca=ca.pem"}, nil, "", []string{"peer-tls-cert", "all three"}},
+		{"allow without tls", []string{"--peer-allow=node-*"}, nil, "", []string{"peer-allow", "needs peer-tls"}},
+		{"allow empty entry", nil, nil, "peer-tls-cert: a\npeer-tls-key: b\npeer-tls-ca: c\npeer-allow: a,,b\n", []string{"peer-allow", "empty entry"}},
+		{"negative sessions per peer", []string{"--max-sessions-per-peer=-1"}, nil, "", []string{"max-sessions-per-peer"}},
+		{"node pin cap over the pool", []string{"--pool-size=64MiB", "--max-pinned-bytes=1GiB"}, nil, "", []string{"max-pinned-bytes", "pool-size"}},
+		{"peer pin cap over the pool", nil, map[string]string{"PEGAD_MAX_PINNED_BYTES_PER_PEER": "1GiB"}, "", []string{"max-pinned-bytes-per-peer"}},
 		{"two errors at once", []string{"--transport=x", "--qps-per-peer=-1"}, nil, "", []string{"transport", "qps-per-peer"}},
 	}
 	for _, tc := range tests {
@@ -304,5 +310,25 @@ func TestUnknownEnv(t *testing.T) {
 		"HOME=/root", "PEGAD_LOCK_TIMEOUT=1s", "PEGAD_LOG_LEVLE=debug", "PEGAD_TCP_QPN_START=1"})
 	if strings.Join(got, ",") != "PEGAD_LOG_LEVLE,PEGAD_POOLSIZE" {
 		t.Fatalf("UnknownEnv = %v", got)
+	}
+}
+
+func TestSecurityKeys(t *testing.T) {
+	c, err := load(t, []string{"--pool-size=64MiB"}, nil, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.PeerTLS() || c.EffectiveMaxPinnedBytesPerPeer() != 16<<20 || c.EffectiveMaxPinnedBytes() != 48<<20 {
+		t.Fatalf("defaults: tls %v, per peer %s, node %s", c.PeerTLS(), c.EffectiveMaxPinnedBytesPerPeer(), c.EffectiveMaxPinnedBytes())
+	}
+	c, err = load(t, []string{"--peer-tls-key=k.pem", "--max-pinned-bytes-per-peer=1MiB"},
+		map[string]string{"PEGAD_PEER_TLS_CA": "ca.pem", "PEGAD_MAX_PINNED_BYTES": "2MiB"},
+		"peer-tls-cert: c.pem\npeer-allow: \"spiffe://c/*, node-a\"\nsocket-group: pegad\nmax-sessions-per-peer: 0\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.PeerTLS() || c.PeerAllow != "spiffe://c/*, node-a" || c.SocketGroup != "pegad" || c.MaxSessionsPerPeer != 0 ||
+		c.EffectiveMaxPinnedBytesPerPeer() != 1<<20 || c.EffectiveMaxPinnedBytes() != 2<<20 {
+		t.Fatalf("loaded %+v", c)
 	}
 }

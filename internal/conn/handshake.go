@@ -262,8 +262,12 @@ func (m *Manager) parseNIC(nh *pegadv1.NicHandshake, needMemory bool) (remoteNIC
 }
 
 func endpointToProto(e ibv.Endpoint) *pegadv1.Endpoint {
-	return &pegadv1.Endpoint{Gid: append([]byte(nil), e.GID[:]...), Lid: uint32(e.LID), Qpn: e.QPN,
+	p := &pegadv1.Endpoint{Gid: append([]byte(nil), e.GID[:]...), Lid: uint32(e.LID), Qpn: e.QPN,
 		Psn: e.PSN, Addr: e.Addr, Mtu: uint32(e.MTU), MaxDestRdAtomic: uint32(e.MaxDestRd)}
+	if e.Secret != ([16]byte{}) {
+		p.Secret = append([]byte(nil), e.Secret[:]...)
+	}
+	return p
 }
 
 func (m *Manager) endpointFromProto(e *pegadv1.Endpoint) (ibv.Endpoint, error) {
@@ -285,6 +289,8 @@ func (m *Manager) endpointFromProto(e *pegadv1.Endpoint) (ibv.Endpoint, error) {
 		return ep, fmt.Errorf("%w: addr too long", ErrInvalidHandshake)
 	case e.GetMaxDestRdAtomic() > 255:
 		return ep, fmt.Errorf("%w: max_dest_rd_atomic %d", ErrInvalidHandshake, e.GetMaxDestRdAtomic())
+	case len(e.GetSecret()) != 0 && len(e.GetSecret()) != len(ep.Secret):
+		return ep, fmt.Errorf("%w: secret of %d bytes, want %d", ErrInvalidHandshake, len(e.GetSecret()), len(ep.Secret))
 	}
 	if m.opts.Transport == "tcp" || e.GetAddr() != "" {
 		if _, _, err := net.SplitHostPort(e.GetAddr()); err != nil {
@@ -298,6 +304,7 @@ func (m *Manager) endpointFromProto(e *pegadv1.Endpoint) (ibv.Endpoint, error) {
 	ep.MTU = int(e.GetMtu())
 	ep.Addr = e.GetAddr()
 	ep.MaxDestRd = uint8(e.GetMaxDestRdAtomic())
+	copy(ep.Secret[:], e.GetSecret())
 	return ep, nil
 }
 

@@ -41,6 +41,7 @@ import (
 	"github.com/pegaflow/pegad/internal/logging"
 	"github.com/pegaflow/pegad/internal/metrics"
 	"github.com/pegaflow/pegad/internal/peer"
+	"github.com/pegaflow/pegad/internal/peertls"
 	"github.com/pegaflow/pegad/internal/pool"
 	"github.com/pegaflow/pegad/internal/requester"
 	"github.com/pegaflow/pegad/internal/store"
@@ -98,6 +99,7 @@ type Daemon struct {
 	pool   *pool.Pool
 	store  *store.Store
 	tr     *transport
+	tls    *peertls.Source // nil: plaintext peer port (security.go)
 	peers  *peer.Clients
 	conns  *conn.Manager
 	holder *holder.Service
@@ -215,7 +217,10 @@ func Start(ctx context.Context, cfg config.Config, opts ...Option) (d *Daemon, e
 	}
 	d.store = store.New(d.pool, d.metrics)
 
-	d.peers = peer.NewClients()
+	if err := d.setupPeerTLS(); err != nil {
+		return d, err
+	}
+	d.peers = peer.NewClientsWithOptions(d.peerDialOptions()...)
 	d.conns, err = conn.NewManager(conn.Options{
 		NodeID:      cfg.NodeID,
 		Incarnation: d.incarnation,
@@ -244,6 +249,9 @@ func Start(ctx context.Context, cfg config.Config, opts ...Option) (d *Daemon, e
 		Incarnation: d.incarnation,
 		LockTimeout: cfg.LockTimeout,
 		MaxLifetime: cfg.EffectiveLockMaxLifetime(),
+
+		Limits:       d.holderLimits(),
+		Authenticate: d.authenticator(),
 	})
 	d.engine, err = requester.New(requester.Options{
 		NodeID:      cfg.NodeID,
@@ -271,6 +279,7 @@ func Start(ctx context.Context, cfg config.Config, opts ...Option) (d *Daemon, e
 		defer d.wg.Done()
 		gc.Run(bg, cfg.GCInterval, &d.sweeps, nil)
 	}()
+	d.startReloader(bg)
 
 	if err := d.listen(); err != nil {
 		return d, err
@@ -311,14 +320,16 @@ func (d *Daemon) listen() error {
 
 	// Peer port.
 	peerLis := take(&d.bound.peer)
-	peerUnary := []grpc.UnaryServerInterceptor{srvMetrics.UnaryServerInterceptor(), holder.RecoveryInterceptor(d.log), d.drainInterceptor()}
+	d.warnPlaintext(peerLis.Addr())
+	secOpts, peerUnary, peerStream := d.peerServerOptions()
+	peerUnary = append(peerUnary, srvMetrics.UnaryServerInterceptor(), holder.RecoveryInterceptor(d.log), d.drainInterceptor())
 	if d.opts.peerInterceptor != nil {
 		peerUnary = append(peerUnary, d.opts.peerInterceptor)
 	}
-	d.peerSrv = grpc.NewServer(
+	d.peerSrv = grpc.NewServer(append(secOpts,
 		grpc.ChainUnaryInterceptor(peerUnary...),
-		grpc.ChainStreamInterceptor(srvMetrics.StreamServerInterceptor(), streamRecovery(d.log)),
-	)
+		grpc.ChainStreamInterceptor(append(peerStream, srvMetrics.StreamServerInterceptor(), streamRecovery(d.log))...),
+	)...)
 	pegadv1.RegisterPeerServiceServer(d.peerSrv, d.holder)
 	d.peerHealth = health.NewServer()
 	d.peerHealth.SetServingStatus(pegadv1.PeerService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)

@@ -123,11 +123,14 @@ func (d *Daemon) startWatchdog(ctx context.Context) {
 func (d *Daemon) checkServing(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	for _, ep := range []struct{ name, target string }{
-		{"peer port", d.peerAddr},
-		{"local socket", "unix://" + d.socket},
+	for _, ep := range []struct {
+		name, target string
+		opts         []grpc.DialOption
+	}{
+		{"peer port", d.peerAddr, d.peerDialOptions()}, // with mTLS: as a peer, with this node's certificate
+		{"local socket", "unix://" + d.socket, nil},
 	} {
-		cc, err := grpc.NewClient(ep.target, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		cc, err := grpc.NewClient(ep.target, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, ep.opts...)...)
 		if err != nil {
 			return fmt.Errorf("%s %s: %w", ep.name, ep.target, err)
 		}

@@ -104,6 +104,11 @@ func (d *Daemon) bind() error {
 	if d.bound.data, err = listenUnix(localdata.SocketPath(cfg.Socket)); err != nil {
 		return err
 	}
+	for _, p := range []string{cfg.Socket, localdata.SocketPath(cfg.Socket)} {
+		if err := chownSocket(p, cfg.SocketGroup); err != nil {
+			return err
+		}
+	}
 	if cfg.MetricsListen != "" {
 		ml, err := net.Listen("tcp", cfg.MetricsListen)
 		if err != nil {

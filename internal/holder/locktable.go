@@ -154,6 +154,7 @@ type nodeState struct {
 	current  string     // latest incarnation seen ("" until one is seen)
 	past     []string   // older incarnations, oldest first, bounded
 	sessions map[*session]struct{}
+	pinned   uint64 // bytes of sessions, counted against Limits.PinnedBytesPerPeer
 	lastSeen time.Time
 	dead     bool // evicted from LockTable.nodes; callers must look up again
 }
@@ -182,6 +183,8 @@ type LockTable struct {
 	maxNodes int
 	scanAt   int // len(nodes) at which the next idle-node sweep runs
 
+	limits       Limits
+	pinnedBytes  atomic.Uint64 // bytes of all live sessions, counted against limits.PinnedBytes
 	liveSessions atomic.Int64
 	lockedBlocks atomic.Int64
 	openSeq      atomic.Uint64 // last session seq given out
@@ -199,6 +202,7 @@ func newLockTable(opts Options) *LockTable {
 		nodes:       make(map[string]*nodeState),
 		maxNodes:    opts.MaxRequesters,
 		scanAt:      opts.MaxRequesters,
+		limits:      opts.Limits,
 	}
 	t.m.SetOldestSessionAge(t.oldestAge)
 	for i := range t.shards {
@@ -412,6 +416,9 @@ func (t *LockTable) open(owner, inc string, blocks []*store.Block, bytes uint64)
 	n := t.lockNode(owner, now)
 	prev := n.current
 	victims, err := n.observeLocked(inc)
+	if err == nil {
+		err = t.admitLocked(owner, n, bytes, victims)
+	}
 	if err != nil {
 		n.mu.Unlock()
 		return nil, err
@@ -479,7 +486,10 @@ func (t *LockTable) finish(s *session) {
 	if n != nil {
 		n.mu.Lock()
 		delete(n.sessions, s)
+		t.unadmit(n, s)
 		n.mu.Unlock()
+	} else {
+		t.unadmit(nil, s)
 	}
 }
 

@@ -45,6 +45,11 @@
 //     when the Acceptor cannot disconnect.
 //   - An incarnation the holder has seen replaced by a newer one of the
 //     same node is stale: FailedPrecondition on every RPC.
+//   - With Options.Authenticate (peer mTLS) the session owner is the
+//     certificate identity; a claimed node id the certificate does not
+//     prove is PermissionDenied on every RPC, before any state changes.
+//   - A query that would take its peer or the node past Options.Limits is
+//     ResourceExhausted naming the limit, and nothing is locked.
 package holder
 
 import (
@@ -115,6 +120,13 @@ type Options struct {
 	Tombstones       int // ended session ids remembered for idempotent release; default 65536
 	MaxRequesters    int // requester nodes tracked before idle ones are forgotten; default 16384
 	MaxResponseSlots int // slots one query may return; default 65536 (ResourceExhausted beyond)
+
+	// Limits bound what peers may pin (zero: unlimited).
+	Limits Limits
+	// Authenticate, when set (peer mTLS), makes the certificate identity
+	// the owner of sessions and the subject of Limits; a request claiming
+	// another node id is PermissionDenied. Nil: the claimed id is trusted.
+	Authenticate Authenticator
 }
 
 func (o *Options) setDefaults() {
@@ -206,6 +218,8 @@ func toStatus(err error) error {
 		return status.Error(codes.NotFound, err.Error())
 	case errors.Is(err, ErrNotOwner):
 		return status.Error(codes.PermissionDenied, err.Error())
+	case errors.Is(err, ErrLimit):
+		return status.Error(codes.ResourceExhausted, err.Error())
 	case errors.Is(err, ErrStaleIncarnation), errors.Is(err, ErrLifetimeExhausted):
 		return status.Error(codes.FailedPrecondition, err.Error())
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
@@ -286,6 +300,9 @@ func (s *Service) QueryBlocksForTransfer(ctx context.Context, req *pegadv1.Query
 	defer s.done(metrics.RPCQueryBlocks, &err)
 	keys, node, inc, err := s.validateQuery(req)
 	if err != nil {
+		return nil, err
+	}
+	if node, err = s.owner(ctx, node); err != nil {
 		return nil, err
 	}
 	// A new incarnation reclaims the node's old sessions even when nothing
@@ -382,6 +399,9 @@ func (s *Service) ReleaseTransferLock(ctx context.Context, req *pegadv1.ReleaseT
 	if err != nil {
 		return nil, invalid("%v", err)
 	}
+	if node, err = s.owner(ctx, node); err != nil {
+		return nil, err
+	}
 	r, err := s.locks.Release(id, node, inc)
 	if err != nil {
 		return nil, toStatus(err)
@@ -412,6 +432,9 @@ func (s *Service) RenewTransferLock(ctx context.Context, req *pegadv1.RenewTrans
 	if err != nil {
 		return nil, invalid("%v", err)
 	}
+	if node, err = s.owner(ctx, node); err != nil {
+		return nil, err
+	}
 	expires, left, err := s.locks.Renew(id, node, inc)
 	if err != nil {
 		return nil, toStatus(err)
@@ -426,12 +449,26 @@ func (s *Service) RenewTransferLock(ctx context.Context, req *pegadv1.RenewTrans
 // Acceptor.
 func (s *Service) RdmaHandshake(ctx context.Context, req *pegadv1.RdmaHandshakeRequest) (resp *pegadv1.RdmaHandshakeResponse, err error) {
 	defer s.done(metrics.RPCHandshake, &err)
+	node := req.GetRequester().GetNodeId()
+	if s.opts.Authenticate != nil {
+		// Who asks comes first: a stranger learns nothing, not even
+		// whether rdma is configured.
+		if node == "" {
+			return nil, invalid("requester node_id is required on an authenticated peer port")
+		}
+		if _, err := s.owner(ctx, node); err != nil {
+			return nil, err
+		}
+	}
 	if s.opts.Acceptor == nil {
 		return nil, status.Error(codes.Unavailable, "rdma not configured")
 	}
-	if node := req.GetRequester().GetNodeId(); node != "" {
+	if node != "" {
 		if _, _, err := requesterOf(req.GetRequester(), ""); err != nil {
 			return nil, invalid("%v", err)
+		}
+		if node, err = s.owner(ctx, node); err != nil {
+			return nil, err
 		}
 		if _, err := s.locks.ObserveIncarnation(node, req.GetRequester().GetIncarnation()); err != nil {
 			return nil, toStatus(err)
@@ -449,8 +486,12 @@ func (s *Service) RdmaHandshake(ctx context.Context, req *pegadv1.RdmaHandshakeR
 // match (see Disconnector).
 func (s *Service) RdmaDisconnect(ctx context.Context, req *pegadv1.RdmaDisconnectRequest) (resp *pegadv1.RdmaDisconnectResponse, err error) {
 	defer s.done(metrics.RPCDisconnect, &err)
-	if _, _, err := requesterOf(req.GetRequester(), ""); err != nil {
+	node, _, err := requesterOf(req.GetRequester(), "")
+	if err != nil {
 		return nil, invalid("%v", err)
+	}
+	if _, err := s.owner(ctx, node); err != nil {
+		return nil, err
 	}
 	if req.GetHandshakeId() == "" {
 		return nil, invalid("handshake_id is required")

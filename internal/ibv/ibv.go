@@ -182,6 +182,10 @@ type Endpoint struct {
 	// MaxDestRd is the QP's responder resources (max_dest_rd_atomic): the
 	// peer's initiator depth (max_rd_atomic) must not exceed it. 0: unknown.
 	MaxDestRd uint8
+	// Secret (tcp provider) is what a data connection to this QP must
+	// present in its hello: random per QP, so per handshake, and known
+	// only to the two sides of the handshake. Zero for verbs.
+	Secret [16]byte
 }
 
 // RemoteRegion is one registered region of a peer's memory, as snapshotted

@@ -84,7 +84,9 @@ func TestHostileDataPortDuringFetch(t *testing.T) {
 	}()
 	// One frame of each kind, reused: the test's own allocations stay out
 	// of the RSS figure.
-	frames := [2][]byte{make([]byte, 4+1+29+255-1), make([]byte, 4+1<<20+64-1)}
+	// The longest hello: prefix, type, 45 fixed bytes (QPNs, PSN, GID,
+	// the handshake secret, address length), a 255-byte address.
+	frames := [2][]byte{make([]byte, 4+1+45+255-1), make([]byte, 4+1<<20+64-1)}
 	for _, f := range frames {
 		binary.BigEndian.PutUint32(f, uint32(len(f)-4+1))
 		f[4] = 1 // hello

@@ -283,7 +283,7 @@ func formatCursor(n uint64) string {
 }
 
 // DeleteBlock removes a block from the index.
-func (l *Local) DeleteBlock(_ context.Context, req *pegadv1.DeleteBlockRequest) (*pegadv1.DeleteBlockResponse, error) {
+func (l *Local) DeleteBlock(ctx context.Context, req *pegadv1.DeleteBlockRequest) (*pegadv1.DeleteBlockResponse, error) {
 	if err := validKey(req.GetNamespace(), req.GetHash()); err != nil {
 		return nil, err
 	}
@@ -291,6 +291,9 @@ func (l *Local) DeleteBlock(_ context.Context, req *pegadv1.DeleteBlockRequest) 
 	if err != nil {
 		return nil, toStatus(err)
 	}
+	// An admin action: who did it, as the kernel says (SO_PEERCRED).
+	withCaller(ctx, l.log.Info()).Str("namespace", req.GetNamespace()).Hex("hash", req.GetHash()).
+		Bool("deferred", deferred).Msg("Block deleted")
 	return &pegadv1.DeleteBlockResponse{Deferred: deferred}, nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 
+	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
@@ -72,4 +73,15 @@ func callerOf(ctx context.Context) string {
 		return pc.String()
 	}
 	return ""
+}
+
+// withCaller adds the caller's uid, gid and pid (SO_PEERCRED) to e, when
+// known.
+func withCaller(ctx context.Context, e *zerolog.Event) *zerolog.Event {
+	if p, ok := peer.FromContext(ctx); ok {
+		if pc, ok := p.AuthInfo.(PeerCred); ok {
+			return e.Uint32("uid", pc.UID).Uint32("gid", pc.GID).Int32("pid", pc.PID)
+		}
+	}
+	return e
 }

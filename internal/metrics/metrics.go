@@ -148,6 +148,9 @@ type Metrics struct {
 	// Process.
 	buildInfo     *prometheus.GaugeVec
 	transportInfo *prometheus.GaugeVec
+
+	// Peer-port protection (security.go).
+	Security
 }
 
 // New creates and registers the metrics on reg. Go runtime and process
@@ -303,6 +306,7 @@ func New(reg prometheus.Registerer, runtime bool) *Metrics {
 		m.PoolSize, m.PoolUsed, m.PoolLocked, m.Blocks, m.BlockBytes, m.Evictions, m.PinnedDeferred,
 		m.PoolPinned,
 	)
+	m.Security = newSecurity(reg)
 	m.initSeries()
 	if runtime {
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

@@ -2,8 +2,9 @@
 // peer ports: one *grpc.ClientConn per peer address, created on first use
 // and closed at shutdown. It never retries RPCs on its own.
 //
-// Peer ports are on loopback or the cluster network, so connections use
-// insecure transport credentials (as the peer port serves them).
+// Connections use insecure transport credentials unless the dial options
+// given to NewClientsWithOptions carry others (peer mTLS: the daemon passes
+// the node certificate's credentials, which win as the later option).
 package peer
 
 import (

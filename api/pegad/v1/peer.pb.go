@@ -724,8 +724,12 @@ type Endpoint struct {
 	// Responder resources of this QP (max_dest_rd_atomic): the peer's
 	// initiator depth must not exceed it. 0: unknown.
 	MaxDestRdAtomic uint32 `protobuf:"varint,7,opt,name=max_dest_rd_atomic,json=maxDestRdAtomic,proto3" json:"max_dest_rd_atomic,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// tcp provider only: the random secret (16 bytes) a data connection to
+	// this queue pair must present in its hello; a new one per queue pair,
+	// so per handshake. Never logged. Empty for verbs.
+	Secret        []byte `protobuf:"bytes,8,opt,name=secret,proto3" json:"secret,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Endpoint) Reset() {
@@ -805,6 +809,13 @@ func (x *Endpoint) GetMaxDestRdAtomic() uint32 {
 		return x.MaxDestRdAtomic
 	}
 	return 0
+}
+
+func (x *Endpoint) GetSecret() []byte {
+	if x != nil {
+		return x.Secret
+	}
+	return nil
 }
 
 type MemoryRegion struct {
@@ -1227,7 +1238,7 @@ const file_pegad_v1_peer_proto_rawDesc = "" +
 	"\x19RenewTransferLockResponse\x129\n" +
 	"\n" +
 	"expires_at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12>\n" +
-	"\rlifetime_left\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\flifetimeLeft\"\xa5\x01\n" +
+	"\rlifetime_left\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\flifetimeLeft\"\xbd\x01\n" +
 	"\bEndpoint\x12\x10\n" +
 	"\x03gid\x18\x01 \x01(\fR\x03gid\x12\x10\n" +
 	"\x03lid\x18\x02 \x01(\rR\x03lid\x12\x10\n" +
@@ -1235,7 +1246,8 @@ const file_pegad_v1_peer_proto_rawDesc = "" +
 	"\x03psn\x18\x04 \x01(\rR\x03psn\x12\x12\n" +
 	"\x04addr\x18\x05 \x01(\tR\x04addr\x12\x10\n" +
 	"\x03mtu\x18\x06 \x01(\rR\x03mtu\x12+\n" +
-	"\x12max_dest_rd_atomic\x18\a \x01(\rR\x0fmaxDestRdAtomic\"N\n" +
+	"\x12max_dest_rd_atomic\x18\a \x01(\rR\x0fmaxDestRdAtomic\x12\x16\n" +
+	"\x06secret\x18\b \x01(\fR\x06secret\"N\n" +
 	"\fMemoryRegion\x12\x12\n" +
 	"\x04base\x18\x01 \x01(\x04R\x04base\x12\x16\n" +
 	"\x06length\x18\x02 \x01(\x04R\x06length\x12\x12\n" +

@@ -28,6 +28,7 @@ const (
 	refusedBadHello    = "bad_hello"     // first frame not a well-formed hello
 	refusedHelloWait   = "hello_timeout" // no hello within helloTimeout
 	refusedRejected    = "rejected"      // well-formed hello refused (no such QP, state, mismatch)
+	refusedBadSecret   = "bad_secret"    // hello without the target QP's handshake secret
 )
 
 // helloGate tracks the pre-hello connections of one device.

@@ -262,7 +262,7 @@ func fakeRequester(t *testing.T, dev *Device, holder *ibvtest.Side) net.Conn {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	hello := appendHello(nil, remote.QPN, holder.QP.QPN(), remote.PSN, ibv.GID{}, fakeAddr)
+	hello := appendHello(nil, remote.QPN, holder.QP.QPN(), remote.PSN, ibv.GID{}, holder.QP.Endpoint().Secret, fakeAddr)
 	if _, err := c.Write(hello); err != nil {
 		t.Fatal(err)
 	}

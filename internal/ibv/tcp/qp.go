@@ -2,6 +2,7 @@ package tcp
 
 import (
 	"context"
+	crand "crypto/rand"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -32,7 +33,10 @@ type qp struct {
 	cap ibv.QPCap
 	qpn uint32
 	psn uint32
-	log zerolog.Logger
+	// secret is what a data connection to this QP presents in its hello
+	// (Endpoint.Secret); immutable.
+	secret [16]byte
+	log    zerolog.Logger
 
 	ctx    context.Context // cancelled when the QP leaves RTS
 	cancel context.CancelFunc
@@ -116,6 +120,7 @@ func newQP(p *pd, c *cq, qc ibv.QPCap, n uint32) *qp {
 		nextSeq:   1,
 		respConns: make(map[*dconn]struct{}),
 	}
+	crand.Read(q.secret[:]) // never fails (Go >= 1.24)
 	q.landed = sync.NewCond(&q.mu)
 	q.touch()
 	return q
@@ -157,7 +162,7 @@ func (q *qp) State() ibv.QPState {
 }
 
 func (q *qp) Endpoint() ibv.Endpoint {
-	return ibv.Endpoint{GID: q.dev.info.GID, QPN: q.qpn, PSN: q.psn, MTU: mtu, Addr: q.dev.info.Addr}
+	return ibv.Endpoint{GID: q.dev.info.GID, QPN: q.qpn, PSN: q.psn, MTU: mtu, Addr: q.dev.info.Addr, Secret: q.secret}
 }
 
 // Connect moves INIT→RTR→RTS toward remote and starts the sender. The data
@@ -590,7 +595,7 @@ func (q *qp) dialOnce(remote ibv.Endpoint, deadline time.Time) (*dconn, error) {
 	}()
 	stop := context.AfterFunc(ctx, c.Close) // cancel or deadline aborts the hello
 	defer stop()
-	hello := appendHello(nil, q.qpn, remote.QPN, q.psn, q.dev.info.GID, q.dev.info.Addr)
+	hello := appendHello(nil, q.qpn, remote.QPN, q.psn, q.dev.info.GID, remote.Secret, q.dev.info.Addr)
 	if err := c.write(hello, nil, 0); err != nil { // bounded by stop
 		return nil, err
 	}

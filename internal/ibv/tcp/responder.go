@@ -2,6 +2,7 @@ package tcp
 
 import (
 	"container/list"
+	"crypto/subtle"
 	"errors"
 	"net"
 	"os"
@@ -80,9 +81,13 @@ func (d *Device) serve(c *dconn, ge *list.Element) {
 		return
 	}
 	q, stall, st := d.admit(c, m)
-	if err := c.write(appendHelloAck(nil, st), nil, helloTimeout); err != nil || st != stOK {
+	ack, reason := st, refusedRejected
+	if st == stBadSecret {
+		ack, reason = stNoQP, refusedBadSecret
+	}
+	if err := c.write(appendHelloAck(nil, ack), nil, helloTimeout); err != nil || st != stOK {
 		if st != stOK {
-			d.refused(refusedRejected)
+			d.refused(reason)
 			d.log.Debug().Str("peer", m.addr).Uint32("qpn", m.dstQPN).Uint32("remote_qpn", m.srcQPN).
 				Uint8("status", st).Msg("hello rejected")
 		}
@@ -131,8 +136,9 @@ func (d *Device) serve(c *dconn, ge *list.Element) {
 }
 
 // admit checks a hello against the target QP: it must exist on this device,
-// be in RTR or RTS and be connected to exactly the endpoint saying hello
-// (QPN, PSN and device address). On success the connection is registered
+// the hello must carry its secret (Endpoint.Secret, issued in the
+// handshake), and it must be in RTR or RTS and connected to exactly the
+// endpoint saying hello (QPN, PSN and device address). On success the connection is registered
 // with the QP so that ERROR and Destroy close it. stall is how long the
 // responder waits for the requester to take a byte of a response: the
 // QP's retry budget.
@@ -142,6 +148,11 @@ func (d *Device) admit(c *dconn, m msg) (q *qp, stall time.Duration, st byte) {
 	d.mu.Unlock()
 	if q == nil {
 		return nil, 0, stNoQP
+	}
+	// The secret came only in the handshake answer: knowing the QPN, the
+	// PSN and the address is not enough. Checked first, in constant time.
+	if subtle.ConstantTimeCompare(q.secret[:], m.secret[:]) != 1 {
+		return nil, 0, stBadSecret
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()

@@ -377,7 +377,7 @@ func TestHelloMismatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if _, err := c.Write(appendHello(nil, ep.QPN, peer.QP.QPN(), ep.PSN, ep.GID, d[2].Info().Addr)); err != nil {
+	if _, err := c.Write(appendHello(nil, ep.QPN, peer.QP.QPN(), ep.PSN, ep.GID, peer.QP.Endpoint().Secret, d[2].Info().Addr)); err != nil {
 		t.Fatal(err)
 	}
 	var buf [16]byte
@@ -394,7 +394,7 @@ func TestGarbageConnection(t *testing.T) {
 		{0xff, 0xff, 0xff, 0xff, 1}, // huge length
 		{0, 0, 0, 1, 99},            // unknown type
 		func() []byte { // hello whose address length overruns the body
-			h := appendHello(nil, 1, peerQPNStart, 3, [16]byte{}, "abc")
+			h := appendHello(nil, 1, peerQPNStart, 3, [16]byte{}, [16]byte{}, "abc")
 			h[len(h)-4] = 200
 			return h
 		}(),

@@ -34,12 +34,12 @@ const (
 	tReadResp     byte = 4
 	tWriteReq     byte = 5
 	tWriteAck     byte = 6
-	fixedHello         = 4 + 4 + 4 + 16 + 1 // srcQPN dstQPN srcPSN gid addrLen
-	fixedReadReq       = 8 + 8 + 4 + 4      // seq raddr rkey len
-	fixedReadResp      = 8 + 1 + 4          // seq status offset
-	fixedWriteReq      = 8 + 8 + 4 + 4 + 4  // seq raddr rkey total offset
-	fixedWriteAck      = 8 + 1              // seq status
-	fixedHelloAck      = 1                  // status
+	fixedHello         = 4 + 4 + 4 + 16 + 16 + 1 // srcQPN dstQPN srcPSN gid secret addrLen
+	fixedReadReq       = 8 + 8 + 4 + 4           // seq raddr rkey len
+	fixedReadResp      = 8 + 1 + 4               // seq status offset
+	fixedWriteReq      = 8 + 8 + 4 + 4 + 4       // seq raddr rkey total offset
+	fixedWriteAck      = 8 + 1                   // seq status
+	fixedHelloAck      = 1                       // status
 )
 
 // Status codes carried in responses and hello acks.
@@ -51,6 +51,9 @@ const (
 	stNoQP     byte = 10 // no such QP on the responder device
 	stBadState byte = 11 // QP not in RTR/RTS
 	stMismatch byte = 12 // QP connected to another remote endpoint
+	// stBadSecret: the hello's secret is not the QP's. Never sent: the ack
+	// says stNoQP, so a stranger learns nothing about the QP.
+	stBadSecret byte = 13
 )
 
 // errFrame is returned for any malformed frame; the connection is dropped.
@@ -63,7 +66,8 @@ type msg struct {
 	dstQPN  uint32 // hello
 	srcPSN  uint32 // hello
 	gid     [16]byte
-	addr    string // hello
+	secret  [16]byte // hello: the target QP's Endpoint.Secret
+	addr    string   // hello
 	seq     uint64
 	raddr   uint64
 	rkey    uint32
@@ -96,7 +100,8 @@ func decode(body []byte) (msg, error) {
 		}
 		m.srcQPN, m.dstQPN, m.srcPSN = be.Uint32(b), be.Uint32(b[4:]), be.Uint32(b[8:])
 		copy(m.gid[:], b[12:28])
-		n := int(b[28])
+		copy(m.secret[:], b[28:44])
+		n := int(b[44])
 		if len(b) != fixedHello+n {
 			return m, fmt.Errorf("%w: hello address length %d", errFrame, n)
 		}
@@ -307,7 +312,7 @@ func putPrefix(h []byte, typ byte, bodyLen int) []byte {
 	return append(h, typ)
 }
 
-func appendHello(h []byte, srcQPN, dstQPN, srcPSN uint32, gid [16]byte, addr string) []byte {
+func appendHello(h []byte, srcQPN, dstQPN, srcPSN uint32, gid, secret [16]byte, addr string) []byte {
 	if len(addr) > maxAddrLen {
 		addr = addr[:maxAddrLen]
 	}
@@ -316,6 +321,7 @@ func appendHello(h []byte, srcQPN, dstQPN, srcPSN uint32, gid [16]byte, addr str
 	h = binary.BigEndian.AppendUint32(h, dstQPN)
 	h = binary.BigEndian.AppendUint32(h, srcPSN)
 	h = append(h, gid[:]...)
+	h = append(h, secret[:]...)
 	h = append(h, byte(len(addr)))
 	return append(h, addr...)
 }

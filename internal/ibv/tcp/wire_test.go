@@ -15,8 +15,8 @@ func TestWireRoundTrip(t *testing.T) {
 		frame []byte
 		check func(m msg) bool
 	}{
-		{"hello", appendHello(nil, 0x100, 0x200, 0xabcdef, gid, "127.0.0.1:1234"), func(m msg) bool {
-			return m.srcQPN == 0x100 && m.dstQPN == 0x200 && m.srcPSN == 0xabcdef && m.gid == gid && m.addr == "127.0.0.1:1234"
+		{"hello", appendHello(nil, 0x100, 0x200, 0xabcdef, gid, [16]byte{7, 15: 8}, "127.0.0.1:1234"), func(m msg) bool {
+			return m.srcQPN == 0x100 && m.dstQPN == 0x200 && m.srcPSN == 0xabcdef && m.gid == gid && m.secret == [16]byte{7, 15: 8} && m.addr == "127.0.0.1:1234"
 		}},
 		{"hello_ack", appendHelloAck(nil, stMismatch), func(m msg) bool { return m.status == stMismatch }},
 		{"read_req", appendReadReq(nil, 7, 0xdead0000, 42, 1<<24), func(m msg) bool {
@@ -55,11 +55,11 @@ func TestWireRejects(t *testing.T) {
 		{"unknown_type", []byte{0, 0, 0, 1, 200}},
 		{"short_read_req", []byte{0, 0, 0, 3, tReadReq, 0, 0}},
 		{"hello_addr_overrun", func() []byte {
-			h := appendHello(nil, 1, 2, 3, [16]byte{}, "abc")
+			h := appendHello(nil, 1, 2, 3, [16]byte{}, [16]byte{}, "abc")
 			h[len(h)-4] = 200 // address length beyond the body
 			return h
 		}()},
-		{"hello_qpn_over_24_bits", appendHello(nil, 1<<24, 2, 3, [16]byte{}, "a")},
+		{"hello_qpn_over_24_bits", appendHello(nil, 1<<24, 2, 3, [16]byte{}, [16]byte{}, "a")},
 		{"nak_with_payload", append(appendReadResp(nil, 1, stRemAccess, 0, 2), 1, 2)},
 		{"write_chunk_past_total", append(appendWriteReq(nil, 1, 0, 0, 4, 3, 2), 1, 2)},
 	}
@@ -77,7 +77,7 @@ func TestWireRejects(t *testing.T) {
 // panic, never read past its buffer, and anything it accepts must respect
 // the size bounds.
 func FuzzDecodeFrame(f *testing.F) {
-	f.Add(appendHello(nil, 0x100, 0x200, 7, [16]byte{9}, "127.0.0.1:9"))
+	f.Add(appendHello(nil, 0x100, 0x200, 7, [16]byte{9}, [16]byte{1}, "127.0.0.1:9"))
 	f.Add(appendHelloAck(nil, stOK))
 	f.Add(appendReadReq(nil, 1, 2, 3, 4))
 	f.Add(append(appendReadResp(nil, 1, stOK, 0, 3), 1, 2, 3))
@@ -126,7 +126,7 @@ func FuzzFrameReader(f *testing.F) {
 func FuzzDecodeBody(f *testing.F) {
 	f.Add([]byte{tHelloAck, 0})
 	f.Add(appendReadReq(nil, 1, 2, 3, 4)[4:])
-	f.Add(appendHello(nil, 1, 2, 3, [16]byte{}, "x")[4:])
+	f.Add(appendHello(nil, 1, 2, 3, [16]byte{}, [16]byte{}, "x")[4:])
 	f.Fuzz(func(t *testing.T, body []byte) {
 		m, err := decode(body)
 		if err != nil {
