@@ -61,15 +61,15 @@ func TestCutFetchKeepsConfirmedBlocks(t *testing.T) {
 		// endAfter: the lock ends once this many blocks landed and a
 		// renewal sent after them succeeded; -1: it never ends.
 		endAfter int
-		land     int    // blocks the reader lands before it finishes
+		land     int // blocks the reader lands before it finishes
 		// lateAnswer: a renewal the holder found live when the lock ended
 		// is answered only after the later blocks landed: it confirms
 		// what landed before it was sent, not before it was answered.
 		lateAnswer bool
-		finish   string // "ok", "wait" (until its ctx ends), "broken"
-		caller   time.Duration
-		wantErr  error
-		wantKept int
+		finish     string // "ok", "wait" (until its ctx ends), "broken"
+		caller     time.Duration
+		wantErr    error
+		wantKept   int
 		// wantRest: status of the landed blocks not kept.
 		wantRest Status
 	}{
