@@ -260,7 +260,7 @@ func (s *session) execute(b *batch, m *Manager, log zerolog.Logger) batchResult 
 				continue
 			}
 			m.met.WorkCompletions.WithLabelValues(wcLabel(wc.Status)).Inc()
-			se := &ibv.StatusError{Status: wc.Status, QPN: s.p.qpn, WRID: wc.ID}
+			se := &ibv.StatusError{Status: wc.Status, QPN: s.p.qpn, WRID: wc.ID, Cause: wc.Cause}
 			fail(fmt.Errorf("%w: %w", ErrConnectionBroken, se), wc.Status == ibv.WCWRFlushErr, true)
 		}
 		if n > 0 {
