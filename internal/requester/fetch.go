@@ -360,7 +360,7 @@ func (e *Engine) keepConfirmed(st *fetchState, plan []*planBlock, tr *readTracke
 	e.log.Warn().Str("req_id", st.reqID).Str("remote", st.peer).Str("session", out.session).
 		Int("kept", kept).Uint64("kept_bytes", keptBytes).Int("discarded", dropped).Int("unread", unread).
 		Bool("released_live", live).AnErr("reason", drop).
-		Msg("fetch cut short: blocks read before the lock was last confirmed live are kept, later ones discarded")
+		Msg("fetch cut short or its lock lapsed: blocks read before the lock was last confirmed live kept, later ones discarded")
 }
 
 // lock sends the query. The fetch waits for its answer only until ctx
@@ -558,8 +558,9 @@ func buildOps(plan []*planBlock) (ops []conn.ReadOp, opBlock []int) {
 // read began) and cancels ctx (errTransferDeadline) when the lock's
 // deadline minus a safety margin passes without a renewal. A failed
 // renewal is counted (pegaflow_transfer_lock_renew_failures_total), logged
-// and retried at the next tick; the fetch goes on, and
-// the release's was_live decides whether the data is kept.
+// and retried at the next tick; the fetch goes on. A renewal that succeeds
+// confirms the blocks that landed before it was sent (tr); the release's
+// was_live confirms the rest.
 func (e *Engine) startRenewer(ctx context.Context, cancelRead context.CancelCauseFunc, g *lockGuard,
 	tr *readTracker, lockedAt time.Time, lockTimeout time.Duration) <-chan struct{} {
 	done := make(chan struct{})
