@@ -214,6 +214,32 @@ func ProgressOf(ctx context.Context) func(uint64) {
 	return f
 }
 
+type opProgressKey struct{}
+
+// WithOpProgress returns ctx carrying f, which Read calls as WithProgress's
+// function is called, with the index (in Read's ops) of the op the
+// completed READ belongs to: an op larger than one WR completes in several
+// calls, possibly on several QPs at once. A caller that must know when
+// each op has fully landed (a prefetch keeping the blocks read before its
+// lock ended) counts the bytes per op. It takes precedence over
+// WithProgress.
+func WithOpProgress(ctx context.Context, f func(op int, bytes uint64)) context.Context {
+	return context.WithValue(ctx, opProgressKey{}, f)
+}
+
+// OpProgressOf is the function Read reports completions to: the one
+// WithOpProgress put in ctx, else WithProgress's adapted, else nil (fake
+// readers in tests report through it as Read does).
+func OpProgressOf(ctx context.Context) func(op int, bytes uint64) {
+	if f, _ := ctx.Value(opProgressKey{}).(func(int, uint64)); f != nil {
+		return f
+	}
+	if f := ProgressOf(ctx); f != nil {
+		return func(_ int, n uint64) { f(n) }
+	}
+	return nil
+}
+
 // Read runs ops (spread over NICs and QPs) and returns when all completed
 // or ctx is done. After an error or ctx expiry it returns only once every
 // QP that could still write into the ops' local memory is in ERROR and
@@ -246,7 +272,7 @@ func (c *AddrConnection) Read(ctx context.Context, ops []ReadOp) error {
 	// ERROR only if WRs are outstanding, and drains it). Read never
 	// touches a QP itself: between seeing a batch running and acting on
 	// its QP, that batch could end and another Read's start on the QP.
-	progress := ProgressOf(ctx)
+	progress := OpProgressOf(ctx)
 	bctx, stopBatches := context.WithCancel(ctx)
 	defer stopBatches()
 	for _, b := range batches {
@@ -338,6 +364,7 @@ func (c *AddrConnection) plan(ops []ReadOp) ([]*batch, error) {
 				bySession[s] = b
 				out = append(out, b)
 			}
+			b.ops = append(b.ops, i)
 			b.wrs = append(b.wrs, ibv.SendWR{Op: ibv.OpRDMARead, Signaled: true,
 				LocalAddr: op.LocalAddr + off, Length: uint32(n), LKey: cn.nic.mr.LKey(),
 				RemoteAddr: raddr, RKey: rkey})

@@ -30,8 +30,11 @@ type batch struct {
 	wrs   []ibv.SendWR
 	state atomic.Int32
 	res   chan<- batchResult // buffered for every batch of its Read
-	// progress, when set, gets each successful READ's length (WithProgress).
-	progress func(bytes uint64)
+	// ops[i] is the index in Read's ops of the op wrs[i] belongs to.
+	ops []int
+	// progress, when set, gets each successful READ's op index and length
+	// (WithOpProgress, WithProgress).
+	progress func(op int, bytes uint64)
 }
 
 type batchResult struct {
@@ -250,14 +253,14 @@ func (s *session) execute(b *batch, m *Manager, log zerolog.Logger) batchResult 
 			if wc.Status == ibv.WCSuccess {
 				successes++
 				if b.progress != nil {
-					if i := wc.ID & 0xffffffff; i < uint64(len(wrs)) {
-						b.progress(uint64(wrs[i].Length))
+					if i := wc.ID & 0xffffffff; i < uint64(len(wrs)) && i < uint64(len(b.ops)) {
+						b.progress(b.ops[i], uint64(wrs[i].Length))
 					}
 				}
 				continue
 			}
 			m.met.WorkCompletions.WithLabelValues(wcLabel(wc.Status)).Inc()
-			se := &ibv.StatusError{Status: wc.Status, QPN: s.p.qpn, WRID: wc.ID}
+			se := &ibv.StatusError{Status: wc.Status, QPN: s.p.qpn, WRID: wc.ID, Cause: wc.Cause}
 			fail(fmt.Errorf("%w: %w", ErrConnectionBroken, se), wc.Status == ibv.WCWRFlushErr, true)
 		}
 		if n > 0 {

@@ -33,6 +33,11 @@ var (
 	ErrInvalidArgument = errors.New("ibv: invalid argument")
 	// ErrClosed: the object was destroyed.
 	ErrClosed = errors.New("ibv: object closed")
+	// ErrPeerClosed: the remote end closed or reset the transport
+	// connection under outstanding work. A software provider attaches it
+	// (wrapped with what it saw) as a failed completion's Cause; the status
+	// stays what a real HCA reports when the peer vanishes (RETRY_EXC_ERR).
+	ErrPeerClosed = errors.New("peer closed the connection")
 )
 
 // WCStatus is a work completion status, numbered as enum ibv_wc_status.
@@ -256,6 +261,10 @@ type WorkCompletion struct {
 	Bytes     uint32
 	QPN       uint32
 	VendorErr uint32
+	// Cause, for a failed completion of a software provider, is what it
+	// saw (ErrPeerClosed wrapping the socket error, a dial error); nil from
+	// a real HCA, which says no more than the status.
+	Cause error
 }
 
 // Provider enumerates and opens devices of one kind.
@@ -375,8 +384,17 @@ type StatusError struct {
 	Status WCStatus
 	QPN    uint32
 	WRID   uint64
+	// Cause is the completion's Cause (nil when the provider gave none).
+	Cause error
 }
 
 func (e *StatusError) Error() string {
-	return fmt.Sprintf("work completion qpn=%d wr_id=%d: %s (%d)", e.QPN, e.WRID, e.Status, int(e.Status))
+	s := fmt.Sprintf("work completion qpn=%d wr_id=%d: %s (%d)", e.QPN, e.WRID, e.Status, int(e.Status))
+	if e.Cause != nil {
+		s += ": " + e.Cause.Error()
+	}
+	return s
 }
+
+// Unwrap exposes Cause to errors.Is (ErrPeerClosed) and errors.As.
+func (e *StatusError) Unwrap() error { return e.Cause }

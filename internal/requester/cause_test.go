@@ -4,12 +4,14 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"syscall"
 	"testing"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/pegaflow/pegad/internal/conn"
+	"github.com/pegaflow/pegad/internal/ibv"
 )
 
 // TestFetchErrorOneCause: a failed fetch's text names the peer once,
@@ -27,6 +29,12 @@ func TestFetchErrorOneCause(t *testing.T) {
 			name: "read on a broken connection",
 			err:  fmt.Errorf("conn: read from %s: %w: work completion qpn=257: transport retry counter exceeded (12)", peer, conn.ErrConnectionBroken),
 			want: "requester: prefetch from 10.0.0.1:50055: read (connection broken): conn: connection broken: work completion qpn=257: transport retry counter exceeded (12)",
+		},
+		{
+			name: "read from a holder that reset the data connection",
+			err: fmt.Errorf("conn: read from %s: %w: %w", peer, conn.ErrConnectionBroken, &ibv.StatusError{Status: ibv.WCRetryExcErr, QPN: 257,
+				Cause: fmt.Errorf("%w: read tcp 10.0.0.2:40000->10.0.0.1:7471: %w", ibv.ErrPeerClosed, syscall.ECONNRESET)}),
+			want: "requester: prefetch from 10.0.0.1:50055: read (connection broken): peer closed the connection (conn: connection broken: work completion qpn=257 wr_id=0: transport retry counter exceeded (12): read tcp 10.0.0.2:40000->10.0.0.1:7471: connection reset by peer)",
 		},
 		{
 			name: "release to a holder that reset the connection",

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/pegaflow/pegad/internal/conn"
+	"github.com/pegaflow/pegad/internal/ibv"
 	"github.com/pegaflow/pegad/internal/pool"
 	"github.com/pegaflow/pegad/internal/store"
 )
@@ -111,6 +112,10 @@ func causeText(err error, peer string) string {
 	}
 	s = strings.ReplaceAll(s, "conn: conn: ", "conn: ")
 	switch {
+	case errors.Is(err, ibv.ErrPeerClosed):
+		// The data connection's completion failed (RETRY_EXC_ERR, as an
+		// HCA reports a vanished peer) and the transport saw why.
+		return "peer closed the connection (" + strings.Replace(s, ": "+ibv.ErrPeerClosed.Error(), "", 1) + ")"
 	case strings.Contains(s, "connection reset by peer"), strings.Contains(s, "broken pipe"),
 		strings.HasSuffix(s, ": EOF"), strings.Contains(s, "error reading from server: EOF"):
 		return "peer closed the connection (" + s + ")"

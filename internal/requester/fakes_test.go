@@ -218,6 +218,8 @@ func (h *fakeHolder) counts() (sessions, releaseOK, renewals int) {
 
 type fakeReader struct {
 	read func(ctx context.Context, ops []conn.ReadOp) error
+	// selfReport: read reports its completions itself (conn.OpProgressOf).
+	selfReport bool
 }
 
 func (r *fakeReader) Read(ctx context.Context, ops []conn.ReadOp) error {
@@ -226,9 +228,9 @@ func (r *fakeReader) Read(ctx context.Context, ops []conn.ReadOp) error {
 		err = r.read(ctx, ops)
 	}
 	// Report completed READs as conn.Read does (all of them on success).
-	if p := conn.ProgressOf(ctx); p != nil && err == nil {
-		for _, op := range ops {
-			p(op.Len)
+	if p := conn.OpProgressOf(ctx); p != nil && err == nil && !r.selfReport {
+		for i, op := range ops {
+			p(i, op.Len)
 		}
 	}
 	return err

@@ -159,7 +159,8 @@ func (e *Engine) fetch(ctx context.Context, st *fetchState, keys []store.Key, ou
 	// reconnect and the staging as well as the read; lockCtx ends at the
 	// lock's deadline (errTransferDeadline) when no renewal extends it.
 	lockCtx, cancelLock := context.WithCancelCause(ctx)
-	renewerDone := e.startRenewer(lockCtx, cancelLock, g, lockedAt, lockTimeout)
+	tr := newReadTracker(plan)
+	renewerDone := e.startRenewer(lockCtx, cancelLock, g, tr, lockedAt, lockTimeout)
 	var stopOnce sync.Once
 	stopRenewer = func() {
 		stopOnce.Do(func() {
@@ -214,13 +215,17 @@ func (e *Engine) fetch(ctx context.Context, st *fetchState, keys []store.Key, ou
 	if serr != nil {
 		return handled(PhaseStage, serr, ErrLocalResource)
 	}
-	ops := buildOps(plan)
+	ops, opBlock := buildOps(plan)
+	tr.opBlock = opBlock
 
 	// Read, bounded by the lock's deadline (renewed while it runs).
 	e.hook(ctx, st, PhaseRead)
 	// Bytes count as their completions arrive (sessions list, the
 	// fetch-bytes counter), not when the whole fetch ends.
-	readCtx := conn.WithProgress(conn.WithReqID(lockCtx, st.reqID), func(n uint64) {
+	// Each block's completion is tracked, so a fetch cut short keeps the
+	// blocks read before the lock was last confirmed live.
+	readCtx := conn.WithOpProgress(conn.WithReqID(lockCtx, st.reqID), func(op int, n uint64) {
+		tr.completed(op, n)
 		st.done.Add(n)
 		e.m.FetchBytes.Add(float64(n))
 	})
@@ -243,6 +248,7 @@ func (e *Engine) fetch(ctx context.Context, st *fetchState, keys []store.Key, ou
 		} else {
 			rd = nrd
 			st.done.Store(0) // read it all again
+			tr.reset()
 			rerr = rd.Read(readCtx, ops)
 		}
 	}
@@ -256,47 +262,105 @@ func (e *Engine) fetch(ctx context.Context, st *fetchState, keys []store.Key, ou
 		if invalidates(rerr) {
 			e.conns.Invalidate(rd, rerr)
 		}
-		return handled(PhaseRead, rerr, ErrConnection)
+		ferr := fail(PhaseRead, rerr, ErrConnection)
+		// A cancel or a shutdown leaves the release to the guard and keeps
+		// nothing. Any other cut (the lock's or the caller's deadline, a
+		// broken link) releases here and keeps what was read under a lock
+		// confirmed live.
+		if ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return ferr
+		}
+		rresp, relErr := g.Release()
+		live := relErr == nil && g.releasedLive(rresp)
+		e.keepConfirmed(st, plan, tr, live, out, &FetchError{Peer: st.peer, Phase: PhaseRead,
+			Err: fmt.Errorf("%w (read, but not confirmed under a live lock before the fetch failed: %w)", ErrDiscarded, rerr)})
+		return ferr
 	}
 
 	// Release; index only what was read under a live lock (lesson 10).
 	e.hook(ctx, st, PhaseRelease)
 	rresp, err := g.Release()
 	if err != nil {
+		// Only the blocks a renewal confirmed are known to be read under
+		// the live lock; the rest are dropped.
 		if reclaimedRelease(err) {
 			// A newer incarnation of this node reached the holder, which
 			// reclaimed our session at once: the read ran under a lock that
 			// may have ended (issue 5, fast reclaim).
-			return &FetchError{Peer: st.peer, Phase: PhaseRelease,
+			ferr := &FetchError{Peer: st.peer, Phase: PhaseRelease,
 				Err: fmt.Errorf("%w (session %s reclaimed: holder saw a newer incarnation than %q: %w)",
 					ErrDiscarded, g.sid, e.opts.Incarnation, err)}
+			e.keepConfirmed(st, plan, tr, false, out, ferr)
+			return ferr
 		}
-		// Whether the lock held during the read is unknown: discard.
-		return fail(PhaseRelease, err, ErrRemote)
+		// Whether the lock held until the end of the read is unknown.
+		ferr := fail(PhaseRelease, err, ErrRemote)
+		e.keepConfirmed(st, plan, tr, false, out, ferr)
+		return ferr
 	}
 	if !g.releasedLive(rresp) {
-		e.log.Warn().Str("req_id", st.reqID).Str("remote", st.peer).Str("session", g.sid).
-			Str("end", rresp.GetEnd().String()).Int("blocks", len(plan)).
-			Msg("transfer lock lapsed during the read; fetched blocks discarded")
-		return &FetchError{Peer: st.peer, Phase: PhaseRelease,
+		ferr := &FetchError{Peer: st.peer, Phase: PhaseRelease,
 			Err: fmt.Errorf("%w (session %s ended %s)", ErrDiscarded, g.sid, rresp.GetEnd())}
+		e.keepConfirmed(st, plan, tr, false, out, ferr)
+		return ferr
 	}
 
 	e.hook(ctx, st, PhaseIndex)
 	for _, b := range plan {
-		created, ierr := e.store.Insert(b.key, b.ext, b.layout)
-		switch {
-		case ierr != nil:
-			out.status[b.idx] = StatusFailed
-			out.errs[b.idx] = &FetchError{Peer: st.peer, Phase: PhaseIndex, Class: ErrLocalResource, Err: ierr}
-		case created:
-			out.status[b.idx] = StatusFetched
-			out.bytes += b.bytes
-		default:
-			out.status[b.idx] = StatusAlreadyLocal // indexed meanwhile (local put)
-		}
+		e.index(st, b, out)
 	}
 	return nil
+}
+
+// index inserts a block read under a live lock and records its outcome.
+func (e *Engine) index(st *fetchState, b *planBlock, out *fetchOut) {
+	created, ierr := e.store.Insert(b.key, b.ext, b.layout)
+	switch {
+	case ierr != nil:
+		out.status[b.idx] = StatusFailed
+		out.errs[b.idx] = &FetchError{Peer: st.peer, Phase: PhaseIndex, Class: ErrLocalResource, Err: ierr}
+	case created:
+		out.status[b.idx] = StatusFetched
+		out.bytes += b.bytes
+	default:
+		out.status[b.idx] = StatusAlreadyLocal // indexed meanwhile (local put)
+	}
+}
+
+// keepConfirmed indexes, of a fetch cut short or whose lock lapsed, the
+// blocks read entirely before the lock was last confirmed live (a renewal
+// sent after them succeeded, or the release answered live): lesson 10 per
+// block. A block read but not confirmed is marked discarded when drop is
+// ErrDiscarded; the others are left to the fetch's error, which runFetch
+// gives them. Called after Read returned, before
+// the staging extents are released: an indexed block holds its own
+// reference on its extent, so the memory of the dropped blocks goes back
+// to the pool only with the extent, never while a READ can land in it.
+func (e *Engine) keepConfirmed(st *fetchState, plan []*planBlock, tr *readTracker, live bool, out *fetchOut, drop error) {
+	var kept, dropped, unread int
+	var keptBytes uint64
+	for i, b := range plan {
+		switch {
+		case tr.keep(i, live):
+			e.index(st, b, out)
+			kept++
+			keptBytes += b.bytes
+		case tr.landed(i):
+			dropped++
+			if errors.Is(drop, ErrDiscarded) {
+				out.status[b.idx], out.errs[b.idx] = StatusDiscarded, drop
+			}
+		default:
+			unread++
+		}
+	}
+	if kept == 0 && dropped == 0 {
+		return
+	}
+	e.log.Warn().Str("req_id", st.reqID).Str("remote", st.peer).Str("session", out.session).
+		Int("kept", kept).Uint64("kept_bytes", keptBytes).Int("discarded", dropped).Int("unread", unread).
+		Bool("released_live", live).AnErr("reason", drop).
+		Msg("fetch cut short or its lock lapsed: blocks read before the lock was last confirmed live kept, later ones discarded")
 }
 
 // lock sends the query. The fetch waits for its answer only until ctx
@@ -467,10 +531,10 @@ func (e *Engine) stage(plan []*planBlock) ([]extent, error) {
 	return exts, nil
 }
 
-// buildOps makes one READ per segment (K and V) of every planned block.
-func buildOps(plan []*planBlock) []conn.ReadOp {
-	var ops []conn.ReadOp
-	for _, b := range plan {
+// buildOps makes one READ per segment (K and V) of every planned block;
+// opBlock[i] is the plan index of the block op i reads.
+func buildOps(plan []*planBlock) (ops []conn.ReadOp, opBlock []int) {
+	for pi, b := range plan {
 		base := b.ext.Addr()
 		for j, s := range b.loc.GetSlots() {
 			l := b.layout[j]
@@ -480,8 +544,11 @@ func buildOps(plan []*planBlock) []conn.ReadOp {
 				ops = append(ops, conn.ReadOp{LocalAddr: base + l.VOff, RemoteAddr: v.GetAddr(), Len: l.VLen, NUMA: int(v.GetNumaNode())})
 			}
 		}
+		for len(opBlock) < len(ops) {
+			opBlock = append(opBlock, pi)
+		}
 	}
-	return ops
+	return ops, opBlock
 }
 
 // startRenewer starts the goroutine that keeps the lock alive from the lock
@@ -491,10 +558,11 @@ func buildOps(plan []*planBlock) []conn.ReadOp {
 // read began) and cancels ctx (errTransferDeadline) when the lock's
 // deadline minus a safety margin passes without a renewal. A failed
 // renewal is counted (pegaflow_transfer_lock_renew_failures_total), logged
-// and retried at the next tick; the fetch goes on, and
-// the release's was_live decides whether the data is kept.
+// and retried at the next tick; the fetch goes on. A renewal that succeeds
+// confirms the blocks that landed before it was sent (tr); the release's
+// was_live confirms the rest.
 func (e *Engine) startRenewer(ctx context.Context, cancelRead context.CancelCauseFunc, g *lockGuard,
-	lockedAt time.Time, lockTimeout time.Duration) <-chan struct{} {
+	tr *readTracker, lockedAt time.Time, lockTimeout time.Duration) <-chan struct{} {
 	done := make(chan struct{})
 	margin := min(5*time.Second, lockTimeout/10)
 	deadline := lockedAt.Add(lockTimeout - margin)
@@ -520,6 +588,7 @@ func (e *Engine) startRenewer(ctx context.Context, cancelRead context.CancelCaus
 				next = next.Add(interval)
 				tick.Reset(time.Until(next))
 				sent := time.Now()
+				stamp := tr.renewalSent()
 				rctx, cancel := context.WithTimeout(ctx, interval)
 				resp, err := g.client.RenewTransferLock(rctx, req)
 				cancel()
@@ -532,6 +601,9 @@ func (e *Engine) startRenewer(ctx context.Context, cancelRead context.CancelCaus
 						Msg("transfer lock renewal failed; the read goes on until the lock's deadline")
 					continue
 				}
+				// The lock was live when this renewal was sent: the blocks
+				// that landed before it are confirmed.
+				tr.confirm(stamp)
 				// Durations only: the holder's clock is not ours.
 				ext := lockTimeout
 				if ll := resp.GetLifetimeLeft(); ll != nil && ll.AsDuration() < ext {

@@ -41,6 +41,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -405,6 +406,9 @@ type dconn struct {
 	// so that a write allocates nothing.
 	bufs [2][]byte
 	vec  net.Buffers
+	// writeErr is the request write error that made the requester close
+	// it (sendFailed): the reader then reports that, not its own close.
+	writeErr atomic.Pointer[error]
 }
 
 // keepAlive finds a data connection whose other end vanished without a

@@ -102,6 +102,7 @@ type wqe struct {
 	seq    uint64
 	done   bool
 	status ibv.WCStatus
+	cause  error  // of a failed status, when known (WorkCompletion.Cause)
 	got    uint32 // READ bytes applied so far
 }
 
@@ -326,9 +327,12 @@ func (q *qp) Destroy() error {
 // failLocked moves the QP to ERROR: w (if any) completes with st, every
 // other outstanding WR with WR_FLUSH_ERR; connections are closed so the
 // goroutines exit.
-func (q *qp) failLocked(w *wqe, st ibv.WCStatus) {
+func (q *qp) failLocked(w *wqe, st ibv.WCStatus) { q.failCauseLocked(w, st, nil) }
+
+// failCauseLocked is failLocked with the cause w's completion carries.
+func (q *qp) failCauseLocked(w *wqe, st ibv.WCStatus, cause error) {
 	if w != nil && !w.done {
-		w.done, w.status = true, st
+		w.done, w.status, w.cause = true, st, cause
 		q.log.Debug().Uint64("wr_id", w.wr.ID).Stringer("status", st).Msg("work request failed; QP to ERROR")
 	}
 	for _, o := range q.sq {
@@ -368,7 +372,7 @@ func (q *qp) completeLocked() {
 	for n < len(q.sq) && q.sq[n].done {
 		w := q.sq[n]
 		if w.wr.Signaled || w.status != ibv.WCSuccess {
-			wc := ibv.WorkCompletion{ID: w.wr.ID, Status: w.status, Op: w.wr.Op, QPN: q.qpn}
+			wc := ibv.WorkCompletion{ID: w.wr.ID, Status: w.status, Op: w.wr.Op, QPN: q.qpn, Cause: w.cause}
 			if w.status == ibv.WCSuccess {
 				wc.Bytes = w.wr.Length
 			}
@@ -569,7 +573,7 @@ func (q *qp) dial() {
 	defer q.mu.Unlock()
 	if q.state == ibv.QPSRTS {
 		q.log.Warn().Err(lastErr).Msg("remote unreachable within retry budget")
-		q.failLocked(q.firstPendingLocked(), ibv.WCRetryExcErr)
+		q.failCauseLocked(q.firstPendingLocked(), ibv.WCRetryExcErr, lastErr)
 	}
 }
 
@@ -674,5 +678,6 @@ func (q *qp) pendingLocked(seq uint64) *wqe {
 // the connection go with work in flight, fails the QP with RETRY_EXC_ERR.
 func (q *qp) sendFailed(c *dconn, err error) {
 	q.log.Debug().Err(err).Msg("request write failed; closing the data connection")
+	c.writeErr.CompareAndSwap(nil, &err)
 	c.Close()
 }

@@ -1,7 +1,10 @@
 package tcp
 
 import (
+	"errors"
+	"fmt"
 	"io"
+	"syscall"
 	"time"
 
 	"github.com/pegaflow/pegad/internal/ibv"
@@ -54,8 +57,9 @@ func (q *qp) reader(c *dconn) {
 			if q.flushPending {
 				q.failLocked(nil, ibv.WCWRFlushErr)
 			} else if q.inFlightLocked() {
-				q.log.Warn().Err(err).Msg("data connection lost with work in flight")
-				q.failLocked(q.firstPendingLocked(), ibv.WCRetryExcErr)
+				cause := lostCause(c, err)
+				q.log.Warn().Err(cause).Msg("data connection lost with work in flight")
+				q.failCauseLocked(q.firstPendingLocked(), ibv.WCRetryExcErr, cause)
 			} else {
 				select { // a WR posted meanwhile needs a new dial
 				case q.kick <- struct{}{}:
@@ -163,4 +167,20 @@ func (q *qp) applyLocked(m msg, n int, r io.Reader) error {
 		}
 	}
 	return nil
+}
+
+// lostCause is what made a data connection with work in flight fail, for
+// the failed completion's Cause: the request write error that closed it
+// (sendFailed), else the read error, marked ibv.ErrPeerClosed when the
+// peer closed (EOF) or reset (ECONNRESET, EPIPE) the connection. A peer
+// daemon stopped mid-read then says so, not just RETRY_EXC_ERR.
+func lostCause(c *dconn, err error) error {
+	if p := c.writeErr.Load(); p != nil {
+		err = *p
+	}
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) {
+		return fmt.Errorf("%w: %w", ibv.ErrPeerClosed, err)
+	}
+	return err
 }
