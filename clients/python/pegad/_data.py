@@ -19,8 +19,9 @@ class DataConn:
         self._seq = 0
         self._broken = None
         self._closed = False
-        self._rbuf = bytearray(64 << 10)
-        self._pending = b""
+        self._rbuf = bytearray(64 << 10)  # read buffer: [_rstart, _rend) not consumed yet
+        self._rmv = memoryview(self._rbuf)
+        self._rstart = self._rend = 0
         try:
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         except OSError as e:
@@ -49,7 +50,8 @@ class DataConn:
         except OSError as e:
             raise errors.Unavailable(f"hello: {e}") from e
         try:
-            self._pending = data
+            self._rbuf[:len(data)] = data
+            self._rend = len(data)
             if not data:
                 raise errors.Unavailable("hello: the daemon closed the connection")
             op, status, count, seq, body = self._read_frame()
@@ -74,22 +76,29 @@ class DataConn:
         self.lease_timeout = lease_ms / 1000.0
 
     def _recv_exact(self, n):
-        """n bytes of the stream, as a memoryview valid until the next read."""
-        if len(self._rbuf) < n:
-            self._rbuf = bytearray(max(n, 2 * len(self._rbuf)))
-        mv = memoryview(self._rbuf)[:n]
-        got = 0
-        if self._pending:
-            k = min(n, len(self._pending))
-            mv[:k] = self._pending[:k]
-            self._pending = self._pending[k:]
-            got = k
-        while got < n:
-            k = self._sock.recv_into(mv[got:], n - got)
-            if k == 0:
-                raise errors.Unavailable("the daemon closed the data connection")
-            got += k
-        return mv
+        """The next n bytes of the stream, as a memoryview valid until the
+        next read. Reads as much as the socket has (a whole response is
+        usually one recv), keeping the rest for the next call."""
+        avail = self._rend - self._rstart
+        if avail < n:
+            if self._rstart + n > len(self._rbuf):
+                if n > len(self._rbuf):
+                    buf = bytearray(max(n, 2 * len(self._rbuf)))  # the old views stay valid on the old one
+                    buf[:avail] = self._rbuf[self._rstart:self._rend]
+                    self._rbuf, self._rmv = buf, memoryview(buf)
+                else:
+                    self._rbuf[:avail] = self._rbuf[self._rstart:self._rend]
+                self._rstart, self._rend = 0, avail
+            while self._rend - self._rstart < n:
+                k = self._sock.recv_into(self._rmv[self._rend:])
+                if k == 0:
+                    raise errors.Unavailable("the daemon closed the data connection")
+                self._rend += k
+        out = self._rmv[self._rstart:self._rstart + n]
+        self._rstart += n
+        if self._rstart == self._rend:
+            self._rstart = self._rend = 0
+        return out
 
     def _read_frame(self):
         length, op, status, count, seq = wire.HEADER.unpack(self._recv_exact(wire.HEADER_LEN))
@@ -101,7 +110,7 @@ class DataConn:
         """Send one request of items (encoded bytes each) and return the
         decoded results. A failure of the connection itself breaks it for
         good (the daemon then ends its leases)."""
-        body = b"".join(items)
+        body = items[0] if len(items) == 1 else b"".join(items)
         with self._lock:
             if self._closed:
                 raise errors.ClientClosed("pegad client closed")
