@@ -217,3 +217,18 @@ print(bad)
     out = subprocess.run([os.environ.get("PEGAD_PYTHON", __import__("sys").executable), "-c", code],
                          capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"
+
+
+def test_pool_address_for_host_register(client, ns):
+    # The README's cudaHostRegister recipe: the mapping's base address, and
+    # a leased block's bytes at base + its offset in the pool.
+    import ctypes
+    base = ctypes.addressof(ctypes.c_char.from_buffer(client.pool))
+    h = rand_hash()
+    client.put(ns, h, b"registered" * 100)
+    with client.lease(ns, h) as r:
+        arr = np.frombuffer(r.buffer, dtype=np.uint8)
+        addr = arr.__array_interface__["data"][0]
+        assert base <= addr < base + client.pool_size
+        assert ctypes.string_at(addr, 1000) == b"registered" * 100
+        del arr
