@@ -129,7 +129,9 @@ class DataConn:
                     raise errors.ProtocolError(
                         f"answer op {rop} seq {seq} count {count} to op {op} seq {self._seq} count {len(items)}")
                 return wire.decode_results(op, rbody, count)
-            except (OSError, errors.PegadError) as e:
+            except BaseException as e:
+                # Also on KeyboardInterrupt: a response may be left half
+                # read, so the stream cannot be trusted any more.
                 self._broken = e
                 self._sock.close()
                 if isinstance(e, OSError):

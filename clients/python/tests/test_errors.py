@@ -90,3 +90,27 @@ def test_finished_leases(client, ns):
 def test_no_daemon_is_unavailable(tmp_path):
     with pytest.raises(pegad.Unavailable):
         pegad.Client(str(tmp_path / "nothing.sock"))
+
+
+def test_interrupted_call_breaks_the_connection_not_the_stream(daemon, ns, monkeypatch):
+    # A call interrupted between request and response (Ctrl-C) must not let
+    # the next call read the stale response as its own.
+    c = pegad.Client(daemon.socket)
+    try:
+        c.put(ns, b"k", b"v")
+        real = c._data._read_frame
+
+        def interrupted():
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(c._data, "_read_frame", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            c.lease(ns, b"k")
+        monkeypatch.setattr(c._data, "_read_frame", real)
+        with pytest.raises(pegad.Unavailable):
+            c.get(ns, b"k", bytearray(1))
+    finally:
+        c.close()
+    # The daemon ended the lease the interrupted call took.
+    from harness import wait_until
+    wait_until("the interrupted lease to end", lambda: daemon.stats()["pinned_blocks"] == 0)
