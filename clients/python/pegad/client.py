@@ -7,6 +7,7 @@ connections and leases; it must never copy block bytes through protobuf or
 the socket on the put, get, alloc and lease paths.
 """
 
+import os
 import threading
 from collections import namedtuple
 
@@ -290,8 +291,10 @@ class Client:
     def __init__(self, socket=DEFAULT_SOCKET, data_socket=None, timeout=None):
         """timeout (seconds, None: none) bounds each call; a call that
         times out breaks the data connection (its leases end)."""
-        if not isinstance(socket, str):
-            raise errors.WrongType(f"socket must be str, not {type(socket).__name__}")
+        if not isinstance(socket, (str, os.PathLike)) or not isinstance(data_socket, (str, os.PathLike, type(None))):
+            raise errors.WrongType(f"socket must be a path, not {type(socket).__name__}")
+        socket = os.fspath(socket)
+        data_socket = os.fspath(data_socket) if data_socket is not None else None
         self.socket = socket
         self._timeout = timeout
         self._data = _data.DataConn(data_socket or socket + DATA_SOCKET_SUFFIX, timeout)

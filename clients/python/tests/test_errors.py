@@ -90,6 +90,10 @@ def test_finished_leases(client, ns):
 def test_no_daemon_is_unavailable(tmp_path):
     with pytest.raises(pegad.Unavailable):
         pegad.Client(str(tmp_path / "nothing.sock"))
+    with pytest.raises(pegad.Unavailable):
+        pegad.Client(tmp_path / "nothing.sock")  # a Path works too
+    with pytest.raises(pegad.WrongType):
+        pegad.Client(42)
 
 
 def test_interrupted_call_breaks_the_connection_not_the_stream(daemon, ns, monkeypatch):
