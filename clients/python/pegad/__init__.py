@@ -14,7 +14,7 @@ See clients/python/README.md and docs/local-protocol.md.
 
 from .client import (DATA_SOCKET_SUFFIX, DEFAULT_SOCKET, AllocRequest, Client, PrefetchBlock,
                      PrefetchResult, Reader, Slot, SlotSize, Writer)
-from .errors import (Aborted, ClientClosed, Exists, InternalError, InvalidArgument, LeaseEnded,
+from .errors import (Aborted, ClientClosed, Exists, FailedPrecondition, InternalError, InvalidArgument, LeaseEnded,
                      LimitReached, NotFound, PegadError, PoolFull, ProtocolError, ShortBuffer,
                      Unavailable, WrongType)
 
@@ -25,5 +25,5 @@ __all__ = [
     "PrefetchResult", "DATA_SOCKET_SUFFIX", "DEFAULT_SOCKET",
     "PegadError", "NotFound", "PoolFull", "InvalidArgument", "WrongType", "Exists",
     "LeaseEnded", "LimitReached", "Unavailable", "ClientClosed", "ProtocolError",
-    "InternalError", "ShortBuffer", "Aborted",
+    "InternalError", "ShortBuffer", "Aborted", "FailedPrecondition",
 ]

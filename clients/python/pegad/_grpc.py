@@ -16,6 +16,7 @@ _CODES = {
     grpc.StatusCode.ABORTED: errors.Aborted,
     grpc.StatusCode.INTERNAL: errors.InternalError,
     grpc.StatusCode.DEADLINE_EXCEEDED: errors.Unavailable,
+    grpc.StatusCode.FAILED_PRECONDITION: errors.FailedPrecondition,
 }
 
 _STATUS_PREFIX = "PREFETCH_BLOCK_STATUS_"
@@ -43,8 +44,8 @@ def delete(stub, ns, h, timeout):
 
 def _result(pr):
     from .client import PrefetchBlock, PrefetchResult
-    blocks = [PrefetchBlock(b.hash, local_pb2.PrefetchBlockStatus.Name(b.status).removeprefix(_STATUS_PREFIX), b.error)
-              for b in pr.blocks]
+    blocks = [PrefetchBlock(b.hash, local_pb2.PrefetchBlockStatus.Name(b.status).removeprefix(_STATUS_PREFIX), b.error,
+                            b.node) for b in pr.blocks]
     d = pr.duration.seconds + pr.duration.nanos / 1e9
     return PrefetchResult(blocks, pr.bytes, d, pr.session_id)
 

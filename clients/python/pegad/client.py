@@ -32,8 +32,10 @@ Slot.__doc__ = "A leased slot: read-only memoryviews of its K and V segments (v 
 AllocRequest = namedtuple("AllocRequest", ["namespace", "hash", "size", "slots"], defaults=[None])
 AllocRequest.__doc__ = "One block of alloc_batch: size bytes, or the shape given by slots."
 
-PrefetchBlock = namedtuple("PrefetchBlock", ["hash", "status", "error"])
-PrefetchBlock.__doc__ = "One block's prefetch outcome; status is the PrefetchBlockStatus name without its prefix (FETCHED, ALREADY_LOCAL, MISSING_ON_PEER, FAILED, DISCARDED)."
+PrefetchBlock = namedtuple("PrefetchBlock", ["hash", "status", "error", "node"], defaults=[""])
+PrefetchBlock.__doc__ = ("One block's prefetch outcome; status is the PrefetchBlockStatus name without its prefix "
+                         "(FETCHED, ALREADY_LOCAL, MISSING_ON_PEER, FAILED, DISCARDED, NOT_FOUND); node: the node "
+                         "that served it when no peer was given (cluster index).")
 
 PrefetchResult = namedtuple("PrefetchResult", ["blocks", "bytes", "duration", "session_id"])
 PrefetchResult.__doc__ = "What a prefetch did: per-block outcomes, bytes moved, seconds taken, session id."
@@ -610,7 +612,9 @@ class Client:
 
     def prefetch(self, namespace, hashes, peer=None, timeout=None):
         """Ask the daemon to fetch blocks from peer (its gRPC host:port) into
-        its pool; timeout (seconds) bounds the fetch on the daemon's side.
+        its pool, or, with peer None, from the nodes the cluster index says
+        hold them (FailedPrecondition when the daemon has no --cluster-redis);
+        timeout (seconds) bounds the fetch on the daemon's side.
         Returns a PrefetchResult. On failure the exception's .result (when
         the daemon sent one) says which blocks failed and how."""
         from . import _grpc

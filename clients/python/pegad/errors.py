@@ -7,7 +7,7 @@ subclasses (the Python form of the Go client's errors.Is sentinels).
 __all__ = [
     "PegadError", "NotFound", "PoolFull", "InvalidArgument", "WrongType", "Exists",
     "LeaseEnded", "LimitReached", "Unavailable", "ClientClosed", "ProtocolError",
-    "InternalError", "ShortBuffer", "Aborted",
+    "InternalError", "ShortBuffer", "Aborted", "FailedPrecondition",
 ]
 
 
@@ -75,3 +75,8 @@ class ShortBuffer(PegadError, ValueError):
 
 class Aborted(PegadError):
     """The daemon aborted the call (a block changed or a stream ended early)."""
+
+
+class FailedPrecondition(PegadError):
+    """The daemon is not set up for the call (e.g. prefetch without a peer on a
+    daemon without --cluster-redis)."""
