@@ -51,6 +51,8 @@ PAIRS=(
 	"LeaseBatch+ReleaseBatch per block vs echo|./bench|BenchmarkClientBatchLeases|leaserelease-ns/op|echo-ns/op|lower"
 	"verbs READ latency (fake HCA, completions 50us late) vs that delay|./internal/ibv/verbs|BenchmarkReadLatencyVsDelay|read-us|delay-us|lower"
 	"pool start-up (map + parallel populate) s/GiB vs one-thread memset|./internal/pool|BenchmarkPoolStartVsMemset|start-s/GiB|memset-s/GiB|lower"
+	"python put 4MiB vs numpy copy in|clients/python|BenchmarkPythonPutGetVsNumpy|put-MB/s|numpyin-MB/s|higher"
+	"python get 4MiB vs numpy copy out|clients/python|BenchmarkPythonPutGetVsNumpy|get-MB/s|numpyout-MB/s|higher"
 )
 
 # One go test run per package, selecting the pairs' top-level benchmarks.
@@ -76,8 +78,16 @@ for pkg in "${PKGS[@]}"; do
 	# same-named benchmarks of different packages.
 	echo "bench.sh-package: $pkg" >>"$RAW"
 	set +e
-	"$GO" test -run='^$' -bench="^(${BENCHES[$pkg]})\$" -benchtime="$BENCHTIME" -count="$BENCHCOUNT" \
-		"$pkg" 2>&1 | tee -a "$RAW" | grep --line-buffered -E '^(Benchmark|--- FAIL|FAIL|panic|ok )'
+	if [[ $pkg == clients/python ]]; then
+		# The Python client's row: a script printing go test's format, run
+		# by Debian's python3 (python3-grpcio, -protobuf, -numpy) on the
+		# package's source tree against a pegad it builds and starts.
+		PYTHONPATH=clients/python GO="$GO" "${PYTHON:-/usr/bin/python3}" clients/python/tests/bench_putget.py \
+			--benchtime "$BENCHTIME" --count "$BENCHCOUNT" 2>&1 | tee -a "$RAW" | grep --line-buffered -E '^(Benchmark|Traceback|[A-Za-z]*Error)'
+	else
+		"$GO" test -run='^$' -bench="^(${BENCHES[$pkg]})\$" -benchtime="$BENCHTIME" -count="$BENCHCOUNT" \
+			"$pkg" 2>&1 | tee -a "$RAW" | grep --line-buffered -E '^(Benchmark|--- FAIL|FAIL|panic|ok )'
+	fi
 	status=${PIPESTATUS[0]}
 	set -e
 	if ((status != 0)); then

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # e2e-local-protocol.sh: issue 11's check that docs/local-protocol.md is
-# enough to write a client in another language. scripts/localproto.py (a
-# Python client written from the document, standard library only) against a
-# real pegad (tcp transport, loopback, temp socket):
+# enough to write a client in another language, now with the real Python
+# client (clients/python, package pegad, written from the document; driven
+# by scripts/localproto.py) against a real pegad (tcp transport, loopback,
+# temp socket):
 #   1. puts a 3 MiB block in place through the data socket; pegactl (the Go
 #      client) reads it back byte-identical;
 #   2. pegactl puts a block; the Python client reads it in place, identical;
@@ -14,7 +15,7 @@ bound_script "${E2E_TIMEOUT:-120}"
 
 build
 SOCK=$WORK/pegad.sock
-PY="python3 $ROOT/scripts/localproto.py"
+PY="${PYTHON:-python3} $ROOT/scripts/localproto.py"
 start_pegad a --node-id e2e-lp --transport tcp --socket "$SOCK" --listen "127.0.0.1:$(free_port)" \
 	--metrics-listen "" --tcp-data-listen 127.0.0.1:0 --pool-size 64MiB --log-format json --log-level info
 wait_ready "$PID_a" "$SOCK"
@@ -26,24 +27,24 @@ mkdir -p "$D"
 # --- 1. Python put, Go get ------------------------------------------------
 random_file "$D/py.bin" $((3 << 20))
 H1=$(random_hash)
-[[ $($PY "$SOCK.data" put lp "$H1" "$D/py.bin") == created ]] || fail "python put did not create the block"
+[[ $($PY "$SOCK" put lp "$H1" "$D/py.bin") == created ]] || fail "python put did not create the block"
 ctl blocks get --namespace lp --hash "$H1" --out "$D/py.out" >/dev/null
 cmp -s "$D/py.bin" "$D/py.out" || fail "pegactl read back different bytes than the python client wrote"
 pass "python put in place, pegactl get: byte-identical"
-[[ $($PY "$SOCK.data" put lp "$H1" "$D/py.bin") == exists ]] || fail "second python put did not say exists"
+[[ $($PY "$SOCK" put lp "$H1" "$D/py.bin") == exists ]] || fail "second python put did not say exists"
 
 # --- 2. Go put, Python get ------------------------------------------------
 random_file "$D/k" $((1 << 20))
 random_file "$D/v" 4097
 H2=$(random_hash)
 ctl blocks put --namespace lp --hash "$H2" --kv --file "$D/k" --file "$D/v" >/dev/null
-$PY "$SOCK.data" get lp "$H2" "$D/go.out"
+$PY "$SOCK" get lp "$H2" "$D/go.out"
 cat "$D/k" "$D/v" | cmp -s - "$D/go.out" || fail "python read back different bytes than pegactl put"
 pass "pegactl put (K/V), python get in place: byte-identical"
 
 # --- 3. kill -9 of a python client holding leases ---------------------------
 USED=$(ctl stats -o json | jq_py 'd["pool_used"]')
-exec {HOLD}< <(exec $PY "$SOCK.data" hold lp "$H2")
+exec {HOLD}< <(exec $PY "$SOCK" hold lp "$H2")
 HOLD_PID=$!
 read -r -t 20 line <&"$HOLD" || fail "python holder said nothing"
 [[ $line == ready ]] || fail "python holder said: $line"

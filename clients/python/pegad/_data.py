@@ -1,0 +1,153 @@
+"""The connection to pegad's data socket and this process's mapping of the
+pool (docs/local-protocol.md). It owns the socket, the mmap and the request
+lock; it must never copy block bytes through the socket.
+"""
+
+import mmap
+import socket
+import threading
+
+from . import _wire as wire
+from . import errors
+
+
+class DataConn:
+    """One data-socket connection: one request in flight at a time."""
+
+    def __init__(self, path, timeout=None):
+        self._lock = threading.Lock()  # guards the socket, seq, buffers, broken, closed
+        self._seq = 0
+        self._broken = None
+        self._closed = False
+        self._rbuf = bytearray(64 << 10)  # read buffer: [_rstart, _rend) not consumed yet
+        self._rmv = memoryview(self._rbuf)
+        self._rstart = self._rend = 0
+        try:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        except OSError as e:
+            raise errors.Unavailable(f"data socket {path}: {e}") from e
+        try:
+            s.settimeout(timeout if timeout is not None else 10.0)
+            s.connect(path)
+        except OSError as e:
+            s.close()
+            raise errors.Unavailable(f"data socket {path}: {e}") from e
+        self._sock = s
+        try:
+            self._hello()
+        except BaseException:
+            s.close()
+            raise
+        s.settimeout(timeout)
+
+    def _hello(self):
+        self._seq += 1
+        self._sock.sendall(wire.frame(wire.OP_HELLO, 0, self._seq, wire._U32.pack(wire.VERSION)))
+        # The fd rides on the reply's first byte: recvmsg before anything
+        # else reads the stream.
+        try:
+            data, fds, _, _ = socket.recv_fds(self._sock, wire.HEADER_LEN + 64, 1)
+        except OSError as e:
+            raise errors.Unavailable(f"hello: {e}") from e
+        try:
+            self._rbuf[:len(data)] = data
+            self._rend = len(data)
+            if not data:
+                raise errors.Unavailable("hello: the daemon closed the connection")
+            op, status, count, seq, body = self._read_frame()
+            if status != wire.ST_OK:
+                raise errors.ProtocolError(f"daemon refused hello: {bytes(body).decode('utf-8', 'replace')}")
+            if op != wire.OP_HELLO or len(body) != wire.HELLO_REPLY.size:
+                raise errors.ProtocolError(f"hello answered with op {op}, {len(body)} bytes")
+            version, pool_size, lease_ms = wire.HELLO_REPLY.unpack(body)
+            if version != wire.VERSION:
+                raise errors.ProtocolError(f"hello answered with version {version}")
+            if not fds:
+                raise errors.ProtocolError("hello carried no memfd")
+            if pool_size == 0:
+                raise errors.ProtocolError("pool of 0 bytes")
+            self.mm = mmap.mmap(fds[0], pool_size, flags=mmap.MAP_SHARED,
+                                prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            for fd in fds:
+                socket.close(fd)  # the mapping keeps the memory
+        self.view = memoryview(self.mm)
+        self.pool_size = pool_size
+        self.lease_timeout = lease_ms / 1000.0
+
+    def _recv_exact(self, n):
+        """The next n bytes of the stream, as a memoryview valid until the
+        next read. Reads as much as the socket has (a whole response is
+        usually one recv), keeping the rest for the next call."""
+        avail = self._rend - self._rstart
+        if avail < n:
+            if self._rstart + n > len(self._rbuf):
+                if n > len(self._rbuf):
+                    buf = bytearray(max(n, 2 * len(self._rbuf)))  # the old views stay valid on the old one
+                    buf[:avail] = self._rbuf[self._rstart:self._rend]
+                    self._rbuf, self._rmv = buf, memoryview(buf)
+                else:
+                    self._rbuf[:avail] = self._rbuf[self._rstart:self._rend]
+                self._rstart, self._rend = 0, avail
+            while self._rend - self._rstart < n:
+                k = self._sock.recv_into(self._rmv[self._rend:])
+                if k == 0:
+                    raise errors.Unavailable("the daemon closed the data connection")
+                self._rend += k
+        out = self._rmv[self._rstart:self._rstart + n]
+        self._rstart += n
+        if self._rstart == self._rend:
+            self._rstart = self._rend = 0
+        return out
+
+    def _read_frame(self):
+        length, op, status, count, seq = wire.HEADER.unpack(self._recv_exact(wire.HEADER_LEN))
+        if length < 8 or length > wire.MAX_FRAME or count > wire.MAX_BATCH:
+            raise errors.ProtocolError(f"frame of {length} bytes, {count} items")
+        return op, status, count, seq, self._recv_exact(length - 8)
+
+    def call(self, op, items):
+        """Send one request of items (encoded bytes each) and return the
+        decoded results. A failure of the connection itself breaks it for
+        good (the daemon then ends its leases)."""
+        body = items[0] if len(items) == 1 else b"".join(items)
+        with self._lock:
+            if self._closed:
+                raise errors.ClientClosed("pegad client closed")
+            if self._broken is not None:
+                raise errors.Unavailable(f"data connection broken by an earlier failure: {self._broken}")
+            self._seq = (self._seq + 1) & 0xFFFFFFFF
+            req = wire.frame(op, len(items), self._seq, body)  # InvalidArgument: nothing sent
+            try:
+                self._sock.sendall(req)
+                rop, status, count, seq, rbody = self._read_frame()
+                if status != wire.ST_OK:
+                    raise errors.ProtocolError(
+                        f"daemon refused {wire.OP_NAMES[op]}: status {status}: "
+                        f"{bytes(rbody).decode('utf-8', 'replace')}")
+                if rop != op or seq != self._seq or count != len(items):
+                    raise errors.ProtocolError(
+                        f"answer op {rop} seq {seq} count {count} to op {op} seq {self._seq} count {len(items)}")
+                return wire.decode_results(op, rbody, count)
+            except BaseException as e:
+                # Also on KeyboardInterrupt: a response may be left half
+                # read, so the stream cannot be trusted any more.
+                self._broken = e
+                self._sock.close()
+                if isinstance(e, OSError):
+                    raise errors.Unavailable(f"{wire.OP_NAMES[op]}: {e}") from e
+                raise
+
+    def close(self):
+        """Close the connection (the daemon ends its leases) and unmap the
+        pool; views still exported keep the mapping alive until freed."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._sock.close()
+            try:
+                self.view.release()
+                self.mm.close()
+            except BufferError:
+                pass  # a caller still holds a view: the mapping goes when it is freed

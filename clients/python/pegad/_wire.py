@@ -1,0 +1,117 @@
+"""The local data socket's wire format (docs/local-protocol.md, the Go
+side is api/localwire): encoders and decoders of frames and items only; no
+sockets, no state.
+"""
+
+import struct
+
+from . import errors
+
+VERSION = 1
+HEADER = struct.Struct("<IBBHI")  # len, op, status, count, seq
+HEADER_LEN = HEADER.size
+MAX_FRAME = 16 << 20  # most bytes after the length field
+MAX_BATCH = 4096
+MAX_NAMESPACE = 256
+MAX_HASH = 64
+MAX_SLOTS = 1024
+MAX_MESSAGE = 1024
+
+OP_HELLO, OP_ALLOC, OP_COMMIT, OP_ABORT, OP_LEASE, OP_RELEASE, OP_RENEW = range(1, 8)
+OP_NAMES = {1: "hello", 2: "alloc", 3: "commit", 4: "abort", 5: "lease", 6: "release", 7: "renew"}
+
+ST_OK, ST_NOT_FOUND, ST_POOL_FULL, ST_INVALID, ST_EXISTS, ST_NO_LEASE, ST_LIMIT, ST_INTERNAL, ST_CLOSED = range(9)
+STATUS_ERRORS = {
+    ST_NOT_FOUND: errors.NotFound,
+    ST_POOL_FULL: errors.PoolFull,
+    ST_INVALID: errors.InvalidArgument,
+    ST_EXISTS: errors.Exists,
+    ST_NO_LEASE: errors.LeaseEnded,
+    ST_LIMIT: errors.LimitReached,
+    ST_INTERNAL: errors.InternalError,
+    ST_CLOSED: errors.Unavailable,
+}
+
+_U8 = struct.Struct("<B")
+_U16 = struct.Struct("<H")
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+_SLOT = struct.Struct("<QQ")
+_ALLOC_RES = struct.Struct("<QQQ")
+_LEASE_HEAD = struct.Struct("<QH")
+_PLACE = struct.Struct("<QQQQ")
+HELLO_REPLY = struct.Struct("<IQQ")
+
+
+def frame(op, count, seq, body):
+    """One request frame: header and body."""
+    if 8 + len(body) > MAX_FRAME:
+        raise errors.InvalidArgument(f"{OP_NAMES[op]}: frame of {8 + len(body)} bytes (max {MAX_FRAME})")
+    return HEADER.pack(8 + len(body), op, 0, count, seq) + body
+
+
+def key(ns, h):
+    """The encoded key; ns and h are already checked bytes."""
+    return _U16.pack(len(ns)) + ns + _U8.pack(len(h)) + h
+
+
+def alloc_item(ns, h, slots):
+    return key(ns, h) + _U16.pack(len(slots)) + b"".join(_SLOT.pack(k, v) for k, v in slots)
+
+
+def lease_id(i):
+    return _U64.pack(i)
+
+
+def item_error(op, status, msg):
+    cls = STATUS_ERRORS.get(status, errors.InternalError)
+    text = f"{OP_NAMES.get(op, op)}: {msg}" if msg else OP_NAMES.get(op, str(op))
+    return cls(text)
+
+
+def decode_results(op, body, count):
+    """The count results of op's response: per item either an exception
+    (a failed item) or the op's payload: alloc (lease, off, len); commit
+    created (bool); lease (lease, [(koff, klen, voff, vlen), ...]); None
+    for abort, release, renew. Raises ProtocolError on malformed bytes."""
+    out = []
+    pos = 0
+    n = len(body)
+    try:
+        for _ in range(count):
+            st = body[pos]
+            pos += 1
+            if st != ST_OK:
+                (ml,) = _U16.unpack_from(body, pos)
+                pos += 2
+                if ml > MAX_MESSAGE or pos + ml > n:
+                    raise errors.ProtocolError(f"{OP_NAMES[op]}: message of {ml} bytes")
+                out.append(item_error(op, st, bytes(body[pos:pos + ml]).decode("utf-8", "replace")))
+                pos += ml
+                continue
+            if op == OP_ALLOC:
+                out.append(_ALLOC_RES.unpack_from(body, pos))
+                pos += _ALLOC_RES.size
+            elif op == OP_COMMIT:
+                c = body[pos]
+                pos += 1
+                if c > 1:
+                    raise errors.ProtocolError("commit: created flag not 0 or 1")
+                out.append(bool(c))
+            elif op == OP_LEASE:
+                lease, ns = _LEASE_HEAD.unpack_from(body, pos)
+                pos += _LEASE_HEAD.size
+                if ns == 0 or ns > MAX_SLOTS or pos + _PLACE.size * ns > n:
+                    raise errors.ProtocolError(f"lease: result of {ns} slots")
+                places = [_PLACE.unpack_from(body, pos + _PLACE.size * j) for j in range(ns)]
+                pos += _PLACE.size * ns
+                out.append((lease, places))
+            elif op in (OP_ABORT, OP_RELEASE, OP_RENEW):
+                out.append(None)
+            else:
+                raise errors.ProtocolError(f"results of op {op}")
+    except (IndexError, struct.error) as e:
+        raise errors.ProtocolError(f"{OP_NAMES.get(op, op)}: truncated response: {e}") from None
+    if pos != n:
+        raise errors.ProtocolError(f"{OP_NAMES.get(op, op)}: {n - pos} trailing bytes")
+    return out

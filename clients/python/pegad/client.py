@@ -1,0 +1,634 @@
+"""pegad's Python client: put, get, alloc and lease KV-cache blocks in a
+local pegad's pool with no copy through the socket (the data socket,
+docs/local-protocol.md), delete and prefetch over the local gRPC API.
+
+Mirrors the Go client (client/ in the repository). It owns the client's
+connections and leases; it must never copy block bytes through protobuf or
+the socket on the put, get, alloc and lease paths.
+"""
+
+import os
+import threading
+from collections import namedtuple
+
+from . import _data
+from . import _wire as wire
+from . import errors
+
+__all__ = [
+    "Client", "Writer", "Reader", "Slot", "SlotSize", "AllocRequest",
+    "PrefetchBlock", "PrefetchResult", "DATA_SOCKET_SUFFIX", "DEFAULT_SOCKET",
+]
+
+DATA_SOCKET_SUFFIX = ".data"
+DEFAULT_SOCKET = "/run/pegad/pegad.sock"
+
+SlotSize = namedtuple("SlotSize", ["k", "v"], defaults=[0])
+SlotSize.__doc__ = "One slot (one tensor-parallel rank) of a block: K bytes and V bytes (0: no V segment)."
+
+Slot = namedtuple("Slot", ["k", "v"])
+Slot.__doc__ = "A leased slot: read-only memoryviews of its K and V segments (v None: no V segment)."
+
+AllocRequest = namedtuple("AllocRequest", ["namespace", "hash", "size", "slots"], defaults=[None])
+AllocRequest.__doc__ = "One block of alloc_batch: size bytes, or the shape given by slots."
+
+PrefetchBlock = namedtuple("PrefetchBlock", ["hash", "status", "error", "node"], defaults=[""])
+PrefetchBlock.__doc__ = ("One block's prefetch outcome; status is the PrefetchBlockStatus name without its prefix "
+                         "(FETCHED, ALREADY_LOCAL, MISSING_ON_PEER, FAILED, DISCARDED, NOT_FOUND); node: the node "
+                         "that served it when no peer was given (cluster index).")
+
+PrefetchResult = namedtuple("PrefetchResult", ["blocks", "bytes", "duration", "session_id"])
+PrefetchResult.__doc__ = "What a prefetch did: per-block outcomes, bytes moved, seconds taken, session id."
+
+
+def _namespace(ns):
+    if not isinstance(ns, str):
+        raise errors.WrongType(f"namespace must be str, not {type(ns).__name__}")
+    b = ns.encode("utf-8")
+    if not 1 <= len(b) <= wire.MAX_NAMESPACE:
+        raise errors.InvalidArgument(f"namespace of {len(b)} bytes (want 1..{wire.MAX_NAMESPACE})")
+    return b
+
+
+def _hash(h):
+    if not isinstance(h, (bytes, bytearray, memoryview)):
+        raise errors.WrongType(f"hash must be bytes, not {type(h).__name__}")
+    b = bytes(h)
+    if not 1 <= len(b) <= wire.MAX_HASH:
+        raise errors.InvalidArgument(f"hash of {len(b)} bytes (want 1..{wire.MAX_HASH})")
+    return b
+
+
+def _size(n, what="size"):
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise errors.WrongType(f"{what} must be int, not {type(n).__name__}")
+    if n < 0 or n >= 1 << 64:
+        raise errors.InvalidArgument(f"{what} of {n} bytes")
+    return n
+
+
+def _slots(size, slots):
+    """The slot layout: one all-K slot of size when slots is None."""
+    if slots is None:
+        size = _size(size)
+        if size == 0:
+            raise errors.InvalidArgument("block of 0 bytes")
+        return [(size, 0)]
+    try:
+        out = [(_size(k, "K size"), _size(v, "V size")) for k, v in (SlotSize(*s) if not isinstance(s, SlotSize) else s for s in slots)]
+    except TypeError as e:
+        raise errors.WrongType(f"slots must be (k, v) pairs: {e}") from None
+    if not 1 <= len(out) <= wire.MAX_SLOTS:
+        raise errors.InvalidArgument(f"{len(out)} slots (want 1..{wire.MAX_SLOTS})")
+    total = sum(k + v for k, v in out)
+    if size is not None and total != size:
+        raise errors.InvalidArgument(f"slots add up to {total} bytes, the block is {size}")
+    return out
+
+
+def _bytes_view(data, writable=False):
+    """data as a flat memoryview of bytes (no copy)."""
+    try:
+        mv = memoryview(data)
+    except TypeError:
+        raise errors.WrongType(f"{type(data).__name__} is not a buffer (want bytes, bytearray, memoryview, numpy array)") from None
+    if writable and mv.readonly:
+        raise errors.WrongType(f"{type(data).__name__} is read-only: get needs a writable buffer")
+    if not mv.c_contiguous:
+        raise errors.InvalidArgument("buffer is not C-contiguous")
+    if mv.format != "B" or mv.ndim != 1:
+        mv = mv.cast("B")
+    return mv
+
+
+def _drop(mv):
+    """Invalidate a view handed to the caller, where nothing else exports it
+    (a numpy array made from it keeps it alive; that one must not be used)."""
+    try:
+        mv.release()
+    except BufferError:
+        pass
+
+
+class Writer:
+    """Room in the pool for one block, under a write lease.
+
+    Write the block's bytes (slot order: slot 0 K, slot 0 V, slot 1 K, ...)
+    into buffer, then commit to store it or abort to give the room back.
+    As a context manager: commit on a clean exit, abort on an exception.
+    If the process dies first, the daemon gives the room back.
+    """
+
+    def __init__(self, conn, lease, view):
+        self._d = conn
+        self._id = lease
+        self.buffer = view  # writable memoryview into the pool, released at commit/abort
+        self._mu = threading.Lock()  # guards _done, created
+        self._done = False
+        self.created = False  # after commit: stored by this writer (False: someone else's copy won)
+        self._commit_error = None
+
+    def _take(self):
+        with self._mu:
+            if self._done:
+                return False
+            self._done = True
+            return True
+
+    def commit(self):
+        """Index the block; after it the block is immutable. Returns
+        created (False: the key was stored by someone else first)."""
+        errs = _commit(self._d, [self])
+        if errs:
+            raise errs[0]
+        return self.created
+
+    def abort(self):
+        """Give the room back. After commit or abort it does nothing."""
+        _finish(self._d, wire.OP_ABORT, _ids([self]))
+
+    def renew(self):
+        """Push the lease's deadline back by the lease timeout."""
+        _renew(self._d, self._id)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            if not self._done:
+                self.commit()
+        else:
+            try:
+                self.abort()
+            except errors.PegadError:
+                pass  # the original exception matters more
+        return False
+
+
+class Reader:
+    """A stored block pinned under a read lease: read it in place, then
+    release (or use it as a context manager).
+
+    buffer is the whole block (slot order), a read-only memoryview into the
+    pool, when its segments lie back to back (as a put's do); None when the
+    block is scattered (fetched from a peer): then use slots. The memory
+    stays the block's until release, even if it is deleted or evicted.
+    """
+
+    def __init__(self, conn, lease, slots, whole, size):
+        self._d = conn
+        self._id = lease
+        self.slots = slots
+        self.buffer = whole
+        self.size = size
+        self._mu = threading.Lock()  # guards _done
+        self._done = False
+
+    def _take(self):
+        with self._mu:
+            if self._done:
+                return False
+            self._done = True
+            return True
+
+    def release(self):
+        """Unpin the block. Raises LeaseEnded when the lease had expired
+        meanwhile: bytes read under it may be torn. Later calls do nothing."""
+        _finish(self._d, wire.OP_RELEASE, _ids([self]))
+
+    def renew(self):
+        """Push the lease's deadline back by the lease timeout."""
+        _renew(self._d, self._id)
+
+    def segments(self):
+        """The block's segments in slot order (K, V, K, V, ...)."""
+        for s in self.slots:
+            yield s.k
+            if s.v is not None:
+                yield s.v
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        try:
+            self.release()
+        except errors.PegadError:
+            if exc_type is None:
+                raise
+        return False
+
+
+def _ids(objs):
+    """Ids of the writers or readers not finished yet, marking them finished
+    and invalidating the views handed out."""
+    ids = []
+    for o in objs:
+        if o is not None and o._take():
+            ids.append(o._id)
+            _release_views(o)
+    return ids
+
+
+def _release_views(o):
+    if isinstance(o, Writer):
+        _drop(o.buffer)
+    else:
+        if o.buffer is not None:
+            _drop(o.buffer)
+        for s in o.slots:
+            _drop(s.k)
+            if s.v is not None:
+                _drop(s.v)
+
+
+def _commit(d, writers):
+    """Commit the writers not finished; a list of the per-writer errors."""
+    live = [w for w in writers if w is not None and w._take()]
+    for w in live:
+        _drop(w.buffer)
+    errs = []
+    for i in range(0, len(live), wire.MAX_BATCH):
+        batch = live[i:i + wire.MAX_BATCH]
+        res = d.call(wire.OP_COMMIT, [wire.lease_id(w._id) for w in batch])
+        for w, r in zip(batch, res):
+            if isinstance(r, Exception):
+                w._commit_error = r
+                errs.append(r)
+            else:
+                w.created = r
+    return errs
+
+
+def _finish(d, op, ids):
+    """ABORT or RELEASE ids; raises the first item error."""
+    errs = []
+    for i in range(0, len(ids), wire.MAX_BATCH):
+        try:
+            res = d.call(op, [wire.lease_id(x) for x in ids[i:i + wire.MAX_BATCH]])
+        except errors.ClientClosed:
+            return  # the daemon ended every lease when the client closed
+        errs.extend(r for r in res if isinstance(r, Exception))
+    if errs:
+        raise errs[0]
+
+
+def _renew(d, lease):
+    (r,) = d.call(wire.OP_RENEW, [wire.lease_id(lease)])
+    if isinstance(r, Exception):
+        raise r
+
+
+class Client:
+    """A client of the local pegad listening on socket (its --socket).
+
+    Zero-copy calls go over the data socket (socket + ".data"); delete and
+    prefetch over gRPC on socket, dialled on first use. Safe for use from
+    several threads; calls on one client are serialized on its data
+    connection (make one client per thread for parallel calls). Closing
+    it (or leaving its with block) ends every lease it still holds.
+    """
+
+    def __init__(self, socket=DEFAULT_SOCKET, data_socket=None, timeout=None):
+        """timeout (seconds, None: none) bounds each call; a call that
+        times out breaks the data connection (its leases end)."""
+        if not isinstance(socket, (str, os.PathLike)) or not isinstance(data_socket, (str, os.PathLike, type(None))):
+            raise errors.WrongType(f"socket must be a path, not {type(socket).__name__}")
+        socket = os.fspath(socket)
+        data_socket = os.fspath(data_socket) if data_socket is not None else None
+        self.socket = socket
+        self._timeout = timeout
+        self._data = _data.DataConn(data_socket or socket + DATA_SOCKET_SUFFIX, timeout)
+        self._grpc_lock = threading.Lock()  # guards _channel, _stub
+        self._channel = None
+        self._stub = None
+
+    @property
+    def pool_size(self):
+        """Bytes of the mapped pool."""
+        return self._data.pool_size
+
+    @property
+    def lease_timeout(self):
+        """Seconds a lease lives without renew."""
+        return self._data.lease_timeout
+
+    @property
+    def pool(self):
+        """The whole mapped pool (memoryview), e.g. for cudaHostRegister;
+        never write outside a Writer's buffer."""
+        return self._data.view
+
+    def close(self):
+        """Close the connections; the daemon ends every lease still held and
+        every buffer handed out becomes invalid."""
+        self._data.close()
+        with self._grpc_lock:
+            if self._channel is not None:
+                self._channel.close()
+                self._channel = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    # --- zero-copy: alloc and lease ---------------------------------------
+
+    def alloc(self, namespace, hash, size, slots=None):
+        """Room in the pool for a block of size bytes (shape: slots, a list
+        of (k, v) sizes adding up to size; default one all-K slot) and a
+        write lease on it: a Writer. Raises Exists when the key is stored
+        already, PoolFull when it does not fit."""
+        (r,) = self.alloc_batch([AllocRequest(namespace, hash, size, slots)])
+        if isinstance(r, Exception):
+            raise r
+        return r
+
+    def alloc_batch(self, requests):
+        """alloc of many blocks (AllocRequest or (namespace, hash, size[,
+        slots]) tuples) in as few round trips as the frame limits allow.
+        One result per request: a Writer, or the exception saying why not."""
+        out = [None] * len(requests)
+        items = []
+        for i, req in enumerate(requests):
+            try:
+                req = AllocRequest(*req)
+                slots = _slots(req.size, req.slots)
+                items.append((i, wire.alloc_item(_namespace(req.namespace), _hash(req.hash), slots)))
+            except errors.PegadError as e:
+                out[i] = e
+            except TypeError as e:
+                out[i] = errors.WrongType(f"alloc request {i}: {e}")
+        d = self._data
+        pos = 0
+        while pos < len(items):
+            n, size = 0, 0
+            while pos + n < len(items) and n < wire.MAX_BATCH:
+                sz = len(items[pos + n][1])
+                if n > 0 and size + sz > wire.MAX_FRAME // 2:
+                    break
+                size += sz
+                n += 1
+            batch = items[pos:pos + n]
+            pos += n
+            try:
+                res = d.call(wire.OP_ALLOC, [it for _, it in batch])
+            except BaseException:
+                _finish_quietly(d, wire.OP_ABORT, _ids(w for w in out if isinstance(w, Writer)))
+                raise
+            for (i, _), r in zip(batch, res):
+                if isinstance(r, Exception):
+                    out[i] = r
+                    continue
+                lease, off, length = r
+                if off > d.pool_size or length > d.pool_size - off:
+                    out[i] = errors.ProtocolError(f"alloc at [{off},+{length}) outside the pool")
+                    _finish_quietly(d, wire.OP_ABORT, [lease])
+                    continue
+                out[i] = Writer(d, lease, d.view[off:off + length])
+        return out
+
+    def commit_batch(self, writers):
+        """Commit many writers, one round trip per 4096; raises the first
+        writer's error after trying them all (each writer's created is set)."""
+        errs = _commit(self._data, list(writers))
+        if errs:
+            raise errs[0]
+
+    def abort_batch(self, writers):
+        """Abort many writers in one round trip per 4096."""
+        _finish(self._data, wire.OP_ABORT, _ids(writers))
+
+    def lease(self, namespace, hash):
+        """Pin a stored block to read it in place: a Reader. Raises NotFound
+        when it is not stored."""
+        (r,) = self.lease_batch(namespace, [hash])
+        if isinstance(r, Exception):
+            raise r
+        return r
+
+    def lease_batch(self, namespace, hashes):
+        """lease of many blocks of one namespace, one round trip per 4096.
+        One result per hash: a Reader, or the exception saying why not."""
+        ns = _namespace(namespace)
+        hashes = list(hashes)
+        out = [None] * len(hashes)
+        items = []
+        for i, h in enumerate(hashes):
+            try:
+                items.append((i, wire.key(ns, _hash(h))))
+            except errors.PegadError as e:
+                out[i] = e
+        d = self._data
+        for p in range(0, len(items), wire.MAX_BATCH):
+            batch = items[p:p + wire.MAX_BATCH]
+            try:
+                res = d.call(wire.OP_LEASE, [it for _, it in batch])
+            except BaseException:
+                _finish_quietly(d, wire.OP_RELEASE, _ids(r for r in out if isinstance(r, Reader)))
+                raise
+            for (i, _), r in zip(batch, res):
+                if isinstance(r, Exception):
+                    out[i] = r
+                    continue
+                try:
+                    out[i] = self._reader(*r)
+                except errors.ProtocolError as e:
+                    out[i] = e
+                    _finish_quietly(d, wire.OP_RELEASE, [r[0]])
+        return out
+
+    def _reader(self, lease, places):
+        d = self._data
+        view = d.view
+        slots = []
+        size = 0
+        contiguous = True
+        start = nxt = None
+        for koff, klen, voff, vlen in places:
+            segs = []
+            for off, ln in ((koff, klen), (voff, vlen)):
+                if ln == 0:
+                    segs.append(None)
+                    continue
+                if off > d.pool_size or ln > d.pool_size - off:
+                    raise errors.ProtocolError(f"lease segment [{off},+{ln}) outside the pool")
+                segs.append(view[off:off + ln].toreadonly())
+                if start is None:
+                    start = nxt = off
+                if off != nxt:
+                    contiguous = False
+                nxt = off + ln
+                size += ln
+            if segs[0] is None:
+                raise errors.ProtocolError("lease slot without a K segment")
+            slots.append(Slot(segs[0], segs[1]))
+        whole = view[start:start + size].toreadonly() if contiguous and size else None
+        return Reader(d, lease, slots, whole, size)
+
+    def release_batch(self, readers):
+        """Release many readers, one round trip per 4096."""
+        _finish(self._data, wire.OP_RELEASE, _ids(readers))
+
+    # --- one copy: put and get --------------------------------------------
+
+    def put(self, namespace, hash, data, slots=None):
+        """Store data (bytes, bytearray, memoryview, numpy array: any
+        C-contiguous buffer) as the block: one copy, into the pool. Returns
+        True when stored, False when a block was already stored under the
+        key (it is kept)."""
+        mv = _bytes_view(data)
+        try:
+            w = self.alloc(namespace, hash, mv.nbytes, slots)
+        except errors.Exists:
+            return False
+        try:
+            w.buffer[:] = mv
+        except BaseException:
+            _finish_quietly(self._data, wire.OP_ABORT, _ids([w]))
+            raise
+        return w.commit()
+
+    def put_batch(self, namespace, blocks):
+        """put of many (hash, data) pairs of one namespace: one alloc and one
+        commit round trip. One result per block: True (stored), False (was
+        stored already) or the exception saying why not."""
+        blocks = list(blocks)
+        out = [None] * len(blocks)
+        reqs, views, idx = [], [], []
+        for i, b in enumerate(blocks):
+            try:
+                h, data = b
+                mv = _bytes_view(data)
+                reqs.append(AllocRequest(namespace, h, mv.nbytes))
+                views.append(mv)
+                idx.append(i)
+            except errors.PegadError as e:
+                out[i] = e
+            except (TypeError, ValueError) as e:
+                out[i] = errors.WrongType(f"block {i}: want (hash, data): {e}")
+        res = self.alloc_batch(reqs)
+        writers = []
+        for i, mv, r in zip(idx, views, res):
+            if isinstance(r, errors.Exists):
+                out[i] = False
+            elif isinstance(r, Exception):
+                out[i] = r
+            else:
+                r.buffer[:] = mv
+                writers.append((i, r))
+        try:
+            errs = _commit(self._data, [w for _, w in writers])
+        except BaseException:
+            _finish_quietly(self._data, wire.OP_ABORT, _ids(w for _, w in writers))
+            raise
+        del errs  # per writer below
+        for i, w in writers:
+            out[i] = w._commit_error if w._commit_error is not None else w.created
+        return out
+
+    def get(self, namespace, hash, out):
+        """Copy the block's bytes (slot order) into out, a writable buffer
+        (bytearray, memoryview, numpy array), and return their number: one
+        copy, out of the pool. Raises ShortBuffer (with .needed) when out is
+        too short, NotFound when the block is not stored."""
+        dst = _bytes_view(out, writable=True)
+        r = self.lease(namespace, hash)
+        return self._copy_out(r, dst)
+
+    def _copy_out(self, r, dst):
+        n = r.size
+        if dst.nbytes < n:
+            _finish_quietly(self._data, wire.OP_RELEASE, _ids([r]))
+            raise errors.ShortBuffer(f"buffer of {dst.nbytes} bytes for a block of {n}", n)
+        if r.buffer is not None:
+            dst[:n] = r.buffer
+        else:
+            off = 0
+            for seg in r.segments():
+                dst[off:off + seg.nbytes] = seg
+                off += seg.nbytes
+        # A release that finds the lease ended means it expired during the
+        # copy: the memory may have been reused, so the bytes are not trusted.
+        r.release()
+        return n
+
+    def get_batch(self, namespace, hashes, outs):
+        """get of many blocks of one namespace into outs (one buffer per
+        hash): one lease and one release round trip. One result per block:
+        the bytes copied, or the exception saying why not."""
+        hashes, outs = list(hashes), list(outs)
+        if len(hashes) != len(outs):
+            raise errors.InvalidArgument(f"{len(hashes)} hashes, {len(outs)} buffers")
+        dsts = [_bytes_view(o, writable=True) for o in outs]
+        res = self.lease_batch(namespace, hashes)
+        result = [None] * len(res)
+        readers = []
+        for i, r in enumerate(res):
+            if isinstance(r, Exception):
+                result[i] = r
+                continue
+            readers.append(r)
+            if dsts[i].nbytes < r.size:
+                result[i] = errors.ShortBuffer(f"buffer of {dsts[i].nbytes} bytes for a block of {r.size}", r.size)
+                continue
+            off = 0
+            for seg in r.segments():
+                dsts[i][off:off + seg.nbytes] = seg
+                off += seg.nbytes
+            result[i] = off
+        ids = _ids(readers)
+        for p in range(0, len(ids), wire.MAX_BATCH):
+            rel = self._data.call(wire.OP_RELEASE, [wire.lease_id(x) for x in ids[p:p + wire.MAX_BATCH]])
+            # As in get: an ended lease means the bytes copied may be torn.
+            for x, st in zip(ids[p:p + wire.MAX_BATCH], rel):
+                if isinstance(st, Exception):
+                    for j, r in enumerate(res):
+                        if isinstance(r, Reader) and r._id == x:
+                            result[j] = st
+        return result
+
+    # --- gRPC: delete and prefetch ----------------------------------------
+
+    def _local(self):
+        with self._grpc_lock:
+            if self._stub is None:
+                from . import _grpc
+                self._channel, self._stub = _grpc.dial(self.socket)
+            return self._stub
+
+    def delete(self, namespace, hash):
+        """Remove the block from the index (a pinned block's memory stays
+        until its last lease ends). Returns deferred (True: it was pinned).
+        Raises NotFound when it is not stored."""
+        from . import _grpc
+        ns = _namespace(namespace).decode("utf-8")
+        h = _hash(hash)
+        return _grpc.delete(self._local(), ns, h, self._timeout)
+
+    def prefetch(self, namespace, hashes, peer=None, timeout=None):
+        """Ask the daemon to fetch blocks from peer (its gRPC host:port) into
+        its pool, or, with peer None, from the nodes the cluster index says
+        hold them (FailedPrecondition when the daemon has no --cluster-redis);
+        timeout (seconds) bounds the fetch on the daemon's side.
+        Returns a PrefetchResult. On failure the exception's .result (when
+        the daemon sent one) says which blocks failed and how."""
+        from . import _grpc
+        ns = _namespace(namespace).decode("utf-8")
+        hs = [_hash(h) for h in hashes]
+        if peer is not None and not isinstance(peer, str):
+            raise errors.WrongType(f"peer must be str, not {type(peer).__name__}")
+        return _grpc.prefetch(self._local(), ns, hs, peer or "", timeout, self._timeout)
+
+
+def _finish_quietly(d, op, ids):
+    if not ids:
+        return
+    try:
+        _finish(d, op, ids)
+    except errors.PegadError:
+        pass
