@@ -355,10 +355,10 @@ func (s *Service) QueryBlocksForTransfer(ctx context.Context, req *pegadv1.Query
 		s.locks.end(sess, EndReleased)
 		return nil, toStatus(err)
 	}
-	resp.SessionId = sess.id
-	resp.LockTimeout = durationpb.New(sess.deadline.Sub(sess.created))
-	resp.ExpiresAt = timestamppb.New(sess.deadline)
-	s.opts.Log.Debug().Str("session", sess.id).Str("requester", node).Int("blocks", len(pinned)).
+	resp.SessionId = sess.id.String()
+	resp.LockTimeout = durationpb.New(time.Duration(sess.deadline - sess.created))
+	resp.ExpiresAt = timestamppb.New(s.locks.at(sess.deadline))
+	s.opts.Log.Debug().Str("session", resp.SessionId).Str("requester", node).Int("blocks", len(pinned)).
 		Int("missing", len(missing)).Msg("Transfer lock taken")
 	return resp, nil
 }
