@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
 	"github.com/pegaflow/pegad/internal/metrics"
@@ -102,6 +103,10 @@ type shard struct {
 // sessions (for fast reclaim).
 type nodeState struct {
 	id string // immutable
+	// gauge is the node's live-session gauge (metrics.RequesterSessions),
+	// looked up once: a node keeps its label until it is forgotten, and
+	// the lookup takes the metrics' lock. Immutable.
+	gauge prometheus.Gauge
 
 	mu       sync.Mutex  // guards all fields below
 	current  string      // latest incarnation seen ("" until one is seen)
@@ -194,7 +199,7 @@ func (t *LockTable) node(nodeID string, now time.Time) *nodeState {
 		if t.maxNodes > 0 && len(t.nodes) >= t.scanAt {
 			t.evictIdleNodesLocked(now)
 		}
-		n = &nodeState{id: nodeID}
+		n = &nodeState{id: nodeID, gauge: t.m.RequesterSessions(nodeID)}
 		t.nodes[nodeID] = n
 	}
 	return n
@@ -380,7 +385,7 @@ func (t *LockTable) open(owner, inc string, blocks []*store.Block, bytes uint64)
 	t.m.SessionsActive.Inc()
 	t.m.LockActive.Add(float64(len(blocks)))
 	t.m.SessionsGranted.Inc()
-	t.m.RequesterSessions(owner).Inc()
+	n.gauge.Inc()
 	t.reclaim(owner, prev, inc, victims)
 	return s, nil
 }
@@ -412,8 +417,8 @@ func (t *LockTable) finish(s *session) {
 	t.lockedBlocks.Add(-int64(len(s.blocks)))
 	t.m.SessionsActive.Dec()
 	t.m.LockActive.Sub(float64(len(s.blocks)))
-	t.m.RequesterSessions(s.owner()).Dec()
 	n := s.who.node
+	n.gauge.Dec()
 	n.mu.Lock()
 	n.sessions.remove(s)
 	n.mu.Unlock()

@@ -4,8 +4,10 @@ import (
 	"fmt"
 	"runtime"
 	"testing"
+	"time"
 	"unsafe"
 
+	"github.com/pegaflow/pegad/internal/metrics"
 	"github.com/pegaflow/pegad/internal/store"
 )
 
@@ -95,4 +97,42 @@ func TestIncarnationRecordsInterned(t *testing.T) {
 	}
 	lt.ReleaseAll("test")
 	e.pins.check(t, 0)
+}
+
+// TestRequesterGaugeFollowsSessions: each node's live-session gauge (kept
+// in its node state) counts its sessions up and down, and a node that was
+// forgotten and comes back counts under its label again.
+func TestRequesterGaugeFollowsSessions(t *testing.T) {
+	e := newEnv(t, func(o *Options) { o.MaxRequesters = 1 })
+	gauge := func(id string) float64 { return metrics.Value(e.m.RequesterSessions(id)) }
+	a1 := e.open(t, "A", "", 1)
+	a2 := e.open(t, "A", "", 2)
+	b1 := e.open(t, "B", "", 1)
+	if gauge("A") != 2 || gauge("B") != 1 {
+		t.Fatalf("gauges A=%v B=%v, want 2 and 1", gauge("A"), gauge("B"))
+	}
+	for _, r := range []struct{ id, owner string }{{a1, "A"}, {a2, "A"}, {b1, "B"}} {
+		if _, err := e.svc.locks.Release(r.id, r.owner, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if gauge("A") != 0 || gauge("B") != 0 {
+		t.Fatalf("gauges A=%v B=%v after release, want 0", gauge("A"), gauge("B"))
+	}
+	e.clock.Advance(time.Hour) // A and B idle past 2 * max lifetime
+	e.open(t, "C", "", 1)      // past MaxRequesters: A and B forgotten
+	e.svc.locks.nodesMu.Lock()
+	_, kept := e.svc.locks.nodes["A"]
+	e.svc.locks.nodesMu.Unlock()
+	if kept {
+		t.Fatal("idle node A not forgotten")
+	}
+	e.open(t, "A", "", 1)
+	if gauge("A") != 1 || gauge("C") != 1 {
+		t.Fatalf("gauges A=%v C=%v after A came back, want 1 and 1", gauge("A"), gauge("C"))
+	}
+	e.svc.locks.ReleaseAll("test")
+	if gauge("A") != 0 || gauge("C") != 0 {
+		t.Fatalf("gauges A=%v C=%v after ReleaseAll, want 0", gauge("A"), gauge("C"))
+	}
 }
