@@ -116,7 +116,12 @@ type Block struct {
 func (b *Block) Key() Key { return b.key }
 
 // Slots is a copy of the block's segment placement.
-func (b *Block) Slots() []Slot        { return append([]Slot(nil), b.slots...) }
+func (b *Block) Slots() []Slot { return append([]Slot(nil), b.slots...) }
+
+// NumSlots and Slot read the placement without copying it (a query of
+// many blocks builds its answer from them).
+func (b *Block) NumSlots() int        { return len(b.slots) }
+func (b *Block) Slot(i int) Slot      { return b.slots[i] }
 func (b *Block) Size() uint64         { return b.size }
 func (b *Block) CreatedAt() time.Time { return b.created }
 func (b *Block) Pins() int {
