@@ -7,6 +7,8 @@ import (
 	"slices"
 	"sync"
 	"testing"
+
+	"github.com/pegaflow/pegad/internal/metrics"
 )
 
 // TestPinBlockRemovedAfterLookup: a block deleted (and its key put again)
@@ -14,7 +16,7 @@ import (
 // pinned; its memory is freed at once, and the new block under the key is
 // not pinned either (the lookup never saw it).
 func TestPinBlockRemovedAfterLookup(t *testing.T) {
-	s, _ := newStore(t, 1<<20)
+	s, m := newStore(t, 1<<20)
 	for i := range 3 {
 		mustPut(t, s, key(i), i, SlotSize{KSize: 4 * kib})
 	}
@@ -44,6 +46,9 @@ func TestPinBlockRemovedAfterLookup(t *testing.T) {
 	}
 	if want := uint64(4*kib*2 + 8*kib); st.Pool.Used != want {
 		t.Fatalf("pool used %d, want %d: the deleted block's memory was kept", st.Pool.Used, want)
+	}
+	if got := metrics.Value(m.PoolPinned); got != 2*4*kib {
+		t.Fatalf("pinned bytes %v, want %v", got, 2*4*kib)
 	}
 	s.Unpin(pinned)
 	if st := s.Stats(); st.Pinned != 0 || st.RefUnderflows != 0 {
