@@ -202,7 +202,7 @@ func (e *env) open(t *testing.T, owner, inc string, n int) string {
 	if err != nil {
 		t.Fatalf("open(%s,%s): %v", owner, inc, err)
 	}
-	return s.id
+	return s.id.String()
 }
 
 // client serves e.svc on a loopback listener and returns a client.

@@ -27,21 +27,22 @@ func (r EndReason) outcome() string {
 // oldestAge is the age of the oldest live session (0 when none), read at
 // each metrics scrape: one pass over the shards, each locked briefly.
 func (t *LockTable) oldestAge() time.Duration {
-	var oldest time.Time
+	var oldest stamp
+	found := false
 	for i := range t.shards {
 		sh := &t.shards[i]
 		sh.mu.Lock()
-		for _, s := range sh.live {
-			if oldest.IsZero() || s.created.Before(oldest) {
-				oldest = s.created
+		sh.live.each(func(s *session) {
+			if !found || s.created < oldest {
+				oldest, found = s.created, true
 			}
-		}
+		})
 		sh.mu.Unlock()
 	}
-	if oldest.IsZero() {
+	if !found {
 		return 0
 	}
-	return t.now().Sub(oldest)
+	return t.now().Sub(t.at(oldest))
 }
 
 // LockedBlock is one block a session pins (pegactl locks list).

@@ -67,7 +67,7 @@ func (s *Service) owner(ctx context.Context, claimed string) (string, error) {
 // success. n.mu is held.
 func (t *LockTable) admitLocked(owner string, n *nodeState, bytes uint64, leaving []*session) error {
 	l := t.limits
-	sessions, pinned := len(n.sessions)-len(leaving), n.pinned
+	sessions, pinned := n.sessions.len()-len(leaving), n.pinned
 	for _, s := range leaving {
 		pinned -= s.bytes
 	}

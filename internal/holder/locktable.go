@@ -2,8 +2,6 @@ package holder
 
 import (
 	"container/heap"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"sort"
@@ -11,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
 	"github.com/pegaflow/pegad/internal/metrics"
@@ -90,73 +89,50 @@ type SessionInfo struct {
 	blocks      []*store.Block // immutable; for Locked
 }
 
-// session is one transfer lock. id, owner, incarnation, blocks, bytes and
-// created are immutable; the rest is guarded by its shard's mu.
-type session struct {
-	id          string
-	owner       string // requester node id
-	incarnation string
-	blocks      []*store.Block
-	bytes       uint64
-	created     time.Time
-	seq         uint64 // opening order, for paged listings
-
-	deadline time.Time
-	renewals int
-	heapIdx  int // index in shard.expiry; -1 once removed
-}
-
-type tombstone struct {
-	owner string
-	end   EndReason
-}
-
-// expiryHeap is a min-heap of live sessions by deadline. Sessions carry
-// their index so release and renew remove/fix in O(log n), no lazy garbage.
-type expiryHeap []*session
-
-func (h expiryHeap) Len() int           { return len(h) }
-func (h expiryHeap) Less(i, j int) bool { return h[i].deadline.Before(h[j].deadline) }
-func (h expiryHeap) Swap(i, j int) {
-	h[i], h[j] = h[j], h[i]
-	h[i].heapIdx = i
-	h[j].heapIdx = j
-}
-func (h *expiryHeap) Push(x any) {
-	s := x.(*session)
-	s.heapIdx = len(*h)
-	*h = append(*h, s)
-}
-func (h *expiryHeap) Pop() any {
-	old := *h
-	n := len(old)
-	s := old[n-1]
-	old[n-1] = nil
-	s.heapIdx = -1
-	*h = old[:n-1]
-	return s
-}
-
 // shard holds the sessions whose id falls in it.
 type shard struct {
 	mu     sync.Mutex // guards live, expiry, tomb, ring, ringAt and the mutable fields of its sessions
-	live   map[string]*session
+	live   idTable
 	expiry expiryHeap
-	tomb   map[string]tombstone
-	ring   []string // FIFO of tombstoned ids, bounds tomb
+	tomb   map[sessionID]tombstone
+	ring   []sessionID // FIFO of tombstoned ids (zero: empty slot), bounds tomb
 	ringAt int
 }
 
 // nodeState tracks one requester node: its incarnations and its live
 // sessions (for fast reclaim).
 type nodeState struct {
-	mu       sync.Mutex // guards all fields below
-	current  string     // latest incarnation seen ("" until one is seen)
-	past     []string   // older incarnations, oldest first, bounded
-	sessions map[*session]struct{}
-	pinned   uint64 // bytes of sessions, counted against Limits.PinnedBytesPerPeer
+	id string // immutable
+	// gauge is the node's live-session gauge (metrics.RequesterSessions),
+	// looked up once: a node keeps its label until it is forgotten, and
+	// the lookup takes the metrics' lock. Immutable.
+	gauge prometheus.Gauge
+
+	mu       sync.Mutex  // guards all fields below
+	current  string      // latest incarnation seen ("" until one is seen)
+	past     []string    // older incarnations, oldest first, bounded
+	sessions sessionList // live sessions, for reclaim
+	pinned   uint64      // bytes of sessions, counted against Limits.PinnedBytesPerPeer
 	lastSeen time.Time
 	dead     bool // evicted from LockTable.nodes; callers must look up again
+	// The interned incarnation records new sessions point to: none for
+	// sessions without an incarnation, cur for those of current.
+	none, cur *incarnation
+}
+
+// incarnationLocked is the interned record for a new session of
+// incarnation inc, which observeLocked has just made "" or current.
+func (n *nodeState) incarnationLocked(inc string) *incarnation {
+	if inc == "" {
+		if n.none == nil {
+			n.none = &incarnation{node: n}
+		}
+		return n.none
+	}
+	if n.cur == nil || n.cur.inc != inc {
+		n.cur = &incarnation{node: n, inc: inc}
+	}
+	return n.cur
 }
 
 // LockTable is the holder's table of transfer sessions. It is the only
@@ -172,6 +148,7 @@ type LockTable struct {
 	m           *metrics.Metrics
 	log         zerolog.Logger
 	now         func() time.Time
+	epoch       time.Time // now() when made; sessions' stamps count from it
 	timeout     time.Duration
 	maxLifetime time.Duration
 	tombPerShd  int
@@ -196,6 +173,7 @@ func newLockTable(opts Options) *LockTable {
 		m:           opts.Metrics,
 		log:         opts.Log,
 		now:         opts.Now,
+		epoch:       opts.Now(),
 		timeout:     opts.LockTimeout,
 		maxLifetime: opts.MaxLifetime,
 		tombPerShd:  (opts.Tombstones + numShards - 1) / numShards,
@@ -206,49 +184,14 @@ func newLockTable(opts Options) *LockTable {
 	}
 	t.m.SetOldestSessionAge(t.oldestAge)
 	for i := range t.shards {
-		t.shards[i].live = make(map[string]*session)
-		t.shards[i].tomb = make(map[string]tombstone)
-		t.shards[i].ring = make([]string, t.tombPerShd)
+		t.shards[i].tomb = make(map[sessionID]tombstone)
+		t.shards[i].ring = make([]sessionID, t.tombPerShd)
 	}
 	return t
 }
 
-// ParseSessionID normalizes id (lower-case hex) and checks its shape.
-func ParseSessionID(id string) (string, error) {
-	if len(id) != idLen {
-		return "", fmt.Errorf("%w: want %d hex characters, got %d characters", ErrInvalidSessionID, idLen, len(id))
-	}
-	b := []byte(id)
-	for i, c := range b {
-		switch {
-		case c >= '0' && c <= '9', c >= 'a' && c <= 'f':
-		case c >= 'A' && c <= 'F':
-			b[i] = c + ('a' - 'A')
-		default:
-			return "", fmt.Errorf("%w: character %d is not hex", ErrInvalidSessionID, i)
-		}
-	}
-	return string(b), nil
-}
-
-func (t *LockTable) shardOf(id string) *shard {
-	return &t.shards[(unhex(id[0])<<4|unhex(id[1]))&(numShards-1)]
-}
-
-func unhex(c byte) byte {
-	if c <= '9' {
-		return c - '0'
-	}
-	return c - 'a' + 10
-}
-
-func newID() string {
-	var b [16]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		// crypto/rand.Read never fails on supported platforms (Go >= 1.24).
-		panic(fmt.Sprintf("holder: crypto/rand: %v", err))
-	}
-	return hex.EncodeToString(b[:])
+func (t *LockTable) shardOf(id sessionID) *shard {
+	return &t.shards[id[0]&(numShards-1)]
 }
 
 // node returns the live state of nodeID, creating it.
@@ -260,7 +203,7 @@ func (t *LockTable) node(nodeID string, now time.Time) *nodeState {
 		if t.maxNodes > 0 && len(t.nodes) >= t.scanAt {
 			t.evictIdleNodesLocked(now)
 		}
-		n = &nodeState{sessions: make(map[*session]struct{})}
+		n = &nodeState{id: nodeID, gauge: t.m.RequesterSessions(nodeID)}
 		t.nodes[nodeID] = n
 	}
 	return n
@@ -274,7 +217,7 @@ func (t *LockTable) evictIdleNodesLocked(now time.Time) {
 	cutoff := now.Add(-2 * t.maxLifetime)
 	for id, n := range t.nodes {
 		n.mu.Lock()
-		if len(n.sessions) == 0 && n.lastSeen.Before(cutoff) {
+		if n.sessions.len() == 0 && n.lastSeen.Before(cutoff) {
 			n.dead = true
 			delete(t.nodes, id)
 			t.m.ForgetRequester(id)
@@ -317,8 +260,8 @@ func (n *nodeState) observeLocked(inc string) (reclaim []*session, err error) {
 		}
 	}
 	n.current = inc
-	for s := range n.sessions {
-		if s.incarnation != "" && s.incarnation != inc {
+	for s := n.sessions.head; s != nil; s = s.next {
+		if s.who.inc != "" && s.who.inc != inc {
 			reclaim = append(reclaim, s)
 		}
 	}
@@ -423,25 +366,25 @@ func (t *LockTable) open(owner, inc string, blocks []*store.Block, bytes uint64)
 		n.mu.Unlock()
 		return nil, err
 	}
+	created := t.stamp(now)
 	s := &session{
-		owner: owner, incarnation: inc, blocks: blocks, bytes: bytes,
-		created: now, deadline: now.Add(min(t.timeout, t.maxLifetime)), seq: t.openSeq.Add(1),
+		who: n.incarnationLocked(inc), blocks: blocks, bytes: bytes,
+		created: created, deadline: created + stamp(min(t.timeout, t.maxLifetime)), seq: t.openSeq.Add(1),
 	}
 	for {
 		s.id = newID()
 		sh := t.shardOf(s.id)
 		sh.mu.Lock()
-		_, dupLive := sh.live[s.id]
 		_, dupTomb := sh.tomb[s.id]
-		if !dupLive && !dupTomb {
-			sh.live[s.id] = s
+		if sh.live.get(s.id) == nil && !dupTomb {
+			sh.live.put(s)
 			heap.Push(&sh.expiry, s)
 			sh.mu.Unlock()
 			break
 		}
 		sh.mu.Unlock()
 	}
-	n.sessions[s] = struct{}{}
+	n.sessions.push(s)
 	n.mu.Unlock()
 
 	t.liveSessions.Add(1)
@@ -449,48 +392,44 @@ func (t *LockTable) open(owner, inc string, blocks []*store.Block, bytes uint64)
 	t.m.SessionsActive.Inc()
 	t.m.LockActive.Add(float64(len(blocks)))
 	t.m.SessionsGranted.Inc()
-	t.m.RequesterSessions(owner).Inc()
+	n.gauge.Inc()
 	t.reclaim(owner, prev, inc, victims)
 	return s, nil
 }
 
 // removeLocked takes s out of its shard and leaves a tombstone; sh.mu held.
 func (t *LockTable) removeLocked(sh *shard, s *session, why EndReason) {
-	delete(sh.live, s.id)
+	sh.live.del(s.id)
 	t.m.SessionEnds.WithLabelValues(why.outcome()).Inc()
 	if s.heapIdx >= 0 {
-		heap.Remove(&sh.expiry, s.heapIdx)
+		heap.Remove(&sh.expiry, int(s.heapIdx))
 	}
 	if t.tombPerShd > 0 {
-		if old := sh.ring[sh.ringAt]; old != "" {
+		if old := sh.ring[sh.ringAt]; old != (sessionID{}) {
 			delete(sh.tomb, old)
 		}
 		sh.ring[sh.ringAt] = s.id
 		sh.ringAt = (sh.ringAt + 1) % t.tombPerShd
-		sh.tomb[s.id] = tombstone{owner: s.owner, end: why}
+		sh.tomb[s.id] = tombstone{owner: s.owner(), end: why}
 	}
 }
 
 // finish does what follows a removal, outside the shard lock: unpin (the
-// single unpin of this session), gauges, and the node's session set.
+// single unpin of this session), gauges, and the node's session set. The
+// node state is the session's own: a node with live sessions is never
+// forgotten (evictIdleNodesLocked).
 func (t *LockTable) finish(s *session) {
 	t.pins.Unpin(s.blocks)
 	t.liveSessions.Add(-1)
 	t.lockedBlocks.Add(-int64(len(s.blocks)))
 	t.m.SessionsActive.Dec()
 	t.m.LockActive.Sub(float64(len(s.blocks)))
-	t.m.RequesterSessions(s.owner).Dec()
-	t.nodesMu.Lock()
-	n := t.nodes[s.owner]
-	t.nodesMu.Unlock()
-	if n != nil {
-		n.mu.Lock()
-		delete(n.sessions, s)
-		t.unadmit(n, s)
-		n.mu.Unlock()
-	} else {
-		t.unadmit(nil, s)
-	}
+	n := s.who.node
+	n.gauge.Dec()
+	n.mu.Lock()
+	n.sessions.remove(s)
+	t.unadmit(n, s)
+	n.mu.Unlock()
 }
 
 // end removes s if it is still live; true when this call removed it (and
@@ -498,7 +437,7 @@ func (t *LockTable) finish(s *session) {
 func (t *LockTable) end(s *session, why EndReason) bool {
 	sh := t.shardOf(s.id)
 	sh.mu.Lock()
-	if sh.live[s.id] != s {
+	if sh.live.get(s.id) != s {
 		sh.mu.Unlock()
 		return false
 	}
@@ -519,8 +458,8 @@ type ReleaseResult struct {
 // Release ends session id on behalf of its requester owner. A session
 // that ended recently answers from its tombstone (Released 0, WasLive
 // false). inc, when set, must not be a stale incarnation of owner.
-func (t *LockTable) Release(id, owner, inc string) (ReleaseResult, error) {
-	id, err := ParseSessionID(id)
+func (t *LockTable) Release(wireID, owner, inc string) (ReleaseResult, error) {
+	id, err := parseID(wireID)
 	if err != nil {
 		return ReleaseResult{}, err
 	}
@@ -530,23 +469,23 @@ func (t *LockTable) Release(id, owner, inc string) (ReleaseResult, error) {
 	now := t.now()
 	sh := t.shardOf(id)
 	sh.mu.Lock()
-	if s := sh.live[id]; s != nil {
-		if s.owner != owner {
+	if s := sh.live.get(id); s != nil {
+		if s.owner() != owner {
 			sh.mu.Unlock()
 			return ReleaseResult{}, fmt.Errorf("%w: session %s", ErrNotOwner, id)
 		}
-		if !s.deadline.After(now) {
+		if s.deadline <= t.stamp(now) {
 			// The lease ended at its deadline, whether or not the sweeper
 			// has ticked since: what was read under it may be stale.
 			t.removeLocked(sh, s, EndExpired)
 			sh.mu.Unlock()
 			t.expired(s, now)
-			return ReleaseResult{End: EndExpired, Age: now.Sub(s.created)}, nil
+			return ReleaseResult{End: EndExpired, Age: now.Sub(t.at(s.created))}, nil
 		}
 		t.removeLocked(sh, s, EndReleased)
 		sh.mu.Unlock()
 		t.finish(s)
-		return ReleaseResult{Released: len(s.blocks), WasLive: true, End: EndReleased, Age: now.Sub(s.created)}, nil
+		return ReleaseResult{Released: len(s.blocks), WasLive: true, End: EndReleased, Age: now.Sub(t.at(s.created))}, nil
 	}
 	ts, ok := sh.tomb[id]
 	sh.mu.Unlock()
@@ -576,8 +515,8 @@ func (t *LockTable) checkIncarnation(owner, inc string) error {
 
 // Renew extends live session id to now+LockTimeout, never past its
 // creation + MaxLifetime. ErrLifetimeExhausted when no extension is left.
-func (t *LockTable) Renew(id, owner, inc string) (expires time.Time, lifetimeLeft time.Duration, err error) {
-	id, err = ParseSessionID(id)
+func (t *LockTable) Renew(wireID, owner, inc string) (expires time.Time, lifetimeLeft time.Duration, err error) {
+	id, err := parseID(wireID)
 	if err != nil {
 		return time.Time{}, 0, err
 	}
@@ -585,10 +524,11 @@ func (t *LockTable) Renew(id, owner, inc string) (expires time.Time, lifetimeLef
 		return time.Time{}, 0, err
 	}
 	now := t.now()
+	nowS := t.stamp(now)
 	sh := t.shardOf(id)
 	sh.mu.Lock()
-	s := sh.live[id]
-	if s != nil && s.owner == owner && !s.deadline.After(now) {
+	s := sh.live.get(id)
+	if s != nil && s.owner() == owner && s.deadline <= nowS {
 		// Past its deadline the lease is over even if the sweeper has not
 		// ticked yet: a renewal must not revive it.
 		t.removeLocked(sh, s, EndExpired)
@@ -606,25 +546,23 @@ func (t *LockTable) Renew(id, owner, inc string) (expires time.Time, lifetimeLef
 		}
 		return time.Time{}, 0, fmt.Errorf("%w: %s", ErrUnknownSession, id)
 	}
-	if s.owner != owner {
+	if s.owner() != owner {
 		return time.Time{}, 0, fmt.Errorf("%w: session %s", ErrNotOwner, id)
 	}
-	limit := s.created.Add(t.maxLifetime)
-	if !now.Before(limit) || !s.deadline.Before(limit) {
+	limit := s.created + stamp(t.maxLifetime)
+	if nowS >= limit || s.deadline >= limit {
 		return time.Time{}, 0, fmt.Errorf("%w: session %s created %s ago, maximum %s; live until %s",
-			ErrLifetimeExhausted, id, now.Sub(s.created).Round(time.Millisecond), t.maxLifetime, s.deadline.UTC().Format(time.RFC3339Nano))
+			ErrLifetimeExhausted, id, time.Duration(nowS-s.created).Round(time.Millisecond), t.maxLifetime,
+			t.at(s.deadline).UTC().Format(time.RFC3339Nano))
 	}
-	nd := now.Add(t.timeout)
-	if nd.After(limit) {
-		nd = limit
-	}
-	if nd.After(s.deadline) {
+	nd := min(nowS+stamp(t.timeout), limit)
+	if nd > s.deadline {
 		s.deadline = nd
-		heap.Fix(&sh.expiry, s.heapIdx)
+		heap.Fix(&sh.expiry, int(s.heapIdx))
 	}
-	s.renewals++
+	s.renewed()
 	t.m.LockRenewals.Inc()
-	return s.deadline, limit.Sub(now), nil
+	return t.at(s.deadline), time.Duration(limit - nowS), nil
 }
 
 // ExpireBefore ends every session whose deadline is not after now and
@@ -632,10 +570,11 @@ func (t *LockTable) Renew(id, owner, inc string) (expires time.Time, lifetimeLef
 // entries: O(shards + k log n) for k expired of n live.
 func (t *LockTable) ExpireBefore(now time.Time) int {
 	var expired []*session
+	nowS := t.stamp(now)
 	for i := range t.shards {
 		sh := &t.shards[i]
 		sh.mu.Lock()
-		for len(sh.expiry) > 0 && !sh.expiry[0].deadline.After(now) {
+		for len(sh.expiry) > 0 && sh.expiry[0].deadline <= nowS {
 			s := sh.expiry[0]
 			t.removeLocked(sh, s, EndExpired)
 			expired = append(expired, s)
@@ -653,25 +592,25 @@ func (t *LockTable) ExpireBefore(now time.Time) int {
 func (t *LockTable) expired(s *session, now time.Time) {
 	t.finish(s)
 	t.m.LockTimeouts.Inc()
-	t.log.Warn().Str("session", s.id).Str("requester", s.owner).Str("incarnation", s.incarnation).
-		Int("blocks", len(s.blocks)).Uint64("bytes", s.bytes).Dur("age", now.Sub(s.created)).
-		Int("renewals", s.renewals).Msg("Transfer lock expired")
+	t.log.Warn().Stringer("session", s.id).Str("requester", s.owner()).Str("incarnation", s.incarnation()).
+		Int("blocks", len(s.blocks)).Uint64("bytes", s.bytes).Dur("age", now.Sub(t.at(s.created))).
+		Int32("renewals", s.renewals).Msg("Transfer lock expired")
 }
 
 // ForceRelease ends live session id for an operator; logged with who.
 // ErrUnknownSession when it is not live (the message says how it ended
 // when that is still remembered).
-func (t *LockTable) ForceRelease(id, operator string) (released int, err error) {
+func (t *LockTable) ForceRelease(wireID, operator string) (released int, err error) {
 	code := "OK"
 	defer func() { t.m.HolderRPC.WithLabelValues(metrics.RPCForceRelease, code).Inc() }()
-	id, err = ParseSessionID(id)
+	id, err := parseID(wireID)
 	if err != nil {
 		code = "InvalidArgument"
 		return 0, err
 	}
 	sh := t.shardOf(id)
 	sh.mu.Lock()
-	s := sh.live[id]
+	s := sh.live.get(id)
 	if s == nil {
 		ts, ok := sh.tomb[id]
 		sh.mu.Unlock()
@@ -685,8 +624,8 @@ func (t *LockTable) ForceRelease(id, operator string) (released int, err error) 
 	sh.mu.Unlock()
 	t.finish(s)
 	t.m.LockForceReleases.Inc()
-	t.log.Warn().Str("session", id).Str("operator", operator).Str("requester", s.owner).
-		Int("blocks", len(s.blocks)).Dur("age", t.now().Sub(s.created)).Msg("Transfer lock force-released")
+	t.log.Warn().Stringer("session", id).Str("operator", operator).Str("requester", s.owner()).
+		Int("blocks", len(s.blocks)).Dur("age", t.now().Sub(t.at(s.created))).Msg("Transfer lock force-released")
 	return len(s.blocks), nil
 }
 
@@ -697,9 +636,10 @@ func (t *LockTable) ReleaseAll(reason string) int {
 	for i := range t.shards {
 		sh := &t.shards[i]
 		sh.mu.Lock()
-		for _, s := range sh.live {
+		first := len(all)
+		sh.live.each(func(s *session) { all = append(all, s) })
+		for _, s := range all[first:] { // not while walking the table
 			t.removeLocked(sh, s, EndShutdown)
-			all = append(all, s)
 		}
 		sh.mu.Unlock()
 	}
@@ -720,13 +660,7 @@ func (t *LockTable) Sessions() []SessionInfo {
 	for i := range t.shards {
 		sh := &t.shards[i]
 		sh.mu.Lock()
-		for _, s := range sh.live {
-			out = append(out, SessionInfo{
-				ID: s.id, RequesterID: s.owner, Incarnation: s.incarnation,
-				Blocks: len(s.blocks), Bytes: s.bytes, CreatedAt: s.created,
-				ExpiresAt: s.deadline, Renewals: s.renewals, blocks: s.blocks,
-			})
-		}
+		sh.live.each(func(s *session) { out = append(out, t.infoLocked(s)) })
 		sh.mu.Unlock()
 	}
 	sort.Slice(out, func(i, j int) bool {
@@ -750,22 +684,18 @@ func (t *LockTable) SessionsPage(cursor uint64, limit int) (page []SessionInfo, 
 	for i := range t.shards {
 		sh := &t.shards[i]
 		sh.mu.Lock()
-		for _, s := range sh.live {
+		sh.live.each(func(s *session) {
 			if s.seq <= cursor || (len(h) == limit+1 && s.seq >= h[0].seq) {
-				continue
+				return
 			}
-			row := pageRow{seq: s.seq, info: SessionInfo{
-				ID: s.id, RequesterID: s.owner, Incarnation: s.incarnation,
-				Blocks: len(s.blocks), Bytes: s.bytes, CreatedAt: s.created,
-				ExpiresAt: s.deadline, Renewals: s.renewals, blocks: s.blocks,
-			}}
+			row := pageRow{seq: s.seq, info: t.infoLocked(s)}
 			if len(h) == limit+1 {
 				h[0] = row
 				heap.Fix(&h, 0)
 			} else {
 				heap.Push(&h, row)
 			}
-		}
+		})
 		sh.mu.Unlock()
 	}
 	sort.Slice(h, func(i, j int) bool { return h[i].seq < h[j].seq })
@@ -778,6 +708,15 @@ func (t *LockTable) SessionsPage(cursor uint64, limit int) (page []SessionInfo, 
 		page[i] = r.info
 	}
 	return page, next
+}
+
+// infoLocked is s's listing row; its shard's mu held.
+func (t *LockTable) infoLocked(s *session) SessionInfo {
+	return SessionInfo{
+		ID: s.id.String(), RequesterID: s.owner(), Incarnation: s.incarnation(),
+		Blocks: len(s.blocks), Bytes: s.bytes, CreatedAt: t.at(s.created),
+		ExpiresAt: t.at(s.deadline), Renewals: int(s.renewals), blocks: s.blocks,
+	}
 }
 
 type pageRow struct {

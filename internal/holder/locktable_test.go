@@ -146,7 +146,7 @@ func BenchmarkQueryReleaseParallel(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			if _, err := svc.locks.Release(s.id, "n", ""); err != nil {
+			if _, err := svc.locks.Release(s.id.String(), "n", ""); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -290,10 +290,6 @@ func (s *Service) validateQuery(req *pegadv1.QueryBlocksForTransferRequest) (key
 	return keys, node, inc, nil
 }
 
-func segment(g store.Segment) *pegadv1.Segment {
-	return &pegadv1.Segment{Addr: g.Addr, Size: g.Len, NumaNode: int32(g.NUMA)}
-}
-
 // QueryBlocksForTransfer pins the blocks the holder has under a new
 // session. No block found: OK with an empty session id, nothing locked.
 func (s *Service) QueryBlocksForTransfer(ctx context.Context, req *pegadv1.QueryBlocksForTransferRequest) (resp *pegadv1.QueryBlocksForTransferResponse, err error) {
@@ -334,7 +330,35 @@ func (s *Service) QueryBlocksForTransfer(ctx context.Context, req *pegadv1.Query
 		isMissing[i] = true
 	}
 	var bytes uint64
-	nslots := 0
+	nslots, nsegs := 0, 0
+	for _, b := range pinned {
+		nslots += b.NumSlots()
+		if nslots > s.opts.MaxResponseSlots {
+			return nil, status.Errorf(codes.ResourceExhausted,
+				"found blocks have more than %d slots in all: ask for fewer hashes", s.opts.MaxResponseSlots)
+		}
+		for k := range b.NumSlots() {
+			nsegs++
+			if b.Slot(k).V.Len > 0 {
+				nsegs++
+			}
+		}
+		bytes += b.Size()
+	}
+	// The answer's messages come from a few arrays, not one allocation per
+	// block, slot and segment: a query of 150 blocks would make 750.
+	var (
+		locs     = make([]pegadv1.BlockLocation, len(pinned))
+		slots    = make([]pegadv1.Slot, nslots)
+		slotPtrs = make([]*pegadv1.Slot, nslots)
+		segs     = make([]pegadv1.Segment, nsegs)
+	)
+	segment := func(g store.Segment) *pegadv1.Segment {
+		p := &segs[0]
+		segs = segs[1:]
+		p.Addr, p.Size, p.NumaNode = g.Addr, g.Len, int32(g.NUMA)
+		return p
+	}
 	resp.Blocks = make([]*pegadv1.BlockLocation, 0, len(pinned))
 	j := 0
 	for i := range keys {
@@ -342,23 +366,21 @@ func (s *Service) QueryBlocksForTransfer(ctx context.Context, req *pegadv1.Query
 			continue
 		}
 		b := pinned[j]
+		loc := &locs[j]
 		j++
-		slots := b.Slots()
-		nslots += len(slots)
-		if nslots > s.opts.MaxResponseSlots {
-			return nil, status.Errorf(codes.ResourceExhausted,
-				"found blocks have more than %d slots in all: ask for fewer hashes", s.opts.MaxResponseSlots)
-		}
-		loc := &pegadv1.BlockLocation{Hash: req.Hashes[i], Slots: make([]*pegadv1.Slot, len(slots))}
-		for k, sl := range slots {
-			ps := &pegadv1.Slot{K: segment(sl.K)}
+		loc.Hash = req.Hashes[i]
+		loc.Slots, slotPtrs = slotPtrs[:b.NumSlots():b.NumSlots()], slotPtrs[b.NumSlots():]
+		for k := range loc.Slots {
+			sl := b.Slot(k)
+			ps := &slots[0]
+			slots = slots[1:]
+			ps.K = segment(sl.K)
 			if sl.V.Len > 0 {
 				ps.V = segment(sl.V)
 			}
 			loc.Slots[k] = ps
 		}
 		resp.Blocks = append(resp.Blocks, loc)
-		bytes += b.Size()
 	}
 
 	sess, err := s.locks.open(node, inc, pinned, bytes)
@@ -372,10 +394,10 @@ func (s *Service) QueryBlocksForTransfer(ctx context.Context, req *pegadv1.Query
 		s.locks.end(sess, EndReleased)
 		return nil, toStatus(err)
 	}
-	resp.SessionId = sess.id
-	resp.LockTimeout = durationpb.New(sess.deadline.Sub(sess.created))
-	resp.ExpiresAt = timestamppb.New(sess.deadline)
-	s.opts.Log.Debug().Str("session", sess.id).Str("requester", node).Int("blocks", len(pinned)).
+	resp.SessionId = sess.id.String()
+	resp.LockTimeout = durationpb.New(time.Duration(sess.deadline - sess.created))
+	resp.ExpiresAt = timestamppb.New(s.locks.at(sess.deadline))
+	s.opts.Log.Debug().Str("session", resp.SessionId).Str("requester", node).Int("blocks", len(pinned)).
 		Int("missing", len(missing)).Msg("Transfer lock taken")
 	return resp, nil
 }

@@ -252,7 +252,11 @@ func TestReleaseForgottenSessionIsNotFound(t *testing.T) {
 	var victim string
 	for victim == "" {
 		id := e.open(t, "owner", "", 1)
-		sh := e.svc.locks.shardOf(id)
+		raw, err := parseID(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sh := e.svc.locks.shardOf(raw)
 		ids[sh] = append(ids[sh], id)
 		if len(ids[sh]) == 2 {
 			victim = ids[sh][0]
@@ -515,9 +519,10 @@ func TestParseSessionID(t *testing.T) {
 			t.Errorf("ParseSessionID(%q) = %q, %v", tc.in, got, err)
 		}
 	}
-	if id := newID(); len(id) != idLen {
-		t.Fatalf("newID length %d", len(id))
-	} else if _, err := ParseSessionID(id); err != nil {
-		t.Fatal(err)
+	id := newID()
+	if w := id.String(); len(w) != idLen {
+		t.Fatalf("newID wire length %d", len(w))
+	} else if back, err := parseID(strings.ToUpper(w)); err != nil || back != id {
+		t.Fatalf("parseID(%q) = %v, %v; want %v", w, back, err, id)
 	}
 }

@@ -116,7 +116,12 @@ type Block struct {
 func (b *Block) Key() Key { return b.key }
 
 // Slots is a copy of the block's segment placement.
-func (b *Block) Slots() []Slot        { return append([]Slot(nil), b.slots...) }
+func (b *Block) Slots() []Slot { return append([]Slot(nil), b.slots...) }
+
+// NumSlots and Slot read the placement without copying it (a query of
+// many blocks builds its answer from them).
+func (b *Block) NumSlots() int        { return len(b.slots) }
+func (b *Block) Slot(i int) Slot      { return b.slots[i] }
 func (b *Block) Size() uint64         { return b.size }
 func (b *Block) CreatedAt() time.Time { return b.created }
 func (b *Block) Pins() int {
@@ -150,6 +155,10 @@ type Stats struct {
 	RefUnderflows uint64
 }
 
+// pinGapHook runs in Pin between the lookup and the pinning pass, with no
+// lock held; tests remove blocks there.
+var pinGapHook = func() {}
+
 // underflowHook is called (under the store lock) on every ref underflow;
 // tests replace it to fail.
 var underflowHook = func(what string) {}
@@ -159,10 +168,17 @@ type Store struct {
 	pool *pool.Pool       // immutable
 	m    *metrics.Metrics // immutable; may be nil
 
-	// mu guards the index, the LRU, every block's pins/lastAccess/elem,
-	// every extent's refs and the counters below. It is never held while
-	// calling a caller's fill or w callback. Lock order: mu, then pool's.
-	mu    sync.Mutex
+	// mu guards the LRU, every block's pins/lastAccess/elem, every
+	// extent's refs and the counters below, and (with idxMu) the index. It
+	// is never held while calling a caller's fill or w callback. Lock
+	// order: mu, then idxMu, then pool's.
+	mu sync.Mutex
+	// idxMu guards index together with mu: index is written only with both
+	// held, so either one is enough to read it. Pin and Has look keys up
+	// under idxMu alone (read-locked: lookups, which hash every key, run
+	// side by side) and take mu only for the short, allocation-free pass
+	// that pins what they found; see Pin.
+	idxMu sync.RWMutex
 	index map[Key]*Block
 	// lru holds the indexed blocks (*Block), most recently used at the front.
 	lru *list.List
@@ -331,7 +347,9 @@ func (s *Store) Insert(key Key, e *Extent, slots []SlotLayout) (created bool, er
 	}
 	e.refs++
 	b.elem = s.lru.PushFront(b)
+	s.idxMu.Lock()
 	s.index[key] = b
+	s.idxMu.Unlock()
 	s.listAddLocked(b)
 	s.bytes += b.size
 	s.changedLocked(key)
@@ -385,8 +403,8 @@ func (s *Store) Put(key Key, sizes []SlotSize, fill func(buf []byte) error) (cre
 
 // Has reports whether key is indexed (no LRU touch).
 func (s *Store) Has(key Key) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.idxMu.RLock()
+	defer s.idxMu.RUnlock()
 	_, ok := s.index[key]
 	return ok
 }
@@ -394,25 +412,61 @@ func (s *Store) Has(key Key) bool {
 // Pin looks up keys and pins the found ones (in order); missing lists the
 // indexes of keys not found. A pinned block's memory stays until Unpin.
 // Pinning counts as an access for the LRU.
+//
+// It works in two passes so that concurrent queries do not queue on mu
+// while keys are hashed: the lookups run under idxMu read-locked, then mu
+// is held only to pin the blocks found, with no allocation and no hashing.
+// A block removed between the passes (its elem is nil under mu) is
+// reported missing, as if the lookup had come after the removal; a block
+// found in the second pass is indexed, so its memory cannot be freed.
 func (s *Store) Pin(keys []Key) (pinned []*Block, missing []int) {
-	now := time.Now()
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	found := make([]*Block, len(keys))
+	s.idxMu.RLock()
+	n := 0
 	for i, k := range keys {
-		b, ok := s.index[k]
-		if !ok {
-			missing = append(missing, i)
-			continue
+		if b := s.index[k]; b != nil {
+			found[i] = b
+			n++
 		}
-		if b.pins == 0 {
-			s.pinned++
-			s.pinnedSize += b.size
+	}
+	s.idxMu.RUnlock()
+	pinGapHook()
+	if n > 0 {
+		now := time.Now()
+		newly := false
+		s.mu.Lock()
+		for i, b := range found {
+			if b == nil {
+				continue
+			}
+			if b.elem == nil { // removed since the lookup
+				found[i] = nil
+				n--
+				continue
+			}
+			if b.pins == 0 {
+				s.pinned++
+				s.pinnedSize += b.size
+				newly = true
+			}
+			b.pins++
+			b.lastAccess = now
+			s.lru.MoveToFront(b.elem)
+		}
+		if newly {
 			s.pinnedMetricLocked()
 		}
-		b.pins++
-		b.lastAccess = now
-		s.lru.MoveToFront(b.elem)
-		pinned = append(pinned, b)
+		s.mu.Unlock()
+	}
+	if n > 0 {
+		pinned = make([]*Block, 0, n)
+	}
+	for i, b := range found {
+		if b == nil {
+			missing = append(missing, i)
+		} else {
+			pinned = append(pinned, b)
+		}
 	}
 	return pinned, missing
 }
@@ -449,7 +503,9 @@ func (s *Store) unpinLocked(b *Block) {
 // removeLocked takes b out of the index and the LRU and drops its extent
 // reference unless a pin keeps it. It reports whether memory was freed.
 func (s *Store) removeLocked(b *Block) (freed bool) {
+	s.idxMu.Lock()
 	delete(s.index, b.key)
+	s.idxMu.Unlock()
 	s.changedLocked(b.key)
 	s.lru.Remove(b.elem)
 	b.elem = nil
