@@ -3,16 +3,10 @@ package bench
 import (
 	"context"
 	"fmt"
-	"net"
 	"sync"
 	"testing"
 
-	"github.com/rs/zerolog"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
-	"github.com/pegaflow/pegad/internal/holder"
 )
 
 // BenchmarkControlPlane: QueryBlocksForTransfer (n blocks found, pinned,
@@ -36,30 +30,7 @@ func BenchmarkControlPlane(b *testing.B) {
 
 func benchControlPlane(b *testing.B, blocks, reqs int) {
 	st, hashes := newStore(b, 32<<20, blocks, 64<<10)
-	svc := holder.New(holder.Options{Store: st, Log: zerolog.Nop(), NodeID: "bench-holder", Incarnation: "h1"})
-	b.Cleanup(func() { svc.Locks().ReleaseAll("benchmark done") })
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	srv := grpc.NewServer(grpc.UnaryInterceptor(holder.RecoveryInterceptor(zerolog.Nop())))
-	pegadv1.RegisterPeerServiceServer(srv, svc)
-	e := &echo{}
-	srv.RegisterService(&echoDesc, e)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = srv.Serve(lis)
-	}()
-	b.Cleanup(func() {
-		srv.Stop()
-		<-done
-	})
-	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { cc.Close() })
+	svc, cc, e := holderWithEcho(b, st)
 	pc := pegadv1.NewPeerServiceClient(cc)
 	ctx := context.Background()
 

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -15,6 +16,8 @@ import (
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	"github.com/pegaflow/pegad/internal/config"
 	"github.com/pegaflow/pegad/internal/daemon"
+	"github.com/pegaflow/pegad/internal/holder"
+	"github.com/pegaflow/pegad/internal/store"
 	"github.com/pegaflow/pegad/internal/testutil"
 )
 
@@ -154,4 +157,37 @@ func (n *node) delete(b *testing.B, ns string, hash []byte) {
 	if _, err := n.local.DeleteBlock(context.Background(), &pegadv1.DeleteBlockRequest{Namespace: ns, Hash: hash}); err != nil {
 		b.Fatal(err)
 	}
+}
+
+// holderWithEcho serves a holder over st and a bare echo service on one
+// gRPC server on 127.0.0.1:0 and returns the holder, one client connection
+// to both and the echo's state: the lock benches compare the two through
+// the same server and transport.
+func holderWithEcho(b *testing.B, st *store.Store) (*holder.Service, *grpc.ClientConn, *echo) {
+	b.Helper()
+	svc := holder.New(holder.Options{Store: st, Log: zerolog.Nop(), NodeID: "bench-holder", Incarnation: "h1"})
+	b.Cleanup(func() { svc.Locks().ReleaseAll("benchmark done") })
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := grpc.NewServer(grpc.UnaryInterceptor(holder.RecoveryInterceptor(zerolog.Nop())))
+	pegadv1.RegisterPeerServiceServer(srv, svc)
+	e := &echo{}
+	srv.RegisterService(&echoDesc, e)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = srv.Serve(lis)
+	}()
+	b.Cleanup(func() {
+		srv.Stop()
+		<-done
+	})
+	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { cc.Close() })
+	return svc, cc, e
 }
