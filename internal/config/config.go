@@ -50,8 +50,10 @@ const (
 	// LifetimeFactor: lock-max-lifetime defaults to this many lock-timeouts.
 	LifetimeFactor = 10
 	// PeerShareDivisor: max-pinned-bytes-per-peer defaults to the pool
-	// divided by it.
-	PeerShareDivisor = 4
+	// divided by it. Half: one peer can never pin what the others and
+	// local puts need, yet one large prefetch (a third of a small pool,
+	// as the e2e and reliability runs do) is not refused.
+	PeerShareDivisor = 2
 	// NodeEvictableDivisor: max-pinned-bytes defaults to the pool less
 	// the pool divided by it (75%), which stays evictable for local puts.
 	NodeEvictableDivisor = 4
@@ -265,7 +267,7 @@ func RegisterFlags(fs *pflag.FlagSet, d Config) {
 	fs.String("peer-tls-ca", d.PeerTLSCA, "peer mTLS: CA bundle (PEM) that signs every node's certificate")
 	fs.String("peer-allow", d.PeerAllow, "peer mTLS: comma list of certificate identities (DNS/URI SANs, * globs) allowed on the peer port")
 	fs.Int("max-sessions-per-peer", d.MaxSessionsPerPeer, "live transfer sessions one peer may hold (0: unlimited)")
-	fs.String("max-pinned-bytes-per-peer", d.MaxPinnedBytesPerPeer.String(), "bytes one peer's sessions may pin (0: pool-size/4)")
+	fs.String("max-pinned-bytes-per-peer", d.MaxPinnedBytesPerPeer.String(), "bytes one peer's sessions may pin (0: pool-size/2)")
 	fs.String("max-pinned-bytes", d.MaxPinnedBytes.String(), "bytes all peers' sessions may pin together (0: 75% of pool-size)")
 	fs.String("socket-group", d.SocketGroup, "group owning the local socket (mode 0660); empty: pegad's group")
 }

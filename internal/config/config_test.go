@@ -318,7 +318,7 @@ func TestSecurityKeys(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.PeerTLS() || c.EffectiveMaxPinnedBytesPerPeer() != 16<<20 || c.EffectiveMaxPinnedBytes() != 48<<20 {
+	if c.PeerTLS() || c.EffectiveMaxPinnedBytesPerPeer() != 32<<20 || c.EffectiveMaxPinnedBytes() != 48<<20 {
 		t.Fatalf("defaults: tls %v, per peer %s, node %s", c.PeerTLS(), c.EffectiveMaxPinnedBytesPerPeer(), c.EffectiveMaxPinnedBytes())
 	}
 	c, err = load(t, []string{"--peer-tls-key=k.pem", "--max-pinned-bytes-per-peer=1MiB"},

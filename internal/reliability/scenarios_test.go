@@ -130,11 +130,9 @@ func scenarios() []scenario {
 			run:     runForceRelease,
 		},
 		{
-			name:    "eviction-pinned",
-			promise: "A (64 MiB pool) is filled with new blocks while 24 MiB of its blocks are pinned by B's slow fetch: the pinned blocks are read byte-identical (evicted blocks wait for their last pin), puts beyond the pool fail cleanly, nothing stays pinned",
-			// B pins 24 MiB of A's 64 MiB: more than the default per-peer
-			// cap (pool/4, issue 10), which this scenario is not about.
-			nodes:        ab(nodeSpec{name: "a", pool: "64MiB", extra: []string{"--max-pinned-bytes-per-peer=32MiB"}}),
+			name:         "eviction-pinned",
+			promise:      "A (64 MiB pool) is filled with new blocks while 24 MiB of its blocks are pinned by B's slow fetch: the pinned blocks are read byte-identical (evicted blocks wait for their last pin), puts beyond the pool fail cleanly, nothing stays pinned",
+			nodes:        ab(nodeSpec{name: "a", pool: "64MiB"}),
 			emptyQueries: true,
 			run:          runEvictionPinned,
 		},
