@@ -450,3 +450,37 @@ func TestPrefetch(t *testing.T) {
 		t.Fatalf("Prefetch from a dead peer: %v, want ErrUnavailable", err)
 	}
 }
+
+// TestCancelRacingSuccess: a cancel that races the end of a call which
+// succeeded never leaves a past deadline on the data connection: the next
+// call on the same client works. (Before, the cancel callback could set a
+// 1970 deadline after the call's own reset, and the next call broke the
+// connection, ending every lease of the client.)
+func TestCancelRacingSuccess(t *testing.T) {
+	n := startNode(t, nil)
+	c := n.dial(t)
+	if err := c.Put(context.Background(), "ns", []byte("k"), []byte("value")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 16)
+	successes := 0
+	for i := 0; i < 2000 && successes < 300; i++ {
+		ctx, cancel := context.WithCancel(context.Background())
+		go cancel()
+		_, err := c.Get(ctx, "ns", []byte("k"), buf)
+		if err != nil {
+			// Cancelled mid-call: the connection is closed by design;
+			// start over on a fresh client.
+			c.Close()
+			c = n.dial(t)
+			continue
+		}
+		successes++
+		if _, err := c.Get(context.Background(), "ns", []byte("k"), buf); err != nil {
+			t.Fatalf("iteration %d: the call after a successful one whose context was cancelled: %v", i, err)
+		}
+	}
+	if successes == 0 {
+		t.Fatal("no call succeeded")
+	}
+}

@@ -171,13 +171,25 @@ func (d *dataConn) callLocked(ctx context.Context, op localwire.Op, count int, e
 		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	d.out = b
-	if dl, ok := ctx.Deadline(); ok {
-		_ = d.c.SetDeadline(dl)
-		defer func() { _ = d.c.SetDeadline(time.Time{}) }()
-	}
+	// Every call sets its own deadline (none: the zero time), and a
+	// cancel moves it into the past. Deferred in this order: wait for a
+	// cancel callback that already started, then clear the deadline, so a
+	// cancel racing the end of a successful call never leaves a past
+	// deadline that would fail the next call and break the connection.
+	dl, _ := ctx.Deadline()
+	_ = d.c.SetDeadline(dl)
+	defer func() { _ = d.c.SetDeadline(time.Time{}) }()
 	if ctx.Done() != nil {
-		stop := context.AfterFunc(ctx, func() { _ = d.c.SetDeadline(time.Unix(1, 0)) })
-		defer stop()
+		fired := make(chan struct{})
+		stop := context.AfterFunc(ctx, func() {
+			_ = d.c.SetDeadline(time.Unix(1, 0))
+			close(fired)
+		})
+		defer func() {
+			if !stop() {
+				<-fired
+			}
+		}()
 	}
 	if _, err := d.c.Write(b); err != nil {
 		return nil, fmt.Errorf("%w: %v: %w", ErrUnavailable, op, err)

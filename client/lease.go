@@ -59,6 +59,15 @@ func cleanupContext() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), cleanupTimeout)
 }
 
+// cleanupFinish ends leases on a path that has no caller context left (a
+// batch that failed half-way), bounded by cleanupTimeout so that a daemon
+// that stops answering cannot block the connection's mutex forever.
+func cleanupFinish(d *dataConn, op localwire.Op, ids []uint64) error {
+	ctx, cancel := cleanupContext()
+	defer cancel()
+	return finishBatch(ctx, d, op, ids)
+}
+
 // Renew pushes the lease's deadline back by the lease timeout.
 func (w *Writer) Renew(ctx context.Context) error {
 	return renew(ctx, w.d, w.id)
@@ -226,7 +235,7 @@ func (c *Client) AllocBatch(ctx context.Context, reqs []AllocRequest) ([]AllocRe
 			mem, ok := c.data.slice(r.Seg.Off, r.Seg.Len)
 			if !ok {
 				out[i].Err = fmt.Errorf("%w: alloc at [%d,+%d) outside the pool", ErrProtocol, r.Seg.Off, r.Seg.Len)
-				_ = finishBatch(context.Background(), c.data, localwire.OpAbort, []uint64{r.Lease})
+				_ = cleanupFinish(c.data, localwire.OpAbort, []uint64{r.Lease})
 				continue
 			}
 			out[i].Writer = &Writer{d: c.data, id: r.Lease, mem: mem}
@@ -243,7 +252,7 @@ func abortAll(d *dataConn, res []AllocResult) {
 			ws = append(ws, r.Writer)
 		}
 	}
-	_ = finishBatch(context.Background(), d, localwire.OpAbort, writersIDs(ws))
+	_ = cleanupFinish(d, localwire.OpAbort, writersIDs(ws))
 }
 
 // CommitBatch commits many writers in one round trip per MaxBatch; the
@@ -394,7 +403,7 @@ func (c *Client) LeaseBatch(ctx context.Context, namespace string, hashes [][]by
 			for _, r := range out {
 				rs = append(rs, r.Reader)
 			}
-			_ = finishBatch(context.Background(), c.data, localwire.OpRelease, readersIDs(rs))
+			_ = cleanupFinish(c.data, localwire.OpRelease, readersIDs(rs))
 			return nil, err
 		}
 		for j, i := range batch {
@@ -406,7 +415,7 @@ func (c *Client) LeaseBatch(ctx context.Context, namespace string, hashes [][]by
 			rd, err := c.data.reader(r)
 			if err != nil {
 				out[i].Err = err
-				_ = finishBatch(context.Background(), c.data, localwire.OpRelease, []uint64{r.Lease})
+				_ = cleanupFinish(c.data, localwire.OpRelease, []uint64{r.Lease})
 				continue
 			}
 			out[i].Reader = rd
