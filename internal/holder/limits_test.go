@@ -202,3 +202,24 @@ func TestAuthenticatedOwner(t *testing.T) {
 	}
 	e.pins.check(t, 0)
 }
+
+// TestRefusedNewIncarnationStillReclaims: a query of a restarted requester
+// that a limit refuses has still made its incarnation current, so the old
+// incarnation's sessions are reclaimed now: no later call would see them
+// as another incarnation's, and they would pin until their deadline
+// (review finding).
+func TestRefusedNewIncarnationStillReclaims(t *testing.T) {
+	e := newEnv(t, func(o *Options) { o.Limits = Limits{PinnedBytesPerPeer: 600} })
+	lt := e.svc.locks
+	if _, err := lt.open("a", "i1", e.pins.pins(5), 500); err != nil {
+		t.Fatal(err)
+	}
+	blocks := e.pins.pins(7)
+	if _, err := lt.open("a", "i2", blocks, 700); !errors.Is(err, ErrLimit) {
+		t.Fatalf("query over the cap: %v, want ErrLimit", err)
+	}
+	e.pins.Unpin(blocks)
+	if st := e.state(); st.sessions != 0 || st.locked != 0 || lt.PinnedBytes() != 0 {
+		t.Fatalf("after the refused query of the new incarnation: %+v, pinned %d; want the old session reclaimed", st, lt.PinnedBytes())
+	}
+}

@@ -364,6 +364,10 @@ func (t *LockTable) open(owner, inc string, blocks []*store.Block, bytes uint64)
 	}
 	if err != nil {
 		n.mu.Unlock()
+		// A refused query of a new incarnation has still made it current:
+		// its old sessions are returned now or never (no later call sees
+		// them as another incarnation's).
+		t.reclaim(owner, prev, inc, victims)
 		return nil, err
 	}
 	created := t.stamp(now)
