@@ -485,15 +485,17 @@ func (d *Daemon) shutdown() error {
 			errs = append(errs, fmt.Errorf("prefetch engine: %w", err))
 		}
 	}
-	// 4. Holder: sessions peers did not release in time.
+	// 4. Peer port: a query that passed the drain check just before it
+	// was set finishes here, so the release below sees its session.
+	if d.peerSrv != nil {
+		gracefulStop(d.peerSrv, stopBy())
+	}
+	// 5. Holder: sessions peers did not release in time; then the
+	// background goroutines.
 	if d.holder != nil {
 		if n := d.holder.Locks().ReleaseAll("shutdown"); n > 0 {
 			d.log.Info().Int("sessions", n).Msg("Released holder sessions at shutdown")
 		}
-	}
-	// 5. Peer port and background goroutines.
-	if d.peerSrv != nil {
-		gracefulStop(d.peerSrv, stopBy())
 	}
 	if d.cancel != nil {
 		d.cancel()
