@@ -141,6 +141,7 @@ func (s *Server) Serve(l net.Listener) error {
 	}
 	s.lis = l
 	s.mu.Unlock()
+	var backoff time.Duration
 	for {
 		c, err := l.Accept()
 		if err != nil {
@@ -150,8 +151,18 @@ func (s *Server) Serve(l net.Listener) error {
 			if closed {
 				return nil
 			}
-			return fmt.Errorf("localdata: accept: %w", err)
+			if errors.Is(err, net.ErrClosed) {
+				return fmt.Errorf("localdata: accept: %w", err)
+			}
+			// EMFILE during a burst of clients and the like pass: retry
+			// with a growing pause, as net/http and grpc-go do, rather
+			// than take the socket (and the watchdog's health) down.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			s.log.Warn().Err(err).Dur("retry_in", backoff).Msg("accept on the data socket failed")
+			time.Sleep(backoff)
+			continue
 		}
+		backoff = 0
 		uc, ok := c.(*net.UnixConn)
 		if !ok {
 			c.Close()

@@ -7,8 +7,11 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -35,6 +38,12 @@ type fixture struct {
 
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
+	return newFixtureWith(t, func(l net.Listener) net.Listener { return l })
+}
+
+// newFixtureWith serves on wrap(the listener).
+func newFixtureWith(t *testing.T, wrap func(net.Listener) net.Listener) *fixture {
+	t.Helper()
 	p, err := pool.New(pool.Options{Size: 1 << 20, Log: zerolog.Nop()})
 	if err != nil {
 		t.Fatal(err)
@@ -49,7 +58,7 @@ func newFixture(t *testing.T) *fixture {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
-	go func() { done <- srv.Serve(l) }()
+	go func() { done <- srv.Serve(wrap(l)) }()
 	t.Cleanup(func() {
 		_ = srv.Close()
 		if err := <-done; err != nil {
@@ -378,4 +387,59 @@ func TestHelloTimeout(t *testing.T) {
 	if _, r := idle.call(localwire.OpAlloc, 1, allocBody("ns", "late", 64)); r[0].Status != localwire.StatusOK {
 		t.Fatalf("alloc after idling: %+v", r[0])
 	}
+}
+
+// flakyListener fails its first Accepts as a process out of descriptors
+// does (EMFILE), then accepts normally.
+type flakyListener struct {
+	net.Listener
+	fails atomic.Int32
+}
+
+func (l *flakyListener) Accept() (net.Conn, error) {
+	if l.fails.Add(-1) >= 0 {
+		return nil, &os.SyscallError{Syscall: "accept4", Err: syscall.EMFILE}
+	}
+	return l.Listener.Accept()
+}
+
+// TestAcceptErrorsPass: a failed accept (EMFILE in a burst of clients) is
+// retried, not the end of the data socket: before, Serve returned, the
+// daemon counted a server down and the watchdog stopped pinging (review
+// finding).
+func TestAcceptErrorsPass(t *testing.T) {
+	f := newFixtureWith(t, func(l net.Listener) net.Listener {
+		fl := &flakyListener{Listener: l}
+		fl.fails.Store(3)
+		return fl
+	})
+	nc, err := net.Dial("unix", f.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	_ = nc.SetDeadline(time.Now().Add(5 * time.Second))
+	b := localwire.Begin(nil, localwire.OpHello, 0, 0, 0)
+	b, _ = localwire.Finish(localwire.AppendHello(b, localwire.Hello{Version: localwire.Version}))
+	if _, err := nc.Write(b); err != nil {
+		t.Fatal(err)
+	}
+	oob := make([]byte, unix.CmsgSpace(4))
+	n, oobn, _, _, err := nc.(*net.UnixConn).ReadMsgUnix(make([]byte, 64), oob)
+	if err != nil || n == 0 {
+		t.Fatalf("no hello answer after 3 failed accepts (data socket stopped accepting?): %d bytes, %v", n, err)
+	}
+	if fds, err := parseFDs(oob[:oobn]); err == nil {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+	}
+}
+
+func parseFDs(oob []byte) ([]int, error) {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil || len(msgs) == 0 {
+		return nil, fmt.Errorf("no control message: %v", err)
+	}
+	return unix.ParseUnixRights(&msgs[0])
 }
