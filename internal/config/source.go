@@ -35,7 +35,7 @@ func withSources(msg string, fs *pflag.FlagSet, file string) string {
 			}
 			reason = "is not " + what + " (" + r[2] + ")"
 		}
-		env := EnvPrefix + "_" + strings.ToUpper(strings.ReplaceAll(key, "-", "_"))
+		env := EnvName(key)
 		src := key
 		if f := fs.Lookup(key); f != nil && f.Changed {
 			src += " (--" + key + " " + f.Value.String() + ")"

@@ -63,13 +63,20 @@ func (peerCreds) Info() credentials.ProtocolInfo {
 func (peerCreds) Clone() credentials.TransportCredentials { return peerCreds{} }
 func (peerCreds) OverrideServerName(string) error         { return nil }
 
-// callerOf describes the RPC's caller for logs: its SO_PEERCRED when known.
-func callerOf(ctx context.Context) string {
+// callerCred is the RPC caller's SO_PEERCRED, when the local socket's
+// credentials recorded it.
+func callerCred(ctx context.Context) (PeerCred, bool) {
 	p, ok := peer.FromContext(ctx)
 	if !ok {
-		return ""
+		return PeerCred{}, false
 	}
-	if pc, ok := p.AuthInfo.(PeerCred); ok {
+	pc, ok := p.AuthInfo.(PeerCred)
+	return pc, ok
+}
+
+// callerOf describes the RPC's caller for logs: its SO_PEERCRED when known.
+func callerOf(ctx context.Context) string {
+	if pc, ok := callerCred(ctx); ok {
 		return pc.String()
 	}
 	return ""
@@ -78,10 +85,8 @@ func callerOf(ctx context.Context) string {
 // withCaller adds the caller's uid, gid and pid (SO_PEERCRED) to e, when
 // known.
 func withCaller(ctx context.Context, e *zerolog.Event) *zerolog.Event {
-	if p, ok := peer.FromContext(ctx); ok {
-		if pc, ok := p.AuthInfo.(PeerCred); ok {
-			return e.Uint32("uid", pc.UID).Uint32("gid", pc.GID).Int32("pid", pc.PID)
-		}
+	if pc, ok := callerCred(ctx); ok {
+		return e.Uint32("uid", pc.UID).Uint32("gid", pc.GID).Int32("pid", pc.PID)
 	}
 	return e
 }
