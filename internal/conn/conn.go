@@ -37,6 +37,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	"golang.org/x/sync/singleflight"
 
@@ -190,6 +191,9 @@ type localNIC struct {
 	info ibv.DeviceInfo
 	pd   ibv.PD
 	mr   ibv.MR
+	// readBytes is this NIC's series of NICReadBytes, looked up once: the
+	// planner adds to it per work request.
+	readBytes prometheus.Counter
 }
 
 // Manager is safe for concurrent use.

@@ -43,7 +43,7 @@ func (c *AddrConnection) pickNIC(numa int, n uint64) *connNic {
 		}
 	}
 	best.bytes.Add(n)
-	c.m.met.NICReadBytes.WithLabelValues(best.nic.info.Name).Add(float64(n))
+	best.nic.readBytes.Add(float64(n))
 	return best
 }
 
@@ -142,6 +142,7 @@ func (m *Manager) registerNICs(opts Options) error {
 	var wg sync.WaitGroup
 	for i, dev := range opts.Devices {
 		n := &localNIC{dev: dev, info: dev.Info()}
+		n.readBytes = m.met.NICReadBytes.WithLabelValues(n.info.Name) // at 0 from the start
 		m.nics = append(m.nics, n)
 		wg.Go(func() {
 			pd, err := dev.AllocPD()
@@ -172,8 +173,7 @@ func (m *Manager) registerNICs(opts Options) error {
 // re-resolved its GID, and the QPs of the next handshake use it.
 func (m *Manager) watchNICEvents() {
 	for _, n := range m.nics {
-		// Every NIC's series exist from the start, at 0.
-		m.met.NICReadBytes.WithLabelValues(n.info.Name)
+		// Every NIC's event series exist from the start, at 0.
 		for _, k := range []ibv.DeviceEventKind{ibv.PortDown, ibv.PortUp, ibv.AddressChange} {
 			m.met.NICEvents.WithLabelValues(n.info.Name, k.String())
 		}
