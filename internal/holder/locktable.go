@@ -46,7 +46,7 @@ type EndReason uint8
 
 const (
 	EndReleased      EndReason = iota + 1 // released by its requester
-	EndExpired                            // past its deadline (the GC sweeper, or a late release/renew)
+	EndExpired                            // past its deadline (the GC sweeper, or whichever call found it lapsed first)
 	EndForceReleased                      // ForceRelease by an operator
 	EndReclaimed                          // its requester restarted (new incarnation)
 	EndShutdown                           // ReleaseAll at daemon shutdown
@@ -436,13 +436,49 @@ func (t *LockTable) finish(s *session) {
 	n.mu.Unlock()
 }
 
+// lapsed is the one rule of when a lease is over: at its deadline,
+// whether or not the sweeper has ticked since. Every path that finds a
+// session (release, renew, force-release, end, listings, the sweeper)
+// asks this, so none treats a lapsed lease as live.
+func (s *session) lapsed(nowS stamp) bool { return s.deadline <= nowS }
+
+// liveLocked returns id's session if its lease still runs at nowS. A
+// session whose lease has lapsed is removed here as expired and returned
+// in lapsed instead: the caller hands it to t.expired once sh.mu is
+// unlocked (gone does both). sh.mu held.
+func (t *LockTable) liveLocked(sh *shard, id sessionID, nowS stamp) (s, lapsed *session) {
+	s = sh.live.get(id)
+	if s != nil && s.lapsed(nowS) {
+		t.removeLocked(sh, s, EndExpired)
+		return nil, s
+	}
+	return s, nil
+}
+
+// gone says how id, not live, ended: as lapsed when liveLocked has just
+// expired it (which gone then finishes), else from its tombstone (false
+// when none is remembered). Called with sh.mu held; returns with it
+// unlocked.
+func (t *LockTable) gone(sh *shard, id sessionID, lapsed *session, now time.Time) (tombstone, bool) {
+	ts, ok := sh.tomb[id]
+	sh.mu.Unlock()
+	if lapsed != nil {
+		t.expired(lapsed, now)
+		return tombstone{owner: lapsed.owner(), end: EndExpired}, true
+	}
+	return ts, ok
+}
+
 // end removes s if it is still live; true when this call removed it (and
-// so unpinned it).
+// so unpinned it) for why. A session whose lease had lapsed ends as
+// expired instead, and end reports false.
 func (t *LockTable) end(s *session, why EndReason) bool {
+	now := t.now()
 	sh := t.shardOf(s.id)
 	sh.mu.Lock()
-	if sh.live.get(s.id) != s {
-		sh.mu.Unlock()
+	live, lapsed := t.liveLocked(sh, s.id, t.stamp(now))
+	if live != s {
+		t.gone(sh, s.id, lapsed, now)
 		return false
 	}
 	t.removeLocked(sh, s, why)
@@ -473,33 +509,30 @@ func (t *LockTable) Release(wireID, owner, inc string) (ReleaseResult, error) {
 	now := t.now()
 	sh := t.shardOf(id)
 	sh.mu.Lock()
-	if s := sh.live.get(id); s != nil {
+	s, lapsed := t.liveLocked(sh, id, t.stamp(now))
+	if s != nil {
 		if s.owner() != owner {
 			sh.mu.Unlock()
 			return ReleaseResult{}, fmt.Errorf("%w: session %s", ErrNotOwner, id)
-		}
-		if s.deadline <= t.stamp(now) {
-			// The lease ended at its deadline, whether or not the sweeper
-			// has ticked since: what was read under it may be stale.
-			t.removeLocked(sh, s, EndExpired)
-			sh.mu.Unlock()
-			t.expired(s, now)
-			return ReleaseResult{End: EndExpired, Age: now.Sub(t.at(s.created))}, nil
 		}
 		t.removeLocked(sh, s, EndReleased)
 		sh.mu.Unlock()
 		t.finish(s)
 		return ReleaseResult{Released: len(s.blocks), WasLive: true, End: EndReleased, Age: now.Sub(t.at(s.created))}, nil
 	}
-	ts, ok := sh.tomb[id]
-	sh.mu.Unlock()
+	ts, ok := t.gone(sh, id, lapsed, now)
 	if !ok {
 		return ReleaseResult{}, fmt.Errorf("%w: %s", ErrUnknownSession, id)
 	}
 	if ts.owner != owner {
 		return ReleaseResult{}, fmt.Errorf("%w: session %s", ErrNotOwner, id)
 	}
-	return ReleaseResult{End: ts.end}, nil
+	r := ReleaseResult{End: ts.end}
+	if lapsed != nil {
+		// What was read under it may be stale: the answer says EXPIRED.
+		r.Age = now.Sub(t.at(lapsed.created))
+	}
+	return r, nil
 }
 
 func (t *LockTable) checkIncarnation(owner, inc string) error {
@@ -531,25 +564,19 @@ func (t *LockTable) Renew(wireID, owner, inc string) (expires time.Time, lifetim
 	nowS := t.stamp(now)
 	sh := t.shardOf(id)
 	sh.mu.Lock()
-	s := sh.live.get(id)
-	if s != nil && s.owner() == owner && s.deadline <= nowS {
-		// Past its deadline the lease is over even if the sweeper has not
-		// ticked yet: a renewal must not revive it.
-		t.removeLocked(sh, s, EndExpired)
-		sh.mu.Unlock()
-		t.expired(s, now)
-		return time.Time{}, 0, fmt.Errorf("%w: session %s %s", ErrSessionEnded, id, EndExpired)
+	s, lapsed := t.liveLocked(sh, id, nowS)
+	if s == nil {
+		// Not live, lapsed included: a renewal must not revive it.
+		ts, ok := t.gone(sh, id, lapsed, now)
+		switch {
+		case !ok:
+			return time.Time{}, 0, fmt.Errorf("%w: %s", ErrUnknownSession, id)
+		case ts.owner != owner:
+			return time.Time{}, 0, fmt.Errorf("%w: session %s", ErrNotOwner, id)
+		}
+		return time.Time{}, 0, fmt.Errorf("%w: session %s %s", ErrSessionEnded, id, ts.end)
 	}
 	defer sh.mu.Unlock()
-	if s == nil {
-		if ts, ok := sh.tomb[id]; ok {
-			if ts.owner != owner {
-				return time.Time{}, 0, fmt.Errorf("%w: session %s", ErrNotOwner, id)
-			}
-			return time.Time{}, 0, fmt.Errorf("%w: session %s %s", ErrSessionEnded, id, ts.end)
-		}
-		return time.Time{}, 0, fmt.Errorf("%w: %s", ErrUnknownSession, id)
-	}
 	if s.owner() != owner {
 		return time.Time{}, 0, fmt.Errorf("%w: session %s", ErrNotOwner, id)
 	}
@@ -578,7 +605,7 @@ func (t *LockTable) ExpireBefore(now time.Time) int {
 	for i := range t.shards {
 		sh := &t.shards[i]
 		sh.mu.Lock()
-		for len(sh.expiry) > 0 && sh.expiry[0].deadline <= nowS {
+		for len(sh.expiry) > 0 && sh.expiry[0].lapsed(nowS) {
 			s := sh.expiry[0]
 			t.removeLocked(sh, s, EndExpired)
 			expired = append(expired, s)
@@ -603,7 +630,8 @@ func (t *LockTable) expired(s *session, now time.Time) {
 
 // ForceRelease ends live session id for an operator; logged with who.
 // ErrUnknownSession when it is not live (the message says how it ended
-// when that is still remembered).
+// when that is still remembered); a lapsed lease ends as expired, not
+// force-released.
 func (t *LockTable) ForceRelease(wireID, operator string) (released int, err error) {
 	code := "OK"
 	defer func() { t.m.HolderRPC.WithLabelValues(metrics.RPCForceRelease, code).Inc() }()
@@ -612,12 +640,12 @@ func (t *LockTable) ForceRelease(wireID, operator string) (released int, err err
 		code = "InvalidArgument"
 		return 0, err
 	}
+	now := t.now()
 	sh := t.shardOf(id)
 	sh.mu.Lock()
-	s := sh.live.get(id)
+	s, lapsed := t.liveLocked(sh, id, t.stamp(now))
 	if s == nil {
-		ts, ok := sh.tomb[id]
-		sh.mu.Unlock()
+		ts, ok := t.gone(sh, id, lapsed, now)
 		code = "NotFound"
 		if ok {
 			return 0, fmt.Errorf("%w: %s already ended (%s)", ErrUnknownSession, id, ts.end)
@@ -629,7 +657,7 @@ func (t *LockTable) ForceRelease(wireID, operator string) (released int, err err
 	t.finish(s)
 	t.m.LockForceReleases.Inc()
 	t.log.Warn().Stringer("session", id).Str("operator", operator).Str("requester", s.owner()).
-		Int("blocks", len(s.blocks)).Dur("age", t.now().Sub(t.at(s.created))).Msg("Transfer lock force-released")
+		Int("blocks", len(s.blocks)).Dur("age", now.Sub(t.at(s.created))).Msg("Transfer lock force-released")
 	return len(s.blocks), nil
 }
 
@@ -658,13 +686,19 @@ func (t *LockTable) ReleaseAll(reason string) int {
 	return len(all)
 }
 
-// Sessions snapshots the live sessions, oldest first.
+// Sessions snapshots the live sessions (not lapsed ones the sweeper has
+// yet to end), oldest first.
 func (t *LockTable) Sessions() []SessionInfo {
 	out := make([]SessionInfo, 0, t.Len())
+	nowS := t.stamp(t.now())
 	for i := range t.shards {
 		sh := &t.shards[i]
 		sh.mu.Lock()
-		sh.live.each(func(s *session) { out = append(out, t.infoLocked(s)) })
+		sh.live.each(func(s *session) {
+			if !s.lapsed(nowS) { // over, though not swept yet: not live
+				out = append(out, t.infoLocked(s))
+			}
+		})
 		sh.mu.Unlock()
 	}
 	sort.Slice(out, func(i, j int) bool {
@@ -676,7 +710,8 @@ func (t *LockTable) Sessions() []SessionInfo {
 	return out
 }
 
-// SessionsPage lists up to limit (> 0) live sessions opened after cursor
+// SessionsPage lists up to limit (> 0) live sessions (not lapsed ones the
+// sweeper has yet to end) opened after cursor
 // (0: from the first), oldest first; next is the cursor of the following
 // page, 0 on the last. Each shard is locked only while its sessions past
 // the cursor are offered to a bounded heap of the limit+1 oldest, so a
@@ -685,11 +720,12 @@ func (t *LockTable) Sessions() []SessionInfo {
 func (t *LockTable) SessionsPage(cursor uint64, limit int) (page []SessionInfo, next uint64) {
 	limit = max(limit, 1)
 	h := make(pageHeap, 0, limit+1)
+	nowS := t.stamp(t.now())
 	for i := range t.shards {
 		sh := &t.shards[i]
 		sh.mu.Lock()
 		sh.live.each(func(s *session) {
-			if s.seq <= cursor || (len(h) == limit+1 && s.seq >= h[0].seq) {
+			if s.seq <= cursor || s.lapsed(nowS) || (len(h) == limit+1 && s.seq >= h[0].seq) {
 				return
 			}
 			row := pageRow{seq: s.seq, info: t.infoLocked(s)}

@@ -30,8 +30,9 @@
 //     discarded. A well-formed id the holder does not remember (tombstones
 //     are bounded) is NotFound: treat it as not live.
 //   - A session ends at its deadline, not at the sweeper's next tick: a
-//     release after the deadline answers EXPIRED (was_live false) and a
-//     renewal after it is NotFound, whether or not the sweeper has run.
+//     release after the deadline answers EXPIRED (was_live false), a
+//     renewal or operator force-release after it is NotFound, and listings
+//     leave it out, whether or not the sweeper has run.
 //   - A query that pins nothing creates no per-requester state.
 //   - RenewTransferLock: NotFound when the session is not live (the
 //     message says expired/released/... when remembered);
