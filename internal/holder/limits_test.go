@@ -3,6 +3,7 @@ package holder
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -221,5 +222,62 @@ func TestRefusedNewIncarnationStillReclaims(t *testing.T) {
 	e.pins.Unpin(blocks)
 	if st := e.state(); st.sessions != 0 || st.locked != 0 || lt.PinnedBytes() != 0 {
 		t.Fatalf("after the refused query of the new incarnation: %+v, pinned %d; want the old session reclaimed", st, lt.PinnedBytes())
+	}
+}
+
+// TestHandshakeAuthenticated: on an authenticated peer port RdmaHandshake
+// checks who asks before anything else — whether or not rdma is
+// configured — and hands the acceptor only a proven caller, whose
+// incarnation is then recorded under its certificate identity.
+func TestHandshakeAuthenticated(t *testing.T) {
+	as := func(t *testing.T, names ...string) context.Context {
+		ctx := ctxT(t)
+		for _, n := range names {
+			ctx = metadata.AppendToOutgoingContext(ctx, "names", n)
+		}
+		return ctx
+	}
+	tests := []struct {
+		name string
+		ctx  func(t *testing.T) context.Context
+		node string
+		code codes.Code // with an acceptor; without one, OK becomes Unavailable
+	}{
+		{"no certificate", func(t *testing.T) context.Context { return ctxT(t) }, "node-a", codes.Unauthenticated},
+		{"claims another node", func(t *testing.T) context.Context { return as(t, "node-b") }, "node-a", codes.PermissionDenied},
+		{"no node id", func(t *testing.T) context.Context { return as(t, "node-a") }, "", codes.InvalidArgument},
+		{"node id too long", func(t *testing.T) context.Context { return as(t, "node-a") }, strings.Repeat("n", MaxNodeIDLen+1), codes.InvalidArgument},
+		{"proven", func(t *testing.T) context.Context { return as(t, "spiffe://c/a", "node-a") }, "node-a", codes.OK},
+	}
+	for _, withAcceptor := range []bool{true, false} {
+		for _, tc := range tests {
+			t.Run(fmt.Sprintf("%s/acceptor=%v", tc.name, withAcceptor), func(t *testing.T) {
+				acc := &fakeAcceptor{}
+				e := newEnv(t, func(o *Options) {
+					o.Authenticate = authFromMetadata
+					if withAcceptor {
+						o.Acceptor = acc
+					}
+				})
+				_, err := e.client(t).RdmaHandshake(tc.ctx(t), &pegadv1.RdmaHandshakeRequest{Requester: req(tc.node, "i1")})
+				want := tc.code
+				if want == codes.OK && !withAcceptor {
+					want = codes.Unavailable
+				}
+				if status.Code(err) != want {
+					t.Fatalf("handshake: %v, want %v", err, want)
+				}
+				if wantCalls := map[bool]int{true: 1}[want == codes.OK]; acc.calls != wantCalls {
+					t.Fatalf("acceptor called %d times, want %d", acc.calls, wantCalls)
+				}
+				e.svc.locks.nodesMu.Lock()
+				_, byIdentity := e.svc.locks.nodes["spiffe://c/a"]
+				nodes := len(e.svc.locks.nodes)
+				e.svc.locks.nodesMu.Unlock()
+				if want == codes.OK && (!byIdentity || nodes != 1) || want != codes.OK && nodes != 0 {
+					t.Fatalf("requester nodes after the handshake: %d (identity recorded %v)", nodes, byIdentity)
+				}
+			})
+		}
 	}
 }

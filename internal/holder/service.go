@@ -473,13 +473,16 @@ func (s *Service) RenewTransferLock(ctx context.Context, req *pegadv1.RenewTrans
 func (s *Service) RdmaHandshake(ctx context.Context, req *pegadv1.RdmaHandshakeRequest) (resp *pegadv1.RdmaHandshakeResponse, err error) {
 	defer s.done(metrics.RPCHandshake, &err)
 	node := req.GetRequester().GetNodeId()
-	if s.opts.Authenticate != nil {
-		// Who asks comes first: a stranger learns nothing, not even
-		// whether rdma is configured.
-		if node == "" {
-			return nil, invalid("requester node_id is required on an authenticated peer port")
+	if node == "" && s.opts.Authenticate != nil {
+		return nil, invalid("requester node_id is required on an authenticated peer port")
+	}
+	if node != "" {
+		if _, _, err := requesterOf(req.GetRequester(), ""); err != nil {
+			return nil, invalid("%v", err)
 		}
-		if _, err := s.owner(ctx, node); err != nil {
+		// Who asks comes first (the one authentication of this call): a
+		// stranger learns nothing, not even whether rdma is configured.
+		if node, err = s.owner(ctx, node); err != nil {
 			return nil, err
 		}
 	}
@@ -487,12 +490,6 @@ func (s *Service) RdmaHandshake(ctx context.Context, req *pegadv1.RdmaHandshakeR
 		return nil, status.Error(codes.Unavailable, "rdma not configured")
 	}
 	if node != "" {
-		if _, _, err := requesterOf(req.GetRequester(), ""); err != nil {
-			return nil, invalid("%v", err)
-		}
-		if node, err = s.owner(ctx, node); err != nil {
-			return nil, err
-		}
 		if _, err := s.locks.ObserveIncarnation(node, req.GetRequester().GetIncarnation()); err != nil {
 			return nil, toStatus(err)
 		}
