@@ -20,6 +20,8 @@ func (r EndReason) outcome() string {
 		return metrics.OutcomeExpired
 	case EndReclaimed:
 		return metrics.OutcomeReclaimed
+	case EndAbandoned:
+		return metrics.OutcomeAbandoned
 	}
 	return metrics.OutcomeForced // force-release and shutdown: the holder ended it
 }

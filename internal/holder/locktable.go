@@ -50,6 +50,7 @@ const (
 	EndForceReleased                      // ForceRelease by an operator
 	EndReclaimed                          // its requester restarted (new incarnation)
 	EndShutdown                           // ReleaseAll at daemon shutdown
+	EndAbandoned                          // granted to a query whose caller had gone (answer not delivered)
 )
 
 func (r EndReason) String() string {
@@ -64,6 +65,8 @@ func (r EndReason) String() string {
 		return "requester-restarted"
 	case EndShutdown:
 		return "shutdown"
+	case EndAbandoned:
+		return "abandoned"
 	}
 	return "unknown"
 }

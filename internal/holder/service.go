@@ -389,10 +389,16 @@ func (s *Service) QueryBlocksForTransfer(ctx context.Context, req *pegadv1.Query
 		return nil, toStatus(err)
 	}
 	owned = false
-	// A caller that gave up will never learn the id: end the session now
-	// rather than pin its blocks until expiry.
+	// A caller that gave up (cancelled, or past its deadline) cannot be
+	// delivered the answer and will never learn the id: end the session
+	// now, counted as abandoned, rather than pin its blocks until expiry.
+	// (An answer lost after this check is the requester's to notice; the
+	// lock timeout bounds it.)
 	if err := ctx.Err(); err != nil {
-		s.locks.end(sess, EndReleased)
+		if s.locks.end(sess, EndAbandoned) {
+			s.opts.Log.Info().Stringer("session", sess.id).Str("requester", node).Int("blocks", len(pinned)).
+				AnErr("cause", err).Msg("Transfer lock abandoned: its query's caller had gone")
+		}
 		return nil, toStatus(err)
 	}
 	resp.SessionId = sess.id.String()
@@ -409,6 +415,7 @@ var sessionEnds = map[EndReason]pegadv1.SessionEnd{
 	EndForceReleased: pegadv1.SessionEnd_SESSION_END_FORCE_RELEASED,
 	EndReclaimed:     pegadv1.SessionEnd_SESSION_END_REQUESTER_RESTARTED,
 	EndShutdown:      pegadv1.SessionEnd_SESSION_END_FORCE_RELEASED,
+	EndAbandoned:     pegadv1.SessionEnd_SESSION_END_FORCE_RELEASED, // the holder ended it; its requester never had the id
 }
 
 // ReleaseTransferLock unpins a live session, or reports how it ended.

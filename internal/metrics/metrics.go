@@ -39,10 +39,11 @@ const (
 	OutcomeExpired   = "expired"   // by the sweeper, after lock-timeout
 	OutcomeReclaimed = "reclaimed" // its requester restarted
 	OutcomeForced    = "forced"    // by an operator, or by the holder's shutdown
+	OutcomeAbandoned = "abandoned" // granted to a query whose caller had gone: the answer was never delivered
 )
 
 // Outcomes is every outcome label of SessionEnds.
-var Outcomes = []string{OutcomeReleased, OutcomeExpired, OutcomeReclaimed, OutcomeForced}
+var Outcomes = []string{OutcomeReleased, OutcomeExpired, OutcomeReclaimed, OutcomeForced, OutcomeAbandoned}
 
 // Label values the components use, listed here so that every labelled
 // series exists at zero from the first scrape (differences and rate()
@@ -185,7 +186,7 @@ func New(reg prometheus.Registerer, runtime bool) *Metrics {
 			Name: "pegaflow_holder_sessions_granted_total", Help: "Transfer sessions (locks) granted by this holder; granted minus ended is the live count.",
 		}),
 		SessionEnds: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "pegaflow_holder_session_ends_total", Help: "Transfer sessions ended, by outcome (released, expired, reclaimed, forced).",
+			Name: "pegaflow_holder_session_ends_total", Help: "Transfer sessions ended, by outcome (released, expired, reclaimed, forced, abandoned).",
 		}, []string{"outcome"}),
 		EmptyQueries: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "pegaflow_holder_empty_queries_total", Help: "Block queries that locked nothing (no block found); no session was granted.",

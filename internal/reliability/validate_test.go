@@ -163,7 +163,7 @@ func (c *cluster) validate(wait time.Duration) (verified int64, wrong, leaked in
 			// the client's code, not OK, yet its session was granted (and
 			// ends like any other): OK queries <= granted + empty <= all.
 			var ends, queries float64
-			for _, o := range []string{"released", "expired", "reclaimed", "forced"} {
+			for _, o := range []string{"released", "expired", "reclaimed", "forced", "abandoned"} {
 				ends += m[fmt.Sprintf(`%s{outcome="%s"}`, mEnds, o)]
 			}
 			for k, v := range m {
@@ -176,7 +176,8 @@ func (c *cluster) validate(wait time.Duration) (verified int64, wrong, leaked in
 					name, g, ends, m[mSessions], g+m[mEmptyQueries], m[mQueryOK], queries)
 			}
 			if g+m[mEmptyQueries] > m[mQueryOK] {
-				c.note("%s: %.0f sessions granted to queries their client had cancelled (counted as non-OK RPCs; they expired)", name, g+m[mEmptyQueries]-m[mQueryOK])
+				c.note("%s: %.0f sessions granted to queries their client had cancelled (counted as non-OK RPCs; %.0f ended at once as abandoned)",
+					name, g+m[mEmptyQueries]-m[mQueryOK], m[mEnds+`{outcome="abandoned"}`])
 			}
 			l = ledger{granted: g, released: m[mEnds+`{outcome="released"}`], expired: m[mEnds+`{outcome="expired"}`],
 				forced: m[mEnds+`{outcome="forced"}`], reclaimed: m[mEnds+`{outcome="reclaimed"}`], active: m[mSessions]}
