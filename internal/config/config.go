@@ -11,6 +11,7 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -25,7 +26,33 @@ import (
 	"github.com/go-viper/mapstructure/v2"
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
+
+	"github.com/pegaflow/pegad/internal/peertls"
 )
+
+// ErrInvalid marks every error that is the configuration's fault: a bad
+// flag, PEGAD_* variable, config file, key or value, or something a value
+// names that cannot be used (TLS files, a socket group). Restarting cannot
+// fix one, so pegad exits 78 (EX_CONFIG) on errors.Is(err, ErrInvalid).
+var ErrInvalid = errors.New("invalid configuration")
+
+// Invalid marks err as the configuration's fault (errors.Is(err,
+// ErrInvalid)) without changing its text; nil stays nil.
+func Invalid(err error) error {
+	if err == nil || errors.Is(err, ErrInvalid) {
+		return err
+	}
+	return &invalidError{err}
+}
+
+// NewInvalid is errors.New for a sentinel that is also ErrInvalid.
+func NewInvalid(text string) error { return &invalidError{errors.New(text)} }
+
+type invalidError struct{ err error }
+
+func (e *invalidError) Error() string        { return e.err.Error() }
+func (e *invalidError) Unwrap() error        { return e.err }
+func (e *invalidError) Is(target error) bool { return target == ErrInvalid }
 
 // EnvPrefix is the prefix of every environment variable (PEGAD_POOL_SIZE).
 const EnvPrefix = "PEGAD"
@@ -274,8 +301,14 @@ func RegisterFlags(fs *pflag.FlagSet, d Config) {
 
 // Load builds the Config from fs (already parsed, registered with
 // RegisterFlags), the PEGAD_* environment and the config file named by
-// --config or PEGAD_CONFIG, over the defaults d; then validates it.
+// --config or PEGAD_CONFIG, over the defaults d; then validates it. Every
+// error is ErrInvalid.
 func Load(fs *pflag.FlagSet, d Config) (Config, error) {
+	c, err := loadConfig(fs, d)
+	return c, Invalid(err)
+}
+
+func loadConfig(fs *pflag.FlagSet, d Config) (Config, error) {
 	v := viper.New()
 	v.SetEnvPrefix(EnvPrefix)
 	v.SetEnvKeyReplacer(strings.NewReplacer("-", "_", ".", "_"))
@@ -439,7 +472,7 @@ func cleanDecodeError(err error) string {
 	return strings.Join(out, "; ")
 }
 
-// Validate checks every value; errors name the key.
+// Validate checks every value; errors name the key and are ErrInvalid.
 func (c *Config) Validate() error {
 	probs := c.problems()
 	if len(probs) == 0 {
@@ -449,7 +482,7 @@ func (c *Config) Validate() error {
 	for i, p := range probs {
 		msgs[i] = "invalid " + p.Key + ": " + p.Reason
 	}
-	return fmt.Errorf("config: %s", strings.Join(msgs, "; "))
+	return Invalid(fmt.Errorf("config: %s", strings.Join(msgs, "; ")))
 }
 
 // problems lists every invalid value, each with its key.
@@ -559,24 +592,17 @@ func (c *Config) securityProblems() []Problem {
 	bad := func(key, format string, a ...any) {
 		probs = append(probs, Problem{Key: key, Reason: fmt.Sprintf(format, a...)})
 	}
-	set := 0
-	for _, f := range []string{c.PeerTLSCert, c.PeerTLSKey, c.PeerTLSCA} {
-		if f != "" {
-			set++
-		}
-	}
-	if set != 0 && set != 3 {
-		bad("peer-tls-cert", "peer-tls-cert, peer-tls-key and peer-tls-ca go together: set all three or none")
+	// peertls's own checks, so that what passes here is what the daemon's
+	// peertls.New accepts (short of reading the files).
+	if err := c.PeerTLSFiles().Check(); err != nil {
+		bad("peer-tls-cert", "%v", err)
 	}
 	if strings.TrimSpace(c.PeerAllow) != "" {
 		if !c.PeerTLS() {
 			bad("peer-allow", "needs peer-tls-cert, peer-tls-key and peer-tls-ca (identities come from certificates)")
 		}
-		for _, p := range strings.Split(c.PeerAllow, ",") {
-			if strings.TrimSpace(p) == "" {
-				bad("peer-allow", "%q has an empty entry", c.PeerAllow)
-				break
-			}
+		if _, err := peertls.ParseAllowList(c.PeerAllow); err != nil {
+			bad("peer-allow", "%v", err)
 		}
 	}
 	if c.MaxSessionsPerPeer < 0 {
@@ -589,6 +615,11 @@ func (c *Config) securityProblems() []Problem {
 		bad("max-pinned-bytes-per-peer", "%s is more than pool-size %s", c.MaxPinnedBytesPerPeer, c.PoolSize)
 	}
 	return probs
+}
+
+// PeerTLSFiles are the peer TLS files as peertls takes them.
+func (c *Config) PeerTLSFiles() peertls.Files {
+	return peertls.Files{Cert: c.PeerTLSCert, Key: c.PeerTLSKey, CA: c.PeerTLSCA}
 }
 
 // PeerTLS reports whether the peer port runs mutual TLS.

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -8,6 +9,8 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+
+	"github.com/pegaflow/pegad/internal/peertls"
 )
 
 // load parses args with a fresh flag set over Default() and loads, with env
@@ -199,6 +202,8 @@ func TestInvalid(t *testing.T) {
 		{"tls cert without key", []string{"--peer-tls-cert=a.pem", "--peer-tls-ca=ca.pem"}, nil, "", []string{"peer-tls-cert", "all three"}},
 		{"allow without tls", []string{"--peer-allow=node-*"}, nil, "", []string{"peer-allow", "needs peer-tls"}},
 		{"allow empty entry", nil, nil, "peer-tls-cert: a\npeer-tls-key: b\npeer-tls-ca: c\npeer-allow: a,,b\n", []string{"peer-allow", "empty entry"}},
+		{"allow over peertls's cap", []string{"--peer-allow=" + strings.Repeat("n,", peertls.MaxAllowPatterns) + "n"}, nil,
+			"peer-tls-cert: a\npeer-tls-key: b\npeer-tls-ca: c\n", []string{"peer-allow", "at most 1024"}},
 		{"negative sessions per peer", []string{"--max-sessions-per-peer=-1"}, nil, "", []string{"max-sessions-per-peer"}},
 		{"node pin cap over the pool", []string{"--pool-size=64MiB", "--max-pinned-bytes=1GiB"}, nil, "", []string{"max-pinned-bytes", "pool-size"}},
 		{"peer pin cap over the pool", nil, map[string]string{"PEGAD_MAX_PINNED_BYTES_PER_PEER": "1GiB"}, "", []string{"max-pinned-bytes-per-peer"}},
@@ -217,6 +222,9 @@ func TestInvalid(t *testing.T) {
 			}
 			if strings.Contains(err.Error(), "\n\n") {
 				t.Fatalf("error should be compact: %q", err)
+			}
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("error %q is not ErrInvalid", err)
 			}
 		})
 	}

@@ -39,7 +39,8 @@ type Effective struct {
 }
 
 // LoadEffective is Load, plus where each key's value came from (the same
-// precedence Load applies: flag > env > file > default).
+// precedence Load applies: flag > env > file > default). Every error is
+// ErrInvalid.
 func LoadEffective(fs *pflag.FlagSet, d Config) (Effective, error) {
 	c, err := Load(fs, d)
 	if err != nil {
@@ -53,7 +54,7 @@ func LoadEffective(fs *pflag.FlagSet, d Config) (Effective, error) {
 		}
 		settings, err := readFile(c.File, known)
 		if err != nil {
-			return Effective{}, err
+			return Effective{}, Invalid(err)
 		}
 		for k := range settings {
 			inFile[k] = true

@@ -14,6 +14,7 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/pegaflow/pegad/internal/config"
 	"github.com/pegaflow/pegad/internal/holder"
 	"github.com/pegaflow/pegad/internal/metrics"
 	"github.com/pegaflow/pegad/internal/peertls"
@@ -24,7 +25,8 @@ import (
 const expiryCheck = time.Hour
 
 // setupPeerTLS loads the peer TLS files when configured (d.tls stays nil
-// otherwise) and exports the limits in force.
+// otherwise) and exports the limits in force. Files that do not load are
+// the configuration's fault (config.ErrInvalid).
 func (d *Daemon) setupPeerTLS() error {
 	cfg := &d.cfg
 	l := d.holderLimits()
@@ -36,16 +38,16 @@ func (d *Daemon) setupPeerTLS() error {
 	}
 	allow, err := peertls.ParseAllowList(cfg.PeerAllow)
 	if err != nil {
-		return fmt.Errorf("peer-allow: %w", err)
+		return config.Invalid(fmt.Errorf("peer-allow: %w", err))
 	}
 	d.tls, err = peertls.New(peertls.Options{
-		Files:   peertls.Files{Cert: cfg.PeerTLSCert, Key: cfg.PeerTLSKey, CA: cfg.PeerTLSCA},
+		Files:   cfg.PeerTLSFiles(),
 		Allow:   allow,
 		Log:     d.log.With().Str("component", "peertls").Logger(),
 		Metrics: d.metrics,
 	})
 	if err != nil {
-		return fmt.Errorf("peer TLS: %w", err)
+		return config.Invalid(fmt.Errorf("peer TLS: %w", err))
 	}
 	d.log.Info().Str("identity", d.tls.Identity()).Time("not_after", d.tls.NotAfter()).
 		Bool("allow_list", !allow.Empty()).Msg("Peer port requires mutual TLS")
@@ -147,14 +149,15 @@ func (d *Daemon) ReloadTLS() error {
 	return d.tls.Reload()
 }
 
-// chownSocket gives the local socket to cfg.SocketGroup when set.
+// chownSocket gives the local socket to cfg.SocketGroup when set; a group
+// that does not exist is the configuration's fault (config.ErrInvalid).
 func chownSocket(path, group string) error {
 	if group == "" {
 		return nil
 	}
 	g, err := user.LookupGroup(group)
 	if err != nil {
-		return fmt.Errorf("socket-group %q: %w", group, err)
+		return config.Invalid(fmt.Errorf("socket-group %q: %w", group, err))
 	}
 	gid, err := strconv.Atoi(g.Gid)
 	if err != nil {

@@ -105,7 +105,7 @@ func openTransport(cfg *config.Config, met *metrics.Metrics, log zerolog.Logger)
 
 // ErrLoopbackAdvertise: the node would hand peers a loopback address
 // although its peer port is reachable from other hosts.
-var ErrLoopbackAdvertise = errors.New("would advertise a loopback address while the peer port listens beyond loopback")
+var ErrLoopbackAdvertise = config.NewInvalid("would advertise a loopback address while the peer port listens beyond loopback")
 
 // tcpData is where the tcp devices listen and what host they advertise.
 type tcpData struct {

@@ -40,7 +40,7 @@ const ExpiryWarning = 7 * 24 * time.Hour
 // Errors a load or reload wraps.
 var (
 	// ErrIncomplete: some but not all of cert, key and CA are set.
-	ErrIncomplete = errors.New("peer TLS needs all of --peer-tls-cert, --peer-tls-key and --peer-tls-ca")
+	ErrIncomplete = errors.New("peer TLS needs all three of --peer-tls-cert, --peer-tls-key and --peer-tls-ca, or none")
 	// ErrBadFiles: a file is unreadable, not PEM, the key does not match,
 	// the CA holds no certificate, or the certificate does not chain to the
 	// CA or is outside its validity period.

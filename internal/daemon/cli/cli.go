@@ -40,7 +40,7 @@ flag > environment > config file > default.`,
 	root.Flags().AddFlagSet(serve.Flags())
 	root.AddCommand(serve, newVersionCommand(), newConfigCommand())
 	// Bad flags are configuration errors too (inherited by subcommands).
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &configError{err} })
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return config.Invalid(err) })
 	return root
 }
 
@@ -52,7 +52,7 @@ func newServeCommand() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := config.Load(cmd.Flags(), config.Default())
 			if err != nil {
-				return &configError{err}
+				return err // config.ErrInvalid: exit 78
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
@@ -87,19 +87,14 @@ const (
 	ExitConfig = 78
 )
 
-// configError marks an error as the configuration's fault.
-type configError struct{ err error }
-
-func (e *configError) Error() string { return e.err.Error() }
-func (e *configError) Unwrap() error { return e.err }
-
-// exitCode is the process exit status for err (nil: 0).
+// exitCode is the process exit status for err (nil: 0): ExitConfig for
+// every error that is the configuration's fault, whether Load or the
+// daemon's start found it.
 func exitCode(err error) int {
-	var ce *configError
 	switch {
 	case err == nil:
 		return 0
-	case errors.As(err, &ce), errors.Is(err, daemon.ErrLoopbackAdvertise):
+	case errors.Is(err, config.ErrInvalid):
 		return ExitConfig
 	}
 	return ExitError
@@ -132,7 +127,7 @@ key's line comment says where its value came from: default, file, env
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			e, err := config.LoadEffective(cmd.Flags(), config.Default())
 			if err != nil {
-				return &configError{err} // exit 78, as serve would
+				return err // config.ErrInvalid: exit 78, as serve would
 			}
 			return e.WriteYAML(cmd.OutOrStdout())
 		},
