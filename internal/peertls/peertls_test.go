@@ -1,9 +1,8 @@
-package peertls
+package peertls_test
 
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"net"
 	"os"
@@ -24,37 +23,14 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/pegaflow/pegad/internal/metrics"
+	"github.com/pegaflow/pegad/internal/peertls"
 	"github.com/pegaflow/pegad/internal/testutil"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-func TestGlob(t *testing.T) {
-	for _, c := range []struct {
-		p, s string
-		want bool
-	}{
-		{"a", "a", true},
-		{"a", "b", false},
-		{"*", "", true},
-		{"*", "anything/at.all", true},
-		{"*.pegad.internal", "gpu1.pegad.internal", true},
-		{"*.pegad.internal", "pegad.internal", false},
-		{"*.pegad.internal", "gpu1.pegad.internal.evil", false},
-		{"spiffe://cluster/ns/*/sa/pegad", "spiffe://cluster/ns/kv/sa/pegad", true},
-		{"spiffe://cluster/ns/*/sa/pegad", "spiffe://cluster/ns/kv/sa/other", false},
-		{"gpu*-*", "gpu12-a", true},
-		{"gpu*-*", "gpu12a", false},
-		{"a*a*a*a*b", strings.Repeat("a", 200), false},
-	} {
-		if got := glob(c.p, c.s); got != c.want {
-			t.Errorf("glob(%q, %q) = %v, want %v", c.p, c.s, got, c.want)
-		}
-	}
-}
-
 func TestParseAllowList(t *testing.T) {
-	a, err := ParseAllowList(" node-a , spiffe://c/*")
+	a, err := peertls.ParseAllowList(" node-a , spiffe://c/*")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,19 +47,19 @@ func TestParseAllowList(t *testing.T) {
 			t.Errorf("Allows(%q) = %v, want %v", c.names, got, c.want)
 		}
 	}
-	if e, _ := ParseAllowList(""); !e.Empty() || !e.Allows(nil) {
+	if e, _ := peertls.ParseAllowList(""); !e.Empty() || !e.Allows(nil) {
 		t.Error("empty list must allow everything")
 	}
-	if _, err := ParseAllowList("a,,b"); err == nil {
+	if _, err := peertls.ParseAllowList("a,,b"); err == nil {
 		t.Error("empty entry accepted")
 	}
 }
 
 // files writes a node certificate for names signed by ca.
-func files(t *testing.T, ca *testutil.CA, dns ...string) Files {
+func files(t *testing.T, ca *testutil.CA, dns ...string) peertls.Files {
 	t.Helper()
 	f := ca.Issue(t, t.TempDir(), testutil.CertSpec{DNS: dns})
-	return Files{Cert: f.Cert, Key: f.Key, CA: f.CA}
+	return peertls.Files{Cert: f.Cert, Key: f.Key, CA: f.CA}
 }
 
 func TestNewRefusesBadFiles(t *testing.T) {
@@ -96,38 +72,38 @@ func TestNewRefusesBadFiles(t *testing.T) {
 	}
 	for _, c := range []struct {
 		name string
-		f    Files
+		f    peertls.Files
 		want error
 	}{
-		{"missing key flag", Files{Cert: good.Cert, CA: good.CA}, ErrIncomplete},
-		{"none", Files{}, ErrIncomplete},
-		{"no such cert", Files{Cert: good.Cert + ".x", Key: good.Key, CA: good.CA}, ErrBadFiles},
-		{"key of another cert", Files{Cert: good.Cert, Key: foreign.Key, CA: good.CA}, ErrBadFiles},
-		{"CA not PEM", Files{Cert: good.Cert, Key: good.Key, CA: garbage}, ErrBadFiles},
-		{"cert of another CA", Files{Cert: foreign.Cert, Key: foreign.Key, CA: good.CA}, ErrBadFiles},
+		{"missing key flag", peertls.Files{Cert: good.Cert, CA: good.CA}, peertls.ErrIncomplete},
+		{"none", peertls.Files{}, peertls.ErrIncomplete},
+		{"no such cert", peertls.Files{Cert: good.Cert + ".x", Key: good.Key, CA: good.CA}, peertls.ErrBadFiles},
+		{"key of another cert", peertls.Files{Cert: good.Cert, Key: foreign.Key, CA: good.CA}, peertls.ErrBadFiles},
+		{"CA not PEM", peertls.Files{Cert: good.Cert, Key: good.Key, CA: garbage}, peertls.ErrBadFiles},
+		{"cert of another CA", peertls.Files{Cert: foreign.Cert, Key: foreign.Key, CA: good.CA}, peertls.ErrBadFiles},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			_, err := New(Options{Files: c.f, Log: zerolog.Nop()})
+			_, err := peertls.New(peertls.Options{Files: c.f, Log: zerolog.Nop()})
 			if !errors.Is(err, c.want) {
 				t.Fatalf("New = %v, want %v", err, c.want)
 			}
 		})
 	}
-	if _, err := New(Options{Files: good, Log: zerolog.Nop()}); err != nil {
+	if _, err := peertls.New(peertls.Options{Files: good, Log: zerolog.Nop()}); err != nil {
 		t.Fatalf("good files: %v", err)
 	}
 }
 
 // server serves the health service behind s on loopback; seen receives the
-// Peer each admitted call carried.
-func server(t *testing.T, s *Source) (addr string, seen func() []Peer) {
+// peertls.Peer each admitted call carried.
+func server(t *testing.T, s *peertls.Source) (addr string, seen func() []peertls.Peer) {
 	t.Helper()
 	var mu sync.Mutex // guards peers
-	var peers []Peer
+	var peers []peertls.Peer
 	record := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-		p, ok := FromContext(ctx)
+		p, ok := peertls.FromContext(ctx)
 		if !ok {
-			t.Error("handler ran without a Peer in its context")
+			t.Error("handler ran without a peertls.Peer in its context")
 		}
 		mu.Lock()
 		peers = append(peers, p)
@@ -143,10 +119,10 @@ func server(t *testing.T, s *Source) (addr string, seen func() []Peer) {
 	done := make(chan struct{})
 	go func() { defer close(done); _ = srv.Serve(lis) }()
 	t.Cleanup(func() { srv.Stop(); <-done })
-	return lis.Addr().String(), func() []Peer {
+	return lis.Addr().String(), func() []peertls.Peer {
 		mu.Lock()
 		defer mu.Unlock()
-		return append([]Peer(nil), peers...)
+		return append([]peertls.Peer(nil), peers...)
 	}
 }
 
@@ -159,7 +135,7 @@ func check(t *testing.T, cc *grpc.ClientConn) error {
 	return err
 }
 
-func dial(t *testing.T, addr string, s *Source) *grpc.ClientConn {
+func dial(t *testing.T, addr string, s *peertls.Source) *grpc.ClientConn {
 	t.Helper()
 	creds := insecure.NewCredentials()
 	if s != nil {
@@ -173,13 +149,13 @@ func dial(t *testing.T, addr string, s *Source) *grpc.ClientConn {
 	return cc
 }
 
-func source(t *testing.T, f Files, allow string, m *metrics.Metrics, log zerolog.Logger) *Source {
+func source(t *testing.T, f peertls.Files, allow string, m *metrics.Metrics, log zerolog.Logger) *peertls.Source {
 	t.Helper()
-	a, err := ParseAllowList(allow)
+	a, err := peertls.ParseAllowList(allow)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := New(Options{Files: f, Allow: a, Metrics: m, Log: log})
+	s, err := peertls.New(peertls.Options{Files: f, Allow: a, Metrics: m, Log: log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -254,13 +230,10 @@ func TestClientVerifiesHolder(t *testing.T) {
 	// rogue certificate: only the client's check can refuse it.
 	rf := files(t, rogue, "holder")
 	rf.CA = ca.WriteCA(t, t.TempDir())
-	rs := &Source{files: rf, log: zerolog.Nop(), m: metrics.NewForTest(), now: time.Now}
-	rs.failLog = rs.log
-	m, err := loadUnchecked(rf)
+	rs, err := peertls.NewUnchecked(rf)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rs.cur.Store(m)
 	addr, seen := server(t, rs)
 	client := source(t, files(t, ca, "node-a"), "", nil, zerolog.Nop())
 	if err := check(t, dial(t, addr, client)); status.Code(err) != codes.Unavailable {
@@ -278,7 +251,7 @@ func TestReload(t *testing.T) {
 	ca := testutil.NewCA(t, "cluster")
 	dir := t.TempDir()
 	f0 := ca.Issue(t, dir, testutil.CertSpec{DNS: []string{"holder-v1"}})
-	f := Files{Cert: f0.Cert, Key: f0.Key, CA: f0.CA}
+	f := peertls.Files{Cert: f0.Cert, Key: f0.Key, CA: f0.CA}
 	m := metrics.NewForTest()
 	logs := &testutil.LogBuffer{}
 	srv := source(t, f, "", m, zerolog.New(logs))
@@ -293,8 +266,8 @@ func TestReload(t *testing.T) {
 	if err := os.WriteFile(f.Cert, []byte("-----BEGIN CERTIFICATE-----\nAAAA"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := srv.Reload(); !errors.Is(err, ErrBadFiles) {
-		t.Fatalf("reload of a bad file: %v, want ErrBadFiles", err)
+	if err := srv.Reload(); !errors.Is(err, peertls.ErrBadFiles) {
+		t.Fatalf("reload of a bad file: %v, want peertls.ErrBadFiles", err)
 	}
 	if srv.Identity() != "holder-v1" || !strings.Contains(logs.String(), "keeping the certificate and CA in use") {
 		t.Fatalf("after a bad reload: identity %q; logs:\n%s", srv.Identity(), logs)
@@ -319,9 +292,10 @@ func TestReload(t *testing.T) {
 	// A fresh connection sees v2; the old one still works.
 	var got string
 	vc := client.ClientConfig()
+	verify := vc.VerifyConnection
 	vc.VerifyConnection = func(cs tlsState) error {
-		got = Identity(cs.PeerCertificates[0])
-		return client.verifyServer(cs)
+		got = peertls.Identity(cs.PeerCertificates[0])
+		return verify(cs)
 	}
 	cc, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(credentialsNewTLS(vc)))
 	if err != nil {
@@ -347,7 +321,7 @@ func TestWarnExpiry(t *testing.T) {
 	} {
 		f := ca.Issue(t, t.TempDir(), testutil.CertSpec{DNS: []string{"n"}, Validity: c.validity})
 		logs := &testutil.LogBuffer{}
-		s := source(t, Files{Cert: f.Cert, Key: f.Key, CA: f.CA}, "", nil, zerolog.New(logs))
+		s := source(t, peertls.Files{Cert: f.Cert, Key: f.Key, CA: f.CA}, "", nil, zerolog.New(logs))
 		if got := s.WarnExpiry(); got != c.warn || strings.Contains(logs.String(), "expires soon") != c.warn {
 			t.Errorf("validity %s: warned %v, want %v; logs %s", c.validity, got, c.warn, logs)
 		}
@@ -357,24 +331,3 @@ func TestWarnExpiry(t *testing.T) {
 type tlsState = tls.ConnectionState
 
 var credentialsNewTLS = credentials.NewTLS
-
-// loadUnchecked loads f without checking that the certificate chains to
-// the CA (to build a misconfigured holder).
-func loadUnchecked(f Files) (*material, error) {
-	cert, err := tls.LoadX509KeyPair(f.Cert, f.Key)
-	if err != nil {
-		return nil, err
-	}
-	leaf, err := x509.ParseCertificate(cert.Certificate[0])
-	if err != nil {
-		return nil, err
-	}
-	cert.Leaf = leaf
-	pem, err := os.ReadFile(f.CA)
-	if err != nil {
-		return nil, err
-	}
-	roots := x509.NewCertPool()
-	roots.AppendCertsFromPEM(pem)
-	return &material{cert: &cert, leaf: leaf, roots: roots}, nil
-}
