@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"time"
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	"github.com/pegaflow/pegad/internal/clusterapi"
@@ -82,6 +83,22 @@ func (d *Daemon) startPublisher(bg context.Context) {
 	}
 	d.wg.Go(func() { d.cluster.pub.Run(bg) })
 	d.log.Info().Stringer("ttl", d.cfg.ClusterTTL).Msg("Cluster index enabled: registering with Redis")
+}
+
+// leaveTimeout bounds leaving the index at drain start (the publisher's
+// deregistration has its own 1 s bound; this covers its wind-down).
+const leaveTimeout = 2 * time.Second
+
+// leaveCluster takes this node out of the cluster index as its drain
+// begins: the publisher stops refreshing and removes the record, so
+// requesters stop choosing this node now, not after the drain.
+func (d *Daemon) leaveCluster() {
+	if d.cluster.pub == nil || !d.ready { // not ready: the publisher never ran
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), leaveTimeout)
+	defer cancel()
+	d.cluster.pub.Leave(ctx)
 }
 
 // closeCluster closes the index client after the publisher stopped.

@@ -434,6 +434,7 @@ func (d *Daemon) serve(name string, fn func() error) {
 //
 //  1. announce: health NOT_SERVING, /healthz 503 "draining", STOPPING=1;
 //     new sessions, handshakes and prefetches get UNAVAILABLE "draining";
+//     the node leaves the cluster index, so requesters stop choosing it;
 //  2. drain until no fetch runs here and no peer holds a session here, or
 //     until shutdown-timeout (reads of granted sessions, releases and
 //     renewals are served meanwhile);
@@ -468,6 +469,7 @@ func (d *Daemon) shutdown() error {
 	if d.notify != nil {
 		d.notify(daemon.SdNotifyStopping)
 	}
+	d.leaveCluster()
 
 	// 2. Drain.
 	if d.ready {

@@ -65,6 +65,10 @@ type Publisher struct {
 	wake chan struct{} // cap 1: a change is waiting
 	kick chan struct{} // cap 1: keepalive asks for a republication
 
+	leave     chan struct{} // closed by Leave: Run deregisters and returns
+	leaveOnce sync.Once
+	left      chan struct{} // closed when Run has returned (record removed, best effort)
+
 	mu     sync.Mutex // guards dirty, oldest, resync
 	dirty  map[store.Key]struct{}
 	oldest time.Time // when the oldest unpublished change arrived
@@ -94,7 +98,25 @@ func NewPublisher(o PublisherOptions) *Publisher {
 	if o.Metrics == nil {
 		o.Metrics = metrics.NewClusterForTest()
 	}
-	return &Publisher{o: o, wake: make(chan struct{}, 1), kick: make(chan struct{}, 1), dirty: make(map[store.Key]struct{}), resync: true}
+	return &Publisher{o: o, wake: make(chan struct{}, 1), kick: make(chan struct{}, 1),
+		leave: make(chan struct{}), left: make(chan struct{}),
+		dirty: make(map[store.Key]struct{}), resync: true}
+}
+
+// Leave takes this node out of the index as a drain begins: Run stops
+// refreshing the record and publishing, removes the record and returns,
+// so requesters stop choosing this node now instead of when the drain
+// ends (its blocks are still served to sessions already granted). Leave
+// waits for that, or for ctx; it returns at once when Run has returned.
+func (p *Publisher) Leave(ctx context.Context) {
+	p.leaveOnce.Do(func() {
+		p.markResync() // stop tracking changes: nothing publishes them now
+		close(p.leave)
+	})
+	select {
+	case <-p.left:
+	case <-ctx.Done():
+	}
 }
 
 // Notify records that k changed in the store. It never blocks.
@@ -116,24 +138,33 @@ func (p *Publisher) Notify(k store.Key) {
 }
 
 // Run registers this node, publishes its blocks and keeps both fresh
-// until ctx ends, then removes its record (best effort).
+// until ctx ends or Leave is called, then removes its record (best
+// effort). Call it once.
 //
 // Two loops: keepalive refreshes the record every TTL/3 on its own, so a
 // long republication (a million blocks take seconds) never lets the
 // record lapse; the publishing loop batches changes and runs the
 // republications keepalive asks for.
 func (p *Publisher) Run(ctx context.Context) {
+	kctx, stopKeepalive := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	defer func() {
+		// Keepalive has stopped before the record goes: no heartbeat
+		// can put it back.
+		stopKeepalive()
 		wg.Wait()
 		p.deregister()
+		close(p.left)
 	}()
-	wg.Go(func() { p.keepalive(ctx) })
+	wg.Go(func() { p.keepalive(kctx) })
 	t := time.NewTicker(p.every())
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
+			return
+		case <-p.leave:
+			p.o.Log.Info().Msg("Cluster index: leaving (drain): requesters stop choosing this node")
 			return
 		case <-t.C:
 			p.sync(ctx)

@@ -27,6 +27,8 @@ type node struct {
 	st  *store.Store
 	idx *redisindex.Index
 	m   *metrics.Cluster
+	pub *index.Publisher
+	ran chan struct{} // closed when pub.Run returned
 }
 
 // startNode runs a store and its publisher against r until the test ends.
@@ -49,9 +51,13 @@ func startNode(t *testing.T, r *testutil.Redis, id string, ttl time.Duration) *n
 		},
 	})
 	n.st.OnChange(pub.Notify)
+	n.pub, n.ran = pub, make(chan struct{})
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	wg.Go(func() { pub.Run(ctx) })
+	wg.Go(func() {
+		defer close(n.ran)
+		pub.Run(ctx)
+	})
 	t.Cleanup(func() {
 		cancel()
 		wg.Wait()
@@ -274,4 +280,46 @@ func TestPublisherSlowRepublishKeepsRecord(t *testing.T) {
 		t.Fatal("the node never registered")
 	}
 	eventually(t, viewer, map[string]string{"h": "slow"})
+}
+
+// TestPublisherLeave: Leave (a drain beginning) takes the node out of the
+// index at once, while its Run's context is still live: its record is
+// gone from Nodes and its blocks from Locate, no heartbeat puts it back,
+// nothing later is announced, and Run has returned.
+func TestPublisherLeave(t *testing.T) {
+	r := testutil.StartRedis(t)
+	const ttl = 300 * time.Millisecond // heartbeat every 100 ms
+	a := startNode(t, r, "a", ttl)
+	b := startNode(t, r, "b", ttl)
+	a.put(t, "h1")
+	b.put(t, "h1")
+	eventually(t, b.idx, map[string]string{"h1": "ab"})
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	a.pub.Leave(ctx)
+	announced := metrics.Value(a.m.Published.WithLabelValues(metrics.PublishAnnounce))
+	select {
+	case <-a.ran:
+	default:
+		t.Fatal("Leave returned before Run did")
+	}
+	for round := range 2 { // at once, and after heartbeats would have refreshed it
+		nodes, err := b.idx.Nodes(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range nodes {
+			if n.ID == "a" {
+				t.Fatalf("round %d: node a still listed after Leave: %+v", round, n)
+			}
+		}
+		eventually(t, b.idx, map[string]string{"h1": "b"})
+		a.put(t, fmt.Sprintf("after-%d", round))
+		time.Sleep(2 * ttl / 3)
+	}
+	if got := metrics.Value(a.m.Published.WithLabelValues(metrics.PublishAnnounce)); got != announced {
+		t.Fatalf("announced %v blocks after Leave", got-announced)
+	}
+	a.pub.Leave(ctx) // again: returns at once
 }
