@@ -714,12 +714,11 @@ func (t *LockTable) Sessions() []SessionInfo {
 }
 
 // SessionsPage lists up to limit (> 0) live sessions (not lapsed ones the
-// sweeper has yet to end) opened after cursor
-// (0: from the first), oldest first; next is the cursor of the following
-// page, 0 on the last. Each shard is locked only while its sessions past
-// the cursor are offered to a bounded heap of the limit+1 oldest, so a
-// page costs O(n log limit) time and O(limit) memory, and no lock is held
-// across shards.
+// sweeper has yet to end) opened after cursor (0: from the first), oldest
+// first; next is the cursor of the following page, 0 on the last. Each
+// shard is locked only while its sessions past the cursor are offered to
+// a bounded heap of the limit+1 oldest, so a page costs O(n log limit)
+// time and O(limit) memory, and no lock is held across shards.
 func (t *LockTable) SessionsPage(cursor uint64, limit int) (page []SessionInfo, next uint64) {
 	limit = max(limit, 1)
 	h := make(pageHeap, 0, limit+1)
