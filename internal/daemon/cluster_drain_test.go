@@ -20,7 +20,7 @@ func TestDrainLeavesClusterIndex(t *testing.T) {
 	acfg := testConfig(t)
 	acfg.NodeID = "drainer"
 	acfg.ClusterRedis = r.URL()
-	acfg.ClusterTTL = 600 * time.Millisecond // refreshed every 200 ms while registered
+	acfg.ClusterTTL = time.Second // refreshed every 333 ms while registered
 	acfg.ShutdownTimeout = 20 * time.Second
 	a := startNode(t, acfg)
 	b := startNode(t, testConfig(t), gate.option())
@@ -52,7 +52,7 @@ func TestDrainLeavesClusterIndex(t *testing.T) {
 	eventually(t, "drain begins", 5*time.Second, func() bool { return a.d.draining.Load() })
 	// Within a few heartbeats, not a TTL: Leave is synchronous with the
 	// start of the drain, and the record must stay gone while it lasts.
-	eventually(t, "the draining holder leaves the index", time.Second, func() bool { return !listed() })
+	eventually(t, "the draining holder leaves the index", 3*time.Second, func() bool { return !listed() })
 	time.Sleep(acfg.ClusterTTL) // heartbeats would have put it back by now
 	if listed() {
 		t.Fatal("the draining holder is back in the index")
