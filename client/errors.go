@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/pegaflow/pegad/api/localwire"
+	"github.com/pegaflow/pegad/api/pegaderr"
 )
 
 // Errors a caller branches on with errors.Is. Errors from gRPC calls also
@@ -60,8 +61,18 @@ func fromWire(op localwire.Op, st localwire.Status, msg string) error {
 	return fmt.Errorf("%v: %w: %s", op, sentinel, msg)
 }
 
+// byReason is the typed error of each pegaderr reason the daemon sends.
+var byReason = map[pegaderr.Reason]error{
+	pegaderr.NotFound: ErrNotFound, pegaderr.UnknownSession: ErrNotFound, pegaderr.SessionEnded: ErrNotFound,
+	pegaderr.NoSpace: ErrPoolFull, pegaderr.LocalResource: ErrPoolFull, pegaderr.Limit: ErrLimit,
+	pegaderr.Invalid: ErrInvalid, pegaderr.InvalidSessionID: ErrInvalid,
+	pegaderr.Draining: ErrUnavailable, pegaderr.Connection: ErrUnavailable, pegaderr.IndexUnavailable: ErrUnavailable,
+	pegaderr.Discarded: ErrAborted, pegaderr.Internal: ErrInternal,
+}
+
 // fromStatus turns a gRPC error into one that also matches the typed
-// errors above; nil stays nil.
+// errors above (by its pegaderr reason; by its code from a daemon that
+// sends none); nil stays nil.
 func fromStatus(err error) error {
 	if err == nil {
 		return nil
@@ -69,6 +80,9 @@ func fromStatus(err error) error {
 	s, ok := status.FromError(err)
 	if !ok {
 		return err
+	}
+	if _, r := pegaderr.FromStatus(err); byReason[r] != nil {
+		return &statusError{sentinel: byReason[r], err: err}
 	}
 	var sentinel error
 	switch s.Code() {

@@ -6,7 +6,6 @@ package clusterapi
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -15,6 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+	"github.com/pegaflow/pegad/api/pegaderr"
 	"github.com/pegaflow/pegad/internal/index"
 	"github.com/pegaflow/pegad/internal/store"
 )
@@ -37,21 +37,17 @@ type Server struct {
 // node named self.
 func New(idx index.Index, self string) *Server { return &Server{idx: idx, self: self} }
 
-func toStatus(err error) error {
-	switch {
-	case errors.Is(err, index.ErrUnavailable):
-		return status.Error(codes.Unavailable, err.Error())
-	case errors.Is(err, context.DeadlineExceeded):
-		return status.Error(codes.DeadlineExceeded, err.Error())
-	case errors.Is(err, context.Canceled):
-		return status.Error(codes.Canceled, err.Error())
-	}
-	return status.Error(codes.Internal, err.Error())
+// statusKinds is how the index's errors go on the wire (pegaderr).
+var statusKinds = []pegaderr.Kind{
+	{Err: index.ErrUnavailable, Code: codes.Unavailable, Reason: pegaderr.IndexUnavailable},
+	{Err: index.ErrDisabled, Code: codes.FailedPrecondition, Reason: pegaderr.IndexDisabled},
 }
+
+func toStatus(err error) error { return pegaderr.ToStatus(err, statusKinds) }
 
 func (s *Server) ready(ctx context.Context) (context.Context, context.CancelFunc, error) {
 	if s.idx == nil {
-		return nil, nil, status.Error(codes.FailedPrecondition, index.ErrDisabled.Error())
+		return nil, nil, toStatus(index.ErrDisabled)
 	}
 	ctx, cancel := context.WithTimeout(ctx, lookupTimeout)
 	return ctx, cancel, nil

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+	"github.com/pegaflow/pegad/api/pegaderr"
 	"github.com/pegaflow/pegad/internal/gc"
 )
 
@@ -29,7 +30,7 @@ import (
 const DrainingMessage = "draining"
 
 // errDraining: requesters that get it go to another holder.
-var errDraining = status.Error(codes.Unavailable, DrainingMessage)
+var errDraining = pegaderr.Status(codes.Unavailable, pegaderr.Draining, DrainingMessage).Err()
 
 // sweepStaleIntervals: the watchdog stops pinging when the lock sweeper has
 // not ticked for this many gc-intervals (minSweepStale at least, so a

@@ -6,8 +6,8 @@ import (
 	"fmt"
 
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
+	"github.com/pegaflow/pegad/api/pegaderr"
 	"github.com/pegaflow/pegad/internal/metrics"
 )
 
@@ -49,7 +49,7 @@ func (s *Service) owner(ctx context.Context, claimed string) (string, error) {
 	}
 	id, names, ok := s.opts.Authenticate(ctx)
 	if !ok {
-		return "", status.Error(codes.Unauthenticated, "peer port requires an authenticated identity")
+		return "", pegaderr.Status(codes.Unauthenticated, pegaderr.Identity, "peer port requires an authenticated identity").Err()
 	}
 	for _, n := range names {
 		if n == claimed {
@@ -59,7 +59,7 @@ func (s *Service) owner(ctx context.Context, claimed string) (string, error) {
 	s.opts.Metrics.PeerAuthRefused.WithLabelValues(metrics.AuthIdentityClaimed).Inc()
 	s.opts.Log.Warn().Str("peer", id).Str("claimed", claimed).Str("reason", metrics.AuthIdentityClaimed).
 		Msg("Peer refused: claimed node id is not its certificate identity")
-	return "", status.Errorf(codes.PermissionDenied, "%v: claimed %q, certificate proves %q", ErrIdentity, claimed, names)
+	return "", toStatus(fmt.Errorf("%w: claimed %q, certificate proves %q", ErrIdentity, claimed, names))
 }
 
 // admitLocked checks the limits for a new session of n pinning bytes, with

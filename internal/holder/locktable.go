@@ -16,9 +16,9 @@ import (
 	"github.com/pegaflow/pegad/internal/store"
 )
 
-// Errors callers branch on. The peer service maps them to gRPC codes at the
-// RPC boundary (see toStatus); the admin service does the same for
-// ForceRelease.
+// Errors callers branch on. StatusKinds maps them to gRPC codes and
+// pegaderr reasons at the RPC boundary, for the peer service and for the
+// admin service's ForceRelease.
 var (
 	// ErrInvalidSessionID: not 32 hex characters. Maps to InvalidArgument.
 	ErrInvalidSessionID = errors.New("malformed session id")

@@ -68,6 +68,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+	"github.com/pegaflow/pegad/api/pegaderr"
 	"github.com/pegaflow/pegad/internal/metrics"
 	"github.com/pegaflow/pegad/internal/store"
 )
@@ -208,29 +209,21 @@ func RecoveryInterceptor(log zerolog.Logger) grpc.UnaryServerInterceptor {
 	}
 }
 
-// toStatus maps lock-table errors to gRPC status at the RPC boundary.
-func toStatus(err error) error {
-	switch {
-	case err == nil:
-		return nil
-	case errors.Is(err, ErrInvalidSessionID):
-		return status.Error(codes.InvalidArgument, err.Error())
-	case errors.Is(err, ErrUnknownSession), errors.Is(err, ErrSessionEnded):
-		return status.Error(codes.NotFound, err.Error())
-	case errors.Is(err, ErrNotOwner):
-		return status.Error(codes.PermissionDenied, err.Error())
-	case errors.Is(err, ErrLimit):
-		return status.Error(codes.ResourceExhausted, err.Error())
-	case errors.Is(err, ErrStaleIncarnation), errors.Is(err, ErrLifetimeExhausted):
-		return status.Error(codes.FailedPrecondition, err.Error())
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return status.FromContextError(err).Err()
-	}
-	if _, ok := status.FromError(err); ok {
-		return err
-	}
-	return status.Error(codes.Internal, err.Error())
+// StatusKinds is how the holder's errors go on the wire (pegaderr): the
+// peer service answers with it, and the admin API's force-release too.
+var StatusKinds = []pegaderr.Kind{
+	{Err: ErrInvalidSessionID, Code: codes.InvalidArgument, Reason: pegaderr.InvalidSessionID},
+	{Err: ErrUnknownSession, Code: codes.NotFound, Reason: pegaderr.UnknownSession},
+	{Err: ErrSessionEnded, Code: codes.NotFound, Reason: pegaderr.SessionEnded},
+	{Err: ErrNotOwner, Code: codes.PermissionDenied, Reason: pegaderr.NotOwner},
+	{Err: ErrIdentity, Code: codes.PermissionDenied, Reason: pegaderr.Identity},
+	{Err: ErrLimit, Code: codes.ResourceExhausted, Reason: pegaderr.Limit},
+	{Err: ErrStaleIncarnation, Code: codes.FailedPrecondition, Reason: pegaderr.StaleIncarnation},
+	{Err: ErrLifetimeExhausted, Code: codes.FailedPrecondition, Reason: pegaderr.LifetimeExhausted},
 }
+
+// toStatus is err on the wire, at the RPC boundary.
+func toStatus(err error) error { return pegaderr.ToStatus(err, StatusKinds) }
 
 // requesterOf returns (node id, incarnation); requester wins over the
 // deprecated requester_id.
@@ -251,7 +244,7 @@ func requesterOf(r *pegadv1.Requester, legacyID string) (string, string, error) 
 }
 
 func invalid(format string, a ...any) error {
-	return status.Errorf(codes.InvalidArgument, format, a...)
+	return pegaderr.Status(codes.InvalidArgument, pegaderr.Invalid, fmt.Sprintf(format, a...)).Err()
 }
 
 // validateQuery checks everything before any state changes and returns the
@@ -335,8 +328,8 @@ func (s *Service) QueryBlocksForTransfer(ctx context.Context, req *pegadv1.Query
 	for _, b := range pinned {
 		nslots += b.NumSlots()
 		if nslots > s.opts.MaxResponseSlots {
-			return nil, status.Errorf(codes.ResourceExhausted,
-				"found blocks have more than %d slots in all: ask for fewer hashes", s.opts.MaxResponseSlots)
+			return nil, pegaderr.Status(codes.ResourceExhausted, pegaderr.Limit, fmt.Sprintf(
+				"found blocks have more than %d slots in all: ask for fewer hashes", s.opts.MaxResponseSlots)).Err()
 		}
 		for k := range b.NumSlots() {
 			nsegs++

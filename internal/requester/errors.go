@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/pegaflow/pegad/api/pegaderr"
 	"github.com/pegaflow/pegad/internal/conn"
 	"github.com/pegaflow/pegad/internal/ibv"
 	"github.com/pegaflow/pegad/internal/pool"
@@ -178,10 +179,12 @@ func invalidates(err error) bool {
 
 // reclaimedRelease reports whether a release was refused because the
 // holder has seen a newer incarnation of this node: it refuses a stale
-// incarnation (FailedPrecondition) only after it reclaimed every session
-// of it, so the lock is known to be gone, not leaked.
+// incarnation only after it reclaimed every session of it, so the lock is
+// known to be gone, not leaked. A holder that sends no pegaderr reason
+// says so with FailedPrecondition alone.
 func reclaimedRelease(err error) bool {
-	return status.Code(err) == codes.FailedPrecondition
+	code, reason := pegaderr.FromStatus(err)
+	return reason == pegaderr.StaleIncarnation || (reason == "" && code == codes.FailedPrecondition)
 }
 
 // ctxErr is the error of a done ctx: its Err, also wrapping its cause when
