@@ -32,15 +32,15 @@ type Reason string
 // tables) still has its code.
 const (
 	// Blocks and the pool (local socket).
-	NotFound Reason = "NOT_FOUND"  // no such block
-	NoSpace  Reason = "NO_SPACE"   // the pool is full even after eviction
-	Invalid  Reason = "INVALID"    // the request is malformed; nothing changed
-	Canceled Reason = "CANCELED"   // the caller's context ended
-	Deadline Reason = "DEADLINE"   // a deadline passed
-	Internal Reason = "INTERNAL"   // a bug or an unexpected failure
-	Limit    Reason = "LIMIT"      // a per-peer or node limit refused the request
-	Draining Reason = "DRAINING"   // the node is shutting down; try another
-	Identity Reason = "IDENTITY"   // a claimed node id the certificate does not prove
+	NotFound Reason = "NOT_FOUND" // no such block
+	NoSpace  Reason = "NO_SPACE"  // the pool is full even after eviction
+	Invalid  Reason = "INVALID"   // the request is malformed; nothing changed
+	Canceled Reason = "CANCELED"  // the caller's context ended
+	Deadline Reason = "DEADLINE"  // a deadline passed
+	Internal Reason = "INTERNAL"  // a bug or an unexpected failure
+	Limit    Reason = "LIMIT"     // a per-peer or node limit refused the request
+	Draining Reason = "DRAINING"  // the node is shutting down; try another
+	Identity Reason = "IDENTITY"  // a claimed node id the certificate does not prove
 
 	// Transfer sessions (peer port; admin force-release).
 	InvalidSessionID  Reason = "INVALID_SESSION_ID"

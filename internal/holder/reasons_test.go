@@ -70,7 +70,9 @@ func TestWireReasons(t *testing.T) {
 			return err
 		}, codes.NotFound, pegaderr.SessionEnded},
 		{"another's session", func() error { return release(as("s"), "s", "", q2.GetSessionId()) }, codes.PermissionDenied, pegaderr.NotOwner},
-		{"claimed identity", func() error { return release(metadata.AppendToOutgoingContext(ctxT(t), "stranger", "1"), "r", "i3", sid) }, codes.PermissionDenied, pegaderr.Identity},
+		{"claimed identity", func() error {
+			return release(metadata.AppendToOutgoingContext(ctxT(t), "stranger", "1"), "r", "i3", sid)
+		}, codes.PermissionDenied, pegaderr.Identity},
 		{"over a limit", func() error {
 			_, err := c.QueryBlocksForTransfer(as("r"), &pegadv1.QueryBlocksForTransferRequest{
 				Namespace: "ns", Hashes: [][]byte{[]byte("b")}, Requester: req("r", "i3")})
