@@ -51,6 +51,9 @@
 //     prove is PermissionDenied on every RPC, before any state changes.
 //   - A query that would take its peer or the node past Options.Limits is
 //     ResourceExhausted naming the limit, and nothing is locked.
+//   - Every refusal carries a pegaderr reason beside its code (StatusKinds),
+//     so kinds that share a code are told apart: STALE_INCARNATION and
+//     LIFETIME_EXHAUSTED are both FailedPrecondition.
 package holder
 
 import (
