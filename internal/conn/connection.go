@@ -342,6 +342,7 @@ func (c *AddrConnection) plan(ops []ReadOp) ([]*batch, error) {
 	m := c.m
 	bySession := make(map[*session]*batch)
 	var out []*batch
+	pending := make([]uint64, len(c.nics)) // bytes per NIC, committed at the end
 	for i, op := range ops {
 		if op.Len == 0 {
 			return nil, fmt.Errorf("%w: op %d has zero length", ErrInvalidOp, i)
@@ -351,7 +352,7 @@ func (c *AddrConnection) plan(ops []ReadOp) ([]*batch, error) {
 		}
 		for off := uint64(0); off < op.Len; off += maxWRBytes {
 			n := min(uint64(maxWRBytes), op.Len-off)
-			cn := c.pickNIC(op.NUMA, n)
+			cn := c.nics[c.pickNIC(op.NUMA, n, pending)]
 			raddr := op.RemoteAddr + off
 			rkey, ok := cn.rkeyFor(raddr, n)
 			if !ok || op.RemoteAddr+op.Len < op.RemoteAddr {
@@ -370,6 +371,7 @@ func (c *AddrConnection) plan(ops []ReadOp) ([]*batch, error) {
 				RemoteAddr: raddr, RKey: rkey})
 		}
 	}
+	c.commitNICBytes(pending)
 	return out, nil
 }
 

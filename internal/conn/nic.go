@@ -26,25 +26,40 @@ const (
 )
 
 // pickNIC chooses the NIC for n more bytes of a READ whose segment lives
-// on numa (-1: unknown): the one whose bytes so far, this chunk included,
-// cost least, starting the scan at a rotating index so ties spread.
-func (c *AddrConnection) pickNIC(numa int, n uint64) *connNic {
+// on numa (-1: unknown): the one whose bytes so far, those already planned
+// in this plan (pending, indexed like c.nics) and this chunk included, cost
+// least, starting the scan at a rotating index so ties spread. It returns
+// the NIC's index and adds n to pending only: the plan commits its bytes
+// (commitNICBytes) once nothing in it can fail, so a plan rejected halfway
+// (ErrRemoteMemory) leaves no phantom bytes that would starve that NIC.
+func (c *AddrConnection) pickNIC(numa int, n uint64, pending []uint64) int {
 	start := int(c.rr.Add(1) % uint64(len(c.nics)))
-	var best *connNic
+	best := -1
 	var bestCost uint64
 	for i := range c.nics {
-		cn := c.nics[(start+i)%len(c.nics)]
+		j := (start + i) % len(c.nics)
+		cn := c.nics[j]
 		w := uint64(localNICCost)
 		if nn := cn.nic.info.NUMANode; numa >= 0 && nn >= 0 && nn != numa {
 			w = remoteNICCost
 		}
-		if cost := (cn.bytes.Load() + n) * w; best == nil || cost < bestCost {
-			best, bestCost = cn, cost
+		if cost := (cn.bytes.Load() + pending[j] + n) * w; best < 0 || cost < bestCost {
+			best, bestCost = j, cost
 		}
 	}
-	best.bytes.Add(n)
-	best.nic.readBytes.Add(float64(n))
+	pending[best] += n
 	return best
+}
+
+// commitNICBytes adds a successful plan's bytes to each NIC's running
+// total and its read-bytes counter.
+func (c *AddrConnection) commitNICBytes(pending []uint64) {
+	for i, n := range pending {
+		if n > 0 {
+			c.nics[i].bytes.Add(n)
+			c.nics[i].nic.readBytes.Add(float64(n))
+		}
+	}
 }
 
 // nicSubnet is the subnet a handshake names for a NIC, which pairs it with
