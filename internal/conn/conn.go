@@ -194,6 +194,11 @@ type localNIC struct {
 	// readBytes is this NIC's series of NICReadBytes, looked up once: the
 	// planner adds to it per work request.
 	readBytes prometheus.Counter
+	// subnet is what handshakes name for this NIC (nicSubnet of the
+	// device as last resolved): set at registration, refreshed by the
+	// device's address and port-up events, since info's GID goes stale
+	// when an address is removed and re-added. nil: nicSubnet(info).
+	subnet atomic.Pointer[string]
 }
 
 // Manager is safe for concurrent use.

@@ -75,7 +75,7 @@ func (m *Manager) connect(peer string) (_ *AddrConnection, err error) {
 	}
 	for i, n := range m.nics {
 		nh := &pegadv1.NicHandshake{Nic: n.info.Name, Memory: []*pegadv1.MemoryRegion{m.localRegion(n)},
-			LinkLayer: n.info.LinkLayer, Subnet: nicSubnet(n.info)}
+			LinkLayer: n.info.LinkLayer, Subnet: n.currentSubnet()}
 		for q := 0; q < m.opts.QPsPerPeer; q++ {
 			p, err := m.newQPPair(n)
 			if err != nil {
@@ -388,7 +388,7 @@ func (m *Manager) Accept(ctx context.Context, req *pegadv1.RdmaHandshakeRequest)
 		n := pairs[i]
 		attr := m.connectAttr(n)
 		nh := &pegadv1.NicHandshake{Nic: n.info.Name, Memory: []*pegadv1.MemoryRegion{m.localRegion(n)},
-			LinkLayer: n.info.LinkLayer, Subnet: nicSubnet(n.info)}
+			LinkLayer: n.info.LinkLayer, Subnet: n.currentSubnet()}
 		var qs []*qpPair
 		for _, rep := range rn.endpoints {
 			if err := ctx.Err(); err != nil {

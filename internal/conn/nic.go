@@ -84,6 +84,24 @@ func nicSubnet(info ibv.DeviceInfo) string {
 	return p.String()
 }
 
+// currentSubnet is the subnet handshakes name for n now (see
+// localNIC.subnet).
+func (n *localNIC) currentSubnet() string {
+	if s := n.subnet.Load(); s != nil {
+		return *s
+	}
+	return nicSubnet(n.info)
+}
+
+// refreshSubnet takes n's subnet from its device as resolved now; it
+// reports the old and new subnet.
+func (n *localNIC) refreshSubnet() (before, after string) {
+	before = n.currentSubnet()
+	after = nicSubnet(n.dev.Info())
+	n.subnet.Store(&after)
+	return before, after
+}
+
 // nicMatch is how well a holder NIC fits a requester NIC.
 type nicMatch int
 
@@ -107,7 +125,7 @@ func (m *Manager) pairNICs(req []remoteNIC, log zerolog.Logger) []*localNIC {
 		for j, n := range m.nics {
 			mt := matchPosition
 			switch {
-			case r.subnet != "" && r.linkLayer == n.info.LinkLayer && r.subnet == nicSubnet(n.info):
+			case r.subnet != "" && r.linkLayer == n.info.LinkLayer && r.subnet == n.currentSubnet():
 				mt = matchSubnet
 			case r.name != "" && r.name == n.info.Name:
 				mt = matchName
@@ -121,7 +139,7 @@ func (m *Manager) pairNICs(req []remoteNIC, log zerolog.Logger) []*localNIC {
 		out[i] = m.nics[best]
 		if bestMatch == matchPosition {
 			byPosition = append(byPosition, fmt.Sprintf("%s(%s %s)->%s(%s %s)", r.name, r.linkLayer, r.subnet,
-				m.nics[best].info.Name, m.nics[best].info.LinkLayer, nicSubnet(m.nics[best].info)))
+				m.nics[best].info.Name, m.nics[best].info.LinkLayer, m.nics[best].currentSubnet()))
 		}
 	}
 	if len(byPosition) > 0 && m.opts.Transport != "tcp" {
@@ -157,6 +175,8 @@ func (m *Manager) registerNICs(opts Options) error {
 	var wg sync.WaitGroup
 	for i, dev := range opts.Devices {
 		n := &localNIC{dev: dev, info: dev.Info()}
+		subnet := nicSubnet(n.info)
+		n.subnet.Store(&subnet)
 		n.readBytes = m.met.NICReadBytes.WithLabelValues(n.info.Name) // at 0 from the start
 		m.nics = append(m.nics, n)
 		wg.Go(func() {
@@ -184,8 +204,9 @@ func (m *Manager) registerNICs(opts Options) error {
 // reports them, until Close: each is logged and counted; a port that went
 // down invalidates every requester connection (each has QPs on every NIC,
 // and an RC QP through a dead port never recovers), so the next Get
-// handshakes afresh. An address change needs nothing here: the device
-// re-resolved its GID, and the QPs of the next handshake use it.
+// handshakes afresh. An address change (or port up) refreshes the subnet
+// handshakes name for the NIC: the device re-resolved its GID, and the QPs
+// of the next handshake use it.
 func (m *Manager) watchNICEvents() {
 	for _, n := range m.nics {
 		// Every NIC's event series exist from the start, at 0.
@@ -215,10 +236,15 @@ func (m *Manager) watchNICEvents() {
 
 func (m *Manager) onNICEvent(n *localNIC, ev ibv.DeviceEvent) {
 	name := n.info.Name
-	m.met.NICEvents.WithLabelValues(name, ev.Kind.String()).Inc()
 	log := m.log.With().Str("nic", name).Str("event", ev.Kind.String()).Logger()
 	if ev.Kind != ibv.PortDown {
-		log.Info().Int("gid_index", ev.Info.GIDIndex).Uint16("lid", ev.Info.LID).Msg("nic port event")
+		// The device re-resolved its GID: later handshakes name the
+		// subnet it is in now, so the peer pairs this NIC by its rail.
+		// Counted after, so a count seen means the subnet is current.
+		before, after := n.refreshSubnet()
+		m.met.NICEvents.WithLabelValues(name, ev.Kind.String()).Inc()
+		log.Info().Int("gid_index", ev.Info.GIDIndex).Uint16("lid", ev.Info.LID).
+			Str("subnet", after).Str("old_subnet", before).Msg("nic port event")
 		return
 	}
 	m.mu.Lock()
@@ -227,6 +253,7 @@ func (m *Manager) onNICEvent(n *localNIC, ev ibv.DeviceEvent) {
 		conns = append(conns, c)
 	}
 	m.mu.Unlock()
+	m.met.NICEvents.WithLabelValues(name, ev.Kind.String()).Inc()
 	log.Warn().Int("connections", len(conns)).Msg("nic port went down; invalidating connections through it")
 	for _, c := range conns {
 		m.Invalidate(c, fmt.Errorf("%w: port of %s went down", ErrConnectionBroken, name))

@@ -5,10 +5,12 @@ package conn
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
@@ -50,10 +52,16 @@ func fakeSysfs(t *testing.T, numa map[string]int) string {
 type directPeer struct {
 	pegadv1.PeerServiceClient
 	m *Manager
+	// tap, when set, sees every handshake and its answer.
+	tap *atomic.Pointer[func(*pegadv1.RdmaHandshakeRequest, *pegadv1.RdmaHandshakeResponse)]
 }
 
 func (p directPeer) RdmaHandshake(ctx context.Context, in *pegadv1.RdmaHandshakeRequest, _ ...grpc.CallOption) (*pegadv1.RdmaHandshakeResponse, error) {
-	return p.m.Accept(ctx, in)
+	resp, err := p.m.Accept(ctx, in)
+	if f := p.tap.Load(); f != nil {
+		(*f)(in, resp)
+	}
+	return resp, err
 }
 
 func (p directPeer) RdmaDisconnect(ctx context.Context, in *pegadv1.RdmaDisconnectRequest, _ ...grpc.CallOption) (*pegadv1.RdmaDisconnectResponse, error) {
@@ -64,6 +72,8 @@ type fakeNode struct {
 	mgr *Manager
 	mem []byte
 	met *metrics.Metrics
+	// tap: see directPeer (handshakes this node answers).
+	tap atomic.Pointer[func(*pegadv1.RdmaHandshakeRequest, *pegadv1.RdmaHandshakeResponse)]
 }
 
 // newFakeNode opens names on the fake HCA, maps memBytes of pool and
@@ -89,7 +99,9 @@ func newFakeNode(t *testing.T, id, sysfs string, names []string, memBytes int, h
 	n.mgr, err = NewManager(Options{
 		NodeID: id, Incarnation: id + "-1", Transport: "verbs", Devices: devs, Memory: n.mem,
 		QPsPerPeer: 1, Metrics: n.met, Log: zerolog.Nop(), HandshakeTimeout: 5 * time.Second,
-		Dial: func(string) (pegadv1.PeerServiceClient, error) { return directPeer{m: holder.mgr}, nil },
+		Dial: func(string) (pegadv1.PeerServiceClient, error) {
+			return directPeer{m: holder.mgr, tap: &holder.tap}, nil
+		},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -192,5 +204,60 @@ func TestFakeVerbsMixedFleet(t *testing.T) {
 	}
 	if !bytes.Equal(req.mem, holder.mem) {
 		t.Fatal("fetched bytes differ from the holder's")
+	}
+}
+
+// TestFakeVerbsGIDChangeRefreshesSubnet: after an address change moves a
+// NIC's GID to another subnet, the handshakes both sides send name the new
+// subnet (the one peers pair that rail by), not the one resolved at start.
+func TestFakeVerbsGIDChangeRefreshesSubnet(t *testing.T) {
+	t.Cleanup(verbs.FakeResetPorts)
+	sysfs := fakeSysfs(t, nil)
+	names := []string{"pegadfake3", "pegadfake4"}
+	holder := newFakeNode(t, "holder", sysfs, []string{"pegadfake4", "pegadfake3"}, 1<<20, nil)
+	req := newFakeNode(t, "requester", sysfs, names, 1<<20, holder)
+	type seen struct{ req, resp map[string]string }
+	got := make(chan seen, 4)
+	tap := func(in *pegadv1.RdmaHandshakeRequest, out *pegadv1.RdmaHandshakeResponse) {
+		s := seen{map[string]string{}, map[string]string{}}
+		for _, n := range in.GetNics() {
+			s.req[n.GetNic()] = n.GetSubnet()
+		}
+		for _, n := range out.GetNics() {
+			s.resp[n.GetNic()] = n.GetSubnet()
+		}
+		got <- s
+	}
+	holder.tap.Store(&tap)
+	handshake := func() seen {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		c, err := req.mgr.Get(ctx, "holder:1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.mgr.Invalidate(c, errors.New("test: handshake again"))
+		return <-got
+	}
+	first := handshake()
+	if first.req["pegadfake3"] != "10.0.3.0/24" || first.resp["pegadfake3"] != "10.0.3.0/24" {
+		t.Fatalf("subnets before the change: request %v, response %v", first.req, first.resp)
+	}
+	// Both managers hold a context of pegadfake3 (one fake device).
+	if n := verbs.FakePortEvent("pegadfake3", ibv.AddressChange); n != 2 {
+		t.Fatalf("address change told %d contexts, want 2", n)
+	}
+	for _, n := range []*fakeNode{holder, req} {
+		waitFor(t, "address change seen", func() bool {
+			return testutil.ToFloat64(n.met.NICEvents.WithLabelValues("pegadfake3", "address_change")) == 1
+		})
+	}
+	after := handshake()
+	if after.req["pegadfake3"] != "10.1.3.0/24" || after.resp["pegadfake3"] != "10.1.3.0/24" {
+		t.Fatalf("subnets after the change: request %v, response %v; want pegadfake3 in 10.1.3.0/24", after.req, after.resp)
+	}
+	if after.req["pegadfake4"] != "10.0.4.0/24" {
+		t.Fatalf("pegadfake4's subnet changed with another NIC's address: %v", after.req)
 	}
 }
