@@ -126,6 +126,9 @@ type Options struct {
 	// faster on AMD, Grace and PCIe-switch hosts; libibverbs drops it where
 	// unsupported).
 	NoRelaxedOrdering bool
+	// Rails names the rail of each device (same order as Devices; nil:
+	// none named). Handshakes carry them and NICs pair by rail first.
+	Rails []string
 }
 
 const (
@@ -189,6 +192,7 @@ const (
 type localNIC struct {
 	dev  ibv.Device
 	info ibv.DeviceInfo
+	rail string // Options.Rails; "" when not named
 	pd   ibv.PD
 	mr   ibv.MR
 	// readBytes is this NIC's series of NICReadBytes, looked up once: the
@@ -267,6 +271,9 @@ type Manager struct {
 func NewManager(opts Options) (m *Manager, err error) {
 	if len(opts.Devices) == 0 {
 		return nil, errors.New("conn: no devices")
+	}
+	if opts.Rails != nil && len(opts.Rails) != len(opts.Devices) {
+		return nil, fmt.Errorf("conn: %d rails for %d devices", len(opts.Rails), len(opts.Devices))
 	}
 	if len(opts.Memory) == 0 {
 		return nil, errors.New("conn: no memory to register")

@@ -109,10 +109,12 @@ const (
 	matchPosition nicMatch = iota // nothing in common: paired by position
 	matchName                     // same device name
 	matchSubnet                   // same link layer and subnet: the same rail
+	matchRail                     // the same rail, as the operators named it (--nics RAIL=DEV)
 )
 
 // pairNICs chooses, for each requester NIC, the local NIC it talks to:
-// the same link layer and subnet (rail) first, then the same name, then
+// the same named rail first, then the same link layer and subnet, then the
+// same name, then
 // position (logged as a warning: on a rail-isolated fabric such a pair
 // connects and then its READs time out). Among equals the least used local
 // NIC wins, then the one at the requester NIC's position.
@@ -125,6 +127,8 @@ func (m *Manager) pairNICs(req []remoteNIC, log zerolog.Logger) []*localNIC {
 		for j, n := range m.nics {
 			mt := matchPosition
 			switch {
+			case r.rail != "" && r.rail == n.rail:
+				mt = matchRail
 			case r.subnet != "" && r.linkLayer == n.info.LinkLayer && r.subnet == n.currentSubnet():
 				mt = matchSubnet
 			case r.name != "" && r.name == n.info.Name:
@@ -138,13 +142,13 @@ func (m *Manager) pairNICs(req []remoteNIC, log zerolog.Logger) []*localNIC {
 		uses[best]++
 		out[i] = m.nics[best]
 		if bestMatch == matchPosition {
-			byPosition = append(byPosition, fmt.Sprintf("%s(%s %s)->%s(%s %s)", r.name, r.linkLayer, r.subnet,
-				m.nics[best].info.Name, m.nics[best].info.LinkLayer, m.nics[best].currentSubnet()))
+			byPosition = append(byPosition, fmt.Sprintf("%s(%s %s %s)->%s(%s %s %s)", r.name, r.rail, r.linkLayer, r.subnet,
+				m.nics[best].info.Name, m.nics[best].rail, m.nics[best].info.LinkLayer, m.nics[best].currentSubnet()))
 		}
 	}
 	if len(byPosition) > 0 && m.opts.Transport != "tcp" {
 		log.Warn().Str("pairs", strings.Join(byPosition, ", ")).
-			Msg("NICs paired by position: no local NIC shares their subnet or name; on a rail-isolated fabric their READs will fail")
+			Msg("NICs paired by position: no local NIC shares their rail, subnet or name; on a rail-isolated fabric their READs will fail")
 	}
 	return out
 }
@@ -175,6 +179,9 @@ func (m *Manager) registerNICs(opts Options) error {
 	var wg sync.WaitGroup
 	for i, dev := range opts.Devices {
 		n := &localNIC{dev: dev, info: dev.Info()}
+		if opts.Rails != nil {
+			n.rail = opts.Rails[i]
+		}
 		subnet := nicSubnet(n.info)
 		n.subnet.Store(&subnet)
 		n.readBytes = m.met.NICReadBytes.WithLabelValues(n.info.Name) // at 0 from the start

@@ -43,6 +43,9 @@ func roceNIC(name string, rail byte) *localNIC {
 // then by position.
 func TestPairNICs(t *testing.T) {
 	holder := []*localNIC{roceNIC("mlx5_3", 3), roceNIC("mlx5_2", 2), roceNIC("mlx5_1", 1), roceNIC("mlx5_0", 0)}
+	for _, n := range holder {
+		n.rail = "r" + n.info.Name[len("mlx5_"):]
+	}
 	req := func(name string, rail byte, subnet bool) remoteNIC {
 		r := remoteNIC{name: name, linkLayer: "Ethernet"}
 		if subnet {
@@ -67,6 +70,10 @@ func TestPairNICs(t *testing.T) {
 		{"by position last, spreading over unused NICs",
 			[]remoteNIC{req("x0", 9, true), req("x1", 8, true), req("x2", 7, false)},
 			[]string{"mlx5_3", "mlx5_2", "mlx5_1"}},
+		{"by named rail over subnet and name",
+			[]remoteNIC{{name: "mlx5_3", linkLayer: "Ethernet", subnet: nicSubnet(roceNIC("", 3).info), rail: "r0"},
+				{name: "x", rail: "r2"}},
+			[]string{"mlx5_0", "mlx5_2"}},
 		{"more requester NICs than holder NICs on one rail share it",
 			[]remoteNIC{req("a", 0, true), req("b", 0, true)},
 			[]string{"mlx5_0", "mlx5_0"}},

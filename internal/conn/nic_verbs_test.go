@@ -80,7 +80,15 @@ type fakeNode struct {
 // starts a Manager; dial answers handshakes with holder (nil: none).
 func newFakeNode(t *testing.T, id, sysfs string, names []string, memBytes int, holder *fakeNode) *fakeNode {
 	t.Helper()
-	prov := verbs.NewWithOptions(verbs.Options{Library: verbs.FakeLibrary, SysfsRoot: sysfs})
+	return newFakeNodeWith(t, id, verbs.Options{SysfsRoot: sysfs}, names, nil, memBytes, holder)
+}
+
+// newFakeNodeWith is newFakeNode with the provider's options (the library
+// is always the fake) and the rail of each NIC (nil: none).
+func newFakeNodeWith(t *testing.T, id string, vo verbs.Options, names, rails []string, memBytes int, holder *fakeNode) *fakeNode {
+	t.Helper()
+	vo.Library = verbs.FakeLibrary
+	prov := verbs.NewWithOptions(vo)
 	var devs []ibv.Device
 	for _, name := range names {
 		d, err := prov.Open(name)
@@ -98,7 +106,7 @@ func newFakeNode(t *testing.T, id, sysfs string, names []string, memBytes int, h
 	var err error
 	n.mgr, err = NewManager(Options{
 		NodeID: id, Incarnation: id + "-1", Transport: "verbs", Devices: devs, Memory: n.mem,
-		QPsPerPeer: 1, Metrics: n.met, Log: zerolog.Nop(), HandshakeTimeout: 5 * time.Second,
+		QPsPerPeer: 1, Metrics: n.met, Log: zerolog.Nop(), HandshakeTimeout: 5 * time.Second, Rails: rails,
 		Dial: func(string) (pegadv1.PeerServiceClient, error) {
 			return directPeer{m: holder.mgr, tap: &holder.tap}, nil
 		},
@@ -259,5 +267,50 @@ func TestFakeVerbsGIDChangeRefreshesSubnet(t *testing.T) {
 	}
 	if after.req["pegadfake4"] != "10.0.4.0/24" {
 		t.Fatalf("pegadfake4's subnet changed with another NIC's address: %v", after.req)
+	}
+}
+
+// TestFakeVerbsPairByRail: when subnets say nothing (link-local RoCE GIDs,
+// GID index 0) and the holder's NIC on one rail has another name
+// (pegadfakeold0 is on rail 0 like pegadfake0), the rails the operators
+// named (--nics r0=...,r1=...) pair the NICs, whatever order the holder
+// lists them in. Paired by position instead, the requester's rail-0 NIC
+// would READ through the holder's rail-1 NIC, which the fake fabric drops.
+func TestFakeVerbsPairByRail(t *testing.T) {
+	vo := verbs.Options{SysfsRoot: fakeSysfs(t, nil), ForceGIDIndex: true, GIDIndex: 0}
+	holder := newFakeNodeWith(t, "holder", vo, []string{"pegadfake1", "pegadfakeold0"}, []string{"r1", "r0"}, 1<<20, nil)
+	ibvtest.Fill(holder.mem, 5)
+	req := newFakeNodeWith(t, "requester", vo, []string{"pegadfake0", "pegadfake1"}, []string{"r0", "r1"}, 1<<20, holder)
+	var paired []string
+	tap := func(_ *pegadv1.RdmaHandshakeRequest, out *pegadv1.RdmaHandshakeResponse) {
+		for _, n := range out.GetNics() {
+			paired = append(paired, n.GetNic()+"/"+n.GetSubnet())
+		}
+	}
+	holder.tap.Store(&tap)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c, err := req.mgr.Get(ctx, "holder:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"pegadfakeold0/", "pegadfake1/"}; !slices.Equal(paired, want) {
+		t.Fatalf("holder paired the requester's NICs with %v, want %v (by rail)", paired, want)
+	}
+	ops := make([]ReadOp, 16)
+	for i := range ops {
+		off := uint64(i) << 16
+		ops[i] = ReadOp{LocalAddr: base(req.mem) + off, RemoteAddr: base(holder.mem) + off, Len: 1 << 16, NUMA: -1}
+	}
+	if err := c.Read(ctx, ops); err != nil {
+		t.Fatalf("read over rail-paired NICs: %v", err)
+	}
+	if !bytes.Equal(req.mem, holder.mem) {
+		t.Fatal("fetched bytes differ from the holder's")
+	}
+	for _, name := range []string{"pegadfake0", "pegadfake1"} {
+		if testutil.ToFloat64(req.met.NICReadBytes.WithLabelValues(name)) == 0 {
+			t.Fatalf("%s carried no bytes", name)
+		}
 	}
 }
