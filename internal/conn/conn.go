@@ -129,6 +129,11 @@ type Options struct {
 	// Rails names the rail of each device (same order as Devices; nil:
 	// none named). Handshakes carry them and NICs pair by rail first.
 	Rails []string
+	// NodeOf is the NUMA node of the local memory at a virtual address
+	// inside Memory (the pool's NodeOf), -1 unknown; nil: always unknown.
+	// A READ is carried by a NIC on its local memory's node when that
+	// node has any (StagingPlan spreads staging over the nodes).
+	NodeOf func(addr uint64) int
 }
 
 const (
@@ -152,6 +157,14 @@ type ReadOp struct {
 	Len        uint64
 	// NUMA of the remote segment (used to prefer a NIC); -1 unknown.
 	NUMA int
+}
+
+// localNode is the NUMA node of local memory at addr, -1 unknown.
+func (m *Manager) localNode(addr uint64) int {
+	if m.opts.NodeOf == nil {
+		return -1
+	}
+	return m.opts.NodeOf(addr)
 }
 
 // ConnInfo is a row of `pegactl conns list`.

@@ -350,9 +350,10 @@ func (c *AddrConnection) plan(ops []ReadOp) ([]*batch, error) {
 		if op.LocalAddr < m.memBase || op.Len > m.memLen || op.LocalAddr-m.memBase > m.memLen-op.Len {
 			return nil, fmt.Errorf("%w: op %d local range [%#x,+%d) outside registered memory", ErrInvalidOp, i, op.LocalAddr, op.Len)
 		}
+		local := m.localNode(op.LocalAddr)
 		for off := uint64(0); off < op.Len; off += maxWRBytes {
 			n := min(uint64(maxWRBytes), op.Len-off)
-			cn := c.nics[c.pickNIC(op.NUMA, n, pending)]
+			cn := c.nics[c.pickNIC(op.NUMA, local, n, pending)]
 			raddr := op.RemoteAddr + off
 			rkey, ok := cn.rkeyFor(raddr, n)
 			if !ok || op.RemoteAddr+op.Len < op.RemoteAddr {

@@ -3,6 +3,7 @@ package conn
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 
@@ -25,22 +26,34 @@ const (
 	remoteNICCost = 5
 )
 
-// pickNIC chooses the NIC for n more bytes of a READ whose segment lives
-// on numa (-1: unknown): the one whose bytes so far, those already planned
-// in this plan (pending, indexed like c.nics) and this chunk included, cost
-// least, starting the scan at a rotating index so ties spread. It returns
-// the NIC's index and adds n to pending only: the plan commits its bytes
-// (commitNICBytes) once nothing in it can fail, so a plan rejected halfway
-// (ErrRemoteMemory) leaves no phantom bytes that would starve that NIC.
-func (c *AddrConnection) pickNIC(numa int, n uint64, pending []uint64) int {
+// pickNIC chooses the NIC for n more bytes of a READ into local memory on
+// NUMA node local from a segment on the peer's node numa (either -1:
+// unknown). Only NICs on local's node are candidates when it has any: a
+// NIC writes fastest into memory on its own socket, and StagingPlan
+// spreads a fetch's staging over the nodes so that every NIC gets its
+// share. Among candidates, the one whose bytes so far, those already
+// planned in this plan (pending, indexed like c.nics) and this chunk
+// included, cost least wins, the scan starting at a rotating index so ties
+// spread. It returns the NIC's index and adds n to pending only: the plan
+// commits its bytes (commitNICBytes) once nothing in it can fail, so a
+// plan rejected halfway (ErrRemoteMemory) leaves no phantom bytes that
+// would starve that NIC.
+func (c *AddrConnection) pickNIC(numa, local int, n uint64, pending []uint64) int {
+	if local >= 0 && !c.m.hasNICOn(local) {
+		local = -1
+	}
 	start := int(c.rr.Add(1) % uint64(len(c.nics)))
 	best := -1
 	var bestCost uint64
 	for i := range c.nics {
 		j := (start + i) % len(c.nics)
 		cn := c.nics[j]
+		nn := cn.nic.info.NUMANode
+		if local >= 0 && nn != local {
+			continue
+		}
 		w := uint64(localNICCost)
-		if nn := cn.nic.info.NUMANode; numa >= 0 && nn >= 0 && nn != numa {
+		if numa >= 0 && nn >= 0 && nn != numa {
 			w = remoteNICCost
 		}
 		if cost := (cn.bytes.Load() + pending[j] + n) * w; best < 0 || cost < bestCost {
@@ -49,6 +62,75 @@ func (c *AddrConnection) pickNIC(numa int, n uint64, pending []uint64) int {
 	}
 	pending[best] += n
 	return best
+}
+
+// hasNICOn reports whether a local NIC is on NUMA node node.
+func (m *Manager) hasNICOn(node int) bool {
+	for _, n := range m.nics {
+		if n.info.NUMANode == node {
+			return true
+		}
+	}
+	return false
+}
+
+// StagingPlan spreads one fetch's staging over the local NUMA nodes that
+// have NICs, so that the READs into it (each carried by a NIC on its
+// staging's node, pickNIC) keep every NIC busy. Not safe for concurrent
+// use: one fetch places its blocks in order.
+type StagingPlan struct {
+	nodes []int
+	nics  []uint64 // NICs on nodes[i]
+	bytes []uint64 // the connection's READ bytes on nodes[i], plus those placed
+	start int      // where ties start: rotates per plan
+}
+
+// StagingPlan starts placing a fetch's staging; nil when the NICs are not
+// on two or more known nodes (then placement does not matter).
+func (c *AddrConnection) StagingPlan() *StagingPlan {
+	sp := &StagingPlan{}
+	for _, cn := range c.nics {
+		node := cn.nic.info.NUMANode
+		if node < 0 {
+			continue
+		}
+		i := slices.Index(sp.nodes, node)
+		if i < 0 {
+			i = len(sp.nodes)
+			sp.nodes = append(sp.nodes, node)
+			sp.nics = append(sp.nics, 0)
+			sp.bytes = append(sp.bytes, 0)
+		}
+		sp.nics[i]++
+		sp.bytes[i] += cn.bytes.Load()
+	}
+	if len(sp.nodes) < 2 {
+		return nil
+	}
+	sp.start = int(c.rr.Add(1) % uint64(len(sp.nodes)))
+	return sp
+}
+
+// Place chooses the local node for n bytes of staging whose source is on
+// the peer's node remote (-1 unknown): the node whose bytes per NIC, these
+// included, cost least, a node other than remote costing 5/4 as pickNIC
+// weighs a remote NIC (hosts are alike: the peer's NICs for remote are on
+// remote).
+func (sp *StagingPlan) Place(remote int, n uint64) int {
+	best := -1
+	var bestCost float64
+	for k := range sp.nodes {
+		i := (sp.start + k) % len(sp.nodes)
+		w := float64(localNICCost)
+		if remote >= 0 && sp.nodes[i] != remote {
+			w = remoteNICCost
+		}
+		if cost := float64(sp.bytes[i]+n) * w / float64(sp.nics[i]); best < 0 || cost < bestCost {
+			best, bestCost = i, cost
+		}
+	}
+	sp.bytes[best] += n
+	return sp.nodes[best]
 }
 
 // commitNICBytes adds a successful plan's bytes to each NIC's running

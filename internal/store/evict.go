@@ -7,6 +7,25 @@ import (
 	"github.com/pegaflow/pegad/internal/pool"
 )
 
+// AllocExtentOn is AllocExtent with the extent placed on NUMA node node
+// where the pool has room there, else on any node (pool.AllocOn); it
+// evicts only when n bytes fit nowhere, as AllocExtent does.
+func (s *Store) AllocExtentOn(node int, n uint64) (*Extent, error) {
+	if n == 0 || n > s.pool.Size() {
+		return s.AllocExtent(n) // its errors
+	}
+	a, err := s.pool.AllocOn(node, n)
+	if err == nil {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.newExtentLocked(a), nil
+	}
+	if !errors.Is(err, pool.ErrNoSpace) {
+		return nil, fmt.Errorf("store: alloc %d bytes on node %d: %w", n, node, err)
+	}
+	return s.AllocExtent(n)
+}
+
 // AllocExtent allocates n bytes, evicting unpinned blocks in LRU order until
 // it fits; ErrNoSpace (and nothing evicted beyond need) when it cannot. The
 // caller holds one reference and must ReleaseExtent it.
