@@ -129,11 +129,20 @@ type Options struct {
 	// Rails names the rail of each device (same order as Devices; nil:
 	// none named). Handshakes carry them and NICs pair by rail first.
 	Rails []string
-	// NodeOf is the NUMA node of the local memory at a virtual address
-	// inside Memory (the pool's NodeOf), -1 unknown; nil: always unknown.
-	// A READ is carried by a NIC on its local memory's node when that
-	// node has any (StagingPlan spreads staging over the nodes).
-	NodeOf func(addr uint64) int
+	// Placement says which NUMA node each part of Memory is on (the
+	// pool); nil: unknown. When Memory has a part on the node of every NIC
+	// and the NICs are on two or more nodes, a READ is carried by a NIC on
+	// its local memory's node and StagingPlan spreads staging over the
+	// nodes; otherwise READs spread over all NICs.
+	Placement Placement
+}
+
+// Placement is where local memory is, by NUMA node (*pool.Pool).
+type Placement interface {
+	// NodeOf is the node of the memory at a virtual address, -1 unknown.
+	NodeOf(addr uint64) int
+	// Nodes are the nodes the memory is on.
+	Nodes() []int
 }
 
 const (
@@ -159,12 +168,13 @@ type ReadOp struct {
 	NUMA int
 }
 
-// localNode is the NUMA node of local memory at addr, -1 unknown.
+// localNode is the NUMA node of local memory at addr when READs are placed
+// by it (Manager.placed), else -1.
 func (m *Manager) localNode(addr uint64) int {
-	if m.opts.NodeOf == nil {
+	if !m.placed {
 		return -1
 	}
-	return m.opts.NodeOf(addr)
+	return m.opts.Placement.NodeOf(addr)
 }
 
 // ConnInfo is a row of `pegactl conns list`.
@@ -226,6 +236,9 @@ type Manager struct {
 	nics    []*localNIC
 	memBase uint64
 	memLen  uint64
+	// placed: READs go through NICs on their local memory's node
+	// (placedNUMA). Immutable after NewManager.
+	placed bool
 
 	// ctx is canceled by Close; handshakes run under it, not under a
 	// caller's context, because singleflight shares them between callers.
@@ -343,6 +356,7 @@ func NewManager(opts Options) (m *Manager, err error) {
 	if err := m.registerNICs(opts); err != nil {
 		return nil, err
 	}
+	m.placed = placedNUMA(m.nics, opts.Placement)
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	m.reaping.Add(1)
 	go m.reaper()

@@ -40,7 +40,7 @@ const (
 // would starve that NIC.
 func (c *AddrConnection) pickNIC(numa, local int, n uint64, pending []uint64) int {
 	if local >= 0 && !c.m.hasNICOn(local) {
-		local = -1
+		local = -1 // memory on a node without NICs: any NIC
 	}
 	start := int(c.rr.Add(1) % uint64(len(c.nics)))
 	best := -1
@@ -64,6 +64,29 @@ func (c *AddrConnection) pickNIC(numa, local int, n uint64, pending []uint64) in
 	return best
 }
 
+// placedNUMA reports whether READs should go through NICs on their local
+// memory's node: the NICs are on two or more known nodes and the memory has
+// a part on each of them (else some NICs would never carry a READ; a pool
+// whose binding failed ends up so, and then spreading over all NICs beats
+// leaving some idle).
+func placedNUMA(nics []*localNIC, pl Placement) bool {
+	if pl == nil {
+		return false
+	}
+	memNodes := pl.Nodes()
+	var nicNodes []int
+	for _, n := range nics {
+		node := n.info.NUMANode
+		if node < 0 || !slices.Contains(memNodes, node) {
+			return false
+		}
+		if !slices.Contains(nicNodes, node) {
+			nicNodes = append(nicNodes, node)
+		}
+	}
+	return len(nicNodes) >= 2
+}
+
 // hasNICOn reports whether a local NIC is on NUMA node node.
 func (m *Manager) hasNICOn(node int) bool {
 	for _, n := range m.nics {
@@ -85,9 +108,12 @@ type StagingPlan struct {
 	start int      // where ties start: rotates per plan
 }
 
-// StagingPlan starts placing a fetch's staging; nil when the NICs are not
-// on two or more known nodes (then placement does not matter).
+// StagingPlan starts placing a fetch's staging; nil when READs are not
+// placed by NUMA node (see Options.Placement): then it does not matter.
 func (c *AddrConnection) StagingPlan() *StagingPlan {
+	if !c.m.placed {
+		return nil
+	}
 	sp := &StagingPlan{}
 	for _, cn := range c.nics {
 		node := cn.nic.info.NUMANode

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -83,9 +84,38 @@ func newFakeNode(t *testing.T, id, sysfs string, names []string, memBytes int, h
 	return newFakeNodeWith(t, id, verbs.Options{SysfsRoot: sysfs}, names, nil, memBytes, holder)
 }
 
+// placement is a Placement of one mapping: all on node 0, or (split) its
+// first half on node 0 and the second on node 1.
+type placement struct {
+	mem   []byte
+	split bool
+}
+
+func (p placement) NodeOf(addr uint64) int {
+	if p.split && addr >= base(p.mem)+uint64(len(p.mem)/2) {
+		return 1
+	}
+	return 0
+}
+
+func (p placement) Nodes() []int {
+	if p.split {
+		return []int{0, 1}
+	}
+	return []int{0}
+}
+
 // newFakeNodeWith is newFakeNode with the provider's options (the library
 // is always the fake) and the rail of each NIC (nil: none).
 func newFakeNodeWith(t *testing.T, id string, vo verbs.Options, names, rails []string, memBytes int, holder *fakeNode) *fakeNode {
+	t.Helper()
+	return newPlacedFakeNode(t, id, vo, names, rails, memBytes, holder, nil)
+}
+
+// newPlacedFakeNode is newFakeNodeWith with a Placement of the node's
+// memory (nil: none; place gets the mapping).
+func newPlacedFakeNode(t *testing.T, id string, vo verbs.Options, names, rails []string, memBytes int, holder *fakeNode,
+	place func(mem []byte) Placement) *fakeNode {
 	t.Helper()
 	vo.Library = verbs.FakeLibrary
 	prov := verbs.NewWithOptions(vo)
@@ -103,10 +133,15 @@ func newFakeNodeWith(t *testing.T, id string, vo verbs.Options, names, rails []s
 		devs = append(devs, d)
 	}
 	n := &fakeNode{mem: ibvtest.MapMemory(t, memBytes), met: metrics.NewForTest()}
+	var pl Placement
+	if place != nil {
+		pl = place(n.mem)
+	}
 	var err error
 	n.mgr, err = NewManager(Options{
 		NodeID: id, Incarnation: id + "-1", Transport: "verbs", Devices: devs, Memory: n.mem,
 		QPsPerPeer: 1, Metrics: n.met, Log: zerolog.Nop(), HandshakeTimeout: 5 * time.Second, Rails: rails,
+		Placement: pl,
 		Dial: func(string) (pegadv1.PeerServiceClient, error) {
 			return directPeer{m: holder.mgr, tap: &holder.tap}, nil
 		},
@@ -312,5 +347,67 @@ func TestFakeVerbsPairByRail(t *testing.T) {
 		if testutil.ToFloat64(req.met.NICReadBytes.WithLabelValues(name)) == 0 {
 			t.Fatalf("%s carried no bytes", name)
 		}
+	}
+}
+
+// TestFakeVerbsPlacement: with memory on both NICs' nodes, each READ goes
+// through a NIC on its local memory's node; with memory on node 0 only (a
+// binding that failed), READs still spread over all 8 NICs rather than
+// leaving node 1's idle.
+func TestFakeVerbsPlacement(t *testing.T) {
+	var names []string
+	numa := map[string]int{}
+	for i := range 8 {
+		name := "pegadfake" + strconv.Itoa(i)
+		names = append(names, name)
+		numa[name] = i / 4
+	}
+	vo := verbs.Options{SysfsRoot: fakeSysfs(t, numa)}
+	const blocks, bs = 64, 128 << 10
+	for _, split := range []bool{true, false} {
+		t.Run(fmt.Sprintf("split=%v", split), func(t *testing.T) {
+			holder := newFakeNodeWith(t, "holder", vo, names, nil, blocks*bs, nil)
+			ibvtest.Fill(holder.mem, 9)
+			req := newPlacedFakeNode(t, "requester", vo, names, nil, blocks*bs, holder,
+				func(mem []byte) Placement { return placement{mem, split} })
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			c, err := req.mgr.Get(ctx, "holder:1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if sp := c.StagingPlan(); (sp != nil) != split {
+				t.Fatalf("StagingPlan() = %v with split=%v", sp, split)
+			}
+			// Each op alone, so the NIC of each is known from the counters.
+			for i := range blocks {
+				off := uint64(i * bs)
+				before := map[string]float64{}
+				for _, name := range names {
+					before[name] = testutil.ToFloat64(req.met.NICReadBytes.WithLabelValues(name))
+				}
+				op := ReadOp{LocalAddr: base(req.mem) + off, RemoteAddr: base(holder.mem) + off, Len: bs, NUMA: 0}
+				if err := c.Read(ctx, []ReadOp{op}); err != nil {
+					t.Fatal(err)
+				}
+				for _, name := range names {
+					if testutil.ToFloat64(req.met.NICReadBytes.WithLabelValues(name)) == before[name] {
+						continue
+					}
+					want := (placement{req.mem, split}).NodeOf(op.LocalAddr)
+					if split && numa[name] != want {
+						t.Fatalf("op %d into node %d memory went through %s on node %d", i, want, name, numa[name])
+					}
+				}
+			}
+			if !bytes.Equal(req.mem, holder.mem) {
+				t.Fatal("fetched bytes differ from the holder's")
+			}
+			for _, name := range names {
+				if testutil.ToFloat64(req.met.NICReadBytes.WithLabelValues(name)) == 0 {
+					t.Fatalf("%s carried no bytes", name)
+				}
+			}
+		})
 	}
 }

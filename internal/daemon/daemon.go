@@ -239,7 +239,7 @@ func Start(ctx context.Context, cfg config.Config, opts ...Option) (d *Daemon, e
 		Dial:        d.peers.Get,
 
 		NoRelaxedOrdering: !cfg.RelaxedOrdering,
-		NodeOf:            d.pool.NodeOf,
+		Placement:         d.pool,
 		Rails:             cfg.NICRails(), // same order as the devices (openTransport opens names in order)
 		Metrics:           d.metrics,
 		Log:               d.log.With().Str("component", "conn").Logger(),

@@ -125,7 +125,7 @@ func newNUMANode(t *testing.T, id, sysfs string, serve bool, log *readLog) *numa
 	t.Cleanup(func() { _ = peers.Close() })
 	mgr, err := conn.NewManager(conn.Options{
 		NodeID: id, Incarnation: id + "-inc", Transport: "verbs", Devices: devs,
-		Memory: n.pool.Bytes(), QPsPerPeer: 1, Dial: conn.Dialer(peers.Get), NodeOf: n.pool.NodeOf,
+		Memory: n.pool.Bytes(), QPsPerPeer: 1, Dial: conn.Dialer(peers.Get), Placement: n.pool,
 		Metrics: n.m, Log: zerolog.Nop(), HandshakeTimeout: 5 * time.Second,
 	})
 	if err != nil {
