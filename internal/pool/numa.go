@@ -131,6 +131,21 @@ func (p *Pool) partStart(off uint64) bool {
 	return p.parts[i].off == off
 }
 
+// Boundary reports whether off is where one NUMA part of the pool ends and
+// the next begins: no allocation spans it and free ranges on its two sides
+// never merge (an evictor predicting free runs must not merge them either).
+func (p *Pool) Boundary(off uint64) bool { return p.partStart(off) }
+
+// MaxAlloc is the largest allocation the pool can ever hold: its largest
+// part.
+func (p *Pool) MaxAlloc() uint64 {
+	var m uint64
+	for _, pt := range p.parts {
+		m = max(m, pt.len)
+	}
+	return m
+}
+
 // Nodes are the NUMA nodes of the pool's parts, in address order, as found
 // after populating (one entry per part; the nodes asked for in
 // Options.Nodes where the binding held).
