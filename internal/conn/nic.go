@@ -222,10 +222,9 @@ const (
 
 // pairNICs chooses, for each requester NIC, the local NIC it talks to:
 // the same named rail first, then the same link layer and subnet, then the
-// same name, then
-// position (logged as a warning: on a rail-isolated fabric such a pair
-// connects and then its READs time out). Among equals the least used local
-// NIC wins, then the one at the requester NIC's position.
+// same name, then position (logged as a warning: on a rail-isolated fabric
+// such a pair connects and then its READs time out). Among equals the least
+// used local NIC wins, then the one at the requester NIC's position.
 func (m *Manager) pairNICs(req []remoteNIC, log zerolog.Logger) []*localNIC {
 	uses := make([]int, len(m.nics))
 	out := make([]*localNIC, len(req))
