@@ -111,7 +111,8 @@ type Config struct {
 	// Transport is auto, verbs or tcp.
 	Transport string `mapstructure:"transport"`
 	// NICs: tcp → how many software devices; verbs → a count (the first N
-	// devices) or a comma-separated list of device names (mlx5_0,mlx5_1).
+	// devices) or a comma-separated list of device names (mlx5_0,mlx5_1),
+	// each optionally with its rail (rail0=mlx5_0,rail1=mlx5_3).
 	NICs string `mapstructure:"nics"`
 	// QPsPerPeer is the number of RC queue pairs per peer per NIC.
 	QPsPerPeer int `mapstructure:"qps-per-peer"`
@@ -270,7 +271,7 @@ func RegisterFlags(fs *pflag.FlagSet, d Config) {
 	fs.String("pool-size", d.PoolSize.String(), "pinned host-memory pool size (e.g. 256MiB, 16GiB, 512M, bytes)")
 	fs.String("pool-hugepages", d.PoolHugePages, "pool pages: none|thp|2M|1G (2M/1G must be reserved, vm.nr_hugepages)")
 	fs.String("transport", d.Transport, "data transport: auto|verbs|tcp (auto: verbs when devices exist, else tcp)")
-	fs.String("nics", d.NICs, "tcp: number of software NICs; verbs: a count or a comma list of device names")
+	fs.String("nics", d.NICs, "tcp: number of software NICs; verbs: a count or a comma list of device names, optionally RAIL=DEVICE")
 	fs.Int("qps-per-peer", d.QPsPerPeer, "RC queue pairs per peer per NIC")
 	fs.Bool("relaxed-ordering", d.RelaxedOrdering, "verbs: register the pool with relaxed ordering (--relaxed-ordering=false turns it off)")
 	fs.Int("gid-index", d.GIDIndex, "verbs: GID table entry of every port (-1: RoCE v2, routable IPv4 first)")
@@ -652,34 +653,71 @@ func (c *Config) EffectiveLockMaxLifetime() time.Duration {
 }
 
 // NICSpec interprets the nics key: a count (names nil) or a list of device
-// names (count = len(names)).
+// names (count = len(names)), each optionally named by its rail
+// (RAIL=DEVICE; NICRails has the rails).
 func (c *Config) NICSpec() (count int, names []string, err error) {
+	count, names, _, err = c.nicSpec()
+	return count, names, err
+}
+
+// NICRails is the rail of each device NICSpec names, in the same order,
+// when the nics key maps rails (rail0=mlx5_0,rail1=mlx5_3); nil when it
+// does not (or is invalid: Validate reports that).
+func (c *Config) NICRails() []string {
+	_, _, rails, err := c.nicSpec()
+	if err != nil {
+		return nil
+	}
+	return rails
+}
+
+// maxRailLen bounds a rail name (it travels in every handshake).
+const maxRailLen = 64
+
+func (c *Config) nicSpec() (count int, names, rails []string, err error) {
 	s := strings.TrimSpace(c.NICs)
 	if s == "" {
-		return 0, nil, fmt.Errorf("must not be empty")
+		return 0, nil, nil, fmt.Errorf("must not be empty")
 	}
 	if n, err := strconv.Atoi(s); err == nil {
 		if n < 1 || n > MaxNICs {
-			return 0, nil, fmt.Errorf("count %d is outside 1..%d", n, MaxNICs)
+			return 0, nil, nil, fmt.Errorf("count %d is outside 1..%d", n, MaxNICs)
 		}
-		return n, nil, nil
+		return n, nil, nil, nil
 	}
-	seen := map[string]bool{}
-	for _, p := range strings.Split(s, ",") {
+	seen, seenRail := map[string]bool{}, map[string]bool{}
+	for i, p := range strings.Split(s, ",") {
 		p = strings.TrimSpace(p)
-		if p == "" {
-			return 0, nil, fmt.Errorf("%q has an empty device name", c.NICs)
+		rail, dev, mapped := strings.Cut(p, "=")
+		if !mapped {
+			dev = p
 		}
-		if seen[p] {
-			return 0, nil, fmt.Errorf("device %q listed twice", p)
+		rail, dev = strings.TrimSpace(rail), strings.TrimSpace(dev)
+		switch {
+		case i > 0 && mapped != (rails != nil):
+			return 0, nil, nil, fmt.Errorf("%q mixes RAIL=DEVICE entries with bare device names: name a rail for every device or for none", c.NICs)
+		case dev == "":
+			return 0, nil, nil, fmt.Errorf("%q has an empty device name", c.NICs)
+		case seen[dev]:
+			return 0, nil, nil, fmt.Errorf("device %q listed twice", dev)
+		case mapped && rail == "":
+			return 0, nil, nil, fmt.Errorf("%q has an empty rail name", c.NICs)
+		case mapped && len(rail) > maxRailLen:
+			return 0, nil, nil, fmt.Errorf("rail %q is longer than %d bytes", rail, maxRailLen)
+		case seenRail[rail]:
+			return 0, nil, nil, fmt.Errorf("rail %q named twice", rail)
 		}
-		seen[p] = true
-		names = append(names, p)
+		seen[dev] = true
+		names = append(names, dev)
+		if mapped {
+			seenRail[rail] = true
+			rails = append(rails, rail)
+		}
 	}
 	if len(names) > MaxNICs {
-		return 0, nil, fmt.Errorf("%d devices is more than %d", len(names), MaxNICs)
+		return 0, nil, nil, fmt.Errorf("%d devices is more than %d", len(names), MaxNICs)
 	}
-	return len(names), names, nil
+	return len(names), names, rails, nil
 }
 
 // checkHostPort accepts host:port with a numeric port; port 0 (an ephemeral

@@ -2,8 +2,10 @@ package config
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -119,8 +121,16 @@ func TestPrecedence(t *testing.T) {
 				return "yaml numbers"
 			}
 			n, names, _ := c.NICSpec()
-			if n != 2 || names[1] != "mlx5_1" {
+			if n != 2 || names[1] != "mlx5_1" || c.NICRails() != nil {
 				return "nic names"
+			}
+			return ""
+		}},
+		{"nics rail mapping", []string{"--nics=rail0=mlx5_0, rail1 = mlx5_3"}, nil, "", func(c Config) string {
+			n, names, _ := c.NICSpec()
+			if rails := c.NICRails(); n != 2 || !slices.Equal(names, []string{"mlx5_0", "mlx5_3"}) ||
+				!slices.Equal(rails, []string{"rail0", "rail1"}) {
+				return fmt.Sprintf("nics %d %v rails %v", n, names, c.NICRails())
 			}
 			return ""
 		}},
@@ -187,6 +197,11 @@ func TestInvalid(t *testing.T) {
 		{"nics zero", []string{"--nics=0"}, nil, "", []string{"nics"}},
 		{"nics empty name", []string{"--nics=mlx5_0,,mlx5_1"}, nil, "", []string{"nics", "empty"}},
 		{"nics duplicate", []string{"--nics=a,a"}, nil, "", []string{"nics", "twice"}},
+		{"nics rails mixed with bare names", []string{"--nics=r0=mlx5_0,mlx5_1"}, nil, "", []string{"nics", "mixes"}},
+		{"nics bare name then rails", []string{"--nics=mlx5_0,r1=mlx5_1"}, nil, "", []string{"nics", "mixes"}},
+		{"nics empty rail", []string{"--nics==mlx5_0"}, nil, "", []string{"nics", "empty rail"}},
+		{"nics rail twice", []string{"--nics=r0=mlx5_0,r0=mlx5_1"}, nil, "", []string{"nics", "rail", "twice"}},
+		{"nics rail without device", []string{"--nics=r0="}, nil, "", []string{"nics", "empty device"}},
 		{"listen no port", []string{"--listen=localhost"}, nil, "", []string{"listen"}},
 		{"advertise port zero", []string{"--advertise=10.0.0.1:0"}, nil, "", []string{"advertise"}},
 		{"qpn start zero", []string{"--tcp-qpn-start=0"}, nil, "", []string{"tcp-qpn-start"}},

@@ -126,6 +126,23 @@ type Options struct {
 	// faster on AMD, Grace and PCIe-switch hosts; libibverbs drops it where
 	// unsupported).
 	NoRelaxedOrdering bool
+	// Rails names the rail of each device (same order as Devices; nil:
+	// none named). Handshakes carry them and NICs pair by rail first.
+	Rails []string
+	// Placement says which NUMA node each part of Memory is on (the
+	// pool); nil: unknown. When Memory has a part on the node of every NIC
+	// and the NICs are on two or more nodes, a READ is carried by a NIC on
+	// its local memory's node and StagingPlan spreads staging over the
+	// nodes; otherwise READs spread over all NICs.
+	Placement Placement
+}
+
+// Placement is where local memory is, by NUMA node (*pool.Pool).
+type Placement interface {
+	// NodeOf is the node of the memory at a virtual address, -1 unknown.
+	NodeOf(addr uint64) int
+	// Nodes are the nodes the memory is on.
+	Nodes() []int
 }
 
 const (
@@ -149,6 +166,15 @@ type ReadOp struct {
 	Len        uint64
 	// NUMA of the remote segment (used to prefer a NIC); -1 unknown.
 	NUMA int
+}
+
+// localNode is the NUMA node of local memory at addr when READs are placed
+// by it (Manager.placed), else -1.
+func (m *Manager) localNode(addr uint64) int {
+	if !m.placed {
+		return -1
+	}
+	return m.opts.Placement.NodeOf(addr)
 }
 
 // ConnInfo is a row of `pegactl conns list`.
@@ -189,11 +215,17 @@ const (
 type localNIC struct {
 	dev  ibv.Device
 	info ibv.DeviceInfo
+	rail string // Options.Rails; "" when not named
 	pd   ibv.PD
 	mr   ibv.MR
 	// readBytes is this NIC's series of NICReadBytes, looked up once: the
 	// planner adds to it per work request.
 	readBytes prometheus.Counter
+	// subnet is what handshakes name for this NIC (nicSubnet of the
+	// device as last resolved): set at registration, refreshed by the
+	// device's address and port-up events, since info's GID goes stale
+	// when an address is removed and re-added. nil: nicSubnet(info).
+	subnet atomic.Pointer[string]
 }
 
 // Manager is safe for concurrent use.
@@ -204,6 +236,9 @@ type Manager struct {
 	nics    []*localNIC
 	memBase uint64
 	memLen  uint64
+	// placed: READs go through NICs on their local memory's node
+	// (placedNUMA). Immutable after NewManager.
+	placed bool
 
 	// ctx is canceled by Close; handshakes run under it, not under a
 	// caller's context, because singleflight shares them between callers.
@@ -263,6 +298,9 @@ func NewManager(opts Options) (m *Manager, err error) {
 	if len(opts.Devices) == 0 {
 		return nil, errors.New("conn: no devices")
 	}
+	if opts.Rails != nil && len(opts.Rails) != len(opts.Devices) {
+		return nil, fmt.Errorf("conn: %d rails for %d devices", len(opts.Rails), len(opts.Devices))
+	}
 	if len(opts.Memory) == 0 {
 		return nil, errors.New("conn: no memory to register")
 	}
@@ -318,6 +356,7 @@ func NewManager(opts Options) (m *Manager, err error) {
 	if err := m.registerNICs(opts); err != nil {
 		return nil, err
 	}
+	m.placed = placedNUMA(m.nics, opts.Placement)
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	m.reaping.Add(1)
 	go m.reaper()

@@ -342,6 +342,7 @@ func (c *AddrConnection) plan(ops []ReadOp) ([]*batch, error) {
 	m := c.m
 	bySession := make(map[*session]*batch)
 	var out []*batch
+	pending := make([]uint64, len(c.nics)) // bytes per NIC, committed at the end
 	for i, op := range ops {
 		if op.Len == 0 {
 			return nil, fmt.Errorf("%w: op %d has zero length", ErrInvalidOp, i)
@@ -349,9 +350,10 @@ func (c *AddrConnection) plan(ops []ReadOp) ([]*batch, error) {
 		if op.LocalAddr < m.memBase || op.Len > m.memLen || op.LocalAddr-m.memBase > m.memLen-op.Len {
 			return nil, fmt.Errorf("%w: op %d local range [%#x,+%d) outside registered memory", ErrInvalidOp, i, op.LocalAddr, op.Len)
 		}
+		local := m.localNode(op.LocalAddr)
 		for off := uint64(0); off < op.Len; off += maxWRBytes {
 			n := min(uint64(maxWRBytes), op.Len-off)
-			cn := c.pickNIC(op.NUMA, n)
+			cn := c.nics[c.pickNIC(op.NUMA, local, n, pending)]
 			raddr := op.RemoteAddr + off
 			rkey, ok := cn.rkeyFor(raddr, n)
 			if !ok || op.RemoteAddr+op.Len < op.RemoteAddr {
@@ -370,6 +372,7 @@ func (c *AddrConnection) plan(ops []ReadOp) ([]*batch, error) {
 				RemoteAddr: raddr, RKey: rkey})
 		}
 	}
+	c.commitNICBytes(pending)
 	return out, nil
 }
 

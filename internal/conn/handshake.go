@@ -75,7 +75,7 @@ func (m *Manager) connect(peer string) (_ *AddrConnection, err error) {
 	}
 	for i, n := range m.nics {
 		nh := &pegadv1.NicHandshake{Nic: n.info.Name, Memory: []*pegadv1.MemoryRegion{m.localRegion(n)},
-			LinkLayer: n.info.LinkLayer, Subnet: nicSubnet(n.info)}
+			LinkLayer: n.info.LinkLayer, Subnet: n.currentSubnet(), Rail: n.rail}
 		for q := 0; q < m.opts.QPsPerPeer; q++ {
 			p, err := m.newQPPair(n)
 			if err != nil {
@@ -197,6 +197,7 @@ type remoteNIC struct {
 	name      string
 	linkLayer string // pairing (pairNICs)
 	subnet    string
+	rail      string
 	endpoints []ibv.Endpoint
 	regions   []ibv.RemoteRegion
 }
@@ -230,10 +231,11 @@ func (m *Manager) parseNIC(nh *pegadv1.NicHandshake, needMemory bool) (remoteNIC
 	if nh == nil {
 		return r, fmt.Errorf("%w: nil nic", ErrInvalidHandshake)
 	}
-	if len(nh.GetNic()) > maxNICNameLen || len(nh.GetLinkLayer()) > maxNICNameLen || len(nh.GetSubnet()) > maxNICNameLen {
-		return r, fmt.Errorf("%w: nic name, link layer or subnet too long", ErrInvalidHandshake)
+	if len(nh.GetNic()) > maxNICNameLen || len(nh.GetLinkLayer()) > maxNICNameLen || len(nh.GetSubnet()) > maxNICNameLen ||
+		len(nh.GetRail()) > maxNICNameLen {
+		return r, fmt.Errorf("%w: nic name, link layer, subnet or rail too long", ErrInvalidHandshake)
 	}
-	r.name, r.linkLayer, r.subnet = nh.GetNic(), nh.GetLinkLayer(), nh.GetSubnet()
+	r.name, r.linkLayer, r.subnet, r.rail = nh.GetNic(), nh.GetLinkLayer(), nh.GetSubnet(), nh.GetRail()
 	eps := nh.GetEndpoints()
 	if len(eps) == 0 || len(eps) > maxQPsPerPeer {
 		return r, fmt.Errorf("%w: %d endpoints (want 1..%d)", ErrInvalidHandshake, len(eps), maxQPsPerPeer)
@@ -388,7 +390,7 @@ func (m *Manager) Accept(ctx context.Context, req *pegadv1.RdmaHandshakeRequest)
 		n := pairs[i]
 		attr := m.connectAttr(n)
 		nh := &pegadv1.NicHandshake{Nic: n.info.Name, Memory: []*pegadv1.MemoryRegion{m.localRegion(n)},
-			LinkLayer: n.info.LinkLayer, Subnet: nicSubnet(n.info)}
+			LinkLayer: n.info.LinkLayer, Subnet: n.currentSubnet(), Rail: n.rail}
 		var qs []*qpPair
 		for _, rep := range rn.endpoints {
 			if err := ctx.Err(); err != nil {

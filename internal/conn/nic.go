@@ -3,6 +3,7 @@ package conn
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 
@@ -25,26 +26,148 @@ const (
 	remoteNICCost = 5
 )
 
-// pickNIC chooses the NIC for n more bytes of a READ whose segment lives
-// on numa (-1: unknown): the one whose bytes so far, this chunk included,
-// cost least, starting the scan at a rotating index so ties spread.
-func (c *AddrConnection) pickNIC(numa int, n uint64) *connNic {
+// pickNIC chooses the NIC for n more bytes of a READ into local memory on
+// NUMA node local from a segment on the peer's node numa (either -1:
+// unknown). Only NICs on local's node are candidates when it has any: a
+// NIC writes fastest into memory on its own socket, and StagingPlan
+// spreads a fetch's staging over the nodes so that every NIC gets its
+// share. Among candidates, the one whose bytes so far, those already
+// planned in this plan (pending, indexed like c.nics) and this chunk
+// included, cost least wins, the scan starting at a rotating index so ties
+// spread. It returns the NIC's index and adds n to pending only: the plan
+// commits its bytes (commitNICBytes) once nothing in it can fail, so a
+// plan rejected halfway (ErrRemoteMemory) leaves no phantom bytes that
+// would starve that NIC.
+func (c *AddrConnection) pickNIC(numa, local int, n uint64, pending []uint64) int {
+	if local >= 0 && !c.m.hasNICOn(local) {
+		local = -1 // memory on a node without NICs: any NIC
+	}
 	start := int(c.rr.Add(1) % uint64(len(c.nics)))
-	var best *connNic
+	best := -1
 	var bestCost uint64
 	for i := range c.nics {
-		cn := c.nics[(start+i)%len(c.nics)]
+		j := (start + i) % len(c.nics)
+		cn := c.nics[j]
+		nn := cn.nic.info.NUMANode
+		if local >= 0 && nn != local {
+			continue
+		}
 		w := uint64(localNICCost)
-		if nn := cn.nic.info.NUMANode; numa >= 0 && nn >= 0 && nn != numa {
+		if numa >= 0 && nn >= 0 && nn != numa {
 			w = remoteNICCost
 		}
-		if cost := (cn.bytes.Load() + n) * w; best == nil || cost < bestCost {
-			best, bestCost = cn, cost
+		if cost := (cn.bytes.Load() + pending[j] + n) * w; best < 0 || cost < bestCost {
+			best, bestCost = j, cost
 		}
 	}
-	best.bytes.Add(n)
-	best.nic.readBytes.Add(float64(n))
+	pending[best] += n
 	return best
+}
+
+// placedNUMA reports whether READs should go through NICs on their local
+// memory's node: the NICs are on two or more known nodes and the memory has
+// a part on each of them (else some NICs would never carry a READ; a pool
+// whose binding failed ends up so, and then spreading over all NICs beats
+// leaving some idle).
+func placedNUMA(nics []*localNIC, pl Placement) bool {
+	if pl == nil {
+		return false
+	}
+	memNodes := pl.Nodes()
+	var nicNodes []int
+	for _, n := range nics {
+		node := n.info.NUMANode
+		if node < 0 || !slices.Contains(memNodes, node) {
+			return false
+		}
+		if !slices.Contains(nicNodes, node) {
+			nicNodes = append(nicNodes, node)
+		}
+	}
+	return len(nicNodes) >= 2
+}
+
+// hasNICOn reports whether a local NIC is on NUMA node node.
+func (m *Manager) hasNICOn(node int) bool {
+	for _, n := range m.nics {
+		if n.info.NUMANode == node {
+			return true
+		}
+	}
+	return false
+}
+
+// StagingPlan spreads one fetch's staging over the local NUMA nodes that
+// have NICs, so that the READs into it (each carried by a NIC on its
+// staging's node, pickNIC) keep every NIC busy. Not safe for concurrent
+// use: one fetch places its blocks in order.
+type StagingPlan struct {
+	nodes []int
+	nics  []uint64 // NICs on nodes[i]
+	bytes []uint64 // the connection's READ bytes on nodes[i], plus those placed
+	start int      // where ties start: rotates per plan
+}
+
+// StagingPlan starts placing a fetch's staging; nil when READs are not
+// placed by NUMA node (see Options.Placement): then it does not matter.
+func (c *AddrConnection) StagingPlan() *StagingPlan {
+	if !c.m.placed {
+		return nil
+	}
+	sp := &StagingPlan{}
+	for _, cn := range c.nics {
+		node := cn.nic.info.NUMANode
+		if node < 0 {
+			continue
+		}
+		i := slices.Index(sp.nodes, node)
+		if i < 0 {
+			i = len(sp.nodes)
+			sp.nodes = append(sp.nodes, node)
+			sp.nics = append(sp.nics, 0)
+			sp.bytes = append(sp.bytes, 0)
+		}
+		sp.nics[i]++
+		sp.bytes[i] += cn.bytes.Load()
+	}
+	if len(sp.nodes) < 2 {
+		return nil
+	}
+	sp.start = int(c.rr.Add(1) % uint64(len(sp.nodes)))
+	return sp
+}
+
+// Place chooses the local node for n bytes of staging whose source is on
+// the peer's node remote (-1 unknown): the node whose bytes per NIC, these
+// included, cost least, a node other than remote costing 5/4 as pickNIC
+// weighs a remote NIC (hosts are alike: the peer's NICs for remote are on
+// remote).
+func (sp *StagingPlan) Place(remote int, n uint64) int {
+	best := -1
+	var bestCost float64
+	for k := range sp.nodes {
+		i := (sp.start + k) % len(sp.nodes)
+		w := float64(localNICCost)
+		if remote >= 0 && sp.nodes[i] != remote {
+			w = remoteNICCost
+		}
+		if cost := float64(sp.bytes[i]+n) * w / float64(sp.nics[i]); best < 0 || cost < bestCost {
+			best, bestCost = i, cost
+		}
+	}
+	sp.bytes[best] += n
+	return sp.nodes[best]
+}
+
+// commitNICBytes adds a successful plan's bytes to each NIC's running
+// total and its read-bytes counter.
+func (c *AddrConnection) commitNICBytes(pending []uint64) {
+	for i, n := range pending {
+		if n > 0 {
+			c.nics[i].bytes.Add(n)
+			c.nics[i].nic.readBytes.Add(float64(n))
+		}
+	}
 }
 
 // nicSubnet is the subnet a handshake names for a NIC, which pairs it with
@@ -69,6 +192,24 @@ func nicSubnet(info ibv.DeviceInfo) string {
 	return p.String()
 }
 
+// currentSubnet is the subnet handshakes name for n now (see
+// localNIC.subnet).
+func (n *localNIC) currentSubnet() string {
+	if s := n.subnet.Load(); s != nil {
+		return *s
+	}
+	return nicSubnet(n.info)
+}
+
+// refreshSubnet takes n's subnet from its device as resolved now; it
+// reports the old and new subnet.
+func (n *localNIC) refreshSubnet() (before, after string) {
+	before = n.currentSubnet()
+	after = nicSubnet(n.dev.Info())
+	n.subnet.Store(&after)
+	return before, after
+}
+
 // nicMatch is how well a holder NIC fits a requester NIC.
 type nicMatch int
 
@@ -76,13 +217,14 @@ const (
 	matchPosition nicMatch = iota // nothing in common: paired by position
 	matchName                     // same device name
 	matchSubnet                   // same link layer and subnet: the same rail
+	matchRail                     // the same rail, as the operators named it (--nics RAIL=DEV)
 )
 
 // pairNICs chooses, for each requester NIC, the local NIC it talks to:
-// the same link layer and subnet (rail) first, then the same name, then
-// position (logged as a warning: on a rail-isolated fabric such a pair
-// connects and then its READs time out). Among equals the least used local
-// NIC wins, then the one at the requester NIC's position.
+// the same named rail first, then the same link layer and subnet, then the
+// same name, then position (logged as a warning: on a rail-isolated fabric
+// such a pair connects and then its READs time out). Among equals the least
+// used local NIC wins, then the one at the requester NIC's position.
 func (m *Manager) pairNICs(req []remoteNIC, log zerolog.Logger) []*localNIC {
 	uses := make([]int, len(m.nics))
 	out := make([]*localNIC, len(req))
@@ -92,7 +234,9 @@ func (m *Manager) pairNICs(req []remoteNIC, log zerolog.Logger) []*localNIC {
 		for j, n := range m.nics {
 			mt := matchPosition
 			switch {
-			case r.subnet != "" && r.linkLayer == n.info.LinkLayer && r.subnet == nicSubnet(n.info):
+			case r.rail != "" && r.rail == n.rail:
+				mt = matchRail
+			case r.subnet != "" && r.linkLayer == n.info.LinkLayer && r.subnet == n.currentSubnet():
 				mt = matchSubnet
 			case r.name != "" && r.name == n.info.Name:
 				mt = matchName
@@ -105,13 +249,13 @@ func (m *Manager) pairNICs(req []remoteNIC, log zerolog.Logger) []*localNIC {
 		uses[best]++
 		out[i] = m.nics[best]
 		if bestMatch == matchPosition {
-			byPosition = append(byPosition, fmt.Sprintf("%s(%s %s)->%s(%s %s)", r.name, r.linkLayer, r.subnet,
-				m.nics[best].info.Name, m.nics[best].info.LinkLayer, nicSubnet(m.nics[best].info)))
+			byPosition = append(byPosition, fmt.Sprintf("%s(%s %s %s)->%s(%s %s %s)", r.name, r.rail, r.linkLayer, r.subnet,
+				m.nics[best].info.Name, m.nics[best].rail, m.nics[best].info.LinkLayer, m.nics[best].currentSubnet()))
 		}
 	}
 	if len(byPosition) > 0 && m.opts.Transport != "tcp" {
 		log.Warn().Str("pairs", strings.Join(byPosition, ", ")).
-			Msg("NICs paired by position: no local NIC shares their subnet or name; on a rail-isolated fabric their READs will fail")
+			Msg("NICs paired by position: no local NIC shares their rail, subnet or name; on a rail-isolated fabric their READs will fail")
 	}
 	return out
 }
@@ -142,6 +286,11 @@ func (m *Manager) registerNICs(opts Options) error {
 	var wg sync.WaitGroup
 	for i, dev := range opts.Devices {
 		n := &localNIC{dev: dev, info: dev.Info()}
+		if opts.Rails != nil {
+			n.rail = opts.Rails[i]
+		}
+		subnet := nicSubnet(n.info)
+		n.subnet.Store(&subnet)
 		n.readBytes = m.met.NICReadBytes.WithLabelValues(n.info.Name) // at 0 from the start
 		m.nics = append(m.nics, n)
 		wg.Go(func() {
@@ -169,8 +318,9 @@ func (m *Manager) registerNICs(opts Options) error {
 // reports them, until Close: each is logged and counted; a port that went
 // down invalidates every requester connection (each has QPs on every NIC,
 // and an RC QP through a dead port never recovers), so the next Get
-// handshakes afresh. An address change needs nothing here: the device
-// re-resolved its GID, and the QPs of the next handshake use it.
+// handshakes afresh. An address change (or port up) refreshes the subnet
+// handshakes name for the NIC: the device re-resolved its GID, and the QPs
+// of the next handshake use it.
 func (m *Manager) watchNICEvents() {
 	for _, n := range m.nics {
 		// Every NIC's event series exist from the start, at 0.
@@ -200,10 +350,15 @@ func (m *Manager) watchNICEvents() {
 
 func (m *Manager) onNICEvent(n *localNIC, ev ibv.DeviceEvent) {
 	name := n.info.Name
-	m.met.NICEvents.WithLabelValues(name, ev.Kind.String()).Inc()
 	log := m.log.With().Str("nic", name).Str("event", ev.Kind.String()).Logger()
 	if ev.Kind != ibv.PortDown {
-		log.Info().Int("gid_index", ev.Info.GIDIndex).Uint16("lid", ev.Info.LID).Msg("nic port event")
+		// The device re-resolved its GID: later handshakes name the
+		// subnet it is in now, so the peer pairs this NIC by its rail.
+		// Counted after, so a count seen means the subnet is current.
+		before, after := n.refreshSubnet()
+		m.met.NICEvents.WithLabelValues(name, ev.Kind.String()).Inc()
+		log.Info().Int("gid_index", ev.Info.GIDIndex).Uint16("lid", ev.Info.LID).
+			Str("subnet", after).Str("old_subnet", before).Msg("nic port event")
 		return
 	}
 	m.mu.Lock()
@@ -212,6 +367,7 @@ func (m *Manager) onNICEvent(n *localNIC, ev ibv.DeviceEvent) {
 		conns = append(conns, c)
 	}
 	m.mu.Unlock()
+	m.met.NICEvents.WithLabelValues(name, ev.Kind.String()).Inc()
 	log.Warn().Int("connections", len(conns)).Msg("nic port went down; invalidating connections through it")
 	for _, c := range conns {
 		m.Invalidate(c, fmt.Errorf("%w: port of %s went down", ErrConnectionBroken, name))

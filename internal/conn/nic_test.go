@@ -1,6 +1,7 @@
 package conn
 
 import (
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -42,6 +43,9 @@ func roceNIC(name string, rail byte) *localNIC {
 // then by position.
 func TestPairNICs(t *testing.T) {
 	holder := []*localNIC{roceNIC("mlx5_3", 3), roceNIC("mlx5_2", 2), roceNIC("mlx5_1", 1), roceNIC("mlx5_0", 0)}
+	for _, n := range holder {
+		n.rail = "r" + n.info.Name[len("mlx5_"):]
+	}
 	req := func(name string, rail byte, subnet bool) remoteNIC {
 		r := remoteNIC{name: name, linkLayer: "Ethernet"}
 		if subnet {
@@ -66,6 +70,10 @@ func TestPairNICs(t *testing.T) {
 		{"by position last, spreading over unused NICs",
 			[]remoteNIC{req("x0", 9, true), req("x1", 8, true), req("x2", 7, false)},
 			[]string{"mlx5_3", "mlx5_2", "mlx5_1"}},
+		{"by named rail over subnet and name",
+			[]remoteNIC{{name: "mlx5_3", linkLayer: "Ethernet", subnet: nicSubnet(roceNIC("", 3).info), rail: "r0"},
+				{name: "x", rail: "r2"}},
+			[]string{"mlx5_0", "mlx5_2"}},
 		{"more requester NICs than holder NICs on one rail share it",
 			[]remoteNIC{req("a", 0, true), req("b", 0, true)},
 			[]string{"mlx5_0", "mlx5_0"}},
@@ -232,5 +240,38 @@ func TestNICPortDownInvalidates(t *testing.T) {
 	c2, err := req.mgr.Get(ctxT(t, 5*time.Second), hold.addr)
 	if err != nil || c2 == c {
 		t.Fatalf("Get after port down: %p %v, want a new connection", c2, err)
+	}
+}
+
+// TestFailedPlanCountsNoBytes: a Read whose plan fails (an op outside the
+// holder's memory after a valid one) counts no bytes on any NIC, neither in
+// the metric nor in the balance pickNIC keeps, so the next Read still
+// spreads evenly (review finding: bytes were counted before plan could
+// fail, leaving phantom load on the NICs of the valid ops).
+func TestFailedPlanCountsNoBytes(t *testing.T) {
+	d := newDialers(t)
+	hold := newNode(t, d, nodeOpts{id: "holder", nics: 2})
+	req := newNode(t, d, nodeOpts{id: "req", nics: 2})
+	c, err := req.mgr.Get(ctxT(t, 5*time.Second), hold.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const mib = 1 << 20
+	rb, hb := req.base(), hold.base()
+	bad := []ReadOp{{rb, hb, mib, -1}, {rb + mib, hb + uint64(len(hold.mem)) - 10, 100, -1}}
+	if err := c.Read(ctxT(t, 5*time.Second), bad); !errors.Is(err, ErrRemoteMemory) {
+		t.Fatalf("read past the holder's memory: %v, want ErrRemoteMemory", err)
+	}
+	if got := sumOf(req.met.NICReadBytes); got != 0 {
+		t.Fatalf("NIC read bytes after a rejected plan: %v, want 0", got)
+	}
+	good := []ReadOp{{rb, hb, mib, -1}, {rb + mib, hb + mib, mib, -1}}
+	if err := c.Read(ctxT(t, 5*time.Second), good); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"tcp0", "tcp1"} {
+		if got := testutil.ToFloat64(req.met.NICReadBytes.WithLabelValues(name)); got != mib {
+			t.Fatalf("%s read %v bytes after two 1 MiB ops, want %d (one op per NIC)", name, got, mib)
+		}
 	}
 }

@@ -5,10 +5,13 @@ package conn
 import (
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
@@ -50,10 +53,16 @@ func fakeSysfs(t *testing.T, numa map[string]int) string {
 type directPeer struct {
 	pegadv1.PeerServiceClient
 	m *Manager
+	// tap, when set, sees every handshake and its answer.
+	tap *atomic.Pointer[func(*pegadv1.RdmaHandshakeRequest, *pegadv1.RdmaHandshakeResponse)]
 }
 
 func (p directPeer) RdmaHandshake(ctx context.Context, in *pegadv1.RdmaHandshakeRequest, _ ...grpc.CallOption) (*pegadv1.RdmaHandshakeResponse, error) {
-	return p.m.Accept(ctx, in)
+	resp, err := p.m.Accept(ctx, in)
+	if f := p.tap.Load(); f != nil {
+		(*f)(in, resp)
+	}
+	return resp, err
 }
 
 func (p directPeer) RdmaDisconnect(ctx context.Context, in *pegadv1.RdmaDisconnectRequest, _ ...grpc.CallOption) (*pegadv1.RdmaDisconnectResponse, error) {
@@ -64,13 +73,52 @@ type fakeNode struct {
 	mgr *Manager
 	mem []byte
 	met *metrics.Metrics
+	// tap: see directPeer (handshakes this node answers).
+	tap atomic.Pointer[func(*pegadv1.RdmaHandshakeRequest, *pegadv1.RdmaHandshakeResponse)]
 }
 
 // newFakeNode opens names on the fake HCA, maps memBytes of pool and
 // starts a Manager; dial answers handshakes with holder (nil: none).
 func newFakeNode(t *testing.T, id, sysfs string, names []string, memBytes int, holder *fakeNode) *fakeNode {
 	t.Helper()
-	prov := verbs.NewWithOptions(verbs.Options{Library: verbs.FakeLibrary, SysfsRoot: sysfs})
+	return newFakeNodeWith(t, id, verbs.Options{SysfsRoot: sysfs}, names, nil, memBytes, holder)
+}
+
+// placement is a Placement of one mapping: all on node 0, or (split) its
+// first half on node 0 and the second on node 1.
+type placement struct {
+	mem   []byte
+	split bool
+}
+
+func (p placement) NodeOf(addr uint64) int {
+	if p.split && addr >= base(p.mem)+uint64(len(p.mem)/2) {
+		return 1
+	}
+	return 0
+}
+
+func (p placement) Nodes() []int {
+	if p.split {
+		return []int{0, 1}
+	}
+	return []int{0}
+}
+
+// newFakeNodeWith is newFakeNode with the provider's options (the library
+// is always the fake) and the rail of each NIC (nil: none).
+func newFakeNodeWith(t *testing.T, id string, vo verbs.Options, names, rails []string, memBytes int, holder *fakeNode) *fakeNode {
+	t.Helper()
+	return newPlacedFakeNode(t, id, vo, names, rails, memBytes, holder, nil)
+}
+
+// newPlacedFakeNode is newFakeNodeWith with a Placement of the node's
+// memory (nil: none; place gets the mapping).
+func newPlacedFakeNode(t *testing.T, id string, vo verbs.Options, names, rails []string, memBytes int, holder *fakeNode,
+	place func(mem []byte) Placement) *fakeNode {
+	t.Helper()
+	vo.Library = verbs.FakeLibrary
+	prov := verbs.NewWithOptions(vo)
 	var devs []ibv.Device
 	for _, name := range names {
 		d, err := prov.Open(name)
@@ -85,11 +133,18 @@ func newFakeNode(t *testing.T, id, sysfs string, names []string, memBytes int, h
 		devs = append(devs, d)
 	}
 	n := &fakeNode{mem: ibvtest.MapMemory(t, memBytes), met: metrics.NewForTest()}
+	var pl Placement
+	if place != nil {
+		pl = place(n.mem)
+	}
 	var err error
 	n.mgr, err = NewManager(Options{
 		NodeID: id, Incarnation: id + "-1", Transport: "verbs", Devices: devs, Memory: n.mem,
-		QPsPerPeer: 1, Metrics: n.met, Log: zerolog.Nop(), HandshakeTimeout: 5 * time.Second,
-		Dial: func(string) (pegadv1.PeerServiceClient, error) { return directPeer{m: holder.mgr}, nil },
+		QPsPerPeer: 1, Metrics: n.met, Log: zerolog.Nop(), HandshakeTimeout: 5 * time.Second, Rails: rails,
+		Placement: pl,
+		Dial: func(string) (pegadv1.PeerServiceClient, error) {
+			return directPeer{m: holder.mgr, tap: &holder.tap}, nil
+		},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -192,5 +247,167 @@ func TestFakeVerbsMixedFleet(t *testing.T) {
 	}
 	if !bytes.Equal(req.mem, holder.mem) {
 		t.Fatal("fetched bytes differ from the holder's")
+	}
+}
+
+// TestFakeVerbsGIDChangeRefreshesSubnet: after an address change moves a
+// NIC's GID to another subnet, the handshakes both sides send name the new
+// subnet (the one peers pair that rail by), not the one resolved at start.
+func TestFakeVerbsGIDChangeRefreshesSubnet(t *testing.T) {
+	t.Cleanup(verbs.FakeResetPorts)
+	sysfs := fakeSysfs(t, nil)
+	names := []string{"pegadfake3", "pegadfake4"}
+	holder := newFakeNode(t, "holder", sysfs, []string{"pegadfake4", "pegadfake3"}, 1<<20, nil)
+	req := newFakeNode(t, "requester", sysfs, names, 1<<20, holder)
+	type seen struct{ req, resp map[string]string }
+	got := make(chan seen, 4)
+	tap := func(in *pegadv1.RdmaHandshakeRequest, out *pegadv1.RdmaHandshakeResponse) {
+		s := seen{map[string]string{}, map[string]string{}}
+		for _, n := range in.GetNics() {
+			s.req[n.GetNic()] = n.GetSubnet()
+		}
+		for _, n := range out.GetNics() {
+			s.resp[n.GetNic()] = n.GetSubnet()
+		}
+		got <- s
+	}
+	holder.tap.Store(&tap)
+	handshake := func() seen {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		c, err := req.mgr.Get(ctx, "holder:1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.mgr.Invalidate(c, errors.New("test: handshake again"))
+		return <-got
+	}
+	first := handshake()
+	if first.req["pegadfake3"] != "10.0.3.0/24" || first.resp["pegadfake3"] != "10.0.3.0/24" {
+		t.Fatalf("subnets before the change: request %v, response %v", first.req, first.resp)
+	}
+	// Both managers hold a context of pegadfake3 (one fake device).
+	if n := verbs.FakePortEvent("pegadfake3", ibv.AddressChange); n != 2 {
+		t.Fatalf("address change told %d contexts, want 2", n)
+	}
+	for _, n := range []*fakeNode{holder, req} {
+		waitFor(t, "address change seen", func() bool {
+			return testutil.ToFloat64(n.met.NICEvents.WithLabelValues("pegadfake3", "address_change")) == 1
+		})
+	}
+	after := handshake()
+	if after.req["pegadfake3"] != "10.1.3.0/24" || after.resp["pegadfake3"] != "10.1.3.0/24" {
+		t.Fatalf("subnets after the change: request %v, response %v; want pegadfake3 in 10.1.3.0/24", after.req, after.resp)
+	}
+	if after.req["pegadfake4"] != "10.0.4.0/24" {
+		t.Fatalf("pegadfake4's subnet changed with another NIC's address: %v", after.req)
+	}
+}
+
+// TestFakeVerbsPairByRail: when subnets say nothing (link-local RoCE GIDs,
+// GID index 0) and the holder's NIC on one rail has another name
+// (pegadfakeold0 is on rail 0 like pegadfake0), the rails the operators
+// named (--nics r0=...,r1=...) pair the NICs, whatever order the holder
+// lists them in. Paired by position instead, the requester's rail-0 NIC
+// would READ through the holder's rail-1 NIC, which the fake fabric drops.
+func TestFakeVerbsPairByRail(t *testing.T) {
+	vo := verbs.Options{SysfsRoot: fakeSysfs(t, nil), ForceGIDIndex: true, GIDIndex: 0}
+	holder := newFakeNodeWith(t, "holder", vo, []string{"pegadfake1", "pegadfakeold0"}, []string{"r1", "r0"}, 1<<20, nil)
+	ibvtest.Fill(holder.mem, 5)
+	req := newFakeNodeWith(t, "requester", vo, []string{"pegadfake0", "pegadfake1"}, []string{"r0", "r1"}, 1<<20, holder)
+	var paired []string
+	tap := func(_ *pegadv1.RdmaHandshakeRequest, out *pegadv1.RdmaHandshakeResponse) {
+		for _, n := range out.GetNics() {
+			paired = append(paired, n.GetNic()+"/"+n.GetSubnet())
+		}
+	}
+	holder.tap.Store(&tap)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c, err := req.mgr.Get(ctx, "holder:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"pegadfakeold0/", "pegadfake1/"}; !slices.Equal(paired, want) {
+		t.Fatalf("holder paired the requester's NICs with %v, want %v (by rail)", paired, want)
+	}
+	ops := make([]ReadOp, 16)
+	for i := range ops {
+		off := uint64(i) << 16
+		ops[i] = ReadOp{LocalAddr: base(req.mem) + off, RemoteAddr: base(holder.mem) + off, Len: 1 << 16, NUMA: -1}
+	}
+	if err := c.Read(ctx, ops); err != nil {
+		t.Fatalf("read over rail-paired NICs: %v", err)
+	}
+	if !bytes.Equal(req.mem, holder.mem) {
+		t.Fatal("fetched bytes differ from the holder's")
+	}
+	for _, name := range []string{"pegadfake0", "pegadfake1"} {
+		if testutil.ToFloat64(req.met.NICReadBytes.WithLabelValues(name)) == 0 {
+			t.Fatalf("%s carried no bytes", name)
+		}
+	}
+}
+
+// TestFakeVerbsPlacement: with memory on both NICs' nodes, each READ goes
+// through a NIC on its local memory's node; with memory on node 0 only (a
+// binding that failed), READs still spread over all 8 NICs rather than
+// leaving node 1's idle.
+func TestFakeVerbsPlacement(t *testing.T) {
+	var names []string
+	numa := map[string]int{}
+	for i := range 8 {
+		name := "pegadfake" + strconv.Itoa(i)
+		names = append(names, name)
+		numa[name] = i / 4
+	}
+	vo := verbs.Options{SysfsRoot: fakeSysfs(t, numa)}
+	const blocks, bs = 64, 128 << 10
+	for _, split := range []bool{true, false} {
+		t.Run(fmt.Sprintf("split=%v", split), func(t *testing.T) {
+			holder := newFakeNodeWith(t, "holder", vo, names, nil, blocks*bs, nil)
+			ibvtest.Fill(holder.mem, 9)
+			req := newPlacedFakeNode(t, "requester", vo, names, nil, blocks*bs, holder,
+				func(mem []byte) Placement { return placement{mem, split} })
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			c, err := req.mgr.Get(ctx, "holder:1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if sp := c.StagingPlan(); (sp != nil) != split {
+				t.Fatalf("StagingPlan() = %v with split=%v", sp, split)
+			}
+			// Each op alone, so the NIC of each is known from the counters.
+			for i := range blocks {
+				off := uint64(i * bs)
+				before := map[string]float64{}
+				for _, name := range names {
+					before[name] = testutil.ToFloat64(req.met.NICReadBytes.WithLabelValues(name))
+				}
+				op := ReadOp{LocalAddr: base(req.mem) + off, RemoteAddr: base(holder.mem) + off, Len: bs, NUMA: 0}
+				if err := c.Read(ctx, []ReadOp{op}); err != nil {
+					t.Fatal(err)
+				}
+				for _, name := range names {
+					if testutil.ToFloat64(req.met.NICReadBytes.WithLabelValues(name)) == before[name] {
+						continue
+					}
+					want := (placement{req.mem, split}).NodeOf(op.LocalAddr)
+					if split && numa[name] != want {
+						t.Fatalf("op %d into node %d memory went through %s on node %d", i, want, name, numa[name])
+					}
+				}
+			}
+			if !bytes.Equal(req.mem, holder.mem) {
+				t.Fatal("fetched bytes differ from the holder's")
+			}
+			for _, name := range names {
+				if testutil.ToFloat64(req.met.NICReadBytes.WithLabelValues(name)) == 0 {
+					t.Fatalf("%s carried no bytes", name)
+				}
+			}
+		})
 	}
 }

@@ -212,7 +212,12 @@ func Start(ctx context.Context, cfg config.Config, opts ...Option) (d *Daemon, e
 		}
 	}
 
-	if d.pool, err = newPool(cfg.PoolSize, cfg.PoolHugePages, d.log); err != nil {
+	// One part of the pool per NUMA node that has NICs, bound to it.
+	var nodes []int
+	for _, dev := range d.tr.devices {
+		nodes = append(nodes, dev.Info().NUMANode)
+	}
+	if d.pool, err = newPool(cfg.PoolSize, cfg.PoolHugePages, nodes, d.log); err != nil {
 		return d, err
 	}
 	d.store = store.New(d.pool, d.metrics)
@@ -234,6 +239,8 @@ func Start(ctx context.Context, cfg config.Config, opts ...Option) (d *Daemon, e
 		Dial:        d.peers.Get,
 
 		NoRelaxedOrdering: !cfg.RelaxedOrdering,
+		Placement:         d.pool,
+		Rails:             cfg.NICRails(), // same order as the devices (openTransport opens names in order)
 		Metrics:           d.metrics,
 		Log:               d.log.With().Str("component", "conn").Logger(),
 	})

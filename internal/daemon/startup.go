@@ -23,7 +23,7 @@ var poolProgressEvery = 2 * time.Second
 // newPool maps the pool, logging before, during (every poolProgressEvery)
 // and after, so that a slow start is visibly busy. An allocation failure
 // says how the size compares with the host's RAM.
-func newPool(size config.ByteSize, hugePages string, log zerolog.Logger) (*pool.Pool, error) {
+func newPool(size config.ByteSize, hugePages string, nodes []int, log zerolog.Logger) (*pool.Pool, error) {
 	start := time.Now()
 	log.Info().Str("pool_size", size.String()).Msg("Populating pool")
 	done := make(chan struct{})
@@ -42,7 +42,7 @@ func newPool(size config.ByteSize, hugePages string, log zerolog.Logger) (*pool.
 			}
 		}
 	}()
-	p, err := pool.New(pool.Options{Size: uint64(size), Lock: true, Log: log, HugePages: hugePages})
+	p, err := pool.New(pool.Options{Size: uint64(size), Lock: true, Log: log, HugePages: hugePages, Nodes: nodes})
 	close(done)
 	<-stopped
 	if err != nil {

@@ -1,7 +1,9 @@
 // Package pool owns pegad's pinned host-memory region: one memfd, mapped
 // MAP_SHARED, populated (in parallel, failures reported) and (where
 // RLIMIT_MEMLOCK allows) mlock'ed, and an allocator of variable-size ranges
-// inside it. Every allocation records its NUMA node. The memfd (FD) is what
+// inside it. The region is split into one part per NUMA node that has NICs,
+// each bound to its node (numa.go); every allocation lies in one part and
+// records that part's node. The memfd (FD) is what
 // local clients map to read and write blocks in place; handing it to them
 // is the local data socket's job, not the pool's.
 //
@@ -47,6 +49,12 @@ type Options struct {
 	Log  zerolog.Logger
 	// HugePages is none (""), thp, 2M or 1G (hugepages.go).
 	HugePages string
+	// Nodes are the NUMA nodes to spread the pool over, one part each
+	// (those of the NICs; duplicates and negative nodes are ignored).
+	// Empty: one part, left where the kernel puts it.
+	Nodes []int
+	// Policy binds parts to nodes and locates pages; nil: the kernel's.
+	Policy MemPolicy
 }
 
 // Alloc is one allocation: [Off, Off+Len) inside the pool.
@@ -72,14 +80,16 @@ type Pool struct {
 	base   uint64
 	size   uint64
 	locked bool
-	numa   int
+	// parts: the NUMA parts, in address order, covering [0, size).
+	parts []part
 
 	mu sync.Mutex // guards mem (nil after Close), fd, free, live, used
 	// mem is the mapped region; nil once closed.
 	mem []byte
 	// fd is the memfd behind mem; -1 once closed.
 	fd int
-	// free holds the disjoint, non-adjacent free ranges sorted by offset.
+	// free holds the disjoint free ranges sorted by offset, none
+	// adjacent to another except across a part boundary.
 	free []span
 	// live maps the offset of every live allocation to its length: the
 	// authority Free checks against (double free, foreign ranges).
@@ -112,18 +122,39 @@ func New(opts Options) (*Pool, error) {
 		return nil, err
 	}
 	adviseHuge(mem, opts.HugePages)
+	pol := opts.Policy
+	if pol == nil {
+		pol = kernelPolicy{}
+	}
+	split := page
+	if opts.HugePages == HugePagesTHP {
+		split = 2 << 20 // a part boundary never splits a transparent huge page
+	}
+	parts := splitParts(size, split, opts.Nodes)
+	bindErrs := bindParts(pol, mem, parts)                       // before populate: pages land on their node
 	if err := populate(mem, populateWorkers(size)); err != nil { // populate.go
 		_ = unix.Munmap(mem)
 		_ = unix.Close(fd)
 		return nil, fmt.Errorf("pool: populate %d bytes: %w", size, err)
 	}
 	p := &Pool{
-		fd:   fd,
-		base: uint64(uintptr(unsafe.Pointer(&mem[0]))),
-		size: size,
-		mem:  mem,
-		free: []span{{0, size}},
-		live: make(map[uint64]uint64),
+		fd:    fd,
+		base:  uint64(uintptr(unsafe.Pointer(&mem[0]))),
+		size:  size,
+		mem:   mem,
+		parts: parts,
+		live:  make(map[uint64]uint64),
+	}
+	for i := range p.parts {
+		pt := &p.parts[i]
+		p.free = append(p.free, span{pt.off, pt.len})
+		// Where the part really is, not where it was asked to be.
+		asked := pt.node
+		pt.node = pol.NodeOf(p.base + pt.off)
+		if asked >= 0 && (bindErrs[i] != nil || pt.node != asked) {
+			opts.Log.Warn().Err(bindErrs[i]).Int("numa_wanted", asked).Int("numa", pt.node).
+				Uint64("part_bytes", pt.len).Msg("pool part is not on the NUMA node of its NICs; READs through them cross sockets")
+		}
 	}
 	if opts.Lock {
 		switch err := mlock(mem); {
@@ -145,8 +176,8 @@ func New(opts Options) (*Pool, error) {
 			return nil, fmt.Errorf("pool: mlock %d bytes: %w", size, err)
 		}
 	}
-	p.numa = numaOfMem(p.base)
-	opts.Log.Info().Uint64("pool_bytes", size).Bool("locked", p.locked).Int("numa", p.numa).Msg("pool mapped")
+	opts.Log.Info().Uint64("pool_bytes", size).Bool("locked", p.locked).Int("numa", p.parts[0].node).
+		Ints("numa_parts", p.Nodes()).Msg("pool mapped")
 	return p, nil
 }
 
@@ -208,8 +239,9 @@ func (p *Pool) Base() uint64 { return p.base }
 func (p *Pool) Size() uint64 { return p.size }
 func (p *Pool) Locked() bool { return p.locked }
 
-// NUMA is the node backing the region (recorded in every Alloc).
-func (p *Pool) NUMA() int { return p.numa }
+// NUMA is the node of the pool's first part (all of it unless split
+// over nodes: Nodes).
+func (p *Pool) NUMA() int { return p.parts[0].node }
 
 // Used is the number of allocated bytes (cheaper than Stats).
 func (p *Pool) Used() uint64 {
@@ -220,9 +252,14 @@ func (p *Pool) Used() uint64 {
 
 func roundUp(n uint64) uint64 { return (n + Alignment - 1) &^ (Alignment - 1) }
 
-// Alloc returns n bytes (rounded up to Alignment). ErrNoSpace when no free
-// range fits; ErrInvalid when n == 0 or n > Size.
-func (p *Pool) Alloc(n uint64) (Alloc, error) {
+// Alloc returns n bytes (rounded up to Alignment), first fit in address
+// order over every part. ErrNoSpace when no free range fits; ErrInvalid
+// when n == 0 or n > Size.
+func (p *Pool) Alloc(n uint64) (Alloc, error) { return p.alloc(n, -1) }
+
+// alloc is first fit over the free ranges on node's parts, then (or, node
+// < 0, only) over all of them.
+func (p *Pool) alloc(n uint64, node int) (Alloc, error) {
 	if n == 0 || n > p.size {
 		return Alloc{}, fmt.Errorf("%w: %d bytes (pool is %d)", ErrInvalid, n, p.size)
 	}
@@ -232,12 +269,16 @@ func (p *Pool) Alloc(n uint64) (Alloc, error) {
 	if p.mem == nil {
 		return Alloc{}, fmt.Errorf("%w: pool closed", ErrInvalid)
 	}
-	for i := range p.free {
+	i := -1
+	if node >= 0 && len(p.parts) > 1 {
+		i = p.firstFit(n, node)
+	}
+	if i < 0 {
+		i = p.firstFit(n, -1)
+	}
+	if i >= 0 {
 		f := &p.free[i]
-		if f.len < n {
-			continue
-		}
-		a := Alloc{Off: f.off, Len: n, NUMA: p.numa}
+		a := Alloc{Off: f.off, Len: n, NUMA: p.parts[p.partOf(f.off)].node}
 		if f.len == n {
 			p.free = append(p.free[:i], p.free[i+1:]...)
 		} else {
@@ -249,6 +290,17 @@ func (p *Pool) Alloc(n uint64) (Alloc, error) {
 		return a, nil
 	}
 	return Alloc{}, fmt.Errorf("%w: %d bytes", ErrNoSpace, n)
+}
+
+// firstFit is the index of the first free range of at least n bytes in a
+// part on node (any part: node < 0), -1 when none. Caller holds mu.
+func (p *Pool) firstFit(n uint64, node int) int {
+	for i, f := range p.free {
+		if f.len >= n && (node < 0 || p.parts[p.partOf(f.off)].node == node) {
+			return i
+		}
+	}
+	return -1
 }
 
 // Free returns a to the pool; ErrInvalid for an allocation that is not live.
@@ -264,8 +316,8 @@ func (p *Pool) Free(a Alloc) error {
 	// i: first free range after a.
 	i := sort.Search(len(p.free), func(i int) bool { return p.free[i].off > a.Off })
 	end := a.Off + a.Len
-	mergeL := i > 0 && p.free[i-1].off+p.free[i-1].len == a.Off
-	mergeR := i < len(p.free) && p.free[i].off == end
+	mergeL := i > 0 && p.free[i-1].off+p.free[i-1].len == a.Off && !p.partStart(a.Off)
+	mergeR := i < len(p.free) && p.free[i].off == end && !p.partStart(end)
 	switch {
 	case mergeL && mergeR:
 		p.free[i-1].len += a.Len + p.free[i].len
@@ -291,10 +343,10 @@ func (p *Pool) FreeAround(a Alloc) (before, after uint64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	i := sort.Search(len(p.free), func(i int) bool { return p.free[i].off > a.Off })
-	if i > 0 && p.free[i-1].off+p.free[i-1].len == a.Off {
+	if i > 0 && p.free[i-1].off+p.free[i-1].len == a.Off && !p.partStart(a.Off) {
 		before = p.free[i-1].len
 	}
-	if i < len(p.free) && p.free[i].off == a.Off+a.Len {
+	if i < len(p.free) && p.free[i].off == a.Off+a.Len && !p.partStart(a.Off+a.Len) {
 		after = p.free[i].len
 	}
 	return before, after

@@ -44,6 +44,19 @@ type blockStore interface {
 	Insert(key store.Key, x extent, slots []store.SlotLayout) (created bool, err error)
 }
 
+// stagingPlanner is a reader that places staging by NUMA node
+// (*conn.AddrConnection); a fetch over one stages on the node of the NIC
+// that reads it. Readers without it stage anywhere.
+type stagingPlanner interface {
+	StagingPlan() *conn.StagingPlan
+}
+
+// nodeStore is a blockStore that can place staging on a NUMA node.
+type nodeStore interface {
+	// AllocStagingOn is AllocStaging on node where it has room there.
+	AllocStagingOn(node int, n uint64) (extent, error)
+}
+
 // managerConns adapts *conn.Manager.
 type managerConns struct{ m *conn.Manager }
 
@@ -77,6 +90,15 @@ func (a storeAdapter) Has(key store.Key) bool { return a.s.Has(key) }
 
 func (a storeAdapter) AllocStaging(n uint64) (extent, error) {
 	e, err := a.s.AllocExtent(n)
+	if err != nil {
+		return nil, err
+	}
+	al := e.Alloc()
+	return &storeExtent{e: e, addr: a.s.Pool().Addr(al), n: al.Len}, nil
+}
+
+func (a storeAdapter) AllocStagingOn(node int, n uint64) (extent, error) {
+	e, err := a.s.AllocExtentOn(node, n)
 	if err != nil {
 		return nil, err
 	}

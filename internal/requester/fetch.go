@@ -190,7 +190,11 @@ func (e *Engine) fetch(ctx context.Context, st *fetchState, keys []store.Key, ou
 		total += b.bytes
 	}
 	st.setSession(g.sid, len(plan), total)
-	exts, serr := e.stage(plan)
+	var sp *conn.StagingPlan
+	if p, ok := rd.(stagingPlanner); ok {
+		sp = p.StagingPlan()
+	}
+	exts, serr := e.stage(plan, sp)
 	// readPending is true while a Read may still write into the staging
 	// memory. Set before Read, cleared once it returned.
 	readPending := false
@@ -485,34 +489,48 @@ func (e *Engine) plan(keys []store.Key, resp *pegadv1.QueryBlocksForTransferResp
 }
 
 // stage places every planned block in staging extents. Blocks are grouped
-// by their remote NUMA node; each extent is sized min(bytes of that group
-// still to place, maxChunk) and never less than the block being placed
-// (lesson 5): large fetches bound eviction amplification, small fetches
-// work on small pools. It returns every extent it allocated, also on error.
-func (e *Engine) stage(plan []*planBlock) ([]extent, error) {
+// by the local NUMA node sp places them on (without sp: by their remote
+// NUMA node, staged anywhere); each extent is sized min(bytes of that
+// group still to place, maxChunk) and never less than the block being
+// placed (lesson 5): large fetches bound eviction amplification, small
+// fetches work on small pools. It returns every extent it allocated, also
+// on error.
+func (e *Engine) stage(plan []*planBlock, sp *conn.StagingPlan) ([]extent, error) {
+	ns, onNode := e.store.(nodeStore)
+	onNode = onNode && sp != nil
 	groups := make(map[int][]*planBlock)
-	var numas []int
+	var keys []int
 	for _, b := range plan {
-		if _, ok := groups[b.numa]; !ok {
-			numas = append(numas, b.numa)
+		k := b.numa
+		if onNode {
+			k = sp.Place(b.numa, b.size)
 		}
-		groups[b.numa] = append(groups[b.numa], b)
+		if _, ok := groups[k]; !ok {
+			keys = append(keys, k)
+		}
+		groups[k] = append(groups[k], b)
 	}
-	sort.Ints(numas)
+	sort.Ints(keys)
 	var exts []extent
-	for _, numa := range numas {
+	for _, key := range keys {
 		var remaining uint64
-		for _, b := range groups[numa] {
+		for _, b := range groups[key] {
 			remaining += b.size
 		}
 		var cur extent
 		var used uint64
-		for _, b := range groups[numa] {
+		for _, b := range groups[key] {
 			if cur == nil || cur.Len()-used < b.size {
 				n := max(b.size, min(remaining, e.maxChunk))
-				x, err := e.store.AllocStaging(n)
+				var x extent
+				var err error
+				if onNode {
+					x, err = ns.AllocStagingOn(key, n)
+				} else {
+					x, err = e.store.AllocStaging(n)
+				}
 				if err != nil {
-					return exts, fmt.Errorf("staging %d bytes for remote NUMA node %d: %w", n, numa, err)
+					return exts, fmt.Errorf("staging %d bytes (NUMA group %d): %w", n, key, err)
 				}
 				exts = append(exts, x)
 				cur, used = x, 0

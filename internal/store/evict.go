@@ -7,6 +7,25 @@ import (
 	"github.com/pegaflow/pegad/internal/pool"
 )
 
+// AllocExtentOn is AllocExtent with the extent placed on NUMA node node
+// where the pool has room there, else on any node (pool.AllocOn); it
+// evicts only when n bytes fit nowhere, as AllocExtent does.
+func (s *Store) AllocExtentOn(node int, n uint64) (*Extent, error) {
+	if n == 0 || n > s.pool.Size() {
+		return s.AllocExtent(n) // its errors
+	}
+	a, err := s.pool.AllocOn(node, n)
+	if err == nil {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.newExtentLocked(a), nil
+	}
+	if !errors.Is(err, pool.ErrNoSpace) {
+		return nil, fmt.Errorf("store: alloc %d bytes on node %d: %w", n, node, err)
+	}
+	return s.AllocExtent(n)
+}
+
 // AllocExtent allocates n bytes, evicting unpinned blocks in LRU order until
 // it fits; ErrNoSpace (and nothing evicted beyond need) when it cannot. The
 // caller holds one reference and must ReleaseExtent it.
@@ -21,6 +40,9 @@ func (s *Store) AllocExtent(n uint64) (*Extent, error) {
 	}
 	if n > s.pool.Size() {
 		return nil, fmt.Errorf("store: extent of %d bytes is larger than the whole pool (%d): %w", n, s.pool.Size(), ErrNoSpace)
+	}
+	if m := s.pool.MaxAlloc(); n > m {
+		return nil, fmt.Errorf("store: extent of %d bytes is larger than a NUMA part of the pool (%d): %w", n, m, ErrNoSpace)
 	}
 	// Fast path: no eviction needed, no store lock held while allocating.
 	a, err := s.pool.Alloc(n)
@@ -100,14 +122,15 @@ func (s *Store) planEvictionLocked(need uint64) []*Block {
 		start, end := a.Off, a.Off+a.Len
 		// A simulated run already ending at start has absorbed the pool's
 		// free range there (if any); only otherwise take the pool's.
-		if st, ok := byEnd[start]; ok {
+		// Runs never merge across a NUMA part boundary of the pool.
+		if st, ok := byEnd[start]; ok && !s.pool.Boundary(start) {
 			delete(byEnd, start)
 			delete(byStart, st)
 			start = st
 		} else {
 			start -= before
 		}
-		if en, ok := byStart[end]; ok {
+		if en, ok := byStart[end]; ok && !s.pool.Boundary(end) {
 			delete(byStart, end)
 			delete(byEnd, en)
 			end = en

@@ -890,7 +890,10 @@ type NicHandshake struct {
 	LinkLayer string `protobuf:"bytes,4,opt,name=link_layer,json=linkLayer,proto3" json:"link_layer,omitempty"`
 	// The NIC's subnet: the GID's upper 64 bits (InfiniBand subnet prefix,
 	// or the IPv6 /64) or an IPv4 GID's /24, in text. Empty: unknown.
-	Subnet        string `protobuf:"bytes,5,opt,name=subnet,proto3" json:"subnet,omitempty"`
+	Subnet string `protobuf:"bytes,5,opt,name=subnet,proto3" json:"subnet,omitempty"`
+	// The rail the operator named for this NIC (--nics RAIL=DEVICE,...);
+	// NICs are paired by rail before subnet. Empty: not named.
+	Rail          string `protobuf:"bytes,6,opt,name=rail,proto3" json:"rail,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -956,6 +959,13 @@ func (x *NicHandshake) GetLinkLayer() string {
 func (x *NicHandshake) GetSubnet() string {
 	if x != nil {
 		return x.Subnet
+	}
+	return ""
+}
+
+func (x *NicHandshake) GetRail() string {
+	if x != nil {
+		return x.Rail
 	}
 	return ""
 }
@@ -1251,14 +1261,15 @@ const file_pegad_v1_peer_proto_rawDesc = "" +
 	"\fMemoryRegion\x12\x12\n" +
 	"\x04base\x18\x01 \x01(\x04R\x04base\x12\x16\n" +
 	"\x06length\x18\x02 \x01(\x04R\x06length\x12\x12\n" +
-	"\x04rkey\x18\x03 \x01(\rR\x04rkey\"\xb9\x01\n" +
+	"\x04rkey\x18\x03 \x01(\rR\x04rkey\"\xcd\x01\n" +
 	"\fNicHandshake\x12\x10\n" +
 	"\x03nic\x18\x01 \x01(\tR\x03nic\x120\n" +
 	"\tendpoints\x18\x02 \x03(\v2\x12.pegad.v1.EndpointR\tendpoints\x12.\n" +
 	"\x06memory\x18\x03 \x03(\v2\x16.pegad.v1.MemoryRegionR\x06memory\x12\x1d\n" +
 	"\n" +
 	"link_layer\x18\x04 \x01(\tR\tlinkLayer\x12\x16\n" +
-	"\x06subnet\x18\x05 \x01(\tR\x06subnet\"\xb6\x01\n" +
+	"\x06subnet\x18\x05 \x01(\tR\x06subnet\x12\x12\n" +
+	"\x04rail\x18\x06 \x01(\tR\x04rail\"\xb6\x01\n" +
 	"\x14RdmaHandshakeRequest\x121\n" +
 	"\trequester\x18\x01 \x01(\v2\x13.pegad.v1.RequesterR\trequester\x12\x1c\n" +
 	"\ttransport\x18\x02 \x01(\tR\ttransport\x12*\n" +

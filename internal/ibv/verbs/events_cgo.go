@@ -146,3 +146,20 @@ func fakePortEvent(dev string, typ int) int {
 
 // fakeResetPorts undoes every fakePortEvent (tests).
 func fakeResetPorts() { C.pv_fake_reset_ports() }
+
+// FakePortEvent raises kind on port 1 of device dev of the fake library
+// (FakeLibrary), changing the port to match: PortDown and PortUp set its
+// state, AddressChange moves its RoCE v2 GID to a new address in a new
+// /24. For other packages' tests; it returns how many open contexts of
+// dev were told.
+func FakePortEvent(dev string, kind ibv.DeviceEventKind) int {
+	typ := map[ibv.DeviceEventKind]int{ibv.PortDown: eventPortErr, ibv.PortUp: eventPortActive,
+		ibv.AddressChange: eventGIDChange}[kind]
+	if typ == 0 {
+		return 0
+	}
+	return fakePortEvent(dev, typ)
+}
+
+// FakeResetPorts undoes every FakePortEvent (tests).
+func FakeResetPorts() { fakeResetPorts() }

@@ -42,7 +42,7 @@ func TestFakeAsyncEvents(t *testing.T) {
 		}
 	})
 	oldGID := ibv.GID{10: 0xff, 11: 0xff, 12: 10, 14: 6, 15: 5}
-	newGID := ibv.GID{10: 0xff, 11: 0xff, 12: 10, 14: 6, 15: 6}
+	newGID := ibv.GID{10: 0xff, 11: 0xff, 12: 10, 13: 1, 14: 6, 15: 6}
 	if d.Info().GID != oldGID {
 		t.Fatalf("GID before %v", d.Info().GID)
 	}

@@ -200,6 +200,9 @@ static int fk_gid(const fk_desc *d, int idx, uint8_t *raw, uint32_t *type) {
 	case 1:
 		raw[10] = 0xff, raw[11] = 0xff, raw[12] = 10, raw[14] = d->rail;
 		pthread_mutex_lock(&fk_mu);
+		// A GID change (an address removed and another added) moves the
+		// port to the next /24 as well, so its subnet follows too.
+		raw[13] = (uint8_t)fk_gid_gen[d - fk_descs];
 		raw[15] = (uint8_t)(5 + fk_gid_gen[d - fk_descs]);
 		pthread_mutex_unlock(&fk_mu);
 		*type = IBV_GID_TYPE_ROCE_V2;

@@ -1,0 +1,241 @@
+//go:build linux && cgo && !noverbs
+
+package requester_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/rs/zerolog"
+	"google.golang.org/grpc"
+
+	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+	"github.com/pegaflow/pegad/internal/conn"
+	"github.com/pegaflow/pegad/internal/holder"
+	"github.com/pegaflow/pegad/internal/ibv"
+	"github.com/pegaflow/pegad/internal/ibv/verbs"
+	"github.com/pegaflow/pegad/internal/metrics"
+	"github.com/pegaflow/pegad/internal/peer"
+	"github.com/pegaflow/pegad/internal/pool"
+	"github.com/pegaflow/pegad/internal/requester"
+	"github.com/pegaflow/pegad/internal/store"
+	tu "github.com/pegaflow/pegad/internal/testutil"
+)
+
+// A two-socket GPU node as the fake HCA (fakeverbs.c) and a fake NUMA
+// policy describe it: eight RoCE NICs, pegadfake0-3 on node 0 and
+// pegadfake4-7 on node 1, and a pool split over both nodes.
+
+// readLog records, per NIC, the local address of every RDMA READ posted.
+type readLog struct {
+	mu    sync.Mutex // guards reads
+	reads map[string][]uint64
+}
+
+type logDevice struct {
+	ibv.Device
+	log *readLog
+}
+
+func (d logDevice) AllocPD() (ibv.PD, error) {
+	pd, err := d.Device.AllocPD()
+	if err != nil {
+		return nil, err
+	}
+	return logPD{PD: pd, d: d}, nil
+}
+
+type logPD struct {
+	ibv.PD
+	d logDevice
+}
+
+func (p logPD) CreateQP(cq ibv.CQ, c ibv.QPCap) (ibv.QP, error) {
+	qp, err := p.PD.CreateQP(cq, c)
+	if err != nil {
+		return nil, err
+	}
+	return logQP{QP: qp, d: p.d}, nil
+}
+
+type logQP struct {
+	ibv.QP
+	d logDevice
+}
+
+func (q logQP) PostSend(wrs []ibv.SendWR) (int, error) {
+	l := q.d.log
+	l.mu.Lock()
+	for _, wr := range wrs {
+		if wr.Op == ibv.OpRDMARead {
+			l.reads[q.d.Info().Name] = append(l.reads[q.d.Info().Name], wr.LocalAddr)
+		}
+	}
+	l.mu.Unlock()
+	return q.QP.PostSend(wrs)
+}
+
+type numaNode struct {
+	pool   *pool.Pool
+	store  *store.Store
+	m      *metrics.Metrics
+	engine *requester.Engine
+	addr   string
+}
+
+// newNUMANode starts a node on the fake HCA's eight NICs over two NUMA
+// nodes; serve makes it a holder on 127.0.0.1:0.
+func newNUMANode(t *testing.T, id, sysfs string, serve bool, log *readLog) *numaNode {
+	t.Helper()
+	prov := verbs.NewWithOptions(verbs.Options{Library: verbs.FakeLibrary, SysfsRoot: sysfs})
+	var devs []ibv.Device
+	var nodes []int
+	for i := range 8 {
+		d, err := prov.Open("pegadfake" + strconv.Itoa(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = d.Close() })
+		nodes = append(nodes, d.Info().NUMANode)
+		if log != nil {
+			d = logDevice{Device: d, log: log}
+		}
+		devs = append(devs, d)
+	}
+	n := &numaNode{m: metrics.NewForTest()}
+	var err error
+	n.pool, err = pool.New(pool.Options{Size: 64 * mib, Log: zerolog.Nop(), Nodes: nodes, Policy: &tu.FakeNUMA{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.pool.Close() })
+	n.store = store.New(n.pool, n.m)
+	peers := peer.NewClientsWithOptions()
+	t.Cleanup(func() { _ = peers.Close() })
+	mgr, err := conn.NewManager(conn.Options{
+		NodeID: id, Incarnation: id + "-inc", Transport: "verbs", Devices: devs,
+		Memory: n.pool.Bytes(), QPsPerPeer: 1, Dial: conn.Dialer(peers.Get), Placement: n.pool,
+		Metrics: n.m, Log: zerolog.Nop(), HandshakeTimeout: 5 * time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = mgr.Close() })
+	if serve {
+		h := holder.New(holder.Options{Store: n.store, Acceptor: mgr, Metrics: n.m, Log: zerolog.Nop(),
+			NodeID: id, Incarnation: id + "-inc"})
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.addr = ln.Addr().String()
+		srv := grpc.NewServer()
+		pegadv1.RegisterPeerServiceServer(srv, h)
+		done := make(chan struct{})
+		go func() { defer close(done); _ = srv.Serve(ln) }()
+		t.Cleanup(func() { srv.Stop(); <-done })
+	}
+	n.engine, err = requester.New(requester.Options{NodeID: id, Incarnation: id + "-inc", Store: n.store,
+		Conns: mgr, Peers: peers.Get, Metrics: n.m, Log: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.engine.Close() })
+	return n
+}
+
+// TestFetchEveryNICOnItsNode: a 64-block fetch on a node with 8 NICs over
+// 2 NUMA nodes uses all 8 NICs, none with more than 1.5x the bytes of
+// another, and every READ lands in staging on the node of the NIC that
+// carries it (the pool is split over both nodes and staging is spread
+// over them).
+func TestFetchEveryNICOnItsNode(t *testing.T) {
+	root := t.TempDir()
+	numaOf := map[string]int{}
+	for i := range 8 {
+		name := "pegadfake" + strconv.Itoa(i)
+		numaOf[name] = i / 4
+		dir := filepath.Join(root, name, "device")
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "numa_node"), []byte(strconv.Itoa(i/4)+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	log := &readLog{reads: map[string][]uint64{}}
+	h := newNUMANode(t, "holder", root, true, nil)
+	req := newNUMANode(t, "requester", root, false, log)
+	if got := req.pool.Nodes(); !slices.Equal(got, []int{0, 1}) {
+		t.Fatalf("requester pool parts on nodes %v, want [0 1]", got)
+	}
+
+	const blocks, bs = 64, 256 << 10
+	r := rand.New(rand.NewPCG(3, 5))
+	want := map[string][]byte{}
+	var hashes [][]byte
+	for i := range blocks {
+		hash := fmt.Sprintf("numa-%02d", i)
+		b := make([]byte, bs)
+		for j := range b {
+			b[j] = byte(r.Uint32())
+		}
+		if _, err := h.store.Put(store.Key{Namespace: "ns", Hash: hash}, []store.SlotSize{{KSize: bs}},
+			func(buf []byte) error { copy(buf, b); return nil }); err != nil {
+			t.Fatal(err)
+		}
+		want[hash] = b
+		hashes = append(hashes, []byte(hash))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := req.engine.Prefetch(ctx, h.addr, "ns", hashes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range res.Blocks {
+		if b.Status != requester.StatusFetched {
+			t.Fatalf("%s: %v %v", b.Hash, b.Status, b.Err)
+		}
+		var got []byte
+		if _, err := req.store.Read(store.Key{Namespace: "ns", Hash: string(b.Hash)}, func(c []byte) error {
+			got = append(got, c...)
+			return nil
+		}); err != nil || !bytes.Equal(got, want[string(b.Hash)]) {
+			t.Fatalf("%s: fetched bytes differ (%v)", b.Hash, err)
+		}
+	}
+
+	per := map[string]float64{}
+	for name := range numaOf {
+		per[name] = testutil.ToFloat64(req.m.NICReadBytes.WithLabelValues(name))
+	}
+	t.Logf("bytes per NIC: %v", per)
+	var vals []float64
+	for _, v := range per {
+		vals = append(vals, v)
+	}
+	if lo, hi := slices.Min(vals), slices.Max(vals); lo == 0 || hi > 1.5*lo {
+		t.Fatalf("bytes per NIC %v: want every NIC used, none above 1.5x another", per)
+	}
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	for name, addrs := range log.reads {
+		for _, a := range addrs {
+			if got := req.pool.NodeOf(a); got != numaOf[name] {
+				t.Fatalf("a READ by %s (node %d) lands in staging on node %d", name, numaOf[name], got)
+			}
+		}
+	}
+}
