@@ -159,6 +159,40 @@ func DecodeAllocItems(body []byte, count int) ([]AllocItem, error) {
 	return out, r.done()
 }
 
+// AppendPutItem appends one PUT request item.
+func AppendPutItem(b []byte, it PutItem) []byte {
+	b = binary.LittleEndian.AppendUint64(b, it.ID)
+	b = AppendAllocItem(b, AllocItem{Key: it.Key, Slots: it.Slots})
+	return binary.LittleEndian.AppendUint64(b, it.Next)
+}
+
+// DecodePutItems decodes the count items of a PUT body; as with ALLOC,
+// sizes are the daemon's to check.
+func DecodePutItems(body []byte, count int) ([]PutItem, error) {
+	r := reader{b: body}
+	out := make([]PutItem, 0, min(count, MaxBatch))
+	for range count {
+		it := PutItem{ID: r.u64("reservation id"), Key: r.key()}
+		n := int(r.u16("slot count"))
+		if r.err == nil && n > MaxSlots {
+			return nil, fmt.Errorf("%w: %d slots (max %d)", ErrMalformed, n, MaxSlots)
+		}
+		if r.err == nil && len(r.b) < 16*n {
+			r.fail("slots")
+		}
+		if r.err != nil {
+			return nil, r.err
+		}
+		it.Slots = make([]SlotSize, n)
+		for i := range it.Slots {
+			it.Slots[i] = SlotSize{K: r.u64("K size"), V: r.u64("V size")}
+		}
+		it.Next = r.u64("next size")
+		out = append(out, it)
+	}
+	return out, r.done()
+}
+
 // AppendKeyItem appends one LEASE request item.
 func AppendKeyItem(b []byte, k Key) []byte { return appendKey(b, k) }
 
@@ -176,11 +210,12 @@ func DecodeKeys(body []byte, count int) ([]Key, error) {
 	return out, r.done()
 }
 
-// AppendID appends one lease id (COMMIT, ABORT, RELEASE, RENEW items).
+// AppendID appends one lease id (COMMIT, ABORT, RELEASE, RENEW items) or
+// one size (RESERVE items: the same u64).
 func AppendID(b []byte, id uint64) []byte { return binary.LittleEndian.AppendUint64(b, id) }
 
 // DecodeIDs decodes the count lease ids of a COMMIT, ABORT, RELEASE or
-// RENEW body.
+// RENEW body, or the count sizes of a RESERVE body.
 func DecodeIDs(body []byte, count int) ([]uint64, error) {
 	if len(body) != 8*count {
 		return nil, fmt.Errorf("%w: %d bytes for %d lease ids", ErrMalformed, len(body), count)
@@ -209,16 +244,22 @@ func AppendError(b []byte, st Status, msg string) []byte {
 func AppendResult(b []byte, op Op, res *Result) []byte {
 	b = append(b, byte(StatusOK))
 	switch op {
-	case OpAlloc:
+	case OpAlloc, OpReserve:
 		b = binary.LittleEndian.AppendUint64(b, res.Lease)
 		b = binary.LittleEndian.AppendUint64(b, res.Seg.Off)
 		b = binary.LittleEndian.AppendUint64(b, res.Seg.Len)
 	case OpCommit:
-		c := byte(0)
-		if res.Created {
-			c = 1
+		b = appendCreated(b, res.Created)
+	case OpPut:
+		b = appendCreated(b, res.Created)
+		b = append(b, byte(res.Next))
+		var l, off, n uint64
+		if res.Next == StatusOK {
+			l, off, n = res.Lease, res.Seg.Off, res.Seg.Len
 		}
-		b = append(b, c)
+		b = binary.LittleEndian.AppendUint64(b, l)
+		b = binary.LittleEndian.AppendUint64(b, off)
+		b = binary.LittleEndian.AppendUint64(b, n)
 	case OpLease:
 		b = binary.LittleEndian.AppendUint64(b, res.Lease)
 		b = binary.LittleEndian.AppendUint16(b, uint16(len(res.Slots)))
@@ -229,6 +270,13 @@ func AppendResult(b []byte, op Op, res *Result) []byte {
 		}
 	}
 	return b
+}
+
+func appendCreated(b []byte, created bool) []byte {
+	if created {
+		return append(b, 1)
+	}
+	return append(b, 0)
 }
 
 // LeaseResultLen is the encoded size of a successful LEASE result of a
@@ -254,17 +302,16 @@ func DecodeResults(op Op, body []byte, count int) ([]Result, error) {
 			continue
 		}
 		switch op {
-		case OpAlloc:
+		case OpAlloc, OpReserve:
 			res.Lease, res.Seg.Off, res.Seg.Len = r.u64("lease"), r.u64("offset"), r.u64("length")
 		case OpCommit:
-			switch r.u8("created") {
-			case 0:
-			case 1:
-				res.Created = true
-			default:
-				if r.err == nil {
-					return nil, fmt.Errorf("%w: created flag not 0 or 1", ErrMalformed)
-				}
+			res.Created = r.created()
+		case OpPut:
+			res.Created = r.created()
+			res.Next = Status(r.u8("next status"))
+			res.Lease, res.Seg.Off, res.Seg.Len = r.u64("next lease"), r.u64("next offset"), r.u64("next length")
+			if r.err == nil && res.Next != StatusOK && (res.Lease != 0 || res.Seg != Segment{}) {
+				return nil, fmt.Errorf("%w: put result with next status %v and a next lease", ErrMalformed, res.Next)
 			}
 		case OpLease:
 			res.Lease = r.u64("lease")
@@ -291,4 +338,18 @@ func DecodeResults(op Op, body []byte, count int) ([]Result, error) {
 		return nil, err
 	}
 	return out, nil
+}
+
+// created reads a COMMIT or PUT result's created flag (0 or 1).
+func (r *reader) created() bool {
+	switch r.u8("created") {
+	case 0:
+	case 1:
+		return true
+	default:
+		if r.err == nil {
+			r.err = fmt.Errorf("%w: created flag not 0 or 1", ErrMalformed)
+		}
+	}
+	return false
 }

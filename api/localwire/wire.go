@@ -15,8 +15,14 @@ import (
 	"fmt"
 )
 
-// Version is the protocol version a HELLO carries.
-const Version = 1
+// Version is the newest protocol version, the one a HELLO from this
+// package's users carries. Version 2 adds RESERVE and PUT (a Put in one
+// round trip); a daemon answers HELLO with the version the client asked
+// for, from MinVersion up to Version.
+const Version = 2
+
+// MinVersion is the oldest version a daemon still speaks.
+const MinVersion = 1
 
 // Limits every frame obeys. A peer that breaks one is closed.
 const (
@@ -43,6 +49,8 @@ const (
 	OpLease   Op = 5 // (namespace, hash)… → read leases (pins)
 	OpRelease Op = 6 // read lease ids… → unpinned
 	OpRenew   Op = 7 // lease ids (either kind)… → deadline pushed back
+	OpReserve Op = 8 // sizes… → reservations: write leases on room not yet named (version 2)
+	OpPut     Op = 9 // (reservation, namespace, hash, slot sizes, next size)… → block indexed, next reservation (version 2)
 )
 
 func (o Op) String() string {
@@ -61,6 +69,10 @@ func (o Op) String() string {
 		return "release"
 	case OpRenew:
 		return "renew"
+	case OpReserve:
+		return "reserve"
+	case OpPut:
+		return "put"
 	}
 	return fmt.Sprintf("op(%d)", uint8(o))
 }
@@ -182,6 +194,16 @@ type AllocItem struct {
 	Slots []SlotSize
 }
 
+// PutItem commits the reservation ID as the block Key, laid out as Slots
+// (their sizes add up to the reservation's length), and asks for a new
+// reservation of Next bytes (0: none) in the same round trip.
+type PutItem struct {
+	ID uint64
+	Key
+	Slots []SlotSize
+	Next  uint64
+}
+
 // Hello is the client's first frame body; HelloReply the daemon's answer,
 // sent with the memfd as SCM_RIGHTS ancillary data.
 type Hello struct{ Version uint32 }
@@ -193,8 +215,10 @@ type HelloReply struct {
 }
 
 // Result is one item of a response. Which fields are set depends on the op:
-// Alloc: Lease, Seg; Commit: Created; Lease: Lease, Slots; others: none.
-// Msg is set when Status is not OK.
+// Alloc and Reserve: Lease, Seg; Commit: Created; Lease: Lease, Slots;
+// Put: Created, Next, and Lease, Seg of the next reservation when Next is
+// OK (Lease 0: none asked for); others: none. Msg is set when Status is
+// not OK.
 type Result struct {
 	Status  Status
 	Msg     string
@@ -202,4 +226,5 @@ type Result struct {
 	Seg     Segment
 	Created bool
 	Slots   []SlotPlace
+	Next    Status
 }

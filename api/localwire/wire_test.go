@@ -24,6 +24,17 @@ func TestRoundTrip(t *testing.T) {
 	if err != nil || !reflect.DeepEqual(keys, []Key{items[0].Key, items[1].Key}) {
 		t.Fatalf("keys %+v, %v", keys, err)
 	}
+	puts := []PutItem{
+		{ID: 3, Key: items[0].Key, Slots: items[0].Slots, Next: 4096},
+		{ID: 1 << 50, Key: items[1].Key, Slots: items[1].Slots},
+	}
+	b = nil
+	for _, it := range puts {
+		b = AppendPutItem(b, it)
+	}
+	if got, err := DecodePutItems(b, len(puts)); err != nil || !reflect.DeepEqual(got, puts) {
+		t.Fatalf("put items %+v, %v", got, err)
+	}
 	tests := []struct {
 		op  Op
 		res []Result
@@ -32,6 +43,9 @@ func TestRoundTrip(t *testing.T) {
 		{OpCommit, []Result{{Created: true}, {}, {Status: StatusNoLease, Msg: "gone"}}},
 		{OpLease, []Result{{Lease: 3, Slots: []SlotPlace{{K: Segment{0, 8}, V: Segment{8, 8}}}}, {Status: StatusNotFound, Msg: "x"}}},
 		{OpRelease, []Result{{}, {Status: StatusNoLease, Msg: "y"}}},
+		{OpReserve, []Result{{Lease: 9, Seg: Segment{128, 4096}}, {Status: StatusPoolFull, Msg: "full"}}},
+		{OpPut, []Result{{Created: true, Lease: 10, Seg: Segment{0, 4096}}, {Next: StatusPoolFull},
+			{Created: true}, {Status: StatusInvalid, Msg: "size"}}},
 	}
 	for _, tc := range tests {
 		var b []byte
@@ -100,6 +114,7 @@ func FuzzDecodeRequests(f *testing.F) {
 	f.Add(uint8(OpLease), uint16(1), AppendKeyItem(nil, Key{"ns", []byte{1}}))
 	f.Add(uint8(OpRelease), uint16(2), AppendID(AppendID(nil, 1), 2))
 	f.Add(uint8(OpHello), uint16(0), AppendHello(nil, Hello{Version}))
+	f.Add(uint8(OpPut), uint16(1), AppendPutItem(nil, PutItem{ID: 1, Key: Key{"ns", []byte{1}}, Slots: []SlotSize{{1, 2}}, Next: 3}))
 	f.Fuzz(func(t *testing.T, op uint8, count uint16, body []byte) {
 		n := int(count % (MaxBatch + 1))
 		var re []byte
@@ -114,6 +129,17 @@ func FuzzDecodeRequests(f *testing.F) {
 					t.Fatalf("accepted %+v", it)
 				}
 				re = AppendAllocItem(re, it)
+			}
+		case OpPut:
+			items, err := DecodePutItems(body, n)
+			if err != nil {
+				return
+			}
+			for _, it := range items {
+				if len(it.Slots) > MaxSlots || len(it.Namespace) > MaxNamespace || len(it.Hash) > MaxHash {
+					t.Fatalf("accepted %+v", it)
+				}
+				re = AppendPutItem(re, it)
 			}
 		case OpLease:
 			keys, err := DecodeKeys(body, n)
@@ -149,6 +175,7 @@ func FuzzDecodeResults(f *testing.F) {
 	f.Add(uint8(OpLease), uint16(1), AppendResult(nil, OpLease, &Result{Lease: 1, Slots: []SlotPlace{{K: Segment{0, 1}}}}))
 	f.Add(uint8(OpCommit), uint16(2), AppendError(AppendResult(nil, OpCommit, &Result{Created: true}), StatusNoLease, "gone"))
 	f.Add(uint8(OpHello), uint16(0), AppendHelloReply(nil, HelloReply{Version, 1 << 20, 1000}))
+	f.Add(uint8(OpPut), uint16(2), AppendResult(AppendResult(nil, OpPut, &Result{Created: true, Lease: 2, Seg: Segment{0, 9}}), OpPut, &Result{Next: StatusPoolFull}))
 	f.Fuzz(func(t *testing.T, op uint8, count uint16, body []byte) {
 		n := int(count % (MaxBatch + 1))
 		if Op(op) == OpHello {

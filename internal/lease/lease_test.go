@@ -155,3 +155,58 @@ func TestConcurrentEndsOnce(t *testing.T) {
 		t.Fatalf("%d of %d values accounted for, %d live", cnt, n, tab.Len())
 	}
 }
+
+// TestTakeIf: the check sees the value with the table locked (the lease
+// cannot end between check and take), a refused lease stays live, a
+// missing one is ErrNoLease without calling the check.
+func TestTakeIf(t *testing.T) {
+	errKind := errors.New("wrong kind")
+	tests := []struct {
+		name     string
+		take     bool // the check accepts
+		missing  bool
+		wantErr  error
+		wantLive int
+	}{
+		{"accepted", true, false, nil, 0},
+		{"refused", false, false, errKind, 1},
+		{"missing", true, true, ErrNoLease, 1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			tab, _, e := newTable(t, time.Second, 0)
+			o := tab.NewOwner()
+			id, err := o.Open(7)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.missing {
+				id++
+			}
+			checked := false
+			v, err := o.TakeIf(id, func(v int) error {
+				checked = true
+				if tab.mu.TryLock() {
+					tab.mu.Unlock()
+					t.Error("check ran without the table's lock held")
+				}
+				if v != 7 {
+					t.Errorf("check saw %d, want 7", v)
+				}
+				if !tc.take {
+					return errKind
+				}
+				return nil
+			})
+			if !errors.Is(err, tc.wantErr) || (err == nil) != (v == 7) {
+				t.Fatalf("TakeIf = %d, %v; want err %v", v, err, tc.wantErr)
+			}
+			if checked == tc.missing {
+				t.Fatalf("check called: %v, lease missing: %v", checked, tc.missing)
+			}
+			if tab.Len() != tc.wantLive || o.Len() != tc.wantLive || len(e.got) != 0 {
+				t.Fatalf("live %d/%d, ended %v; want %d live, none ended", tab.Len(), o.Len(), e.got, tc.wantLive)
+			}
+		})
+	}
+}

@@ -67,7 +67,7 @@ func statusOf(err error) localwire.Status {
 
 // open gives h to the connection as a lease; on failure the caller gives
 // back what h holds.
-func (cn *conn) open(h *held) (lease.ID, error) {
+func (cn *conn) open(h held) (lease.ID, error) {
 	id, err := cn.owner.Open(h)
 	if err != nil && errors.Is(err, lease.ErrNoLease) {
 		return 0, fmt.Errorf("%w: server closing", err)
@@ -98,7 +98,7 @@ func (cn *conn) alloc(b []byte, items []localwire.AllocItem) []byte {
 			b = localwire.AppendError(b, statusOf(err), err.Error())
 			continue
 		}
-		id, err := cn.open(&held{key: k, ext: ext, layout: lay})
+		id, err := cn.open(held{key: k, ext: ext, layout: lay})
 		if err != nil {
 			st.ReleaseExtent(ext)
 			b = localwire.AppendError(b, statusOf(err), err.Error())
@@ -154,20 +154,23 @@ func (cn *conn) lease(b []byte, keys []localwire.Key) []byte {
 			budget -= 3 + 48
 			continue
 		}
-		id, err := cn.open(&held{key: blk.Key(), block: blk})
+		id, err := cn.open(held{key: blk.Key(), block: blk})
 		if err != nil {
 			st.Unpin([]*store.Block{blk})
 			b = localwire.AppendError(b, statusOf(err), err.Error())
 			budget -= 3 + len(err.Error())
 			continue
 		}
-		res := localwire.Result{Lease: uint64(id), Slots: make([]localwire.SlotPlace, len(slots))}
-		for j, s := range slots {
-			res.Slots[j] = localwire.SlotPlace{
+		// The places go through the connection's scratch slice: encoding
+		// an answer allocates nothing per block.
+		cn.slots = cn.slots[:0]
+		for _, s := range slots {
+			cn.slots = append(cn.slots, localwire.SlotPlace{
 				K: localwire.Segment{Off: s.K.Off, Len: s.K.Len},
 				V: localwire.Segment{Off: s.V.Off, Len: s.V.Len},
-			}
+			})
 		}
+		res := localwire.Result{Lease: uint64(id), Slots: cn.slots}
 		n := len(b)
 		b = localwire.AppendResult(b, localwire.OpLease, &res)
 		budget -= len(b) - n
@@ -185,13 +188,17 @@ func (cn *conn) finish(b []byte, op localwire.Op, id lease.ID) []byte {
 		}
 		return localwire.AppendResult(b, op, &localwire.Result{})
 	}
-	h, err := cn.owner.Peek(id)
-	if err == nil && h.write() != (op == localwire.OpCommit || op == localwire.OpAbort) {
-		err = fmt.Errorf("%w: lease %d is a %s lease", lease.ErrNoLease, id, map[bool]string{true: "write", false: "read"}[h.write()])
-	}
-	if err == nil {
-		_, err = cn.owner.Take(id) // fails only if it ended meanwhile (expiry)
-	}
+	// One lease-table operation checks the kind and ends the lease.
+	h, err := cn.owner.TakeIf(id, func(h held) error {
+		switch k := h.kind(); {
+		case op == localwire.OpCommit && k == kindWrite,
+			op == localwire.OpAbort && k != kindRead,
+			op == localwire.OpRelease && k == kindRead:
+			return nil
+		default:
+			return wrongKind{id: id, kind: k}
+		}
+	})
 	if err != nil {
 		return localwire.AppendError(b, statusOf(err), err.Error())
 	}
@@ -210,3 +217,97 @@ func (cn *conn) finish(b []byte, op localwire.Op, id lease.ID) []byte {
 	}
 	return localwire.AppendResult(b, op, &res)
 }
+
+// wrongKind: a lease finished by an op of another kind (it stays live).
+type wrongKind struct {
+	id   lease.ID
+	kind kind
+}
+
+func (e wrongKind) Error() string {
+	return fmt.Sprintf("%v: lease %d is a %v lease", lease.ErrNoLease, e.id, e.kind)
+}
+
+func (e wrongKind) Unwrap() error { return lease.ErrNoLease }
+
+// reserve takes n bytes of room and a reservation lease on them.
+func (cn *conn) reserve(n uint64) (lease.ID, *store.Extent, error) {
+	if n == 0 || n > store.MaxBlockLen {
+		return 0, nil, fmt.Errorf("%w: reservation of %d bytes (want 1..%d)", store.ErrInvalid, n, uint64(store.MaxBlockLen))
+	}
+	ext, err := cn.s.store.AllocExtent(n)
+	if err != nil {
+		return 0, nil, err
+	}
+	id, err := cn.open(held{ext: ext, size: n})
+	if err != nil {
+		cn.s.store.ReleaseExtent(ext)
+		return 0, nil, err
+	}
+	return id, ext, nil
+}
+
+// reserveResult answers one RESERVE item.
+func (cn *conn) reserveResult(b []byte, n uint64) []byte {
+	id, ext, err := cn.reserve(n)
+	if err != nil {
+		return localwire.AppendError(b, statusOf(err), err.Error())
+	}
+	return localwire.AppendResult(b, localwire.OpReserve, &localwire.Result{
+		Lease: uint64(id), Seg: localwire.Segment{Off: ext.Alloc().Off, Len: n},
+	})
+}
+
+// put answers one PUT item: the reservation becomes the block (as COMMIT
+// of an ALLOC lease), then a new reservation is taken for the client's
+// next Put. A key or layout the daemon refuses leaves the reservation as
+// it was (status invalid); a reservation that is not live is NO_LEASE.
+func (cn *conn) put(b []byte, it *localwire.PutItem) []byte {
+	st := cn.s.store
+	k, err := key(it.Key)
+	if err != nil {
+		return localwire.AppendError(b, localwire.StatusInvalid, err.Error())
+	}
+	lay, total, err := layout(it.Slots)
+	if err != nil {
+		return localwire.AppendError(b, localwire.StatusInvalid, err.Error())
+	}
+	id := lease.ID(it.ID)
+	h, err := cn.owner.TakeIf(id, func(h held) error {
+		if k := h.kind(); k != kindReserved {
+			return wrongKind{id: id, kind: k}
+		}
+		if h.size != total {
+			return sizeMismatch{block: total, room: h.size}
+		}
+		return nil
+	})
+	if err != nil {
+		return localwire.AppendError(b, statusOf(err), err.Error())
+	}
+	var res localwire.Result
+	res.Created, err = st.Insert(k, h.ext, lay)
+	st.ReleaseExtent(h.ext) // Insert took its own reference
+	if err != nil {
+		return localwire.AppendError(b, statusOf(err), err.Error())
+	}
+	if it.Next > 0 {
+		next, ext, err := cn.reserve(it.Next)
+		if err != nil {
+			res.Next = statusOf(err)
+		} else {
+			res.Lease, res.Seg = uint64(next), localwire.Segment{Off: ext.Alloc().Off, Len: it.Next}
+		}
+	}
+	return localwire.AppendResult(b, localwire.OpPut, &res)
+}
+
+// sizeMismatch: a PUT whose block is not the size of its reservation (the
+// reservation stays live).
+type sizeMismatch struct{ block, room uint64 }
+
+func (e sizeMismatch) Error() string {
+	return fmt.Sprintf("%v: block of %d bytes in a reservation of %d", store.ErrInvalid, e.block, e.room)
+}
+
+func (e sizeMismatch) Unwrap() error { return store.ErrInvalid }

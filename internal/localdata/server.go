@@ -43,6 +43,8 @@ const DefaultMaxLeases = 1 << 16
 const (
 	// DefaultHelloTimeout bounds the wait for a new connection's HELLO.
 	DefaultHelloTimeout = 10 * time.Second
+	// helloLen is a HELLO body's length (u32 version).
+	helloLen = 4
 	// keepBuffer: request and response buffers larger than this are
 	// dropped after use rather than kept for the connection's life.
 	keepBuffer = 1 << 20
@@ -67,21 +69,50 @@ type Options struct {
 	Log     zerolog.Logger
 }
 
-// held is what a lease holds: a write allocation (ext non-nil) or a pinned
-// block. Immutable.
+// held is what a lease holds: a write allocation (ext and layout), a
+// reservation (ext without a key or layout yet: RESERVE) or a pinned
+// block. Kept by value in the lease table: a lease costs one allocation.
 type held struct {
 	key    store.Key
 	ext    *store.Extent
-	layout []store.SlotLayout
+	layout []store.SlotLayout // nil for a reservation
+	size   uint64             // a reservation's length
 	block  *store.Block
 }
 
-func (h *held) write() bool { return h.ext != nil }
+// kind is what a lease holds, for the ops that finish it.
+type kind uint8
+
+const (
+	kindRead kind = iota
+	kindWrite
+	kindReserved
+)
+
+func (k kind) String() string {
+	switch k {
+	case kindWrite:
+		return "write"
+	case kindReserved:
+		return "reservation"
+	}
+	return "read"
+}
+
+func (h held) kind() kind {
+	switch {
+	case h.ext == nil:
+		return kindRead
+	case h.layout == nil:
+		return kindReserved
+	}
+	return kindWrite
+}
 
 // Server is the data socket's server. Safe for concurrent use.
 type Server struct {
 	store  *store.Store         // immutable
-	leases *lease.Table[*held]  // immutable pointer
+	leases *lease.Table[held]   // immutable pointer
 	met    *metrics.LocalLeases // immutable; nil without Options.Metrics
 	hello  time.Duration        // immutable
 	log    zerolog.Logger
@@ -112,21 +143,28 @@ func New(o Options) *Server {
 
 // Leases is the lease table, for the gc sweeper (it is a gc.Expirer) and
 // for tests.
-func (s *Server) Leases() *lease.Table[*held] { return s.leases }
+func (s *Server) Leases() *lease.Table[held] { return s.leases }
 
 // end gives back what a lease held when it ends without Commit, Abort or
 // Release (disconnect, expiry, shutdown).
-func (s *Server) end(h *held, why lease.Reason) {
-	if h.write() {
-		s.store.ReleaseExtent(h.ext)
-	} else {
+func (s *Server) end(h held, why lease.Reason) {
+	k := h.kind()
+	if k == kindRead {
 		s.store.Unpin([]*store.Block{h.block})
+	} else {
+		s.store.ReleaseExtent(h.ext)
 	}
 	if s.met != nil {
 		s.met.Ended.WithLabelValues(why.String()).Inc()
 	}
-	if why == lease.Expired {
-		s.log.Warn().Str("namespace", h.key.Namespace).Hex("hash", []byte(h.key.Hash)).Bool("write", h.write()).
+	switch {
+	case why != lease.Expired:
+	case k == kindReserved:
+		// A client's spare room for its next Put, unused for a lease
+		// timeout: an idle client, not a stuck one.
+		s.log.Debug().Uint64("bytes", h.size).Msg("Local reservation expired unused")
+	default:
+		s.log.Warn().Str("namespace", h.key.Namespace).Hex("hash", []byte(h.key.Hash)).Bool("write", k == kindWrite).
 			Stringer("timeout", s.leases.Timeout()).Msg("Local lease expired; its client neither finished nor renewed it")
 	}
 }
@@ -215,7 +253,8 @@ type conn struct {
 	s     *Server
 	c     *net.UnixConn
 	r     *bufio.Reader
-	owner *lease.Owner[*held]
+	owner *lease.Owner[held]
+	slots []localwire.SlotPlace // scratch of lease, reused
 	log   zerolog.Logger
 	hdr   [localwire.HeaderLen]byte
 	body  []byte
@@ -283,22 +322,29 @@ func peerOf(c *net.UnixConn) string {
 
 // read reads one frame; the body stays valid until the next read.
 func (cn *conn) read() (localwire.Header, error) {
-	if _, err := io.ReadFull(cn.r, cn.hdr[:]); err != nil {
-		return localwire.Header{}, err
-	}
-	h, err := localwire.ParseHeader(cn.hdr[:])
+	h, err := cn.readHeader()
 	if err != nil {
 		return h, err
 	}
+	return h, cn.readBody(h)
+}
+
+func (cn *conn) readHeader() (localwire.Header, error) {
+	if _, err := io.ReadFull(cn.r, cn.hdr[:]); err != nil {
+		return localwire.Header{}, err
+	}
+	return localwire.ParseHeader(cn.hdr[:])
+}
+
+// readBody reads h's body into cn.body.
+func (cn *conn) readBody(h localwire.Header) error {
 	n := h.BodyLen()
 	if cap(cn.body) < n {
 		cn.body = make([]byte, n)
 	}
 	cn.body = cn.body[:n]
-	if _, err := io.ReadFull(cn.r, cn.body); err != nil {
-		return h, err
-	}
-	return h, nil
+	_, err := io.ReadFull(cn.r, cn.body)
+	return err
 }
 
 // refuse answers a frame that cannot be served with a frame-level status
@@ -317,9 +363,16 @@ func (cn *conn) refuse(h localwire.Header, err error) {
 
 // hello answers the client's HELLO with the pool's size, the lease timeout
 // and the memfd.
+//
+// The frame is checked before its body is read: a peer that has not said
+// hello yet must not make the daemon allocate what its header announces
+// (up to MaxFrame).
 func (cn *conn) hello() error {
-	h, err := cn.read()
+	h, err := cn.readHeader()
 	if err != nil {
+		if errors.Is(err, localwire.ErrMalformed) {
+			cn.refuse(h, err)
+		}
 		return err
 	}
 	if h.Op != localwire.OpHello {
@@ -327,9 +380,18 @@ func (cn *conn) hello() error {
 		cn.refuse(h, err)
 		return err
 	}
+	if h.BodyLen() != helloLen {
+		err := fmt.Errorf("%w: hello body of %d bytes, want %d", localwire.ErrMalformed, h.BodyLen(), helloLen)
+		cn.refuse(h, err)
+		return err
+	}
+	if err := cn.readBody(h); err != nil {
+		return err
+	}
 	hello, err := localwire.DecodeHello(cn.body)
-	if err == nil && hello.Version != localwire.Version {
-		err = fmt.Errorf("%w: protocol version %d, this daemon speaks %d", localwire.ErrMalformed, hello.Version, localwire.Version)
+	if err == nil && (hello.Version < localwire.MinVersion || hello.Version > localwire.Version) {
+		err = fmt.Errorf("%w: protocol version %d, this daemon speaks %d to %d", localwire.ErrMalformed,
+			hello.Version, localwire.MinVersion, localwire.Version)
 	}
 	if err != nil {
 		cn.refuse(h, err)
@@ -344,7 +406,7 @@ func (cn *conn) hello() error {
 	}
 	b := localwire.Begin(cn.out, localwire.OpHello, localwire.StatusOK, 0, h.Seq)
 	b = localwire.AppendHelloReply(b, localwire.HelloReply{
-		Version: localwire.Version, PoolSize: p.Size(), LeaseTimeout: uint64(cn.s.leases.Timeout().Milliseconds()),
+		Version: hello.Version, PoolSize: p.Size(), LeaseTimeout: uint64(cn.s.leases.Timeout().Milliseconds()),
 	})
 	b, err = localwire.Finish(b)
 	if err != nil {
@@ -378,6 +440,22 @@ func (cn *conn) serve(h localwire.Header) error {
 			return err
 		}
 		b = cn.lease(b, keys)
+	case localwire.OpReserve:
+		sizes, err := localwire.DecodeIDs(cn.body, count)
+		if err != nil {
+			return err
+		}
+		for _, n := range sizes {
+			b = cn.reserveResult(b, n)
+		}
+	case localwire.OpPut:
+		items, err := localwire.DecodePutItems(cn.body, count)
+		if err != nil {
+			return err
+		}
+		for i := range items {
+			b = cn.put(b, &items[i])
+		}
 	case localwire.OpCommit, localwire.OpAbort, localwire.OpRelease, localwire.OpRenew:
 		ids, err := localwire.DecodeIDs(cn.body, count)
 		if err != nil {
