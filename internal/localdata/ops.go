@@ -146,9 +146,9 @@ func (cn *conn) lease(b []byte, keys []localwire.Key) []byte {
 		vi++
 		blk := pinned[pi]
 		pi++
-		slots := blk.Slots()
+		nslots := blk.NumSlots()
 		// Keep room for the error results of every item after this one.
-		if need := localwire.LeaseResultLen(len(slots)) + 64*(len(keys)-i); need > budget {
+		if need := localwire.LeaseResultLen(nslots) + 64*(len(keys)-i); need > budget {
 			st.Unpin([]*store.Block{blk})
 			b = localwire.AppendError(b, localwire.StatusLimit, "response too large: lease fewer blocks per call")
 			budget -= 3 + 48
@@ -161,10 +161,12 @@ func (cn *conn) lease(b []byte, keys []localwire.Key) []byte {
 			budget -= 3 + len(err.Error())
 			continue
 		}
-		// The places go through the connection's scratch slice: encoding
-		// an answer allocates nothing per block.
+		// The places go through the connection's scratch slice, read from
+		// the block without a copy: encoding an answer allocates nothing
+		// per block.
 		cn.slots = cn.slots[:0]
-		for _, s := range slots {
+		for j := range nslots {
+			s := blk.Slot(j)
 			cn.slots = append(cn.slots, localwire.SlotPlace{
 				K: localwire.Segment{Off: s.K.Off, Len: s.K.Len},
 				V: localwire.Segment{Off: s.V.Off, Len: s.V.Len},
