@@ -189,6 +189,22 @@ func (c *Client) Put(ctx context.Context, namespace string, hash, data []byte, o
 	if c.data == nil {
 		return c.putStream(ctx, namespace, hash, data, opts, created)
 	}
+	if c.data.version >= 2 {
+		slots, err := slotsFor(len(data), opts)
+		if err != nil {
+			return err
+		}
+		if len(slots) > localwire.MaxSlots {
+			return fmt.Errorf("%w: %d slots (max %d)", ErrInvalid, len(slots), localwire.MaxSlots)
+		}
+		k, err := keyItem(namespace, hash)
+		if err != nil {
+			return err
+		}
+		ok, err := c.data.put(ctx, k, slots, data)
+		created(ok)
+		return err
+	}
 	w, err := c.Alloc(ctx, namespace, hash, len(data), opts...)
 	if errors.Is(err, ErrExists) {
 		return nil

@@ -21,6 +21,7 @@ import (
 type dataConn struct {
 	mem          []byte        // the mapped pool; immutable until close
 	leaseTimeout time.Duration // immutable
+	version      uint32        // the protocol version the daemon answered; immutable
 
 	mu     sync.Mutex // guards everything below and serializes requests
 	c      *net.UnixConn
@@ -31,10 +32,26 @@ type dataConn struct {
 	body   []byte
 	broken error // set once the connection failed; every later call returns it
 	closed bool
+	spare  *spare // room reserved for the next Put (put.go); nil: none
 }
 
-// dialData connects to path, says hello and maps the memfd it receives.
+// errRefusedHello: the daemon answered HELLO with a frame-level refusal
+// (a daemon older than this package refuses the newer version).
+var errRefusedHello = errors.New("daemon refused hello")
+
+// dialData connects to path, says hello and maps the memfd it receives. A
+// daemon that refuses this package's protocol version is dialled again
+// with the oldest one (Put then takes two round trips, as before RESERVE
+// and PUT).
 func dialData(ctx context.Context, path string) (*dataConn, error) {
+	dc, err := dialVersion(ctx, path, localwire.Version)
+	if errors.Is(err, errRefusedHello) {
+		dc, err = dialVersion(ctx, path, localwire.MinVersion)
+	}
+	return dc, err
+}
+
+func dialVersion(ctx context.Context, path string, version uint32) (*dataConn, error) {
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "unix", path)
 	if err != nil {
@@ -42,20 +59,20 @@ func dialData(ctx context.Context, path string) (*dataConn, error) {
 	}
 	c := nc.(*net.UnixConn)
 	dc := &dataConn{c: c, r: bufio.NewReaderSize(c, 64<<10)}
-	if err := dc.hello(ctx); err != nil {
+	if err := dc.hello(ctx, version); err != nil {
 		c.Close()
 		return nil, err
 	}
 	return dc, nil
 }
 
-func (d *dataConn) hello(ctx context.Context) error {
+func (d *dataConn) hello(ctx context.Context, version uint32) error {
 	if dl, ok := ctx.Deadline(); ok {
 		_ = d.c.SetDeadline(dl)
 		defer func() { _ = d.c.SetDeadline(time.Time{}) }()
 	}
 	b := localwire.Begin(nil, localwire.OpHello, localwire.StatusOK, 0, 0)
-	b, _ = localwire.Finish(localwire.AppendHello(b, localwire.Hello{Version: localwire.Version}))
+	b, _ = localwire.Finish(localwire.AppendHello(b, localwire.Hello{Version: version}))
 	if _, err := d.c.Write(b); err != nil {
 		return fmt.Errorf("%w: hello: %w", ErrUnavailable, err)
 	}
@@ -90,13 +107,16 @@ func (d *dataConn) hello(ctx context.Context) error {
 		return fmt.Errorf("%w: hello: %w", ErrProtocol, err)
 	}
 	if h.Status != localwire.StatusOK {
-		return fmt.Errorf("%w: daemon refused hello: %s", ErrProtocol, body)
+		if fd >= 0 {
+			return fmt.Errorf("%w: hello refused, yet with a memfd: %s", ErrProtocol, body)
+		}
+		return fmt.Errorf("%w: %w (version %d): %s", ErrProtocol, errRefusedHello, version, body)
 	}
 	rep, err := localwire.DecodeHelloReply(body)
 	if err != nil {
 		return fmt.Errorf("%w: hello: %w", ErrProtocol, err)
 	}
-	if h.Op != localwire.OpHello || rep.Version != localwire.Version {
+	if h.Op != localwire.OpHello || rep.Version != version {
 		return fmt.Errorf("%w: hello answered with %v version %d", ErrProtocol, h.Op, rep.Version)
 	}
 	if fd < 0 {
@@ -110,6 +130,7 @@ func (d *dataConn) hello(ctx context.Context) error {
 		return fmt.Errorf("map the pool (%d bytes): %w", rep.PoolSize, err)
 	}
 	d.mem = mem
+	d.version = version
 	d.leaseTimeout = time.Duration(rep.LeaseTimeout) * time.Millisecond
 	return nil
 }
@@ -233,6 +254,7 @@ func (d *dataConn) close() error {
 		return nil
 	}
 	d.closed = true
+	d.spare = nil // the daemon ends it with the connection
 	err := d.c.Close()
 	if d.broken != nil {
 		err = nil // closed already when it broke

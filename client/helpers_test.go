@@ -99,3 +99,6 @@ func pattern(n int, seed byte) []byte {
 	}
 	return b
 }
+
+// blockBytes is what a block of n bytes takes in the pool (its alignment).
+func blockBytes(n int) uint64 { return uint64(n+63) &^ 63 }

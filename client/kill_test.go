@@ -20,7 +20,8 @@ const helperEnv = "PEGAD_CLIENT_TEST_HELPER_SOCKET"
 
 // helperMain, in a re-executed test binary, dials the socket named in
 // helperEnv, leases block "k", allocates 8192 bytes for block "w", writes
-// half of them, says "ready" and waits to be killed. It reports whether it
+// half of them, puts block "p" of 4096 bytes (which leaves 4096 bytes
+// reserved for its next Put), says "ready" and waits to be killed. It reports whether it
 // ran (the process then exits without running tests).
 func helperMain() bool {
 	socket := os.Getenv(helperEnv)
@@ -44,6 +45,9 @@ func helperMain() bool {
 		fail(err)
 	}
 	copy(w.Bytes()[:4096], make([]byte, 4096))
+	if err := c.Put(ctx, "ns", []byte("p"), make([]byte, 4096)); err != nil {
+		fail(err)
+	}
 	fmt.Println("ready")
 	time.Sleep(time.Minute)
 	os.Exit(3)
@@ -51,8 +55,9 @@ func helperMain() bool {
 }
 
 // TestKilledClientLeavesNothing: a client process killed with SIGKILL in
-// the middle of a read lease and a write allocation leaves no pin, no
-// allocated memory and no half-written block in the daemon.
+// the middle of a read lease and a write allocation, with room reserved
+// for its next Put, leaves no pin, no allocated memory and no half-written
+// block in the daemon (only the block it put).
 func TestKilledClientLeavesNothing(t *testing.T) {
 	n := startNode(t, nil) // lock-timeout 2 min: only the disconnect can end these leases in time
 	c := n.dial(t)
@@ -60,7 +65,14 @@ func TestKilledClientLeavesNothing(t *testing.T) {
 	if err := c.Put(ctx, "ns", []byte("k"), pattern(5000, 1)); err != nil {
 		t.Fatal(err)
 	}
-	base := n.stats(t).GetPoolUsed()
+	base := blockBytes(5000)
+	if used := n.stats(t).GetPoolUsed(); used != base+5056 {
+		t.Fatalf("pool used %d, want the block and a spare of %d", used, 5056)
+	}
+	if err := c.Close(); err != nil { // its spare goes
+		t.Fatal(err)
+	}
+	c = n.dial(t)
 
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), helperEnv+"="+n.socket)
@@ -76,15 +88,15 @@ func TestKilledClientLeavesNothing(t *testing.T) {
 	if strings.TrimSpace(line) != "ready" {
 		t.Fatalf("helper said %q (%v)", line, err)
 	}
-	if st := n.stats(t); st.GetPinnedBlocks() != 1 || st.GetPoolUsed() != base+8192 {
-		t.Fatalf("with the helper's leases: %+v, want 1 pinned and %d used", st, base+8192)
+	if st := n.stats(t); st.GetPinnedBlocks() != 1 || st.GetPoolUsed() != base+8192+2*4096 {
+		t.Fatalf("with the helper's leases: %+v, want 1 pinned and %d used", st, base+8192+2*4096)
 	}
 	if err := cmd.Process.Signal(os.Kill); err != nil {
 		t.Fatal(err)
 	}
 	_ = cmd.Wait()
 	n.waitStats(t, "after kill -9", func(st *pegadv1.StatsResponse) bool {
-		return st.GetPinnedBlocks() == 0 && st.GetPoolUsed() == base && st.GetBlocks() == 1
+		return st.GetPinnedBlocks() == 0 && st.GetPoolUsed() == base+4096 && st.GetBlocks() == 2
 	})
 	if _, err := c.Lease(ctx, "ns", []byte("w")); err == nil {
 		t.Fatal("the killed client's allocation was indexed")

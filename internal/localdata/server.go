@@ -64,6 +64,9 @@ type Options struct {
 	// HelloTimeout bounds the wait for a new connection's HELLO; 0:
 	// DefaultHelloTimeout.
 	HelloTimeout time.Duration
+	// MaxVersion is the newest protocol version served; 0:
+	// localwire.Version. Tests set it to play an older daemon.
+	MaxVersion uint32
 	// Metrics registers the lease metrics; nil: none.
 	Metrics prometheus.Registerer
 	Log     zerolog.Logger
@@ -115,6 +118,7 @@ type Server struct {
 	leases *lease.Table[held]   // immutable pointer
 	met    *metrics.LocalLeases // immutable; nil without Options.Metrics
 	hello  time.Duration        // immutable
+	maxVer uint32               // immutable
 	log    zerolog.Logger
 
 	mu     sync.Mutex // guards lis, conns, closed
@@ -133,7 +137,10 @@ func New(o Options) *Server {
 	if o.HelloTimeout <= 0 {
 		o.HelloTimeout = DefaultHelloTimeout
 	}
-	s := &Server{store: o.Store, log: o.Log, hello: o.HelloTimeout, conns: make(map[net.Conn]struct{})}
+	if o.MaxVersion == 0 || o.MaxVersion > localwire.Version {
+		o.MaxVersion = localwire.Version
+	}
+	s := &Server{store: o.Store, log: o.Log, hello: o.HelloTimeout, maxVer: o.MaxVersion, conns: make(map[net.Conn]struct{})}
 	s.leases = lease.New(o.LeaseTimeout, o.MaxLeases, s.end, nil)
 	if o.Metrics != nil {
 		s.met = metrics.NewLocalLeases(o.Metrics, func() float64 { return float64(s.leases.Len()) })
@@ -250,15 +257,16 @@ func (s *Server) Close() error {
 
 // conn is one client connection. Only its handler goroutine touches it.
 type conn struct {
-	s     *Server
-	c     *net.UnixConn
-	r     *bufio.Reader
-	owner *lease.Owner[held]
-	slots []localwire.SlotPlace // scratch of lease, reused
-	log   zerolog.Logger
-	hdr   [localwire.HeaderLen]byte
-	body  []byte
-	out   []byte
+	s       *Server
+	c       *net.UnixConn
+	r       *bufio.Reader
+	owner   *lease.Owner[held]
+	slots   []localwire.SlotPlace // scratch of lease, reused
+	version uint32                // what HELLO agreed
+	log     zerolog.Logger
+	hdr     [localwire.HeaderLen]byte
+	body    []byte
+	out     []byte
 }
 
 func (s *Server) handle(c *net.UnixConn) {
@@ -389,10 +397,11 @@ func (cn *conn) hello() error {
 		return err
 	}
 	hello, err := localwire.DecodeHello(cn.body)
-	if err == nil && (hello.Version < localwire.MinVersion || hello.Version > localwire.Version) {
+	if err == nil && (hello.Version < localwire.MinVersion || hello.Version > cn.s.maxVer) {
 		err = fmt.Errorf("%w: protocol version %d, this daemon speaks %d to %d", localwire.ErrMalformed,
-			hello.Version, localwire.MinVersion, localwire.Version)
+			hello.Version, localwire.MinVersion, cn.s.maxVer)
 	}
+	cn.version = hello.Version
 	if err != nil {
 		cn.refuse(h, err)
 		return err
@@ -424,6 +433,9 @@ func (cn *conn) hello() error {
 func (cn *conn) serve(h localwire.Header) error {
 	if h.Status != localwire.StatusOK {
 		return fmt.Errorf("%w: request with status %v", localwire.ErrMalformed, h.Status)
+	}
+	if (h.Op == localwire.OpReserve || h.Op == localwire.OpPut) && cn.version < 2 {
+		return fmt.Errorf("%w: %v needs protocol version 2, the connection speaks %d", localwire.ErrMalformed, h.Op, cn.version)
 	}
 	count := int(h.Count)
 	b := localwire.Begin(cn.out, h.Op, localwire.StatusOK, count, h.Seq)

@@ -1,0 +1,191 @@
+package client_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/pegaflow/pegad/api/localwire"
+	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+	"github.com/pegaflow/pegad/client"
+	"github.com/pegaflow/pegad/internal/config"
+	"github.com/pegaflow/pegad/internal/localdata"
+	"github.com/pegaflow/pegad/internal/pool"
+	"github.com/pegaflow/pegad/internal/store"
+	"github.com/pegaflow/pegad/internal/testutil"
+)
+
+// TestPutRoundTrips: a Put copies into the room reserved by the previous
+// one and commits it with one PUT that reserves the next (one round trip);
+// the first Put, a Put of another size and a Put after the spare grew too
+// old reserve first.
+func TestPutRoundTrips(t *testing.T) {
+	n := startNode(t, func(c *config.Config) {
+		c.LockTimeout = time.Second
+		c.GCInterval = 20 * time.Millisecond
+	})
+	c := n.dial(t)
+	if v := client.ProtocolVersion(c); v != localwire.Version {
+		t.Fatalf("protocol version %d, want %d", v, localwire.Version)
+	}
+	ctx := context.Background()
+	steps := []struct {
+		name  string
+		size  int
+		sleep time.Duration
+		trips uint32
+	}{
+		{"first: reserve, put", 5000, 0, 2},
+		{"same size: put", 5000, 0, 1},
+		{"again: put", 5000, 0, 1},
+		{"other size: abort, reserve, put", 7000, 0, 3},
+		{"spare older than half the lease timeout: abort, reserve, put", 7000, 600 * time.Millisecond, 3},
+		{"spare expired: abort (no lease), reserve, put", 7000, 1200 * time.Millisecond, 3},
+	}
+	for i, s := range steps {
+		time.Sleep(s.sleep)
+		before := client.RoundTrips(c)
+		data := pattern(s.size, byte(i))
+		hash := fmt.Appendf(nil, "h%d", i)
+		var created bool
+		if err := c.Put(ctx, "ns", hash, data, client.WasCreated(&created)); err != nil || !created {
+			t.Fatalf("%s: Put: %v, created %v", s.name, err, created)
+		}
+		if got := client.RoundTrips(c) - before; got != s.trips {
+			t.Fatalf("%s: %d round trips, want %d", s.name, got, s.trips)
+		}
+		dst := make([]byte, s.size)
+		if got, err := c.Get(ctx, "ns", hash, dst); err != nil || got != s.size || !bytes.Equal(dst, data) {
+			t.Fatalf("%s: Get = %d, %v, equal %v", s.name, got, err, bytes.Equal(dst, data))
+		}
+	}
+}
+
+// TestPutSpare: what a Put leaves reserved is room for the next Put and
+// nothing else: an existing key drops the copy, a refused key keeps the
+// spare for the next Put, concurrent Puts on one client each get their
+// block stored, and closing the client gives the spare back.
+func TestPutSpare(t *testing.T) {
+	n := startNode(t, nil)
+	c := n.dial(t)
+	ctx := context.Background()
+	const size = 4096
+	var created bool
+	if err := c.Put(ctx, "ns", []byte("a"), pattern(size, 1), client.WasCreated(&created)); err != nil || !created {
+		t.Fatalf("Put: %v, created %v", err, created)
+	}
+	if used := n.stats(t).GetPoolUsed(); used != 2*size {
+		t.Fatalf("pool used %d after a Put, want the block and a spare of %d", used, size)
+	}
+	if err := c.Put(ctx, "ns", []byte("a"), pattern(size, 2), client.WasCreated(&created)); err != nil || created {
+		t.Fatalf("Put of a stored key: %v, created %v", err, created)
+	}
+	before := client.RoundTrips(c)
+	if err := c.Put(ctx, "", []byte("b"), pattern(size, 3)); !errors.Is(err, client.ErrInvalid) {
+		t.Fatalf("Put with an empty namespace: %v, want ErrInvalid", err)
+	}
+	if err := c.Put(ctx, "ns", []byte("b"), pattern(size, 3)); err != nil {
+		t.Fatal(err)
+	}
+	if got := client.RoundTrips(c) - before; got != 2 {
+		t.Fatalf("%d round trips for a refused and a good Put, want 2 (the spare survives the refusal)", got)
+	}
+	dst := make([]byte, size)
+	if _, err := c.Get(ctx, "ns", []byte("a"), dst); err != nil || !bytes.Equal(dst, pattern(size, 1)) {
+		t.Fatalf("block a: %v, the first Put's bytes %v", err, bytes.Equal(dst, pattern(size, 1)))
+	}
+	if used := n.stats(t).GetPoolUsed(); used != 3*size {
+		t.Fatalf("pool used %d, want blocks a, b and one spare", used)
+	}
+
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	for g := range 4 {
+		wg.Go(func() {
+			for i := range 16 {
+				data := pattern(size, byte(g*16+i))
+				if err := c.Put(ctx, "conc", fmt.Appendf(nil, "%d-%d", g, i), data); err != nil {
+					errs <- err
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	for g := range 4 {
+		for i := range 16 {
+			if _, err := c.Get(ctx, "conc", fmt.Appendf(nil, "%d-%d", g, i), dst); err != nil || !bytes.Equal(dst, pattern(size, byte(g*16+i))) {
+				t.Fatalf("block %d-%d: %v", g, i, err)
+			}
+		}
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	n.waitStats(t, "after Close", func(st *pegadv1.StatsResponse) bool {
+		return st.GetPoolUsed() == (2+64)*size && st.GetBlocks() == 66
+	})
+}
+
+// TestPutToVersion1Daemon: against a daemon that speaks only version 1 the
+// client dials again with it and Put takes ALLOC and COMMIT.
+func TestPutToVersion1Daemon(t *testing.T) {
+	p, err := pool.New(pool.Options{Size: 1 << 20, Log: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := store.New(p, nil)
+	srv := localdata.New(localdata.Options{Store: st, LeaseTimeout: time.Minute, MaxVersion: 1, Log: zerolog.Nop()})
+	dir := testutil.ShortTempDir(t)
+	l, err := net.Listen("unix", filepath.Join(dir, "p.sock.data"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(l) }()
+	t.Cleanup(func() {
+		_ = srv.Close()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+		_ = p.Close()
+	})
+	// Only the data socket is served: the gRPC one is never dialled here.
+	c, err := client.Dial(context.Background(), filepath.Join(dir, "p.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	if v := client.ProtocolVersion(c); v != 1 {
+		t.Fatalf("protocol version %d, want 1", v)
+	}
+	ctx := context.Background()
+	for i := range 3 {
+		before := client.RoundTrips(c)
+		data := pattern(5000, byte(i))
+		if err := c.Put(ctx, "ns", fmt.Appendf(nil, "h%d", i), data); err != nil {
+			t.Fatal(err)
+		}
+		if got := client.RoundTrips(c) - before; got != 2 {
+			t.Fatalf("Put %d: %d round trips, want 2 (alloc, commit)", i, got)
+		}
+		dst := make([]byte, len(data))
+		if _, err := c.Get(ctx, "ns", fmt.Appendf(nil, "h%d", i), dst); err != nil || !bytes.Equal(dst, data) {
+			t.Fatalf("Get %d: %v", i, err)
+		}
+	}
+	if s := st.Stats(); s.Blocks != 3 || s.Pool.Used != 3*5056 {
+		t.Fatalf("store %+v", s)
+	}
+}
