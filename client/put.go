@@ -24,17 +24,23 @@ type spare struct {
 // expired it and given its room to another block.
 func (d *dataConn) spareMaxAge() time.Duration { return d.leaseTimeout / 2 }
 
-// takeSpare hands the spare to the caller when it fits size bytes and is
-// young enough; a spare that does not is returned as old, for the caller
-// to abort.
-func (d *dataConn) takeSpare(size int) (sp, old *spare) {
+// takeSpare hands the spare to the caller: as sp when it fits size bytes
+// and is young enough; as other when it is young but of another size (the
+// caller keeps it if it cannot reserve, aborts it otherwise); as stale when
+// too old to write (the caller aborts it).
+func (d *dataConn) takeSpare(size int) (sp, other, stale *spare) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	sp, d.spare = d.spare, nil
-	if sp != nil && (len(sp.mem) != size || time.Since(sp.at) >= d.spareMaxAge()) {
-		return nil, sp
+	switch {
+	case sp == nil:
+		return nil, nil, nil
+	case time.Since(sp.at) >= d.spareMaxAge():
+		return nil, nil, sp
+	case len(sp.mem) != size:
+		return nil, sp, nil
 	}
-	return sp, nil
+	return sp, nil, nil
 }
 
 // keepSpare makes sp the connection's spare; one already there (another
@@ -82,14 +88,20 @@ func (d *dataConn) spareAt(r localwire.Result, size int, sent time.Time) (*spare
 // It returns whether the block was created (false: the key was stored
 // already and this copy was dropped).
 func (d *dataConn) put(ctx context.Context, k localwire.Key, slots []SlotSize, data []byte) (bool, error) {
-	sp, old := d.takeSpare(len(data))
-	if old != nil {
-		_ = cleanupFinish(d, localwire.OpAbort, []uint64{old.id}) // NO_LEASE when it expired: nothing to do
+	sp, other, stale := d.takeSpare(len(data))
+	if stale != nil {
+		_ = cleanupFinish(d, localwire.OpAbort, []uint64{stale.id}) // NO_LEASE when it expired: nothing to do
 	}
 	if sp == nil {
 		var err error
 		if sp, err = d.reserve(ctx, len(data)); err != nil {
+			if other != nil {
+				d.keepSpare(other) // a refused Put changes nothing
+			}
 			return false, err
+		}
+		if other != nil {
+			_ = cleanupFinish(d, localwire.OpAbort, []uint64{other.id})
 		}
 	}
 	copy(sp.mem, data)

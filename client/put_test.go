@@ -98,12 +98,28 @@ func TestPutSpare(t *testing.T) {
 	if got := client.RoundTrips(c) - before; got != 2 {
 		t.Fatalf("%d round trips for a refused and a good Put, want 2 (the spare survives the refusal)", got)
 	}
+	// A Put of another size the pool cannot hold changes nothing either:
+	// the spare stays for the next Put of its size.
+	used := n.stats(t).GetPoolUsed()
+	if err := c.Put(ctx, "ns", []byte("huge"), make([]byte, 64<<20)); !errors.Is(err, client.ErrPoolFull) {
+		t.Fatalf("Put larger than the pool: %v, want ErrPoolFull", err)
+	}
+	if after := n.stats(t).GetPoolUsed(); after != used {
+		t.Fatalf("pool used %d after a refused Put, %d before", after, used)
+	}
+	before = client.RoundTrips(c)
+	if err := c.Put(ctx, "ns", []byte("c"), pattern(size, 4)); err != nil {
+		t.Fatal(err)
+	}
+	if got := client.RoundTrips(c) - before; got != 1 {
+		t.Fatalf("%d round trips after a refused Put of another size, want 1", got)
+	}
 	dst := make([]byte, size)
 	if _, err := c.Get(ctx, "ns", []byte("a"), dst); err != nil || !bytes.Equal(dst, pattern(size, 1)) {
 		t.Fatalf("block a: %v, the first Put's bytes %v", err, bytes.Equal(dst, pattern(size, 1)))
 	}
-	if used := n.stats(t).GetPoolUsed(); used != 3*size {
-		t.Fatalf("pool used %d, want blocks a, b and one spare", used)
+	if used := n.stats(t).GetPoolUsed(); used != 4*size {
+		t.Fatalf("pool used %d, want blocks a, b, c and one spare", used)
 	}
 
 	var wg sync.WaitGroup
@@ -134,7 +150,7 @@ func TestPutSpare(t *testing.T) {
 		t.Fatal(err)
 	}
 	n.waitStats(t, "after Close", func(st *pegadv1.StatsResponse) bool {
-		return st.GetPoolUsed() == (2+64)*size && st.GetBlocks() == 66
+		return st.GetPoolUsed() == (3+64)*size && st.GetBlocks() == 67
 	})
 }
 

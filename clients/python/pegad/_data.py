@@ -6,15 +6,30 @@ lock; it must never copy block bytes through the socket.
 import mmap
 import socket
 import threading
+import time
 
 from . import _wire as wire
 from . import errors
+
+
+class _RefusedHello(errors.ProtocolError):
+    """The daemon refused HELLO (one older than this client refuses its
+    newest version)."""
 
 
 class DataConn:
     """One data-socket connection: one request in flight at a time."""
 
     def __init__(self, path, timeout=None):
+        try:
+            self._open(path, timeout, wire.VERSION)
+        except _RefusedHello as refused:
+            try:
+                self._open(path, timeout, wire.MIN_VERSION)
+            except errors.Unavailable:
+                raise refused from None
+
+    def _open(self, path, timeout, version):
         self._lock = threading.Lock()  # guards the socket, seq, buffers, broken, closed
         self._seq = 0
         self._broken = None
@@ -22,6 +37,8 @@ class DataConn:
         self._rbuf = bytearray(64 << 10)  # read buffer: [_rstart, _rend) not consumed yet
         self._rmv = memoryview(self._rbuf)
         self._rstart = self._rend = 0
+        self._spare_lock = threading.Lock()  # guards _spare
+        self._spare = None  # (lease, view, sent): room reserved for the next put
         try:
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         except OSError as e:
@@ -34,15 +51,15 @@ class DataConn:
             raise errors.Unavailable(f"data socket {path}: {e}") from e
         self._sock = s
         try:
-            self._hello()
+            self._hello(version)
         except BaseException:
             s.close()
             raise
         s.settimeout(timeout)
 
-    def _hello(self):
+    def _hello(self, version):
         self._seq += 1
-        self._sock.sendall(wire.frame(wire.OP_HELLO, 0, self._seq, wire._U32.pack(wire.VERSION)))
+        self._sock.sendall(wire.frame(wire.OP_HELLO, 0, self._seq, wire._U32.pack(version)))
         # The fd rides on the reply's first byte: recvmsg before anything
         # else reads the stream.
         try:
@@ -56,12 +73,13 @@ class DataConn:
                 raise errors.Unavailable("hello: the daemon closed the connection")
             op, status, count, seq, body = self._read_frame()
             if status != wire.ST_OK:
-                raise errors.ProtocolError(f"daemon refused hello: {bytes(body).decode('utf-8', 'replace')}")
+                raise _RefusedHello(f"daemon refused hello (version {version}): "
+                                    f"{bytes(body).decode('utf-8', 'replace')}")
             if op != wire.OP_HELLO or len(body) != wire.HELLO_REPLY.size:
                 raise errors.ProtocolError(f"hello answered with op {op}, {len(body)} bytes")
-            version, pool_size, lease_ms = wire.HELLO_REPLY.unpack(body)
-            if version != wire.VERSION:
-                raise errors.ProtocolError(f"hello answered with version {version}")
+            got, pool_size, lease_ms = wire.HELLO_REPLY.unpack(body)
+            if got != version:
+                raise errors.ProtocolError(f"hello answered with version {got}, asked {version}")
             if not fds:
                 raise errors.ProtocolError("hello carried no memfd")
             if pool_size == 0:
@@ -72,6 +90,7 @@ class DataConn:
             for fd in fds:
                 socket.close(fd)  # the mapping keeps the memory
         self.view = memoryview(self.mm)
+        self.version = version
         self.pool_size = pool_size
         self.lease_timeout = lease_ms / 1000.0
 
@@ -138,6 +157,31 @@ class DataConn:
                     raise errors.Unavailable(f"{wire.OP_NAMES[op]}: {e}") from e
                 raise
 
+    def take_spare(self, size):
+        """The room reserved for the next put, as (fits, other, stale): fits
+        when it is of size bytes and younger than half the lease timeout
+        (so never written after the daemon could have expired it); other
+        when young but of another size (kept if a new reservation fails,
+        aborted otherwise); stale when too old (to abort)."""
+        with self._spare_lock:
+            sp, self._spare = self._spare, None
+        if sp is None:
+            return None, None, None
+        if time.monotonic() - sp[2] >= self.lease_timeout / 2:
+            return None, None, sp
+        if len(sp[1]) != size:
+            return None, sp, None
+        return sp, None, None
+
+    def keep_spare(self, sp):
+        """Make sp the spare; False when one is there already (the caller
+        aborts sp)."""
+        with self._spare_lock:
+            if self._spare is not None or self._closed or self._broken is not None:
+                return False
+            self._spare = sp
+            return True
+
     def close(self):
         """Close the connection (the daemon ends its leases) and unmap the
         pool; views still exported keep the mapping alive until freed."""
@@ -145,6 +189,7 @@ class DataConn:
             if self._closed:
                 return
             self._closed = True
+            self._spare = None  # the daemon ends it with the connection
             self._sock.close()
             try:
                 self.view.release()

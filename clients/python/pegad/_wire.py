@@ -7,7 +7,8 @@ import struct
 
 from . import errors
 
-VERSION = 1
+VERSION = 2  # the newest: adds RESERVE and PUT (a put in one round trip)
+MIN_VERSION = 1  # what a daemon older than RESERVE and PUT speaks
 HEADER = struct.Struct("<IBBHI")  # len, op, status, count, seq
 HEADER_LEN = HEADER.size
 MAX_FRAME = 16 << 20  # most bytes after the length field
@@ -17,8 +18,9 @@ MAX_HASH = 64
 MAX_SLOTS = 1024
 MAX_MESSAGE = 1024
 
-OP_HELLO, OP_ALLOC, OP_COMMIT, OP_ABORT, OP_LEASE, OP_RELEASE, OP_RENEW = range(1, 8)
-OP_NAMES = {1: "hello", 2: "alloc", 3: "commit", 4: "abort", 5: "lease", 6: "release", 7: "renew"}
+OP_HELLO, OP_ALLOC, OP_COMMIT, OP_ABORT, OP_LEASE, OP_RELEASE, OP_RENEW, OP_RESERVE, OP_PUT = range(1, 10)
+OP_NAMES = {1: "hello", 2: "alloc", 3: "commit", 4: "abort", 5: "lease", 6: "release", 7: "renew",
+            8: "reserve", 9: "put"}
 
 ST_OK, ST_NOT_FOUND, ST_POOL_FULL, ST_INVALID, ST_EXISTS, ST_NO_LEASE, ST_LIMIT, ST_INTERNAL, ST_CLOSED = range(9)
 STATUS_ERRORS = {
@@ -38,6 +40,7 @@ _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _SLOT = struct.Struct("<QQ")
 _ALLOC_RES = struct.Struct("<QQQ")
+_PUT_RES = struct.Struct("<BBQQQ")
 _LEASE_HEAD = struct.Struct("<QH")
 _PLACE = struct.Struct("<QQQQ")
 HELLO_REPLY = struct.Struct("<IQQ")
@@ -63,6 +66,15 @@ def lease_id(i):
     return _U64.pack(i)
 
 
+reserve_item = lease_id  # a RESERVE item is one u64 size
+
+
+def put_item(lease, ns, h, slots, nxt):
+    """A PUT item: commit reservation lease as the block (ns, h) laid out
+    as slots, and reserve nxt bytes for the next put (0: none)."""
+    return _U64.pack(lease) + alloc_item(ns, h, slots) + _U64.pack(nxt)
+
+
 def item_error(op, status, msg):
     cls = STATUS_ERRORS.get(status, errors.InternalError)
     text = f"{OP_NAMES.get(op, op)}: {msg}" if msg else OP_NAMES.get(op, str(op))
@@ -71,9 +83,11 @@ def item_error(op, status, msg):
 
 def decode_results(op, body, count):
     """The count results of op's response: per item either an exception
-    (a failed item) or the op's payload: alloc (lease, off, len); commit
-    created (bool); lease (lease, [(koff, klen, voff, vlen), ...]); None
-    for abort, release, renew. Raises ProtocolError on malformed bytes."""
+    (a failed item) or the op's payload: alloc and reserve (lease, off,
+    len); commit created (bool); lease (lease, [(koff, klen, voff, vlen),
+    ...]); put (created, next_status, next_lease, next_off, next_len);
+    None for abort, release, renew. Raises ProtocolError on malformed
+    bytes."""
     out = []
     pos = 0
     n = len(body)
@@ -89,9 +103,17 @@ def decode_results(op, body, count):
                 out.append(item_error(op, st, bytes(body[pos:pos + ml]).decode("utf-8", "replace")))
                 pos += ml
                 continue
-            if op == OP_ALLOC:
+            if op in (OP_ALLOC, OP_RESERVE):
                 out.append(_ALLOC_RES.unpack_from(body, pos))
                 pos += _ALLOC_RES.size
+            elif op == OP_PUT:
+                c, nst, lease, off, ln = _PUT_RES.unpack_from(body, pos)
+                pos += _PUT_RES.size
+                if c > 1:
+                    raise errors.ProtocolError("put: created flag not 0 or 1")
+                if nst != ST_OK and (lease or off or ln):
+                    raise errors.ProtocolError(f"put: next status {nst} with a next lease")
+                out.append((bool(c), nst, lease, off, ln))
             elif op == OP_COMMIT:
                 c = body[pos]
                 pos += 1

@@ -8,6 +8,7 @@ the socket on the put, get, alloc and lease paths.
 """
 
 import os
+import time
 import threading
 from collections import namedtuple
 
@@ -482,6 +483,8 @@ class Client:
         True when stored, False when a block was already stored under the
         key (it is kept)."""
         mv = _bytes_view(data)
+        if self._data.version >= 2:
+            return self._put_reserved(_namespace(namespace), _hash(hash), _slots(mv.nbytes, slots), mv)
         try:
             w = self.alloc(namespace, hash, mv.nbytes, slots)
         except errors.Exists:
@@ -492,6 +495,58 @@ class Client:
             _finish_quietly(self._data, wire.OP_ABORT, _ids([w]))
             raise
         return w.commit()
+
+    def _put_reserved(self, ns, h, slots, mv):
+        """put in one round trip: copy into the room the previous put
+        reserved, then PUT commits it and reserves the next (RESERVE first
+        when there is no fitting spare)."""
+        d = self._data
+        size = mv.nbytes
+        if size == 0:
+            raise errors.InvalidArgument("block of 0 bytes")
+        sp, other, stale = d.take_spare(size)
+        if stale is not None:
+            _finish_quietly(d, wire.OP_ABORT, [stale[0]])  # no lease when it expired: nothing to do
+        if sp is None:
+            sent = time.monotonic()
+            try:
+                (r,) = d.call(wire.OP_RESERVE, [wire.reserve_item(size)])
+                if isinstance(r, Exception):
+                    raise r
+            except BaseException:
+                if other is not None and not d.keep_spare(other):  # a refused put changes nothing
+                    _finish_quietly(d, wire.OP_ABORT, [other[0]])
+                raise
+            if other is not None:
+                _finish_quietly(d, wire.OP_ABORT, [other[0]])
+            sp = self._spare_at(r[0], r[1], r[2], size, sent)
+        try:
+            sp[1][:] = mv
+        except BaseException:
+            _finish_quietly(d, wire.OP_ABORT, [sp[0]])
+            raise
+        nxt = size if d.lease_timeout > 0 else 0
+        sent = time.monotonic()
+        (r,) = d.call(wire.OP_PUT, [wire.put_item(sp[0], ns, h, slots, nxt)])
+        if isinstance(r, errors.InvalidArgument):
+            if not d.keep_spare(sp):  # refused before it was touched: still ours
+                _finish_quietly(d, wire.OP_ABORT, [sp[0]])
+            raise r
+        if isinstance(r, Exception):
+            raise r
+        created, nst, lease, off, ln = r
+        if nst == wire.ST_OK and lease:
+            nsp = self._spare_at(lease, off, ln, size, sent)
+            if not d.keep_spare(nsp):
+                _finish_quietly(d, wire.OP_ABORT, [lease])
+        return created
+
+    def _spare_at(self, lease, off, ln, size, sent):
+        d = self._data
+        if ln != size or off > d.pool_size or ln > d.pool_size - off:
+            _finish_quietly(d, wire.OP_ABORT, [lease])
+            raise errors.ProtocolError(f"reservation of {size} bytes at [{off},+{ln}) (pool of {d.pool_size})")
+        return (lease, d.view[off:off + ln], sent)
 
     def put_batch(self, namespace, blocks):
         """put of many (hash, data) pairs of one namespace: one alloc and one

@@ -59,7 +59,7 @@ def fake_daemon(path, reply):
 @pytest.mark.parametrize("reply,exc", [
     (wire.HEADER.pack(8 + 20, wire.OP_HELLO, 0, 0, 1) + wire.HELLO_REPLY.pack(1, 1 << 20, 1000), pegad.ProtocolError),  # no memfd
     (wire.HEADER.pack(8 + 5, wire.OP_HELLO, 3, 0, 1) + b"nope!", pegad.ProtocolError),  # refused
-    (wire.HEADER.pack(8 + 20, wire.OP_HELLO, 0, 0, 1) + wire.HELLO_REPLY.pack(2, 1 << 20, 1000), pegad.ProtocolError),  # version
+    (wire.HEADER.pack(8 + 20, wire.OP_HELLO, 0, 0, 1) + wire.HELLO_REPLY.pack(wire.VERSION + 1, 1 << 20, 1000), pegad.ProtocolError),  # version
     (b"", pegad.Unavailable),  # closed at once
     (wire.HEADER.pack(1 << 30, wire.OP_HELLO, 0, 0, 1), pegad.ProtocolError),  # absurd length
 ])

@@ -1,0 +1,91 @@
+"""put in one round trip (protocol version 2): it copies into the room the
+previous put reserved and PUT commits it and reserves the next; against a
+daemon that speaks only version 1 the client dials again with it."""
+
+import os
+import socket
+import struct
+import threading
+
+import pegad
+from pegad import _wire as wire
+from conftest import rand_hash
+from harness import wait_until
+
+
+def trips(c, f):
+    """How many requests f sent on c's data connection."""
+    before = c._data._seq
+    f()
+    return c._data._seq - before
+
+
+def test_put_round_trips(client, ns):
+    assert client._data.version == wire.VERSION
+    data = os.urandom(65536)
+    assert trips(client, lambda: client.put(ns, rand_hash(), data)) == 2  # reserve, put
+    for _ in range(3):
+        assert trips(client, lambda: client.put(ns, rand_hash(), data)) == 1
+    h = rand_hash()
+    assert client.put(ns, h, data) is True
+    res = []
+    assert trips(client, lambda: res.append(client.put(ns, h, os.urandom(65536)))) == 1
+    assert res == [False]  # stored already: the first put's bytes stay
+    out = bytearray(65536)
+    assert client.get(ns, h, out) == 65536 and out == data
+    assert trips(client, lambda: client.put(ns, rand_hash(), b"y" * 1000)) == 3  # abort, reserve, put
+    # A key the daemon refuses leaves the spare for the next put.
+    try:
+        client._put_reserved(b"", b"h", [(1000, 0)], memoryview(b"z" * 1000))
+        raise AssertionError("an empty namespace was accepted")
+    except pegad.InvalidArgument:
+        pass
+    assert trips(client, lambda: client.put(ns, rand_hash(), b"z" * 1000)) == 1
+
+
+def test_put_spare_goes_with_the_client(daemon, ns):
+    before = daemon.stats()["pool_used"]
+    with pegad.Client(daemon.socket) as c:
+        assert c.put(ns, rand_hash(), b"x" * 65536)
+        assert daemon.stats()["pool_used"] == before + 2 * 65536  # the block and the next put's room
+    wait_until("the closed client's spare to go", lambda: daemon.stats()["pool_used"] == before + 65536)
+
+
+def test_version1_daemon(tmp_path):
+    """A daemon that refuses version 2 gets a second HELLO with version 1."""
+    path = str(tmp_path / "fake.sock")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path + ".data")
+    srv.listen(2)
+    fd = os.memfd_create("pegad-fake-pool")
+    os.ftruncate(fd, 1 << 20)
+    asked = []
+    done = threading.Event()
+
+    def serve():
+        for _ in range(2):
+            c, _ = srv.accept()
+            with c:
+                req = c.recv(64)
+                (version,) = struct.unpack_from("<I", req, wire.HEADER_LEN)
+                asked.append(version)
+                if version != 1:
+                    msg = b"protocol version 2, this daemon speaks 1"
+                    c.sendall(wire.HEADER.pack(8 + len(msg), wire.OP_HELLO, wire.ST_INVALID, 0, 1) + msg)
+                    continue
+                reply = wire.HEADER.pack(8 + 20, wire.OP_HELLO, 0, 0, 1) + wire.HELLO_REPLY.pack(1, 1 << 20, 60000)
+                socket.send_fds(c, [reply], [fd])
+                done.wait(10)
+        srv.close()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        with pegad.Client(path, timeout=10) as c:
+            assert c._data.version == 1
+            assert c.pool_size == 1 << 20
+    finally:
+        done.set()
+        t.join(10)
+        os.close(fd)
+    assert asked == [wire.VERSION, 1]
