@@ -178,6 +178,12 @@ func slotsFor(size int, opts []PutOption) ([]SlotSize, error) {
 
 // Put stores data as the block (namespace, hash): one copy, into the pool.
 // A block already stored under that key is kept and Put returns nil.
+//
+// Put returns once the block is indexed, in one round trip to the daemon:
+// it copies into room the previous Put of the same size reserved, and one
+// request stores the block and reserves room for the next Put. So a client
+// that has put holds one block's worth of pool room until its next Put or
+// Close (or, unused, until the lease timeout).
 func (c *Client) Put(ctx context.Context, namespace string, hash, data []byte, opts ...PutOption) error {
 	o := putOpts(opts)
 	created := func(v bool) {
