@@ -303,7 +303,9 @@ func (c *Client) Delete(ctx context.Context, namespace string, hash []byte) erro
 type PrefetchOption func(*pegadv1.PrefetchRequest)
 
 // FromPeer names the peer daemon (its gRPC host:port) to fetch from.
-// Required until pegad has a cluster index to find blocks by itself.
+// Without it the daemon asks its cluster index which nodes hold the blocks
+// (pegad --cluster-redis); a daemon without one answers
+// ErrFailedPrecondition.
 func FromPeer(addr string) PrefetchOption {
 	return func(r *pegadv1.PrefetchRequest) { r.Peer = addr }
 }
@@ -316,11 +318,13 @@ func WithPrefetchTimeout(d time.Duration) PrefetchOption {
 // PrefetchStatus is the outcome of one block of a Prefetch.
 type PrefetchStatus = pegadv1.PrefetchBlockStatus
 
-// PrefetchBlock is one block's outcome.
+// PrefetchBlock is one block's outcome; Node is the node it was fetched
+// from, when the daemon says.
 type PrefetchBlock struct {
 	Hash   []byte
 	Status PrefetchStatus
 	Err    string
+	Node   string
 }
 
 // PrefetchResult is what a Prefetch did.
@@ -331,16 +335,14 @@ type PrefetchResult struct {
 	SessionID string
 }
 
-// Prefetch asks the daemon to fetch blocks from a peer into its pool. On a
-// failed prefetch the result (when the daemon sent one) says which blocks
-// failed and how, beside the error.
+// Prefetch asks the daemon to fetch blocks into its pool: from the peer
+// FromPeer names, or without it from the nodes the cluster index says hold
+// them. On a failed prefetch the result (when the daemon sent one) says
+// which blocks failed and how, beside the error.
 func (c *Client) Prefetch(ctx context.Context, namespace string, hashes [][]byte, opts ...PrefetchOption) (*PrefetchResult, error) {
 	req := &pegadv1.PrefetchRequest{Namespace: namespace, Hashes: hashes}
 	for _, f := range opts {
 		f(req)
-	}
-	if req.Peer == "" {
-		return nil, fmt.Errorf("%w: prefetch needs FromPeer(addr)", ErrInvalid)
 	}
 	resp, err := c.local.Prefetch(ctx, req)
 	if err != nil {
@@ -360,7 +362,7 @@ func (c *Client) Prefetch(ctx context.Context, namespace string, hashes [][]byte
 func prefetchResult(pr *pegadv1.PrefetchResponse) *PrefetchResult {
 	res := &PrefetchResult{Bytes: pr.GetBytes(), Duration: pr.GetDuration().AsDuration(), SessionID: pr.GetSessionId()}
 	for _, b := range pr.GetBlocks() {
-		res.Blocks = append(res.Blocks, PrefetchBlock{Hash: b.GetHash(), Status: b.GetStatus(), Err: b.GetError()})
+		res.Blocks = append(res.Blocks, PrefetchBlock{Hash: b.GetHash(), Status: b.GetStatus(), Err: b.GetError(), Node: b.GetNode()})
 	}
 	return res
 }

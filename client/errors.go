@@ -32,6 +32,10 @@ var (
 	ErrNoZeroCopy = errors.New("pegad: no data socket: zero-copy calls unavailable")
 	// ErrAborted: a block changed or a stream ended early.
 	ErrAborted = errors.New("pegad: aborted")
+	// ErrFailedPrecondition: the daemon's state refuses the call (a
+	// prefetch without FromPeer on a daemon without a cluster index, a
+	// peer that refused the transfer); its message says which.
+	ErrFailedPrecondition = errors.New("pegad: failed precondition")
 )
 
 // fromWire turns a failed item of the data socket into an error.
@@ -96,6 +100,8 @@ func fromStatus(err error) error {
 		sentinel = ErrUnavailable
 	case codes.Aborted:
 		sentinel = ErrAborted
+	case codes.FailedPrecondition:
+		sentinel = ErrFailedPrecondition
 	case codes.Internal:
 		sentinel = ErrInternal
 	default:

@@ -205,3 +205,45 @@ func TestPutToVersion1Daemon(t *testing.T) {
 		t.Fatalf("store %+v", s)
 	}
 }
+
+// TestPrefetchWithoutPeer: without FromPeer the daemon finds the holder in
+// the cluster index (before, the client refused the call itself); a
+// daemon without an index answers ErrFailedPrecondition.
+func TestPrefetchWithoutPeer(t *testing.T) {
+	ctx := context.Background()
+	standalone := startNode(t, nil).dial(t)
+	if _, err := standalone.Prefetch(ctx, "ns", [][]byte{[]byte("x")}); !errors.Is(err, client.ErrFailedPrecondition) {
+		t.Fatalf("Prefetch without a peer on a standalone daemon: %v, want ErrFailedPrecondition", err)
+	}
+
+	r := testutil.StartRedis(t)
+	withIndex := func(c *config.Config) {
+		c.ClusterRedis = r.URL()
+		c.ClusterTTL = time.Second
+	}
+	a, b := startNode(t, withIndex), startNode(t, withIndex)
+	ca, cb := a.dial(t), b.dial(t)
+	data := pattern(1<<20, 3)
+	if err := ca.Put(ctx, "ns", []byte("c1"), data); err != nil {
+		t.Fatal(err)
+	}
+	// The holder publishes its blocks to the index asynchronously.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		res, err := cb.Prefetch(ctx, "ns", [][]byte{[]byte("c1")}, client.WithPrefetchTimeout(10*time.Second))
+		if err == nil && res.Blocks[0].Status == pegadv1.PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_FETCHED {
+			if res.Bytes != 1<<20 {
+				t.Fatalf("prefetched %d bytes, want %d", res.Bytes, 1<<20)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Prefetch without a peer never fetched the block: %+v, %v", res, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	dst := make([]byte, len(data))
+	if n, err := cb.Get(ctx, "ns", []byte("c1"), dst); err != nil || n != len(data) || !bytes.Equal(dst, data) {
+		t.Fatalf("Get of the block prefetched through the index: %d, %v", n, err)
+	}
+}
