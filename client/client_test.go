@@ -119,7 +119,11 @@ func TestInvalidInput(t *testing.T) {
 		}},
 		{"larger than the pool", client.ErrPoolFull, func() error { return c.Put(ctx, "ns", []byte("h"), make([]byte, 2<<20)) }},
 		{"lease of a missing block", client.ErrNotFound, func() error { _, err := c.Lease(ctx, "ns", []byte("nope")); return err }},
-		{"prefetch without a peer", client.ErrInvalid, func() error { _, err := c.Prefetch(ctx, "ns", [][]byte{[]byte("h")}); return err }},
+		{"prefetch of no blocks", client.ErrInvalid, func() error { _, err := c.Prefetch(ctx, "ns", nil); return err }},
+		{"prefetch without a peer nor an index", client.ErrFailedPrecondition, func() error {
+			_, err := c.Prefetch(ctx, "ns", [][]byte{[]byte("h")})
+			return err
+		}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
