@@ -116,7 +116,8 @@ func (c *Client) LeaseTimeout() time.Duration {
 }
 
 // Close closes the connections; the daemon ends every lease still held,
-// and every slice from Writer.Bytes or Reader.Bytes becomes invalid.
+// and every slice from Writer.Bytes or Reader.Bytes becomes invalid. The
+// room reserved for a next Put is given back before Close returns.
 func (c *Client) Close() error {
 	var errs []error
 	if c.data != nil {

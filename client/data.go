@@ -254,7 +254,16 @@ func (d *dataConn) close() error {
 		return nil
 	}
 	d.closed = true
-	d.spare = nil // the daemon ends it with the connection
+	if sp := d.spare; sp != nil && d.broken == nil {
+		// Give the spare back before closing, so that when Close returns
+		// the daemon's pool no longer counts it (a tool that puts and
+		// exits leaves exactly its blocks). Best effort: the close below
+		// ends it anyway.
+		ctx, cancel := cleanupContext()
+		_, _ = d.callLocked(ctx, localwire.OpAbort, 1, func(b []byte) []byte { return localwire.AppendID(b, sp.id) })
+		cancel()
+	}
+	d.spare = nil
 	err := d.c.Close()
 	if d.broken != nil {
 		err = nil // closed already when it broke

@@ -184,12 +184,21 @@ class DataConn:
 
     def close(self):
         """Close the connection (the daemon ends its leases) and unmap the
-        pool; views still exported keep the mapping alive until freed."""
+        pool; views still exported keep the mapping alive until freed. The
+        spare is given back first, so that the daemon no longer counts it
+        when close returns."""
+        with self._spare_lock:
+            sp, self._spare = self._spare, None
+        if sp is not None:
+            try:
+                self.call(wire.OP_ABORT, [wire.lease_id(sp[0])])
+            except errors.PegadError:
+                pass  # the close below ends it anyway
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            self._spare = None  # the daemon ends it with the connection
+            self._spare = None  # one a put kept meanwhile: ended with the connection
             self._sock.close()
             try:
                 self.view.release()
