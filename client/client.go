@@ -306,7 +306,7 @@ type PrefetchOption func(*pegadv1.PrefetchRequest)
 // FromPeer names the peer daemon (its gRPC host:port) to fetch from.
 // Without it the daemon asks its cluster index which nodes hold the blocks
 // (pegad --cluster-redis); a daemon without one answers
-// ErrFailedPrecondition.
+// ErrNoIndex.
 func FromPeer(addr string) PrefetchOption {
 	return func(r *pegadv1.PrefetchRequest) { r.Peer = addr }
 }

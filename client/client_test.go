@@ -120,7 +120,7 @@ func TestInvalidInput(t *testing.T) {
 		{"larger than the pool", client.ErrPoolFull, func() error { return c.Put(ctx, "ns", []byte("h"), make([]byte, 2<<20)) }},
 		{"lease of a missing block", client.ErrNotFound, func() error { _, err := c.Lease(ctx, "ns", []byte("nope")); return err }},
 		{"prefetch of no blocks", client.ErrInvalid, func() error { _, err := c.Prefetch(ctx, "ns", nil); return err }},
-		{"prefetch without a peer nor an index", client.ErrFailedPrecondition, func() error {
+		{"prefetch without a peer nor an index", client.ErrNoIndex, func() error {
 			_, err := c.Prefetch(ctx, "ns", [][]byte{[]byte("h")})
 			return err
 		}},

@@ -32,10 +32,9 @@ var (
 	ErrNoZeroCopy = errors.New("pegad: no data socket: zero-copy calls unavailable")
 	// ErrAborted: a block changed or a stream ended early.
 	ErrAborted = errors.New("pegad: aborted")
-	// ErrFailedPrecondition: the daemon's state refuses the call (a
-	// prefetch without FromPeer on a daemon without a cluster index, a
-	// peer that refused the transfer); its message says which.
-	ErrFailedPrecondition = errors.New("pegad: failed precondition")
+	// ErrNoIndex: a Prefetch without FromPeer on a daemon started
+	// without a cluster index (--cluster-redis): name a peer.
+	ErrNoIndex = errors.New("pegad: no cluster index (name a peer with FromPeer)")
 )
 
 // fromWire turns a failed item of the data socket into an error.
@@ -72,6 +71,7 @@ var byReason = map[pegaderr.Reason]error{
 	pegaderr.Invalid: ErrInvalid, pegaderr.InvalidSessionID: ErrInvalid,
 	pegaderr.Draining: ErrUnavailable, pegaderr.Connection: ErrUnavailable, pegaderr.IndexUnavailable: ErrUnavailable,
 	pegaderr.Discarded: ErrAborted, pegaderr.Internal: ErrInternal,
+	pegaderr.IndexDisabled: ErrNoIndex,
 }
 
 // fromStatus turns a gRPC error into one that also matches the typed
@@ -100,8 +100,6 @@ func fromStatus(err error) error {
 		sentinel = ErrUnavailable
 	case codes.Aborted:
 		sentinel = ErrAborted
-	case codes.FailedPrecondition:
-		sentinel = ErrFailedPrecondition
 	case codes.Internal:
 		sentinel = ErrInternal
 	default:

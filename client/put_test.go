@@ -209,12 +209,12 @@ func TestPutToVersion1Daemon(t *testing.T) {
 
 // TestPrefetchWithoutPeer: without FromPeer the daemon finds the holder in
 // the cluster index (before, the client refused the call itself); a
-// daemon without an index answers ErrFailedPrecondition.
+// daemon without an index answers ErrNoIndex.
 func TestPrefetchWithoutPeer(t *testing.T) {
 	ctx := context.Background()
 	standalone := startNode(t, nil).dial(t)
-	if _, err := standalone.Prefetch(ctx, "ns", [][]byte{[]byte("x")}); !errors.Is(err, client.ErrFailedPrecondition) {
-		t.Fatalf("Prefetch without a peer on a standalone daemon: %v, want ErrFailedPrecondition", err)
+	if _, err := standalone.Prefetch(ctx, "ns", [][]byte{[]byte("x")}); !errors.Is(err, client.ErrNoIndex) {
+		t.Fatalf("Prefetch without a peer on a standalone daemon: %v, want ErrNoIndex", err)
 	}
 
 	r := testutil.StartRedis(t)
