@@ -115,7 +115,11 @@ func (d *dataConn) put(ctx context.Context, k localwire.Key, slots []SlotSize, d
 	sent := time.Now()
 	res, err := d.call(ctx, localwire.OpPut, 1, func(b []byte) []byte { return localwire.AppendPutItem(b, item) })
 	if err != nil {
-		return false, err // the connection broke: the daemon ended the spare with it
+		// Either nothing was sent (a context already done) and the spare
+		// is still ours, or the connection broke and the daemon ended it
+		// (keepSpare then drops it).
+		d.keepSpare(sp)
+		return false, err
 	}
 	r := res[0]
 	switch {

@@ -114,12 +114,27 @@ func TestPutSpare(t *testing.T) {
 	if got := client.RoundTrips(c) - before; got != 1 {
 		t.Fatalf("%d round trips after a refused Put of another size, want 1", got)
 	}
+	// A Put whose context is already done sends nothing and keeps the
+	// spare (it was lost until the connection closed, before).
+	done, cancel := context.WithCancel(ctx)
+	cancel()
+	used = n.stats(t).GetPoolUsed()
+	if err := c.Put(done, "ns", []byte("late"), pattern(size, 5)); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Put with a cancelled context: %v", err)
+	}
+	before = client.RoundTrips(c)
+	if err := c.Put(ctx, "ns", []byte("d"), pattern(size, 6)); err != nil {
+		t.Fatal(err)
+	}
+	if got, after := client.RoundTrips(c)-before, n.stats(t).GetPoolUsed(); got != 1 || after != used+size {
+		t.Fatalf("after a cancelled Put: %d round trips (want 1), pool used %d (want %d)", got, after, used+size)
+	}
 	dst := make([]byte, size)
 	if _, err := c.Get(ctx, "ns", []byte("a"), dst); err != nil || !bytes.Equal(dst, pattern(size, 1)) {
 		t.Fatalf("block a: %v, the first Put's bytes %v", err, bytes.Equal(dst, pattern(size, 1)))
 	}
-	if used := n.stats(t).GetPoolUsed(); used != 4*size {
-		t.Fatalf("pool used %d, want blocks a, b, c and one spare", used)
+	if used := n.stats(t).GetPoolUsed(); used != 5*size {
+		t.Fatalf("pool used %d, want blocks a, b, c, d and one spare", used)
 	}
 
 	var wg sync.WaitGroup
@@ -150,8 +165,8 @@ func TestPutSpare(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Close gave the spare back before it returned: no wait.
-	if st := n.stats(t); st.GetPoolUsed() != (3+64)*size || st.GetBlocks() != 67 {
-		t.Fatalf("right after Close: %+v, want %d used by %d blocks", st, (3+64)*size, 67)
+	if st := n.stats(t); st.GetPoolUsed() != (4+64)*size || st.GetBlocks() != 68 {
+		t.Fatalf("right after Close: %+v, want %d used by %d blocks", st, (4+64)*size, 68)
 	}
 }
 
