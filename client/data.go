@@ -257,9 +257,9 @@ func (d *dataConn) close() error {
 	if sp := d.spare; sp != nil && d.broken == nil {
 		// Give the spare back before closing, so that when Close returns
 		// the daemon's pool no longer counts it (a tool that puts and
-		// exits leaves exactly its blocks). Best effort: the close below
-		// ends it anyway.
-		ctx, cancel := cleanupContext()
+		// exits leaves exactly its blocks). Best effort, bounded by a
+		// second: the close below ends it anyway.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		_, _ = d.callLocked(ctx, localwire.OpAbort, 1, func(b []byte) []byte { return localwire.AppendID(b, sp.id) })
 		cancel()
 	}
