@@ -257,9 +257,11 @@ func TestHolderNode(t *testing.T) {
 	}
 
 	// Let the second session expire.
+	// A lapsed session leaves the listings at its deadline; the sweeper
+	// then ends it, counts the timeout and frees what it pinned.
 	eventually(t, "session expiry", 3*cfg.LockTimeout, func() bool {
 		ls, err := n.admin.ListSessions(ctx, &pegadv1.ListSessionsRequest{})
-		return err == nil && len(ls.GetSessions()) == 0
+		return err == nil && len(ls.GetSessions()) == 0 && metric(t, m, "pegaflow_transfer_sessions_active") == 0
 	})
 	samples := scrape(t, m)
 	if v := samples["pegaflow_transfer_lock_timeouts_total"]; v != 1 {
