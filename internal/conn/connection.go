@@ -77,6 +77,18 @@ func (c *AddrConnection) startWorkers() {
 	}
 }
 
+// prewarm asks each QP whose provider opens its data path lazily to open
+// it now (see prewarmer); it does not wait for the dials.
+func (c *AddrConnection) prewarm() {
+	for _, cn := range c.nics {
+		for _, s := range cn.sessions {
+			if pw, ok := s.p.qp.(prewarmer); ok {
+				pw.Prewarm()
+			}
+		}
+	}
+}
+
 // acquire takes a reference for one Read; it fails once c is invalidated.
 func (c *AddrConnection) acquire() error {
 	c.mu.Lock()

@@ -161,6 +161,7 @@ func (m *Manager) connect(peer string) (_ *AddrConnection, err error) {
 	m.mu.Unlock()
 
 	c.startWorkers()
+	c.prewarm()
 	m.met.Conns.WithLabelValues(RoleRequester, StateConnected).Inc()
 	result = resultOK
 	if old != nil {

@@ -35,31 +35,54 @@ type activityReporter interface {
 	DataActivity() (open int, last time.Time, used bool)
 }
 
-// idleAt reports whether a was idle at now for at least d: its requester
-// opened data connections, all are closed now, and none opened, closed or
-// carried anything within d. A connection never used is not idle: a live
-// requester may hold it for a later fetch (it connects before it knows
-// whether the holder has anything), and its data connections are dialed
-// on the first READ; it goes by disconnect, restart or Close as before.
+// prewarmer is implemented by QPs of providers that open their data path
+// lazily (the tcp provider dials on the first work request): the
+// requester asks for it right after the handshake, so that a live
+// requester holds its data connections open and only a gone one leaves a
+// holder's accepted connection without any (idleAt).
+type prewarmer interface{ Prewarm() }
+
+// idleAt reports whether a was idle at now for at least d: it is older
+// than d, none of its QPs has a data connection open, and none opened,
+// closed or carried anything within d. A connection never used is idle
+// too (its requester died between the handshake and its first READ): a
+// live requester dials its data connections right after the handshake
+// (Prewarm) and keeps them open while it lives, so a connection with none
+// for d has nobody behind it.
+//
+// It takes each QP's own lock (DataActivity, and qpPair.mu so that a QP
+// being destroyed meanwhile is skipped, never touched); the caller must
+// not hold m.mu.
 func (a *acceptedConn) idleAt(now time.Time, d time.Duration) bool {
 	if now.Sub(a.since) < d {
 		return false
 	}
-	used := false
 	for _, qs := range a.nics {
 		for _, p := range qs {
-			ar, ok := p.qp.(activityReporter)
-			if !ok {
+			if !p.idleAt(now, d) {
 				return false
 			}
-			open, last, u := ar.DataActivity()
-			if open > 0 || now.Sub(last) < d {
-				return false
-			}
-			used = used || u
 		}
 	}
-	return used
+	return true
+}
+
+// idleAt reports whether p's provider sees no data connection open on it
+// and none opened, closed or used within d. A destroyed QP counts as idle
+// (its connection is on its way out); a QP of a provider that cannot tell
+// (verbs) never is.
+func (p *qpPair) idleAt(now time.Time, d time.Duration) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.destroyed {
+		return true
+	}
+	ar, ok := p.qp.(activityReporter)
+	if !ok {
+		return false
+	}
+	open, last, _ := ar.DataActivity()
+	return open == 0 && now.Sub(last) >= d
 }
 
 // retireLocked keeps old (replaced by a newer handshake of the same
@@ -143,35 +166,70 @@ func (m *Manager) reaper() {
 	}
 }
 
-// reap is one pass of the reaper.
+// reap is one pass of the reaper. It snapshots the candidates under m.mu,
+// checks their QPs' activity without it (each check takes the QP's own
+// lock, which a slow provider call may hold: handshakes, disconnects and
+// lookups must not wait for that), then removes, under m.mu again, only
+// the victims still installed as they were when checked (a reconnect or a
+// disconnect meanwhile wins; the next pass looks again).
 func (m *Manager) reap(now time.Time) {
 	type victim struct {
 		a      *acceptedConn
 		reason string
+		at     time.Time // when it was retired; zero for an installed one
 	}
-	var vs []victim
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
 		return
 	}
-	for node, a := range m.accepted {
-		if a.idleAt(now, m.opts.IdleTimeout) {
-			delete(m.accepted, node)
-			vs = append(vs, victim{a, reapIdle})
-		}
+	cands := make([]victim, 0, len(m.accepted)+len(m.retired))
+	for _, a := range m.accepted {
+		cands = append(cands, victim{a: a})
 	}
 	for a, at := range m.retired {
+		cands = append(cands, victim{a: a, at: at})
+	}
+	m.mu.Unlock()
+
+	var vs []victim
+	for _, c := range cands {
 		switch {
-		case a.idleAt(now, m.opts.IdleTimeout):
-			vs = append(vs, victim{a, reapIdle})
-		case now.Sub(at) >= m.opts.ReconnectDrain:
-			vs = append(vs, victim{a, reapDrained})
+		case c.a.idleAt(now, m.opts.IdleTimeout):
+			c.reason = reapIdle
+		case !c.at.IsZero() && now.Sub(c.at) >= m.opts.ReconnectDrain:
+			c.reason = reapDrained
 		default:
 			continue
 		}
-		delete(m.retired, a)
+		vs = append(vs, c)
 	}
+	if len(vs) == 0 {
+		return
+	}
+
+	m.mu.Lock()
+	if m.closed { // Close destroys everything that was installed
+		m.mu.Unlock()
+		return
+	}
+	n := 0
+	for _, v := range vs {
+		if v.at.IsZero() {
+			if m.accepted[v.a.nodeID] != v.a {
+				continue // retired, replaced or disconnected meanwhile
+			}
+			delete(m.accepted, v.a.nodeID)
+		} else {
+			if at, ok := m.retired[v.a]; !ok || !at.Equal(v.at) {
+				continue
+			}
+			delete(m.retired, v.a)
+		}
+		vs[n] = v
+		n++
+	}
+	vs = vs[:n]
 	m.mu.Unlock()
 	for _, v := range vs {
 		n := v.a.qpCount()

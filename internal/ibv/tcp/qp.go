@@ -75,6 +75,9 @@ type qp struct {
 	// responses meanwhile, as a real HCA may still DMA them. Cleared by
 	// failLocked.
 	flushPending bool
+	// prewarm: Prewarm asked for the data connection before any work
+	// request; the sender dials when idle, and a failed dial fails nothing.
+	prewarm bool
 	// landing: the reader is reading a READ payload into local memory
 	// with mu dropped (landLocked); landed (a Cond on mu) signals its end.
 	landing bool
@@ -203,6 +206,27 @@ func (q *qp) Connect(remote ibv.Endpoint, attr ibv.ConnectAttr) error {
 	q.wg.Add(1)
 	go q.sender()
 	return nil
+}
+
+// Prewarm asks the sender to dial the data connection now instead of at
+// the first PostSend. A requester's connection manager calls it right
+// after the handshake: a live requester then holds its data connections
+// open from the start, so a holder can tell a connection whose requester
+// died before its first READ (none open for the idle time) from one
+// whose requester is merely idle. A dial that fails (the remote is gone)
+// fails nothing: the first work request dials again, as without it.
+func (q *qp) Prewarm() {
+	q.mu.Lock()
+	if q.state != ibv.QPSRTS || q.conn != nil {
+		q.mu.Unlock()
+		return
+	}
+	q.prewarm = true
+	q.mu.Unlock()
+	select {
+	case q.kick <- struct{}{}:
+	default:
+	}
 }
 
 // PostSend queues wrs in order. On an ERROR QP the post succeeds and every
@@ -484,6 +508,10 @@ func (q *qp) sendStepLocked() step {
 		wait = stepWaitInFlight
 	}
 	if q.sendIdx >= len(q.sq) {
+		if q.prewarm && q.conn == nil && !inFlight {
+			q.prewarm = false
+			return stepDial
+		}
 		return wait
 	}
 	w := q.sq[q.sendIdx]
@@ -494,6 +522,7 @@ func (q *qp) sendStepLocked() step {
 		if inFlight {
 			return wait // the reader is tearing the old connection down
 		}
+		q.prewarm = false
 		return stepDial
 	}
 	need := ibv.Access(0)
@@ -547,6 +576,7 @@ func (q *qp) dial() {
 				return
 			}
 			q.conn = c
+			q.prewarm = false
 			q.used.Store(true)
 			q.touch()
 			q.wg.Add(1)
@@ -571,6 +601,12 @@ func (q *qp) dial() {
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	if q.state == ibv.QPSRTS && q.firstPendingLocked() == nil {
+		// A prewarm dial with no work waiting: nothing fails, the first
+		// work request dials again.
+		q.log.Debug().Err(lastErr).Msg("prewarm dial failed; the first work request dials again")
+		return
+	}
 	if q.state == ibv.QPSRTS {
 		q.log.Warn().Err(lastErr).Msg("remote unreachable within retry budget")
 		q.failCauseLocked(q.firstPendingLocked(), ibv.WCRetryExcErr, lastErr)
