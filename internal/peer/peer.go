@@ -1,6 +1,7 @@
 // Package peer owns this node's gRPC client connections to other pegads'
 // peer ports: one *grpc.ClientConn per peer address, created on first use
-// and closed at shutdown. It never retries RPCs on its own.
+// and closed at shutdown. It never retries RPCs on its own; a caller that
+// knows a retry is safe can make a channel reconnect now (Reconnect).
 //
 // Connections use insecure transport credentials unless the dial options
 // given to NewClientsWithOptions carry others (peer mTLS: the daemon passes
@@ -8,11 +9,13 @@
 package peer
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
@@ -40,13 +43,48 @@ func NewClientsWithOptions(opts ...grpc.DialOption) *Clients {
 	return &Clients{dialOpts: opts, conns: make(map[string]*grpc.ClientConn)}
 }
 
-// Get returns the client for peer (host:port).
+// Get returns the client for peer (host:port). It also implements
+// Reconnecter.
 func (c *Clients) Get(peer string) (pegadv1.PeerServiceClient, error) {
 	cc, err := c.conn(peer)
 	if err != nil {
 		return nil, err
 	}
-	return pegadv1.NewPeerServiceClient(cc), nil
+	return client{PeerServiceClient: pegadv1.NewPeerServiceClient(cc), cc: cc}, nil
+}
+
+// Reconnecter is a peer client whose channel can be told to reconnect now.
+type Reconnecter interface {
+	// Reconnect makes the channel connect at once, skipping the reconnect
+	// backoff an earlier failure left, and waits until it is ready or
+	// ctx ends. After a link comes back a channel in backoff otherwise
+	// fails every RPC at once with the old dial error ("network is
+	// unreachable") for up to its backoff.
+	Reconnect(ctx context.Context) error
+}
+
+// client is the PeerServiceClient of one channel.
+type client struct {
+	pegadv1.PeerServiceClient
+	cc *grpc.ClientConn
+}
+
+func (c client) Reconnect(ctx context.Context) error {
+	c.cc.ResetConnectBackoff()
+	for {
+		s := c.cc.GetState()
+		switch s {
+		case connectivity.Ready:
+			return nil
+		case connectivity.Shutdown:
+			return ErrClosed
+		case connectivity.Idle:
+			c.cc.Connect()
+		}
+		if !c.cc.WaitForStateChange(ctx, s) {
+			return fmt.Errorf("peer: channel to %s not ready (%s): %w", c.cc.CanonicalTarget(), s, ctx.Err())
+		}
+	}
 }
 
 func (c *Clients) conn(peer string) (*grpc.ClientConn, error) {

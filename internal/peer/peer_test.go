@@ -10,6 +10,8 @@ import (
 
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
@@ -115,5 +117,70 @@ func TestClientsErrors(t *testing.T) {
 	}
 	if _, err := c.Get("127.0.0.1:1"); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Get after Close = %v, want ErrClosed", err)
+	}
+}
+
+// TestReconnectSkipsBackoff (review finding): after a failed dial the
+// channel sits in reconnect backoff (about 1 s first) and fails every RPC
+// at once with the old dial error, even once the peer is back. Reconnect
+// makes it connect now and returns when it is ready.
+func TestReconnectSkipsBackoff(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := lis.Addr().String()
+	lis.Close() // the peer is down
+	c := NewClients()
+	t.Cleanup(func() { _ = c.Close() })
+	cl, err := c.Get(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	renew := func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, err := cl.RenewTransferLock(ctx, &pegadv1.RenewTransferLockRequest{SessionId: "s"})
+		return err
+	}
+	if err := renew(); status.Code(err) != codes.Unavailable {
+		t.Fatalf("RPC to a down peer: %v, want Unavailable", err)
+	}
+
+	// The peer comes back on the same address.
+	lis, err = net.Listen("tcp", addr)
+	if err != nil {
+		t.Skipf("address %s taken meanwhile: %v", addr, err)
+	}
+	srv := grpc.NewServer()
+	pegadv1.RegisterPeerServiceServer(srv, &echoServer{})
+	done := make(chan struct{})
+	go func() { defer close(done); _ = srv.Serve(lis) }()
+	t.Cleanup(func() { srv.Stop(); <-done })
+	if err := renew(); status.Code(err) != codes.Unavailable {
+		t.Fatalf("RPC right after the peer came back: %v, want Unavailable (channel in backoff)", err)
+	}
+
+	rc, ok := cl.(Reconnecter)
+	if !ok {
+		t.Fatalf("client %T is not a Reconnecter", cl)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 600*time.Millisecond)
+	defer cancel()
+	if err := rc.Reconnect(ctx); err != nil {
+		t.Fatalf("Reconnect: %v (the channel waited out its backoff)", err)
+	}
+	if err := renew(); err != nil {
+		t.Fatalf("RPC after Reconnect: %v", err)
+	}
+
+	// A peer that stays down: Reconnect gives up when ctx ends.
+	srv.Stop()
+	<-done
+	_ = renew()
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel2()
+	if err := rc.Reconnect(ctx2); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Reconnect to a down peer: %v, want DeadlineExceeded", err)
 	}
 }

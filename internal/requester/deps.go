@@ -25,6 +25,13 @@ type connector interface {
 	Invalidate(r reader, reason error)
 }
 
+// reconnecter is a peer client whose gRPC channel can be told to connect
+// now, skipping its reconnect backoff, and waited for until it is ready
+// (peer.Clients' clients are: peer.Reconnecter).
+type reconnecter interface {
+	Reconnect(ctx context.Context) error
+}
+
 // extent is a staging allocation in local pool memory.
 type extent interface {
 	// Addr is the virtual address of the first byte (what READs target).

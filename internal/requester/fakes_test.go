@@ -239,6 +239,8 @@ func (r *fakeReader) Read(ctx context.Context, ops []conn.ReadOp) error {
 type fakeConns struct {
 	r      *fakeReader
 	getErr error
+	// getErrN, when set, fails the nth Get (from 1) with what it returns.
+	getErrN func(n int) error
 
 	mu          sync.Mutex // guards invalidated, gets
 	invalidated []error
@@ -248,7 +250,13 @@ type fakeConns struct {
 func (c *fakeConns) Get(ctx context.Context, _ string) (reader, error) {
 	c.mu.Lock()
 	c.gets++
+	n := c.gets
 	c.mu.Unlock()
+	if c.getErrN != nil {
+		if err := c.getErrN(n); err != nil {
+			return nil, err
+		}
+	}
 	if c.getErr != nil {
 		return nil, c.getErr
 	}

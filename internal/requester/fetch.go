@@ -9,6 +9,9 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	"github.com/pegaflow/pegad/internal/conn"
 	"github.com/pegaflow/pegad/internal/ibv"
@@ -90,29 +93,19 @@ func (e *Engine) fetch(ctx context.Context, st *fetchState, keys []store.Key, ou
 		return &FetchError{Peer: st.peer, Phase: phase, Class: classify(cause, fallback), Err: cause}
 	}
 
-	// Connect before locking: a lock must not tick while a handshake runs.
-	e.hook(ctx, st, PhaseConnect)
-	rd, err := e.conns.Get(ctx, st.peer)
-	if err != nil {
-		return fail(PhaseConnect, err, ErrConnection)
-	}
-	client, err := e.peers(st.peer)
-	if err != nil {
-		return fail(PhaseConnect, err, ErrConnection)
-	}
-
-	// Lock.
-	e.hook(ctx, st, PhaseLock)
+	// Connect, then lock (a lock must not tick while a handshake runs);
+	// retried once when the peer's channel was down (before any lock).
 	hashes := make([][]byte, len(keys))
 	for i, k := range keys {
 		hashes[i] = []byte(k.Hash)
 	}
-	lockedAt := time.Now()
-	resp, err := e.lock(ctx, st, client, &pegadv1.QueryBlocksForTransferRequest{
-		Namespace: st.ns, Hashes: hashes, RequesterId: e.opts.NodeID, Requester: e.requester(),
-	})
+	rd, client, resp, lockedAt, phase, err := e.connectAndLock(ctx, st, hashes)
 	if err != nil {
-		return fail(PhaseLock, err, ErrRemote)
+		fallback := ErrConnection
+		if phase == PhaseLock {
+			fallback = ErrRemote
+		}
+		return fail(phase, err, fallback)
 	}
 	var g *lockGuard
 	if sid := resp.GetSessionId(); sid != "" {
@@ -314,6 +307,68 @@ func (e *Engine) fetch(ctx context.Context, st *fetchState, keys []store.Key, ou
 		e.index(st, b, out)
 	}
 	return nil
+}
+
+// defaultReconnectWait bounds how long a fetch whose connect or lock found
+// the peer's channel down waits for it to come back before its one retry.
+const defaultReconnectWait = 2 * time.Second
+
+// connectAndLock runs the connect and lock phases and returns the
+// connection, the peer client, the holder's answer and when the query was
+// sent; on error, the phase that failed. When the handshake or the query
+// failed because the peer's gRPC channel could not carry the RPC
+// (Unavailable: right after a link comes back, a channel still in
+// reconnect backoff fails at once with the cut-time dial error), nothing
+// was locked: the channel is told to reconnect now and, once it is ready
+// (within Engine.reconnectWait), both phases run once more.
+func (e *Engine) connectAndLock(ctx context.Context, st *fetchState, hashes [][]byte) (
+	rd reader, client pegadv1.PeerServiceClient, resp *pegadv1.QueryBlocksForTransferResponse,
+	lockedAt time.Time, phase string, err error) {
+	for retried := false; ; retried = true {
+		e.hook(ctx, st, PhaseConnect)
+		phase = PhaseConnect
+		rd, err = e.conns.Get(ctx, st.peer)
+		if err == nil && client == nil {
+			client, err = e.peers(st.peer)
+		}
+		if err == nil {
+			e.hook(ctx, st, PhaseLock)
+			phase = PhaseLock
+			lockedAt = time.Now()
+			resp, err = e.lock(ctx, st, client, &pegadv1.QueryBlocksForTransferRequest{
+				Namespace: st.ns, Hashes: hashes, RequesterId: e.opts.NodeID, Requester: e.requester(),
+			})
+		}
+		if err == nil || retried || !channelDown(err) || ctx.Err() != nil {
+			return rd, client, resp, lockedAt, phase, err
+		}
+		if client == nil { // the handshake failed: the same channel carried it
+			if c, perr := e.peers(st.peer); perr == nil {
+				client = c
+			}
+		}
+		rc, ok := client.(reconnecter)
+		if !ok {
+			return rd, client, resp, lockedAt, phase, err
+		}
+		rctx, cancel := context.WithTimeout(ctx, e.reconnectWait)
+		rerr := rc.Reconnect(rctx)
+		cancel()
+		if rerr != nil {
+			e.log.Info().Err(err).AnErr("reconnect", rerr).Str("req_id", st.reqID).Str("remote", st.peer).Str("phase", phase).
+				Msg("peer channel down before the lock and not back within the reconnect wait")
+			return rd, client, resp, lockedAt, phase, err
+		}
+		e.log.Info().Err(err).Str("req_id", st.reqID).Str("remote", st.peer).Str("phase", phase).
+			Msg("peer channel was down before the lock; reconnected, retrying once")
+	}
+}
+
+// channelDown reports whether err says the peer's gRPC channel could not
+// carry an RPC (Unavailable), from the query or through the handshake.
+func channelDown(err error) bool {
+	st, ok := status.FromError(err)
+	return ok && st.Code() == codes.Unavailable
 }
 
 // index inserts a block read under a live lock and records its outcome.

@@ -172,6 +172,8 @@ type Engine struct {
 	defaultTimeout time.Duration
 	releaseTimeout time.Duration
 	lockRPCTimeout time.Duration
+	// reconnectWait: see connectAndLock (tests shorten it).
+	reconnectWait time.Duration
 
 	// ctx is canceled (cause ErrClosed) by Close; every fetch watches it.
 	ctx    context.Context
@@ -260,6 +262,7 @@ func newEngine(opts Options, st blockStore, cs connector, h hooks) (*Engine, err
 		defaultTimeout: opts.DefaultTimeout,
 		releaseTimeout: opts.ReleaseTimeout,
 		lockRPCTimeout: defaultLockRPCTimeout,
+		reconnectWait:  defaultReconnectWait,
 		flights:        make(map[store.Key]*flight),
 		running:        make(map[string]*fetchState),
 	}
