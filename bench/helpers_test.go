@@ -117,12 +117,15 @@ type node struct {
 	local pegadv1.LocalServiceClient
 }
 
-func startNode(b *testing.B, name string, poolSize config.ByteSize) *node {
+func startNode(b *testing.B, name string, poolSize config.ByteSize, opts ...func(*config.Config)) *node {
 	b.Helper()
 	c := testutil.LoopbackConfig("bench-"+name, filepath.Join(shortTempDir(b), "pegad.sock"))
 	c.MetricsListen = ""
 	c.PoolSize = poolSize
 	c.GCInterval = config.Default().GCInterval
+	for _, o := range opts {
+		o(&c)
+	}
 	d, err := daemon.Start(context.Background(), c, daemon.WithLogger(zerolog.Nop()), daemon.WithNotify(func(string) {}))
 	if err != nil {
 		b.Fatal(err)

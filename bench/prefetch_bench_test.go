@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+	"github.com/pegaflow/pegad/internal/config"
 )
 
 // BenchmarkPrefetchVsTCP: end to end, two daemons in this process on
@@ -20,12 +21,30 @@ import (
 // iteration. B's copies are deleted after each iteration, outside the
 // timings. Reports prefetch-MB/s, tcp-MB/s and prefetch-ratio
 // (subject/baseline; higher is better).
-func BenchmarkPrefetchVsTCP(b *testing.B) {
+func BenchmarkPrefetchVsTCP(b *testing.B) { benchPrefetch(b, 0) }
+
+// BenchmarkPrefetchQPsVsTCP is BenchmarkPrefetchVsTCP with both daemons
+// set to 1 and to 4 QPs per peer, each beside as many plain TCP streams
+// (issue 11.1: 1 QP against one stream, N QPs against N streams).
+func BenchmarkPrefetchQPsVsTCP(b *testing.B) {
+	for _, qps := range []int{1, 4} {
+		b.Run(fmt.Sprintf("qps=%d", qps), func(b *testing.B) { benchPrefetch(b, qps) })
+	}
+}
+
+// benchPrefetch runs the prefetch pair with qps QPs per peer (0: the
+// daemons' default).
+func benchPrefetch(b *testing.B, qps int) {
 	const blocks, blockSize = 16, 4 << 20
 	const total = blocks * blockSize
-	holderNode := startNode(b, "holder", 128<<20)
-	req := startNode(b, "requester", 128<<20)
-	qps := holderNode.d.Config().QPsPerPeer
+	withQPs := func(c *config.Config) {
+		if qps > 0 {
+			c.QPsPerPeer = qps
+		}
+	}
+	holderNode := startNode(b, "holder", 128<<20, withQPs)
+	req := startNode(b, "requester", 128<<20, withQPs)
+	qps = holderNode.d.Config().QPsPerPeer
 	hashes := make([][]byte, blocks)
 	for i := range hashes {
 		hashes[i] = fmt.Appendf(nil, "%032x", i)
