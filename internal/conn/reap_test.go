@@ -75,11 +75,20 @@ func TestLiveUnusedRequesterKeepsDataConnections(t *testing.T) {
 	if _, err := r.mgr.Get(ctxT(t, 10*time.Second), hold.addr); err != nil {
 		t.Fatal(err)
 	}
+	waitDataOpen(t, hold, "req")
+	time.Sleep(400 * time.Millisecond)
+	hold.checkQPs(t, qps)
+}
+
+// waitDataOpen waits until every holder-side QP of node's accepted
+// connection has a data connection open.
+func waitDataOpen(t *testing.T, hold *node, node string) {
+	t.Helper()
 	hold.mgr.mu.Lock()
-	a := hold.mgr.accepted["req"]
+	a := hold.mgr.accepted[node]
 	hold.mgr.mu.Unlock()
 	if a == nil {
-		t.Fatal("no accepted connection")
+		t.Fatalf("no accepted connection from %s", node)
 	}
 	waitFor(t, "a data connection open on every holder QP", func() bool {
 		for _, qs := range a.nics {
@@ -91,8 +100,6 @@ func TestLiveUnusedRequesterKeepsDataConnections(t *testing.T) {
 		}
 		return true
 	})
-	time.Sleep(400 * time.Millisecond)
-	hold.checkQPs(t, qps)
 }
 
 // activityGate makes DataActivity of the QPs it wraps block while armed:
@@ -164,6 +171,7 @@ func TestReapDoesNotHoldManagerOverQPLocks(t *testing.T) {
 	if _, err := r1.mgr.Get(ctxT(t, 10*time.Second), hold.addr); err != nil {
 		t.Fatal(err)
 	}
+	waitDataOpen(t, hold, "req1") // live: the reap pass below finds nothing idle
 	g.armed.Store(true)
 	reaped := make(chan struct{})
 	go func() {
