@@ -139,24 +139,35 @@ func DecodeAllocItems(body []byte, count int) ([]AllocItem, error) {
 	r := reader{b: body}
 	out := make([]AllocItem, 0, min(count, MaxBatch))
 	for range count {
-		it := AllocItem{Key: r.key()}
-		n := int(r.u16("slot count"))
-		if r.err == nil && n > MaxSlots {
-			return nil, fmt.Errorf("%w: %d slots (max %d)", ErrMalformed, n, MaxSlots)
-		}
-		if r.err == nil && len(r.b) < 16*n {
-			r.fail("slots")
-		}
-		if r.err != nil {
-			return nil, r.err
-		}
-		it.Slots = make([]SlotSize, n)
-		for i := range it.Slots {
-			it.Slots[i] = SlotSize{K: r.u64("K size"), V: r.u64("V size")}
+		it, err := r.allocItem()
+		if err != nil {
+			return nil, err
 		}
 		out = append(out, it)
 	}
 	return out, r.done()
+}
+
+// allocItem reads one key and its slot sizes, the part an ALLOC item and
+// a PUT item share; a slot count over MaxSlots or beyond the body is
+// refused before anything is allocated for it.
+func (r *reader) allocItem() (AllocItem, error) {
+	it := AllocItem{Key: r.key()}
+	n := int(r.u16("slot count"))
+	if r.err == nil && n > MaxSlots {
+		return AllocItem{}, fmt.Errorf("%w: %d slots (max %d)", ErrMalformed, n, MaxSlots)
+	}
+	if r.err == nil && len(r.b) < 16*n {
+		r.fail("slots")
+	}
+	if r.err != nil {
+		return AllocItem{}, r.err
+	}
+	it.Slots = make([]SlotSize, n)
+	for i := range it.Slots {
+		it.Slots[i] = SlotSize{K: r.u64("K size"), V: r.u64("V size")}
+	}
+	return it, nil
 }
 
 // AppendPutItem appends one PUT request item.
@@ -172,23 +183,12 @@ func DecodePutItems(body []byte, count int) ([]PutItem, error) {
 	r := reader{b: body}
 	out := make([]PutItem, 0, min(count, MaxBatch))
 	for range count {
-		it := PutItem{ID: r.u64("reservation id"), Key: r.key()}
-		n := int(r.u16("slot count"))
-		if r.err == nil && n > MaxSlots {
-			return nil, fmt.Errorf("%w: %d slots (max %d)", ErrMalformed, n, MaxSlots)
+		id := r.u64("reservation id")
+		a, err := r.allocItem()
+		if err != nil {
+			return nil, err
 		}
-		if r.err == nil && len(r.b) < 16*n {
-			r.fail("slots")
-		}
-		if r.err != nil {
-			return nil, r.err
-		}
-		it.Slots = make([]SlotSize, n)
-		for i := range it.Slots {
-			it.Slots[i] = SlotSize{K: r.u64("K size"), V: r.u64("V size")}
-		}
-		it.Next = r.u64("next size")
-		out = append(out, it)
+		out = append(out, PutItem{ID: id, Key: a.Key, Slots: a.Slots, Next: r.u64("next size")})
 	}
 	return out, r.done()
 }
