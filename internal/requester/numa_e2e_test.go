@@ -208,12 +208,8 @@ func TestFetchEveryNICOnItsNode(t *testing.T) {
 		if b.Status != requester.StatusFetched {
 			t.Fatalf("%s: %v %v", b.Hash, b.Status, b.Err)
 		}
-		var got []byte
-		if _, err := req.store.Read(store.Key{Namespace: "ns", Hash: string(b.Hash)}, func(c []byte) error {
-			got = append(got, c...)
-			return nil
-		}); err != nil || !bytes.Equal(got, want[string(b.Hash)]) {
-			t.Fatalf("%s: fetched bytes differ (%v)", b.Hash, err)
+		if !bytes.Equal(readStored(t, req.store, "ns", string(b.Hash)), want[string(b.Hash)]) {
+			t.Fatalf("%s: fetched bytes differ", b.Hash)
 		}
 	}
 

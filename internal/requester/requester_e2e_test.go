@@ -180,8 +180,14 @@ func putRandom(t *testing.T, n *e2eNode, r *rand.Rand, ns, hash string, sizes []
 
 func readBlock(t *testing.T, n *e2eNode, ns, hash string) []byte {
 	t.Helper()
+	return readStored(t, n.store, ns, hash)
+}
+
+// readStored returns the bytes of the block st indexes under (ns, hash).
+func readStored(t *testing.T, st *store.Store, ns, hash string) []byte {
+	t.Helper()
 	got := make([]byte, 0, 1<<20)
-	if _, err := n.store.Read(store.Key{Namespace: ns, Hash: hash}, func(c []byte) error {
+	if _, err := st.Read(store.Key{Namespace: ns, Hash: hash}, func(c []byte) error {
 		got = append(got, c...)
 		return nil
 	}); err != nil {
