@@ -161,12 +161,17 @@ func (s *Server) end(h held, why lease.Reason) {
 	} else {
 		s.store.ReleaseExtent(h.ext)
 	}
+	spare := why == lease.Expired && k == kindReserved
 	if s.met != nil {
-		s.met.Ended.WithLabelValues(why.String()).Inc()
+		reason := why.String()
+		if spare {
+			reason = metrics.LocalSpareExpired // an idle client, not a stuck one
+		}
+		s.met.Ended.WithLabelValues(reason).Inc()
 	}
 	switch {
 	case why != lease.Expired:
-	case k == kindReserved:
+	case spare:
 		// A client's spare room for its next Put, unused for a lease
 		// timeout: an idle client, not a stuck one.
 		s.log.Debug().Uint64("bytes", h.size).Msg("Local reservation expired unused")

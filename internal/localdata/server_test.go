@@ -341,7 +341,8 @@ func TestServerCloseEndsLeases(t *testing.T) {
 }
 
 // TestLeaseMetrics: the live gauge follows the table, and leases ended by a
-// disconnect are counted by reason.
+// disconnect or expiry are counted by reason (an unused reservation's
+// expiry apart from a stuck client's).
 func TestLeaseMetrics(t *testing.T) {
 	f := newFixture(t)
 	c := f.dial(t, true)
@@ -366,12 +367,36 @@ pegaflow_local_leases %d
 		time.Sleep(5 * time.Millisecond)
 	}
 	if err := testutil.GatherAndCompare(f.reg, strings.NewReader(fmt.Sprintf(live, 0)+`
-# HELP pegaflow_local_lease_ends_total Local leases ended without their client finishing them, by reason (disconnected, expired, shutdown).
+# HELP pegaflow_local_lease_ends_total Local leases ended without their client finishing them, by reason (disconnected, expired, shutdown, spare_expired).
 # TYPE pegaflow_local_lease_ends_total counter
 pegaflow_local_lease_ends_total{reason="disconnected"} 1
 pegaflow_local_lease_ends_total{reason="expired"} 0
 pegaflow_local_lease_ends_total{reason="shutdown"} 0
+pegaflow_local_lease_ends_total{reason="spare_expired"} 0
 `), "pegaflow_local_leases", "pegaflow_local_lease_ends_total"); err != nil {
+		t.Fatal(err)
+	}
+
+	// Expiry: a write lease left unfinished counts as expired (a stuck
+	// client), an unused reservation (an idle client's spare) apart.
+	c = f.dial(t, true)
+	_, res = c.call(localwire.OpAlloc, 1, allocBody("ns", "c", 64))
+	if res[0].Status != localwire.StatusOK {
+		t.Fatalf("alloc: %+v", res[0])
+	}
+	c.reserve(64)
+	c.reserve(64)
+	if n := f.srv.Leases().ExpireBefore(time.Now().Add(time.Hour)); n != 3 {
+		t.Fatalf("expired %d leases, want 3", n)
+	}
+	if err := testutil.GatherAndCompare(f.reg, strings.NewReader(`
+# HELP pegaflow_local_lease_ends_total Local leases ended without their client finishing them, by reason (disconnected, expired, shutdown, spare_expired).
+# TYPE pegaflow_local_lease_ends_total counter
+pegaflow_local_lease_ends_total{reason="disconnected"} 1
+pegaflow_local_lease_ends_total{reason="expired"} 1
+pegaflow_local_lease_ends_total{reason="shutdown"} 0
+pegaflow_local_lease_ends_total{reason="spare_expired"} 2
+`), "pegaflow_local_lease_ends_total"); err != nil {
 		t.Fatal(err)
 	}
 }

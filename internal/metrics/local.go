@@ -7,7 +7,7 @@ import "github.com/prometheus/client_golang/prometheus"
 // their client's commit, abort or release.
 type LocalLeases struct {
 	Live  prometheus.GaugeFunc
-	Ended *prometheus.CounterVec // reason: disconnected, expired, shutdown
+	Ended *prometheus.CounterVec // reason: disconnected, expired, shutdown, spare_expired
 }
 
 // NewLocalLeases creates and registers the local lease metrics on reg;
@@ -18,7 +18,7 @@ func NewLocalLeases(reg prometheus.Registerer, live func() float64) *LocalLeases
 			Name: "pegaflow_local_leases", Help: "Live leases of local clients on the data socket (write allocations and read pins).",
 		}, live),
 		Ended: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "pegaflow_local_lease_ends_total", Help: "Local leases ended without their client finishing them, by reason (disconnected, expired, shutdown).",
+			Name: "pegaflow_local_lease_ends_total", Help: "Local leases ended without their client finishing them, by reason (disconnected, expired, shutdown, spare_expired).",
 		}, []string{"reason"}),
 	}
 	for _, r := range LocalLeaseEndReasons {

@@ -63,9 +63,15 @@ var (
 	TCPRefusedReasons = []string{"source_limit", "total_limit", "bad_hello", "hello_timeout", "rejected"}
 	// ReapReasons: internal/conn's reap* reasons.
 	ReapReasons = []string{"idle", "drain_timeout"}
-	// LocalLeaseEndReasons: internal/lease's Reason strings.
-	LocalLeaseEndReasons = []string{"disconnected", "expired", "shutdown"}
+	// LocalLeaseEndReasons: internal/lease's Reason strings, and
+	// LocalSpareExpired for an unused reservation (internal/localdata).
+	LocalLeaseEndReasons = []string{"disconnected", "expired", "shutdown", LocalSpareExpired}
 )
+
+// LocalSpareExpired is the pegaflow_local_lease_ends_total reason of a
+// client's unused reservation that expired: an idle client, kept apart
+// from "expired" so that one still signals a stuck client.
+const LocalSpareExpired = "spare_expired"
 
 // MaxRequesterLabels bounds the requester label of
 // SessionsLiveByRequester: requesters past it share OtherRequester.
