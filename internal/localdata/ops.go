@@ -207,10 +207,8 @@ func (cn *conn) finish(b []byte, op localwire.Op, id lease.ID) []byte {
 	var res localwire.Result
 	switch op {
 	case localwire.OpCommit:
-		res.Created, err = st.Insert(h.key, h.ext, h.layout)
-		st.ReleaseExtent(h.ext) // Insert took its own reference
-		if err != nil {
-			return localwire.AppendError(b, statusOf(err), err.Error())
+		if res.Created, err = cn.insert(h, h.key, h.layout); err != nil {
+			return localwire.AppendError(b, localwire.StatusInternal, err.Error())
 		}
 	case localwire.OpAbort:
 		st.ReleaseExtent(h.ext)
@@ -260,12 +258,28 @@ func (cn *conn) reserveResult(b []byte, n uint64) []byte {
 	})
 }
 
+// insert makes the room of h, a lease already taken from the table, the
+// block k (COMMIT of an ALLOC lease, PUT of a reservation), and gives the
+// lease's reference to the room back either way. Callers answer a failure
+// with status internal, never invalid: the lease is over, and status
+// invalid tells a PUT's client that its reservation is still its own.
+// The key and layout were checked before the lease was taken, so a
+// failure here is a daemon bug.
+func (cn *conn) insert(h held, k store.Key, lay []store.SlotLayout) (bool, error) {
+	created, err := cn.s.insert(k, h.ext, lay)
+	cn.s.store.ReleaseExtent(h.ext) // Insert took its own reference
+	if err != nil {
+		return false, fmt.Errorf("%w (the lease has ended)", err)
+	}
+	return created, nil
+}
+
 // put answers one PUT item: the reservation becomes the block (as COMMIT
 // of an ALLOC lease), then a new reservation is taken for the client's
 // next Put. A key or layout the daemon refuses leaves the reservation as
-// it was (status invalid); a reservation that is not live is NO_LEASE.
+// it was (status invalid); a reservation that is not live is NO_LEASE;
+// a failure once it was taken (status internal) ends it.
 func (cn *conn) put(b []byte, it *localwire.PutItem) []byte {
-	st := cn.s.store
 	k, err := key(it.Key)
 	if err != nil {
 		return localwire.AppendError(b, localwire.StatusInvalid, err.Error())
@@ -288,10 +302,8 @@ func (cn *conn) put(b []byte, it *localwire.PutItem) []byte {
 		return localwire.AppendError(b, statusOf(err), err.Error())
 	}
 	var res localwire.Result
-	res.Created, err = st.Insert(k, h.ext, lay)
-	st.ReleaseExtent(h.ext) // Insert took its own reference
-	if err != nil {
-		return localwire.AppendError(b, statusOf(err), err.Error())
+	if res.Created, err = cn.insert(h, k, lay); err != nil {
+		return localwire.AppendError(b, localwire.StatusInternal, err.Error())
 	}
 	if it.Next > 0 {
 		next, ext, err := cn.reserve(it.Next)

@@ -2,10 +2,14 @@ package localdata
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
+	"errors"
+	"fmt"
 	"io"
 	"net"
 	"runtime"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/pegaflow/pegad/api/localwire"
+	"github.com/pegaflow/pegad/client"
 	"github.com/pegaflow/pegad/internal/lease"
 	"github.com/pegaflow/pegad/internal/pool"
 	"github.com/pegaflow/pegad/internal/store"
@@ -257,3 +262,58 @@ func TestLeaseAnswerAllocs(t *testing.T) {
 func leaseID(v uint64) lease.ID { return lease.ID(v) }
 
 func closeFD(fd int) error { return unix.Close(fd) }
+
+// TestPutInsertFailsAfterTake: a PUT whose insert fails once its
+// reservation was taken answers a status that says the reservation is
+// over (internal; status invalid promises it is still the client's), so
+// the client drops its spare instead of copying its next block into room
+// another block holds by then.
+func TestPutInsertFailsAfterTake(t *testing.T) {
+	var fail atomic.Bool
+	var f *fixture
+	f = newFixtureWith(t, func(l net.Listener) net.Listener { return l }, func(s *Server) {
+		s.insert = func(k store.Key, e *store.Extent, lay []store.SlotLayout) (bool, error) {
+			if fail.Swap(false) {
+				return false, fmt.Errorf("%w: injected after the lease was taken", store.ErrInvalid)
+			}
+			return f.st.Insert(k, e, lay)
+		}
+	})
+	dial := func() *client.Client {
+		c, err := client.Dial(context.Background(), "unused", client.WithDataSocket(f.path))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	ctx := context.Background()
+	const size = 4096
+	a, b := dial(), dial()
+
+	fail.Store(true)
+	if err := a.Put(ctx, "ns", []byte("lost"), bytes.Repeat([]byte{1}, size)); !errors.Is(err, client.ErrInternal) {
+		t.Fatalf("Put whose insert failed: %v, want ErrInternal", err)
+	}
+	if live := f.srv.Leases().Len(); live != 0 {
+		t.Fatalf("%d leases live after the failed Put, want 0 (the reservation ended)", live)
+	}
+	// Another client takes the room the failed Put's reservation freed.
+	x := bytes.Repeat([]byte{2}, size)
+	if err := b.Put(ctx, "ns", []byte("x"), x); err != nil {
+		t.Fatal(err)
+	}
+	y := bytes.Repeat([]byte{3}, size)
+	if err := a.Put(ctx, "ns", []byte("y"), y); err != nil {
+		t.Fatalf("Put after a failed one: %v (a kept a spare the daemon had ended)", err)
+	}
+	dst := make([]byte, size)
+	for _, blk := range []struct {
+		hash string
+		want []byte
+	}{{"x", x}, {"y", y}} {
+		if _, err := b.Get(ctx, "ns", []byte(blk.hash), dst); err != nil || !bytes.Equal(dst, blk.want) {
+			t.Fatalf("block %s: %v, intact %v", blk.hash, err, bytes.Equal(dst, blk.want))
+		}
+	}
+}

@@ -115,6 +115,9 @@ func (h held) kind() kind {
 // Server is the data socket's server. Safe for concurrent use.
 type Server struct {
 	store  *store.Store         // immutable
+	// insert is store.Insert (immutable); tests make it fail after a
+	// lease was taken, which the checks before make a daemon bug.
+	insert func(store.Key, *store.Extent, []store.SlotLayout) (bool, error)
 	leases *lease.Table[held]   // immutable pointer
 	met    *metrics.LocalLeases // immutable; nil without Options.Metrics
 	hello  time.Duration        // immutable
@@ -141,6 +144,7 @@ func New(o Options) *Server {
 		o.MaxVersion = localwire.Version
 	}
 	s := &Server{store: o.Store, log: o.Log, hello: o.HelloTimeout, maxVer: o.MaxVersion, conns: make(map[net.Conn]struct{})}
+	s.insert = s.store.Insert
 	s.leases = lease.New(o.LeaseTimeout, o.MaxLeases, s.end, nil)
 	if o.Metrics != nil {
 		s.met = metrics.NewLocalLeases(o.Metrics, func() float64 { return float64(s.leases.Len()) })

@@ -41,8 +41,9 @@ func newFixture(t *testing.T) *fixture {
 	return newFixtureWith(t, func(l net.Listener) net.Listener { return l })
 }
 
-// newFixtureWith serves on wrap(the listener).
-func newFixtureWith(t *testing.T, wrap func(net.Listener) net.Listener) *fixture {
+// newFixtureWith serves on wrap(the listener), after setup (if any) saw
+// the server.
+func newFixtureWith(t *testing.T, wrap func(net.Listener) net.Listener, setup ...func(*Server)) *fixture {
 	t.Helper()
 	p, err := pool.New(pool.Options{Size: 1 << 20, Log: zerolog.Nop()})
 	if err != nil {
@@ -52,6 +53,9 @@ func newFixtureWith(t *testing.T, wrap func(net.Listener) net.Listener) *fixture
 	reg := prometheus.NewRegistry()
 	srv := New(Options{Store: st, LeaseTimeout: time.Minute, MaxLeases: 4, HelloTimeout: 200 * time.Millisecond,
 		Metrics: reg, Log: zerolog.Nop()})
+	for _, f := range setup {
+		f(srv)
+	}
 	path := filepath.Join(pegadtest.ShortTempDir(t), "d.sock")
 	l, err := net.Listen("unix", path)
 	if err != nil {
