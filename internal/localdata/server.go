@@ -114,7 +114,7 @@ func (h held) kind() kind {
 
 // Server is the data socket's server. Safe for concurrent use.
 type Server struct {
-	store  *store.Store         // immutable
+	store *store.Store // immutable
 	// insert is store.Insert (immutable); tests make it fail after a
 	// lease was taken, which the checks before make a daemon bug.
 	insert func(store.Key, *store.Extent, []store.SlotLayout) (bool, error)
