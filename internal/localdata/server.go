@@ -114,15 +114,15 @@ func (h held) kind() kind {
 
 // Server is the data socket's server. Safe for concurrent use.
 type Server struct {
-	store *store.Store // immutable
-	// insert is store.Insert (immutable); tests make it fail after a
-	// lease was taken, which the checks before make a daemon bug.
-	insert func(store.Key, *store.Extent, []store.SlotLayout) (bool, error)
+	store  *store.Store         // immutable
 	leases *lease.Table[held]   // immutable pointer
 	met    *metrics.LocalLeases // immutable; nil without Options.Metrics
 	hello  time.Duration        // immutable
 	maxVer uint32               // immutable
 	log    zerolog.Logger
+	// insert is store.Insert (immutable); tests make it fail after a
+	// lease was taken, which the checks before make a daemon bug.
+	insert func(store.Key, *store.Extent, []store.SlotLayout) (bool, error)
 
 	mu     sync.Mutex // guards lis, conns, closed
 	lis    net.Listener
