@@ -2,6 +2,7 @@ package index
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -68,6 +69,9 @@ type Publisher struct {
 	leave     chan struct{} // closed by Leave: Run deregisters and returns
 	leaveOnce sync.Once
 	left      chan struct{} // closed when Run has returned (record removed, best effort)
+	// leaving: Leave was called. Read by every loop, so that nothing is
+	// published or refreshed after it, whatever select picks first.
+	leaving atomic.Bool
 
 	mu     sync.Mutex // guards dirty, oldest, resync
 	dirty  map[store.Key]struct{}
@@ -110,7 +114,10 @@ func NewPublisher(o PublisherOptions) *Publisher {
 // waits for that, or for ctx; it returns at once when Run has returned.
 func (p *Publisher) Leave(ctx context.Context) {
 	p.leaveOnce.Do(func() {
-		p.markResync() // stop tracking changes: nothing publishes them now
+		p.leaving.Store(true) // stop tracking changes: nothing publishes them now
+		p.mu.Lock()
+		clear(p.dirty)
+		p.mu.Unlock()
 		close(p.leave)
 	})
 	select {
@@ -121,6 +128,9 @@ func (p *Publisher) Leave(ctx context.Context) {
 
 // Notify records that k changed in the store. It never blocks.
 func (p *Publisher) Notify(k store.Key) {
+	if p.leaving.Load() {
+		return
+	}
 	p.mu.Lock()
 	if p.resync {
 		p.mu.Unlock()
@@ -160,12 +170,19 @@ func (p *Publisher) Run(ctx context.Context) {
 	t := time.NewTicker(p.every())
 	defer t.Stop()
 	for {
+		// Leave first: select picks at random among ready cases, and a
+		// tick or kick ready beside it would republish everything first.
+		select {
+		case <-p.leave:
+			p.o.Log.Info().Msg("Cluster index: leaving (drain): requesters stop choosing this node")
+			return
+		default:
+		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-p.leave:
-			p.o.Log.Info().Msg("Cluster index: leaving (drain): requesters stop choosing this node")
-			return
+			continue // said above
 		case <-t.C:
 			p.sync(ctx)
 		case <-p.kick:
@@ -188,6 +205,9 @@ func (p *Publisher) every() time.Duration { return max(p.o.TTL/3, 10*time.Millis
 // sync republishes when one is due and the index answers, else flushes
 // what a missed wake-up left behind.
 func (p *Publisher) sync(ctx context.Context) {
+	if p.leaving.Load() {
+		return
+	}
 	p.mu.Lock()
 	due := p.resync
 	p.mu.Unlock()
@@ -217,6 +237,9 @@ func (p *Publisher) keepalive(ctx context.Context) {
 // heartbeat refreshes the record; a lost record (or an error) makes a
 // republication due, which it asks the publishing loop for.
 func (p *Publisher) heartbeat(ctx context.Context) {
+	if p.leaving.Load() {
+		return // Run removes the record: refreshing it would keep this node choosable
+	}
 	octx, cancel := context.WithTimeout(ctx, opTimeout)
 	lost, err := p.o.Index.Register(octx, p.o.Self())
 	cancel()
@@ -284,7 +307,7 @@ func (p *Publisher) republish(ctx context.Context) error {
 			p.o.Log.Debug().Int("blocks", len(keys)).Dur("took", time.Since(start)).Msg("Cluster index: republished this node's blocks")
 		}
 	}
-	if err != nil {
+	if err != nil && !errors.Is(err, errLeaving) {
 		p.o.Metrics.PublishErrors.Inc()
 		p.markResync()
 	}
@@ -315,7 +338,9 @@ func (p *Publisher) flush(ctx context.Context) {
 			del = append(del, k)
 		}
 	}
-	if err := p.write(ctx, add, del); err != nil {
+	if err := p.write(ctx, add, del); errors.Is(err, errLeaving) {
+		return
+	} else if err != nil {
 		p.o.Metrics.PublishErrors.Inc()
 		p.markResync()
 		return
@@ -323,7 +348,12 @@ func (p *Publisher) flush(ctx context.Context) {
 	p.o.Metrics.PublishLag.Observe(time.Since(oldest).Seconds())
 }
 
-// write announces add and withdraws del in pipelines of MaxBatch.
+// errLeaving: a write stopped because Leave was called.
+var errLeaving = errors.New("leaving the cluster index")
+
+// write announces add and withdraws del in pipelines of MaxBatch; it
+// stops between pipelines once Leave was called (a republication of a
+// million blocks would otherwise outlast Leave's wait).
 func (p *Publisher) write(ctx context.Context, add, del []store.Key) error {
 	for _, job := range []struct {
 		keys []store.Key
@@ -331,6 +361,9 @@ func (p *Publisher) write(ctx context.Context, add, del []store.Key) error {
 		fn   func(context.Context, []store.Key) error
 	}{{add, metrics.PublishAnnounce, p.o.Index.Announce}, {del, metrics.PublishWithdraw, p.o.Index.Withdraw}} {
 		for len(job.keys) > 0 {
+			if p.leaving.Load() {
+				return errLeaving
+			}
 			n := min(len(job.keys), p.o.MaxBatch)
 			octx, cancel := context.WithTimeout(ctx, opTimeout)
 			err := job.fn(octx, job.keys[:n])

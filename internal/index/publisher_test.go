@@ -323,3 +323,93 @@ func TestPublisherLeave(t *testing.T) {
 	}
 	a.pub.Leave(ctx) // again: returns at once
 }
+
+// manyKeys holds n blocks, for a republication of n round trips.
+type manyKeys int
+
+func (manyKeys) Has(store.Key) bool { return true }
+func (m manyKeys) Keys() []store.Key {
+	out := make([]store.Key, m)
+	for i := range out {
+		out[i] = store.Key{Namespace: "ns", Hash: fmt.Sprintf("m%d", i)}
+	}
+	return out
+}
+
+// TestPublisherLeaveDuringRepublish: Leave while a long republication is
+// under way stops it at the next round trip: Leave returns promptly with
+// Run gone and the record removed, and nothing is announced after it (the
+// drain's 2 s wait for Leave used to run out with the node still listed).
+func TestPublisherLeaveDuringRepublish(t *testing.T) {
+	r := testutil.StartRedis(t)
+	const ttl = 300 * time.Millisecond
+	x, err := redisindex.Open(redisindex.Options{URLs: r.URL(), NodeID: "leaver", Incarnation: "1", TTL: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	viewer, err := redisindex.Open(redisindex.Options{URLs: r.URL(), NodeID: "viewer", Incarnation: "1", TTL: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = viewer.Close() })
+	m := metrics.NewClusterForTest()
+	// 100 announcements of 30 ms each: a republication of 3 s.
+	pub := index.NewPublisher(index.PublisherOptions{
+		Index: slowIndex{x, 30 * time.Millisecond}, Source: manyKeys(100), TTL: ttl, MaxBatch: 1, Metrics: m, Log: zerolog.Nop(),
+		Self: func() index.Node { return index.Node{Addr: "leaver:1"} },
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		defer close(ran)
+		pub.Run(ctx)
+	})
+	t.Cleanup(func() {
+		cancel()
+		wg.Wait()
+		_ = x.Close()
+	})
+	announced := func() float64 { return metrics.Value(m.Published.WithLabelValues(metrics.PublishAnnounce)) }
+	deadline := time.Now().Add(5 * time.Second)
+	for announced() < 3 {
+		if time.Now().After(deadline) {
+			t.Fatal("the republication never started")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	lctx, lcancel := context.WithTimeout(context.Background(), 2*time.Second) // the daemon's drain wait
+	defer lcancel()
+	start := time.Now()
+	pub.Leave(lctx)
+	took := time.Since(start)
+	select {
+	case <-ran:
+	default:
+		t.Fatalf("Leave returned after %v with Run still republishing (%v blocks announced)", took, announced())
+	}
+	if took > time.Second {
+		t.Fatalf("Leave took %v during a republication", took)
+	}
+	after := announced()
+	if after >= 100 {
+		t.Fatalf("the whole republication ran (%v blocks) before Leave returned", after)
+	}
+	nodes, err := viewer.Nodes(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range nodes {
+		if n.ID == "leaver" {
+			t.Fatalf("node still listed after Leave: %+v", n)
+		}
+	}
+	time.Sleep(ttl)
+	if got := announced(); got != after {
+		t.Fatalf("%v blocks announced after Leave returned", got-after)
+	}
+	if got := metrics.Value(m.Resyncs); got != 0 {
+		t.Fatalf("%v republications completed, want 0 (cut short by Leave)", got)
+	}
+}
