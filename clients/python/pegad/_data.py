@@ -12,6 +12,11 @@ from . import _wire as wire
 from . import errors
 
 
+# Seconds close waits for the daemon to take the spare back (ABORT) before
+# it closes the connection, which ends the spare anyway.
+CLOSE_ABORT_TIMEOUT = 1.0
+
+
 class _RefusedHello(errors.ProtocolError):
     """The daemon refused HELLO (one older than this client refuses its
     newest version)."""
@@ -125,16 +130,22 @@ class DataConn:
             raise errors.ProtocolError(f"frame of {length} bytes, {count} items")
         return op, status, count, seq, self._recv_exact(length - 8)
 
-    def call(self, op, items):
+    def call(self, op, items, timeout=None):
         """Send one request of items (encoded bytes each) and return the
         decoded results. A failure of the connection itself breaks it for
-        good (the daemon then ends its leases)."""
+        good (the daemon then ends its leases). timeout (seconds) bounds
+        the wait for the connection and each read of this call, for the
+        connection's last call (close's ABORT): it stays on the socket."""
         body = items[0] if len(items) == 1 else b"".join(items)
-        with self._lock:
+        if not self._lock.acquire(timeout=-1 if timeout is None else timeout):
+            raise errors.Unavailable(f"{wire.OP_NAMES[op]}: the connection stayed busy for {timeout} s")
+        try:
             if self._closed:
                 raise errors.ClientClosed("pegad client closed")
             if self._broken is not None:
                 raise errors.Unavailable(f"data connection broken by an earlier failure: {self._broken}")
+            if timeout is not None:
+                self._sock.settimeout(timeout)
             self._seq = (self._seq + 1) & 0xFFFFFFFF
             req = wire.frame(op, len(items), self._seq, body)  # InvalidArgument: nothing sent
             try:
@@ -156,6 +167,8 @@ class DataConn:
                 if isinstance(e, OSError):
                     raise errors.Unavailable(f"{wire.OP_NAMES[op]}: {e}") from e
                 raise
+        finally:
+            self._lock.release()
 
     def take_spare(self, size):
         """The room reserved for the next put, as (fits, other, stale): fits
@@ -191,7 +204,9 @@ class DataConn:
             sp, self._spare = self._spare, None
         if sp is not None:
             try:
-                self.call(wire.OP_ABORT, [wire.lease_id(sp[0])])
+                # Bounded as the Go client's: a stopped or wedged daemon
+                # must not hold close (nor a with block's end) for ever.
+                self.call(wire.OP_ABORT, [wire.lease_id(sp[0])], timeout=CLOSE_ABORT_TIMEOUT)
             except errors.PegadError:
                 pass  # the close below ends it anyway
         with self._lock:

@@ -6,6 +6,7 @@ import os
 import socket
 import struct
 import threading
+import time
 
 import pegad
 from pegad import _wire as wire
@@ -88,3 +89,82 @@ def test_version1_daemon(tmp_path):
         t.join(10)
         os.close(fd)
     assert asked == [wire.VERSION, 1]
+
+
+def _read_request(c):
+    """The next request frame on c: (op, seq), or None when c closed."""
+    head = b""
+    while len(head) < wire.HEADER_LEN:
+        got = c.recv(wire.HEADER_LEN - len(head))
+        if not got:
+            return None
+        head += got
+    length, op, _, _, seq = wire.HEADER.unpack(head)
+    left = length - 8
+    while left > 0:
+        got = c.recv(left)
+        if not got:
+            return None
+        left -= len(got)
+    return op, seq
+
+
+def test_close_with_a_wedged_daemon(tmp_path):
+    """A daemon that stops answering after a put (stopped, wedged) holds
+    close for at most about a second: the spare's ABORT is bounded as the
+    Go client's is, whatever the client's own timeout (here none)."""
+    path = str(tmp_path / "wedged.sock")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path + ".data")
+    srv.listen(1)
+    fd = os.memfd_create("pegad-fake-pool")
+    os.ftruncate(fd, 1 << 20)
+    aborts = []
+    release = threading.Event()
+
+    def answer(c, op, seq, item):
+        c.sendall(wire.HEADER.pack(8 + 1 + len(item), op, 0, 1, seq) + b"\0" + item)
+
+    def serve():
+        c, _ = srv.accept()
+        with c:
+            req = c.recv(64)
+            (version,) = struct.unpack_from("<I", req, wire.HEADER_LEN)
+            reply = wire.HEADER.pack(8 + 20, wire.OP_HELLO, 0, 0, 1) + wire.HELLO_REPLY.pack(version, 1 << 20, 60000)
+            socket.send_fds(c, [reply], [fd])
+            while (r := _read_request(c)) is not None:
+                op, seq = r
+                if op == wire.OP_RESERVE:
+                    answer(c, op, seq, struct.pack("<QQQ", 1, 0, 4096))
+                elif op == wire.OP_PUT:  # stored; the next put's room is lease 2
+                    answer(c, op, seq, struct.pack("<BBQQQ", 1, 0, 2, 4096, 4096))
+                else:  # wedged from here on: read, never answer
+                    aborts.append(op)
+                    release.wait(30)
+                    return
+        srv.close()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    closed = threading.Event()
+    took = []
+    try:
+        c = pegad.Client(path)  # no timeout of its own
+        assert c.put("ns", b"h", b"x" * 4096) is True
+        assert c._data._spare is not None
+
+        def close():
+            start = time.monotonic()
+            c.close()
+            took.append(time.monotonic() - start)
+            closed.set()
+
+        threading.Thread(target=close, daemon=True).start()
+        assert closed.wait(3), "close hung on a daemon that never answers the spare's ABORT"
+        assert took[0] < 2.5
+        assert aborts == [wire.OP_ABORT]
+    finally:
+        release.set()
+        t.join(10)
+        os.close(fd)
+        srv.close()
