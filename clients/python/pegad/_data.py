@@ -170,6 +170,13 @@ class DataConn:
         finally:
             self._lock.release()
 
+    def span(self, off, ln, what):
+        """The pool's view of [off, off+ln), which the daemon named for
+        what; ProtocolError when that lies outside the pool."""
+        if off > self.pool_size or ln > self.pool_size - off:
+            raise errors.ProtocolError(f"{what} at [{off},+{ln}) outside the pool of {self.pool_size} bytes")
+        return self.view[off:off + ln]
+
     def take_spare(self, size):
         """The room reserved for the next put, as (fits, other, stale): fits
         when it is of size bytes and younger than half the lease timeout

@@ -386,11 +386,11 @@ class Client:
                     out[i] = r
                     continue
                 lease, off, length = r
-                if off > d.pool_size or length > d.pool_size - off:
-                    out[i] = errors.ProtocolError(f"alloc at [{off},+{length}) outside the pool")
+                try:
+                    out[i] = Writer(d, lease, d.span(off, length, "alloc"))
+                except errors.ProtocolError as e:
+                    out[i] = e
                     _finish_quietly(d, wire.OP_ABORT, [lease])
-                    continue
-                out[i] = Writer(d, lease, d.view[off:off + length])
         return out
 
     def commit_batch(self, writers):
@@ -445,7 +445,6 @@ class Client:
 
     def _reader(self, lease, places):
         d = self._data
-        view = d.view
         slots = []
         size = 0
         contiguous = True
@@ -456,9 +455,7 @@ class Client:
                 if ln == 0:
                     segs.append(None)
                     continue
-                if off > d.pool_size or ln > d.pool_size - off:
-                    raise errors.ProtocolError(f"lease segment [{off},+{ln}) outside the pool")
-                segs.append(view[off:off + ln].toreadonly())
+                segs.append(d.span(off, ln, "lease segment").toreadonly())
                 if start is None:
                     start = nxt = off
                 if off != nxt:
@@ -468,7 +465,7 @@ class Client:
             if segs[0] is None:
                 raise errors.ProtocolError("lease slot without a K segment")
             slots.append(Slot(segs[0], segs[1]))
-        whole = view[start:start + size].toreadonly() if contiguous and size else None
+        whole = d.view[start:start + size].toreadonly() if contiguous and size else None
         return Reader(d, lease, slots, whole, size)
 
     def release_batch(self, readers):
@@ -542,11 +539,16 @@ class Client:
         return created
 
     def _spare_at(self, lease, off, ln, size, sent):
+        """The spare (lease, view, sent) of a reservation the daemon made;
+        one of the wrong size or outside the pool is aborted."""
         d = self._data
-        if ln != size or off > d.pool_size or ln > d.pool_size - off:
+        try:
+            if ln != size:
+                raise errors.ProtocolError(f"reservation of {ln} bytes, asked for {size}")
+            return (lease, d.span(off, ln, "reservation"), sent)
+        except errors.ProtocolError:
             _finish_quietly(d, wire.OP_ABORT, [lease])
-            raise errors.ProtocolError(f"reservation of {size} bytes at [{off},+{ln}) (pool of {d.pool_size})")
-        return (lease, d.view[off:off + ln], sent)
+            raise
 
     def put_batch(self, namespace, blocks):
         """put of many (hash, data) pairs of one namespace: one alloc and one

@@ -91,65 +91,80 @@ def test_version1_daemon(tmp_path):
     assert asked == [wire.VERSION, 1]
 
 
-def _read_request(c):
-    """The next request frame on c: (op, seq), or None when c closed."""
-    head = b""
-    while len(head) < wire.HEADER_LEN:
-        got = c.recv(wire.HEADER_LEN - len(head))
+
+def _recv(c, n):
+    out = b""
+    while len(out) < n:
+        got = c.recv(n - len(out))
         if not got:
             return None
-        head += got
-    length, op, _, _, seq = wire.HEADER.unpack(head)
-    left = length - 8
-    while left > 0:
-        got = c.recv(left)
-        if not got:
-            return None
-        left -= len(got)
-    return op, seq
+        out += got
+    return out
+
+
+class _FakeDaemon:
+    """A data socket that says HELLO (a 1 MiB memfd pool) and then answers
+    each request with answer(op, body): one ok payload per item, or None
+    to answer nothing more (a wedged daemon). requests: (op, body) read."""
+
+    POOL = 1 << 20
+
+    def __init__(self, tmp_path, answer):
+        self.path = str(tmp_path / "fake.sock")
+        self.requests = []
+        self._answer = answer
+        self._release = threading.Event()
+        self._srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._srv.bind(self.path + ".data")
+        self._srv.listen(1)
+        self._fd = os.memfd_create("pegad-fake-pool")
+        os.ftruncate(self._fd, self.POOL)
+        self._t = threading.Thread(target=self._serve, daemon=True)
+        self._t.start()
+
+    def _serve(self):
+        c, _ = self._srv.accept()
+        with c:
+            req = c.recv(64)
+            (version,) = struct.unpack_from("<I", req, wire.HEADER_LEN)
+            reply = wire.HEADER.pack(8 + 20, wire.OP_HELLO, 0, 0, 1) + wire.HELLO_REPLY.pack(version, self.POOL, 60000)
+            socket.send_fds(c, [reply], [self._fd])
+            while (head := _recv(c, wire.HEADER_LEN)) is not None:
+                length, op, _, count, seq = wire.HEADER.unpack(head)
+                body = _recv(c, length - 8)
+                if body is None:
+                    return
+                self.requests.append((op, body))
+                items = self._answer(op, body)
+                if items is None:
+                    self._release.wait(30)
+                    return
+                payload = b"".join(b"\0" + it for it in items)
+                c.sendall(wire.HEADER.pack(8 + len(payload), op, 0, count, seq) + payload)
+
+    def close(self):
+        self._release.set()
+        self._t.join(10)
+        os.close(self._fd)
+        self._srv.close()
 
 
 def test_close_with_a_wedged_daemon(tmp_path):
     """A daemon that stops answering after a put (stopped, wedged) holds
     close for at most about a second: the spare's ABORT is bounded as the
     Go client's is, whatever the client's own timeout (here none)."""
-    path = str(tmp_path / "wedged.sock")
-    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    srv.bind(path + ".data")
-    srv.listen(1)
-    fd = os.memfd_create("pegad-fake-pool")
-    os.ftruncate(fd, 1 << 20)
-    aborts = []
-    release = threading.Event()
+    def answer(op, body):
+        if op == wire.OP_RESERVE:
+            return [struct.pack("<QQQ", 1, 0, 4096)]
+        if op == wire.OP_PUT:  # stored; the next put's room is lease 2
+            return [struct.pack("<BBQQQ", 1, 0, 2, 4096, 4096)]
+        return None  # wedged from here on: read, never answer
 
-    def answer(c, op, seq, item):
-        c.sendall(wire.HEADER.pack(8 + 1 + len(item), op, 0, 1, seq) + b"\0" + item)
-
-    def serve():
-        c, _ = srv.accept()
-        with c:
-            req = c.recv(64)
-            (version,) = struct.unpack_from("<I", req, wire.HEADER_LEN)
-            reply = wire.HEADER.pack(8 + 20, wire.OP_HELLO, 0, 0, 1) + wire.HELLO_REPLY.pack(version, 1 << 20, 60000)
-            socket.send_fds(c, [reply], [fd])
-            while (r := _read_request(c)) is not None:
-                op, seq = r
-                if op == wire.OP_RESERVE:
-                    answer(c, op, seq, struct.pack("<QQQ", 1, 0, 4096))
-                elif op == wire.OP_PUT:  # stored; the next put's room is lease 2
-                    answer(c, op, seq, struct.pack("<BBQQQ", 1, 0, 2, 4096, 4096))
-                else:  # wedged from here on: read, never answer
-                    aborts.append(op)
-                    release.wait(30)
-                    return
-        srv.close()
-
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
+    fake = _FakeDaemon(tmp_path, answer)
     closed = threading.Event()
     took = []
     try:
-        c = pegad.Client(path)  # no timeout of its own
+        c = pegad.Client(fake.path)  # no timeout of its own
         assert c.put("ns", b"h", b"x" * 4096) is True
         assert c._data._spare is not None
 
@@ -162,9 +177,40 @@ def test_close_with_a_wedged_daemon(tmp_path):
         threading.Thread(target=close, daemon=True).start()
         assert closed.wait(3), "close hung on a daemon that never answers the spare's ABORT"
         assert took[0] < 2.5
-        assert aborts == [wire.OP_ABORT]
+        assert fake.requests[-1] == (wire.OP_ABORT, struct.pack("<Q", 2))
     finally:
-        release.set()
-        t.join(10)
-        os.close(fd)
-        srv.close()
+        fake.close()
+
+
+def test_room_outside_the_pool_is_refused_and_given_back(tmp_path):
+    """Room the daemon names outside the mapped pool (ALLOC, LEASE,
+    RESERVE) is a ProtocolError, never a view of the wrong bytes, and its
+    lease is given back at once."""
+    out = _FakeDaemon.POOL
+
+    def answer(op, body):
+        if op == wire.OP_ALLOC:
+            return [struct.pack("<QQQ", 1, out - 100, 4096)]
+        if op == wire.OP_LEASE:
+            return [struct.pack("<QHQQQQ", 2, 1, out, 64, 0, 0)]
+        if op == wire.OP_RESERVE:
+            return [struct.pack("<QQQ", 3, out + 4096, 4096)]
+        return [b""]  # ABORT, RELEASE: ok
+
+    fake = _FakeDaemon(tmp_path, answer)
+    try:
+        with pegad.Client(fake.path, timeout=10) as c:
+            (r,) = c.alloc_batch([("ns", b"a", 4096)])
+            assert isinstance(r, pegad.ProtocolError) and "outside the pool" in str(r)
+            (r,) = c.lease_batch("ns", [b"b"])
+            assert isinstance(r, pegad.ProtocolError) and "outside the pool" in str(r)
+            try:
+                c.put("ns", b"c", b"z" * 4096)
+                raise AssertionError("a reservation outside the pool was used")
+            except pegad.ProtocolError as e:
+                assert "outside the pool" in str(e)
+        given_back = [(op, body) for op, body in fake.requests if op in (wire.OP_ABORT, wire.OP_RELEASE)]
+        assert given_back == [(wire.OP_ABORT, struct.pack("<Q", 1)), (wire.OP_RELEASE, struct.pack("<Q", 2)),
+                              (wire.OP_ABORT, struct.pack("<Q", 3))]
+    finally:
+        fake.close()
