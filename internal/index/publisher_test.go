@@ -299,10 +299,12 @@ func TestPublisherLeave(t *testing.T) {
 	defer cancel()
 	a.pub.Leave(ctx)
 	announced := metrics.Value(a.m.Published.WithLabelValues(metrics.PublishAnnounce))
+	// Leave returns once Run's work is done; Run's own return (and the
+	// test's goroutine noting it) follows at once.
 	select {
 	case <-a.ran:
-	default:
-		t.Fatal("Leave returned before Run did")
+	case <-time.After(time.Second):
+		t.Fatal("Run still running a second after Leave returned")
 	}
 	for round := range 2 { // at once, and after heartbeats would have refreshed it
 		nodes, err := b.idx.Nodes(ctx)
@@ -386,8 +388,8 @@ func TestPublisherLeaveDuringRepublish(t *testing.T) {
 	took := time.Since(start)
 	select {
 	case <-ran:
-	default:
-		t.Fatalf("Leave returned after %v with Run still republishing (%v blocks announced)", took, announced())
+	case <-time.After(time.Second):
+		t.Fatalf("Run still republishing a second after Leave returned (after %v; %v blocks announced)", took, announced())
 	}
 	if took > time.Second {
 		t.Fatalf("Leave took %v during a republication", took)
