@@ -63,7 +63,8 @@ type part struct {
 
 // splitParts divides size bytes (a multiple of page) into one part per
 // distinct node of nodes, in the order given, each a whole number of
-// pages, the last taking the remainder. No nodes: one part on node -1
+// pages, the last taking the remainder; fewer parts (at least one, on the
+// first node) when the pool has less than a page per node. No nodes: one part on node -1
 // (unbound; New records where it really is).
 func splitParts(size, page uint64, nodes []int) []part {
 	var uniq []int
@@ -77,7 +78,10 @@ func splitParts(size, page uint64, nodes []int) []part {
 	}
 	pages := size / page
 	if uint64(len(uniq)) > pages {
-		uniq = uniq[:pages] // a pool smaller than a page per node
+		// A pool smaller than a page per node: one part per page it has,
+		// and one part on the first node when it has not even one page
+		// (a 1 MiB pool over 2 MiB THP units).
+		uniq = uniq[:max(pages, 1)]
 	}
 	per := pages / uint64(len(uniq)) * page
 	parts := make([]part, len(uniq))

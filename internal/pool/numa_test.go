@@ -159,3 +159,32 @@ func TestRealMbindNode0(t *testing.T) {
 		t.Fatalf("pool on node %v", p.Nodes())
 	}
 }
+
+// TestSplitPartsSmallPool (review finding): a pool with less than one
+// split unit per node (--pool-hugepages thp with a 1 MiB pool over two
+// nodes) divided by zero. It gets as many parts as it has units, at least
+// one, on the first nodes given, and the parts always cover the pool.
+func TestSplitPartsSmallPool(t *testing.T) {
+	const mib = 1 << 20
+	cases := []struct {
+		name       string
+		size, page uint64
+		nodes      []int
+		want       []part
+	}{
+		{"less than a unit, two nodes", 1 * mib, 2 * mib, []int{0, 1}, []part{{0, 1 * mib, 0}}},
+		{"less than a unit, one node", 1 * mib, 2 * mib, []int{1}, []part{{0, 1 * mib, 1}}},
+		{"one unit, two nodes", 2 * mib, 2 * mib, []int{1, 0}, []part{{0, 2 * mib, 1}}},
+		{"two units, three nodes", 5 * mib, 2 * mib, []int{0, 1, 2}, []part{{0, 2 * mib, 0}, {2 * mib, 3 * mib, 1}}},
+		{"a unit per node", 4 * mib, 2 * mib, []int{0, 1}, []part{{0, 2 * mib, 0}, {2 * mib, 2 * mib, 1}}},
+		{"no nodes", 1 * mib, 2 * mib, nil, []part{{0, 1 * mib, -1}}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got := splitParts(tc.size, tc.page, tc.nodes)
+			if !slices.Equal(got, tc.want) {
+				t.Fatalf("splitParts(%d, %d, %v) = %v, want %v", tc.size, tc.page, tc.nodes, got, tc.want)
+			}
+		})
+	}
+}
