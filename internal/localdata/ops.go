@@ -93,14 +93,8 @@ func (cn *conn) alloc(b []byte, items []localwire.AllocItem) []byte {
 			b = localwire.AppendError(b, localwire.StatusExists, "block already stored")
 			continue
 		}
-		ext, err := st.AllocExtent(total)
+		id, ext, err := cn.openExtent(total, held{key: k, layout: lay})
 		if err != nil {
-			b = localwire.AppendError(b, statusOf(err), err.Error())
-			continue
-		}
-		id, err := cn.open(held{key: k, ext: ext, layout: lay})
-		if err != nil {
-			st.ReleaseExtent(ext)
 			b = localwire.AppendError(b, statusOf(err), err.Error())
 			continue
 		}
@@ -235,11 +229,19 @@ func (cn *conn) reserve(n uint64) (lease.ID, *store.Extent, error) {
 	if n == 0 || n > store.MaxBlockLen {
 		return 0, nil, fmt.Errorf("%w: reservation of %d bytes (want 1..%d)", store.ErrInvalid, n, uint64(store.MaxBlockLen))
 	}
+	return cn.openExtent(n, held{size: n})
+}
+
+// openExtent allocates n bytes and opens lease h on them (ALLOC's write
+// lease, RESERVE's reservation); the room goes back when the lease cannot
+// be opened.
+func (cn *conn) openExtent(n uint64, h held) (lease.ID, *store.Extent, error) {
 	ext, err := cn.s.store.AllocExtent(n)
 	if err != nil {
 		return 0, nil, err
 	}
-	id, err := cn.open(held{ext: ext, size: n})
+	h.ext = ext
+	id, err := cn.open(h)
 	if err != nil {
 		cn.s.store.ReleaseExtent(ext)
 		return 0, nil, err

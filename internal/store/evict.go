@@ -7,25 +7,6 @@ import (
 	"github.com/pegaflow/pegad/internal/pool"
 )
 
-// AllocExtentOn is AllocExtent with the extent placed on NUMA node node
-// where the pool has room there, else on any node (pool.AllocOn); it
-// evicts only when n bytes fit nowhere, as AllocExtent does.
-func (s *Store) AllocExtentOn(node int, n uint64) (*Extent, error) {
-	if n == 0 || n > s.pool.Size() {
-		return s.AllocExtent(n) // its errors
-	}
-	a, err := s.pool.AllocOn(node, n)
-	if err == nil {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		return s.newExtentLocked(a), nil
-	}
-	if !errors.Is(err, pool.ErrNoSpace) {
-		return nil, fmt.Errorf("store: alloc %d bytes on node %d: %w", n, node, err)
-	}
-	return s.AllocExtent(n)
-}
-
 // AllocExtent allocates n bytes, evicting unpinned blocks in LRU order until
 // it fits; ErrNoSpace (and nothing evicted beyond need) when it cannot. The
 // caller holds one reference and must ReleaseExtent it.
@@ -34,7 +15,12 @@ func (s *Store) AllocExtentOn(node int, n uint64) (*Extent, error) {
 // when even evicting every unpinned block would not make a contiguous range
 // of n bytes, nothing is evicted and ErrNoSpace is returned, so a put that
 // cannot fit leaves the store as it was.
-func (s *Store) AllocExtent(n uint64) (*Extent, error) {
+func (s *Store) AllocExtent(n uint64) (*Extent, error) { return s.AllocExtentOn(-1, n) }
+
+// AllocExtentOn is AllocExtent with the extent placed on NUMA node node
+// where the pool has room there, else on any node (pool.AllocOn; node < 0:
+// any node); it evicts only when n bytes fit nowhere.
+func (s *Store) AllocExtentOn(node int, n uint64) (*Extent, error) {
 	if n == 0 {
 		return nil, fmt.Errorf("%w: extent of 0 bytes", ErrInvalid)
 	}
@@ -45,7 +31,7 @@ func (s *Store) AllocExtent(n uint64) (*Extent, error) {
 		return nil, fmt.Errorf("store: extent of %d bytes is larger than a NUMA part of the pool (%d): %w", n, m, ErrNoSpace)
 	}
 	// Fast path: no eviction needed, no store lock held while allocating.
-	a, err := s.pool.Alloc(n)
+	a, err := s.pool.AllocOn(node, n)
 	if err == nil {
 		s.mu.Lock()
 		defer s.mu.Unlock()
