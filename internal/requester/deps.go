@@ -45,6 +45,9 @@ type blockStore interface {
 	Has(key store.Key) bool
 	// AllocStaging allocates n bytes (evicting LRU blocks as needed).
 	AllocStaging(n uint64) (extent, error)
+	// MaxStaging is the largest allocation AllocStaging can ever satisfy
+	// (on a NUMA-split pool: one part).
+	MaxStaging() uint64
 	// ReleaseStaging drops the fetch's reference to x.
 	ReleaseStaging(x extent)
 	// Insert indexes key with slots inside x (taking its own reference).
@@ -95,15 +98,11 @@ func (x *storeExtent) Len() uint64  { return x.n }
 
 func (a storeAdapter) Has(key store.Key) bool { return a.s.Has(key) }
 
-func (a storeAdapter) AllocStaging(n uint64) (extent, error) {
-	e, err := a.s.AllocExtent(n)
-	if err != nil {
-		return nil, err
-	}
-	al := e.Alloc()
-	return &storeExtent{e: e, addr: a.s.Pool().Addr(al), n: al.Len}, nil
-}
+func (a storeAdapter) AllocStaging(n uint64) (extent, error) { return a.AllocStagingOn(-1, n) }
 
+func (a storeAdapter) MaxStaging() uint64 { return a.s.Pool().MaxAlloc() }
+
+// AllocStagingOn: node < 0 places the staging anywhere.
 func (a storeAdapter) AllocStagingOn(node int, n uint64) (extent, error) {
 	e, err := a.s.AllocExtentOn(node, n)
 	if err != nil {

@@ -290,6 +290,9 @@ func (x *fakeExtent) Len() uint64  { return x.n }
 
 type fakeStore struct {
 	capacity uint64
+	// maxAlloc, when set, is the largest allocation (a NUMA part); larger
+	// ones fail as the real store's do.
+	maxAlloc uint64
 
 	mu       sync.Mutex // guards everything below
 	used     uint64
@@ -311,10 +314,20 @@ func (s *fakeStore) Has(key store.Key) bool {
 	return ok
 }
 
+func (s *fakeStore) MaxStaging() uint64 {
+	if s.maxAlloc > 0 {
+		return s.maxAlloc
+	}
+	return s.capacity
+}
+
 func (s *fakeStore) AllocStaging(n uint64) (extent, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.allocs = append(s.allocs, n)
+	if s.maxAlloc > 0 && n > s.maxAlloc {
+		return nil, fmt.Errorf("store: extent of %d bytes is larger than a NUMA part of the pool (%d): %w", n, s.maxAlloc, store.ErrNoSpace)
+	}
 	n = alignUp(n)
 	if s.used+n > s.capacity {
 		return nil, fmt.Errorf("store: alloc %d: %w", n, pool.ErrNoSpace)

@@ -546,7 +546,8 @@ func (e *Engine) plan(keys []store.Key, resp *pegadv1.QueryBlocksForTransferResp
 // stage places every planned block in staging extents. Blocks are grouped
 // by the local NUMA node sp places them on (without sp: by their remote
 // NUMA node, staged anywhere); each extent is sized min(bytes of that
-// group still to place, maxChunk) and never less than the block being
+// group still to place, maxChunk, the largest allocation the pool can
+// hold: one NUMA part) and never less than the block being
 // placed (lesson 5): large fetches bound eviction amplification, small
 // fetches work on small pools. It returns every extent it allocated, also
 // on error.
@@ -566,6 +567,9 @@ func (e *Engine) stage(plan []*planBlock, sp *conn.StagingPlan) ([]extent, error
 		groups[k] = append(groups[k], b)
 	}
 	sort.Ints(keys)
+	// No allocation can exceed one part of a NUMA-split pool: a chunk
+	// larger than that fails although its blocks fit in smaller ones.
+	chunk := min(e.maxChunk, e.store.MaxStaging())
 	var exts []extent
 	for _, key := range keys {
 		var remaining uint64
@@ -576,7 +580,7 @@ func (e *Engine) stage(plan []*planBlock, sp *conn.StagingPlan) ([]extent, error
 		var used uint64
 		for _, b := range groups[key] {
 			if cur == nil || cur.Len()-used < b.size {
-				n := max(b.size, min(remaining, e.maxChunk))
+				n := max(b.size, min(remaining, chunk))
 				var x extent
 				var err error
 				if onNode {
