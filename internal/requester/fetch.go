@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+	"github.com/pegaflow/pegad/api/pegaderr"
 	"github.com/pegaflow/pegad/internal/conn"
 	"github.com/pegaflow/pegad/internal/ibv"
 	"github.com/pegaflow/pegad/internal/store"
@@ -94,7 +95,7 @@ func (e *Engine) fetch(ctx context.Context, st *fetchState, keys []store.Key, ou
 	}
 
 	// Connect, then lock (a lock must not tick while a handshake runs);
-	// retried once when the peer's channel was down (before any lock).
+	// the peer's channel is made ready before the lock (connectAndLock).
 	hashes := make([][]byte, len(keys))
 	for i, k := range keys {
 		hashes[i] = []byte(k.Hash)
@@ -309,66 +310,87 @@ func (e *Engine) fetch(ctx context.Context, st *fetchState, keys []store.Key, ou
 	return nil
 }
 
-// defaultReconnectWait bounds how long a fetch whose connect or lock found
-// the peer's channel down waits for it to come back before its one retry.
+// defaultReconnectWait bounds how long a fetch waits for the peer's
+// channel to be ready before its lock query, and before its one handshake
+// retry.
 const defaultReconnectWait = 2 * time.Second
 
 // connectAndLock runs the connect and lock phases and returns the
 // connection, the peer client, the holder's answer and when the query was
-// sent; on error, the phase that failed. When the handshake or the query
-// failed because the peer's gRPC channel could not carry the RPC
-// (Unavailable: right after a link comes back, a channel still in
-// reconnect backoff fails at once with the cut-time dial error), nothing
-// was locked: the channel is told to reconnect now and, once it is ready
-// (within Engine.reconnectWait), both phases run once more.
+// sent; on error, the phase that failed.
+//
+// The lock query is sent at most once. gRPC answers Unavailable both when
+// the channel could not carry it (a channel in reconnect backoff right
+// after a link came back fails at once with the cut-time dial error) and
+// when the connection broke after the holder got it ("transport is
+// closing"): the holder may have granted a session whose answer was lost,
+// and a second query would open another one while the first stays pinned
+// until the lock timeout. So the channel is made ready before the query
+// (told to reconnect now, within Engine.reconnectWait) instead of
+// retrying after it. The handshake is retried once on such an error
+// (without a pegad reason): a holder keeps one connection per requester
+// node, a repeated handshake retires the earlier one (freed within its
+// drain time), and it locks nothing.
 func (e *Engine) connectAndLock(ctx context.Context, st *fetchState, hashes [][]byte) (
 	rd reader, client pegadv1.PeerServiceClient, resp *pegadv1.QueryBlocksForTransferResponse,
 	lockedAt time.Time, phase string, err error) {
-	for retried := false; ; retried = true {
-		e.hook(ctx, st, PhaseConnect)
-		phase = PhaseConnect
-		rd, err = e.conns.Get(ctx, st.peer)
-		if err == nil && client == nil {
-			client, err = e.peers(st.peer)
-		}
-		if err == nil {
-			e.hook(ctx, st, PhaseLock)
-			phase = PhaseLock
-			lockedAt = time.Now()
-			resp, err = e.lock(ctx, st, client, &pegadv1.QueryBlocksForTransferRequest{
-				Namespace: st.ns, Hashes: hashes, RequesterId: e.opts.NodeID, Requester: e.requester(),
-			})
-		}
-		if err == nil || retried || !channelDown(err) || ctx.Err() != nil {
-			return rd, client, resp, lockedAt, phase, err
-		}
-		if client == nil { // the handshake failed: the same channel carried it
-			if c, perr := e.peers(st.peer); perr == nil {
-				client = c
-			}
-		}
-		rc, ok := client.(reconnecter)
-		if !ok {
-			return rd, client, resp, lockedAt, phase, err
-		}
-		rctx, cancel := context.WithTimeout(ctx, e.reconnectWait)
-		rerr := rc.Reconnect(rctx)
-		cancel()
-		if rerr != nil {
-			e.log.Info().Err(err).AnErr("reconnect", rerr).Str("req_id", st.reqID).Str("remote", st.peer).Str("phase", phase).
-				Msg("peer channel down before the lock and not back within the reconnect wait")
-			return rd, client, resp, lockedAt, phase, err
-		}
-		e.log.Info().Err(err).Str("req_id", st.reqID).Str("remote", st.peer).Str("phase", phase).
-			Msg("peer channel was down before the lock; reconnected, retrying once")
+	e.hook(ctx, st, PhaseConnect)
+	phase = PhaseConnect
+	if client, err = e.peers(st.peer); err != nil {
+		return rd, client, resp, lockedAt, phase, err
 	}
+	rd, err = e.conns.Get(ctx, st.peer)
+	if err != nil && channelDown(err) && ctx.Err() == nil {
+		// client's channel carried the handshake.
+		if rerr := e.channelReady(ctx, client); rerr != nil {
+			e.log.Info().Err(err).AnErr("reconnect", rerr).Str("req_id", st.reqID).Str("remote", st.peer).
+				Msg("peer channel down at the handshake and not back within the reconnect wait")
+			return rd, client, resp, lockedAt, phase, err
+		}
+		e.log.Info().Err(err).Str("req_id", st.reqID).Str("remote", st.peer).
+			Msg("peer channel was down at the handshake; reconnected, handshaking once more")
+		rd, err = e.conns.Get(ctx, st.peer)
+	}
+	if err != nil {
+		return rd, client, resp, lockedAt, phase, err
+	}
+	e.hook(ctx, st, PhaseLock)
+	phase = PhaseLock
+	if rerr := e.channelReady(ctx, client); rerr != nil {
+		// A connection error, as the query would have had, not the
+		// fetch's deadline (the reconnect wait ended, not ctx).
+		return rd, client, resp, lockedAt, phase, status.Errorf(codes.Unavailable,
+			"peer channel not ready within %v, lock query not sent: %v", e.reconnectWait, rerr)
+	}
+	lockedAt = time.Now()
+	resp, err = e.lock(ctx, st, client, &pegadv1.QueryBlocksForTransferRequest{
+		Namespace: st.ns, Hashes: hashes, RequesterId: e.opts.NodeID, Requester: e.requester(),
+	})
+	return rd, client, resp, lockedAt, phase, err
+}
+
+// channelReady makes client's channel, when it can be told to (peer.Clients'
+// clients can), connect now and waits until it is ready, at most
+// Engine.reconnectWait; at once when it is ready already.
+func (e *Engine) channelReady(ctx context.Context, client pegadv1.PeerServiceClient) error {
+	rc, ok := client.(reconnecter)
+	if !ok {
+		return nil
+	}
+	rctx, cancel := context.WithTimeout(ctx, e.reconnectWait)
+	defer cancel()
+	return rc.Reconnect(rctx)
 }
 
 // channelDown reports whether err says the peer's gRPC channel could not
-// carry an RPC (Unavailable), from the query or through the handshake.
+// carry the RPC: Unavailable without a pegad reason (a holder's own
+// refusals, DRAINING, carry one) and not a handshake the holder rejected.
 func channelDown(err error) bool {
-	st, ok := status.FromError(err)
-	return ok && st.Code() == codes.Unavailable
+	if errors.Is(err, conn.ErrHandshakeRejected) {
+		return false
+	}
+	code, reason := pegaderr.FromStatus(err)
+	return code == codes.Unavailable && reason == ""
 }
 
 // index inserts a block read under a live lock and records its outcome.

@@ -63,6 +63,8 @@ type e2eOptions struct {
 	lockTimeout time.Duration // the holder's (0 = its default)
 	// faults is requester.Options.Faults.
 	faults func(ctx context.Context, reqID, phase string)
+	// intercept, when set, runs on the holder's gRPC server after recovery.
+	intercept grpc.UnaryServerInterceptor
 }
 
 // e2eConnectAttr: the tcp provider's responder is a goroutine that a loaded
@@ -136,7 +138,11 @@ func startE2ENode(t *testing.T, o e2eOptions) *e2eNode {
 			t.Fatal(err)
 		}
 		n.addr = ln.Addr().String()
-		srv := grpc.NewServer(grpc.UnaryInterceptor(holder.RecoveryInterceptor(zerolog.Nop())))
+		ics := []grpc.UnaryServerInterceptor{holder.RecoveryInterceptor(zerolog.Nop())}
+		if o.intercept != nil {
+			ics = append(ics, o.intercept)
+		}
+		srv := grpc.NewServer(grpc.ChainUnaryInterceptor(ics...))
 		pegadv1.RegisterPeerServiceServer(srv, n.holder)
 		done := make(chan struct{})
 		go func() { defer close(done); _ = srv.Serve(ln) }()
