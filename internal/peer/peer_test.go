@@ -11,6 +11,7 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -178,6 +179,16 @@ func TestReconnectSkipsBackoff(t *testing.T) {
 	srv.Stop()
 	<-done
 	_ = renew()
+	// The channel notices the closed transport asynchronously: until it
+	// has left READY, Reconnect rightly has nothing to do.
+	cc := cl.(client).cc
+	wctx, wcancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer wcancel()
+	for cc.GetState() == connectivity.Ready {
+		if !cc.WaitForStateChange(wctx, connectivity.Ready) {
+			t.Fatal("channel still READY 5 s after the peer stopped")
+		}
+	}
 	ctx2, cancel2 := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel2()
 	if err := rc.Reconnect(ctx2); !errors.Is(err, context.DeadlineExceeded) {
