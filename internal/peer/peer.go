@@ -70,6 +70,9 @@ type client struct {
 }
 
 func (c client) Reconnect(ctx context.Context) error {
+	if c.cc.GetState() == connectivity.Ready {
+		return nil // the common case, before every lock query: nothing to reset
+	}
 	c.cc.ResetConnectBackoff()
 	for {
 		s := c.cc.GetState()

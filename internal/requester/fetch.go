@@ -341,7 +341,10 @@ func (e *Engine) connectAndLock(ctx context.Context, st *fetchState, hashes [][]
 	}
 	rd, err = e.conns.Get(ctx, st.peer)
 	if err != nil && channelDown(err) && ctx.Err() == nil {
-		// client's channel carried the handshake.
+		// The handshake found the peer's channel down (client's channel
+		// carried it). Repeating a handshake is safe (the holder keeps one
+		// connection per requester node), so ready the channel and try once
+		// more; the lock query below is never repeated.
 		if rerr := e.channelReady(ctx, client); rerr != nil {
 			e.log.Info().Err(err).AnErr("reconnect", rerr).Str("req_id", st.reqID).Str("remote", st.peer).
 				Msg("peer channel down at the handshake and not back within the reconnect wait")
