@@ -142,7 +142,7 @@ func runCutRead(c *cluster) {
 	c.expect(r.err != nil || r.fetched == 0, "fetch over a cut link fetched %d", r.fetched)
 	c.expect(took < 15*time.Second, "the failure took %v after the cut, want < 15 s", took)
 	c.expect(c.sumPrefix(b, "pegaflow_rdma_connection_invalidations_total")-inv0 >= 1, "B invalidated no connection")
-	c.waitFor(12*time.Second, "A's sweeper to expire the session", func() bool { return c.sessions(a) == 0 })
+	c.waitFor(12*time.Second, "A's sweeper to expire the session", func() bool { return c.settled(a) })
 	c.expect(c.metric(a, mTimeouts)-to0 == 1, "A lock timeouts %+.0f, want 1", c.metric(a, mTimeouts)-to0)
 	c.require(c.host("b").linkUp(), "link up")
 	c.require(c.host("a").unshape(), "unshape")
@@ -233,7 +233,7 @@ func runLifetimeCap(c *cluster) {
 	c.require(c.host("a").unshape(), "unshape")
 	c.expect(r.err != nil && strings.Contains(r.err.Error(), "transfer deadline"), "fetch past the lifetime cap: %v, want a transfer deadline error", r.err)
 	c.expect(r.took > 4*time.Second && r.took < 9*time.Second, "failed after %v, want about 4.6 s", r.took)
-	c.waitFor(10*time.Second, "A to hold no session", func() bool { return c.sessions(a) == 0 })
+	c.waitFor(10*time.Second, "A to hold no session", func() bool { return c.settled(a) })
 	c.expect(c.metric(a, mReleaseOK)-rel0 == 1, "A release OK %+.0f, want 1", c.metric(a, mReleaseOK)-rel0)
 	c.expect(c.metric(a, mTimeouts) == to0 && c.metric(a, mNotLive) == nl0, "A expired the session or found the release not live")
 	c.note("failed after %.1fs: %s", r.took.Seconds(), shortErr(r.err))
@@ -364,7 +364,7 @@ func runQueryFlood(c *cluster) {
 	c.expect(failedDuring == 0, "%d of B's prefetches failed during the flood", failedDuring)
 	c.expect(during < 10*time.Second, "B's slowest prefetch during the flood took %v", during)
 	c.expect(peakRSS < 1<<30, "A's RSS peaked at %d MiB", peakRSS>>20)
-	c.waitFor(12*time.Second, "the flood's sessions to expire", func() bool { return c.sessions(a) == 0 })
+	c.waitFor(12*time.Second, "the flood's sessions to expire", func() bool { return c.settled(a) })
 	after, _ := lat(2)
 	c.note("%d queries (%d granted, %d refused) in 4 s; peak %.0f sessions pinning %d blocks each; A RSS %d → peak %d MiB; B prefetch worst %v before, %v during, %v after",
 		sent.Load(), okN.Load(), refused.Load(), peakSessions, len(hashes), rss0>>20, peakRSS>>20,

@@ -230,6 +230,14 @@ func (c *cluster) waitFor(d time.Duration, what string, cond func() bool) time.D
 	return time.Since(t0)
 }
 
+// settled reports whether n holds no session at all: none listed (a
+// lapsed one leaves the listing at its deadline) and none still counted
+// active (the sweeper has ended every lapsed one, counted its timeout and
+// unpinned its blocks).
+func (c *cluster) settled(n *node) bool {
+	return c.sessions(n) == 0 && c.metric(n, "pegaflow_transfer_sessions_active") == 0
+}
+
 // sessions is the number of live holder sessions on n.
 func (c *cluster) sessions(n *node) int {
 	r, err := n.admin.ListSessions(context.Background(), &pegadv1.ListSessionsRequest{})
@@ -328,7 +336,9 @@ func runRequesterKillSweeper(c *cluster) {
 	c.fault("B killed -9 mid-read")
 	c.await(ch, 10*time.Second, "prefetch of a killed requester")
 	c.require(c.host("a").unshape(), "unshape")
-	took := c.waitFor(10*time.Second, "A's sweeper to expire the session", func() bool { return c.sessions(a) == 0 })
+	took := c.waitFor(10*time.Second, "A's sweeper to expire the session", func() bool {
+		return c.settled(a) && c.metric(a, mTimeouts)-to0 >= 1
+	})
 	c.expect(c.metric(a, mTimeouts)-to0 == 1, "A lock timeouts %+.0f, want 1", c.metric(a, mTimeouts)-to0)
 	c.expect(time.Since(tk) >= 2*time.Second, "session ended %.1fs after the kill, before the 3 s lock timeout could run out", time.Since(tk).Seconds())
 	c.note("session expired %.1fs after the kill (lock timeout 3s; %.1fs after B's fetch returned)", time.Since(tk).Seconds(), took.Seconds())
@@ -388,7 +398,7 @@ func runSigtermRequester(c *cluster) {
 	c.expect(err == nil, "B on SIGTERM mid-read: %v", err)
 	c.await(ch, 30*time.Second, "prefetch of a stopping requester")
 	c.require(c.host("a").unshape(), "unshape")
-	c.waitFor(20*time.Second, "A to hold no session", func() bool { return c.sessions(a) == 0 })
+	c.waitFor(20*time.Second, "A to hold no session", func() bool { return c.settled(a) })
 	ended := time.Since(t0)
 	c.expect(ended < 7*time.Second && c.metric(a, mTimeouts) == to0,
 		"A's session of the stopped B ended %.1fs after SIGTERM (%+.0f lock timeouts), want released by B within its 5 s shutdown timeout + 2 s",
