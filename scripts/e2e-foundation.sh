@@ -103,6 +103,8 @@ USED_LOCKED=$(ctl stats -o json | jq_py 'd["pool_used"]')
 pass "a pinned, deleted block keeps its memory ($USED_LOCKED bytes used)"
 wait_until 15 "session $SID2 to expire" no_sessions "$SOCK"
 pass "session expired"
+# It leaves the listing at its deadline; the sweeper then counts it.
+wait_until 5 "the sweeper to count the expiry" metric_at_least "$METRICS" pegaflow_transfer_lock_timeouts_total 1
 [[ $(metric "$METRICS" pegaflow_transfer_lock_timeouts_total) == 1 ]] ||
 	fail "pegaflow_transfer_lock_timeouts_total = $(metric "$METRICS" pegaflow_transfer_lock_timeouts_total), want 1"
 pass "pegaflow_transfer_lock_timeouts_total 0 -> 1"

@@ -140,10 +140,19 @@ check() {
 	pass "$what"
 }
 
-# no_sessions SOCKET: true when pegad on SOCKET holds no holder session.
+# no_sessions SOCKET: true when pegad on SOCKET holds no holder session:
+# none listed (a lapsed one leaves the listing at its deadline) and none
+# still counted active (the sweeper has ended it and unpinned its blocks).
 no_sessions() {
 	"$PEGACTL" --socket "$1" -o json sessions list |
-		python3 -c 'import json,sys; sys.exit(0 if json.load(sys.stdin)["sessions"] == [] else 1)'
+		python3 -c 'import json,sys; sys.exit(0 if json.load(sys.stdin)["sessions"] == [] else 1)' &&
+		"$PEGACTL" --socket "$1" -o json stats |
+		python3 -c 'import json,sys; sys.exit(0 if json.load(sys.stdin)["sessions_active"] == 0 else 1)'
+}
+
+# metric_at_least URL NAME MIN: true when the sample is at least MIN.
+metric_at_least() {
+	python3 -c 'import sys; sys.exit(0 if float(sys.argv[1]) >= float(sys.argv[2]) else 1)' "$(metric "$1" "$2")" "$3"
 }
 
 # metric URL NAME[{LABELS}]: prints the value of one sample (0 when absent).

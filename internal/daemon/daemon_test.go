@@ -261,7 +261,8 @@ func TestHolderNode(t *testing.T) {
 	// then ends it, counts the timeout and frees what it pinned.
 	eventually(t, "session expiry", 3*cfg.LockTimeout, func() bool {
 		ls, err := n.admin.ListSessions(ctx, &pegadv1.ListSessionsRequest{})
-		return err == nil && len(ls.GetSessions()) == 0 && metric(t, m, "pegaflow_transfer_sessions_active") == 0
+		return err == nil && len(ls.GetSessions()) == 0 && metric(t, m, "pegaflow_transfer_sessions_active") == 0 &&
+			metric(t, m, "pegaflow_transfer_lock_timeouts_total") >= 1
 	})
 	samples := scrape(t, m)
 	if v := samples["pegaflow_transfer_lock_timeouts_total"]; v != 1 {
