@@ -159,6 +159,18 @@ func newPlacedFakeNode(t *testing.T, id string, vo verbs.Options, names, rails [
 
 func base(b []byte) uint64 { return uint64(uintptr(unsafe.Pointer(&b[0]))) }
 
+// eightNICsTwoNodes names the fake HCA's eight NICs, pegadfake0..7, the
+// first four on NUMA node 0 and the rest on node 1 (a two-socket GPU node).
+func eightNICsTwoNodes() (names []string, numa map[string]int) {
+	numa = map[string]int{}
+	for i := range 8 {
+		name := "pegadfake" + strconv.Itoa(i)
+		names = append(names, name)
+		numa[name] = i / 4
+	}
+	return names, numa
+}
+
 // TestFakeVerbsEightNICs: a 64-block fetch from a holder whose NICs are
 // listed in another order (pegadfake7..0) over 8 NICs on 2 NUMA nodes.
 // NICs pair by rail (the handshake carries each NIC's subnet), not by
@@ -166,13 +178,7 @@ func base(b []byte) uint64 { return uint64(uintptr(unsafe.Pointer(&b[0]))) }
 // every READ; and every NIC carries bytes, the segment's NUMA node's
 // NICs a little more, none more than 1.5x another.
 func TestFakeVerbsEightNICs(t *testing.T) {
-	var names []string
-	numa := map[string]int{}
-	for i := range 8 {
-		name := "pegadfake" + strconv.Itoa(i)
-		names = append(names, name)
-		numa[name] = i / 4
-	}
+	names, numa := eightNICsTwoNodes()
 	sysfs := fakeSysfs(t, numa)
 	const blocks, bs = 64, 256 << 10
 	reversed := slices.Clone(names)
@@ -355,13 +361,7 @@ func TestFakeVerbsPairByRail(t *testing.T) {
 // binding that failed), READs still spread over all 8 NICs rather than
 // leaving node 1's idle.
 func TestFakeVerbsPlacement(t *testing.T) {
-	var names []string
-	numa := map[string]int{}
-	for i := range 8 {
-		name := "pegadfake" + strconv.Itoa(i)
-		names = append(names, name)
-		numa[name] = i / 4
-	}
+	names, numa := eightNICsTwoNodes()
 	vo := verbs.Options{SysfsRoot: fakeSysfs(t, numa)}
 	const blocks, bs = 64, 128 << 10
 	for _, split := range []bool{true, false} {
