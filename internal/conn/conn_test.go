@@ -350,9 +350,10 @@ func TestWorkerExitsOnInvalidate(t *testing.T) {
 	case <-time.After(time.Second):
 		t.Fatal("submit after the worker exited blocked")
 	}
-	if w := req.workers(); w != 0 {
-		t.Errorf("workers = %d after invalidate", w)
-	}
+	// The gauge drops as each worker's goroutine returns, just after its
+	// session's exited channel closes (and the connection's other QPs'
+	// workers exit on their own).
+	waitFor(t, "every session worker gone after invalidate", func() bool { return req.workers() == 0 })
 	// queued1, queued2 and the late submission; never the running batch.
 	if got := testutil.ToFloat64(req.met.BatchesInvalidated); got != 3 {
 		t.Errorf("pegaflow_session_batches_invalidated_total = %v, want 3", got)
