@@ -111,7 +111,23 @@ def _drop(mv):
         pass
 
 
-class Writer:
+class _Once:
+    """Ends exactly once: _take is true for the first caller only (commit,
+    abort, release, or the client's close, whichever comes first)."""
+
+    def __init__(self):
+        self._mu = threading.Lock()  # guards _done (and a subclass's fields it names)
+        self._done = False
+
+    def _take(self):
+        with self._mu:
+            if self._done:
+                return False
+            self._done = True
+            return True
+
+
+class Writer(_Once):
     """Room in the pool for one block, under a write lease.
 
     Write the block's bytes (slot order: slot 0 K, slot 0 V, slot 1 K, ...)
@@ -124,17 +140,9 @@ class Writer:
         self._d = conn
         self._id = lease
         self.buffer = view  # writable memoryview into the pool, released at commit/abort
-        self._mu = threading.Lock()  # guards _done, created
-        self._done = False
+        super().__init__()  # self._mu also guards created
         self.created = False  # after commit: stored by this writer (False: someone else's copy won)
         self._commit_error = None
-
-    def _take(self):
-        with self._mu:
-            if self._done:
-                return False
-            self._done = True
-            return True
 
     def commit(self):
         """Index the block; after it the block is immutable. Returns
@@ -167,7 +175,7 @@ class Writer:
         return False
 
 
-class Reader:
+class Reader(_Once):
     """A stored block pinned under a read lease: read it in place, then
     release (or use it as a context manager).
 
@@ -183,15 +191,7 @@ class Reader:
         self.slots = slots
         self.buffer = whole
         self.size = size
-        self._mu = threading.Lock()  # guards _done
-        self._done = False
-
-    def _take(self):
-        with self._mu:
-            if self._done:
-                return False
-            self._done = True
-            return True
+        super().__init__()
 
     def release(self):
         """Unpin the block. Raises LeaseEnded when the lease had expired
