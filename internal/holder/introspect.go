@@ -27,14 +27,21 @@ func (r EndReason) outcome() string {
 }
 
 // oldestAge is the age of the oldest live session (0 when none), read at
-// each metrics scrape: one pass over the shards, each locked briefly.
+// each metrics scrape: one pass over the shards, each locked briefly. A
+// session whose lease has lapsed but that the sweeper has not reached yet is
+// not live (session.lapsed), so it does not count.
 func (t *LockTable) oldestAge() time.Duration {
+	now := t.now()
+	nowS := t.stamp(now)
 	var oldest stamp
 	found := false
 	for i := range t.shards {
 		sh := &t.shards[i]
 		sh.mu.Lock()
 		sh.live.each(func(s *session) {
+			if s.lapsed(nowS) {
+				return
+			}
 			if !found || s.created < oldest {
 				oldest, found = s.created, true
 			}
@@ -44,7 +51,7 @@ func (t *LockTable) oldestAge() time.Duration {
 	if !found {
 		return 0
 	}
-	return t.now().Sub(t.at(oldest))
+	return now.Sub(t.at(oldest))
 }
 
 // LockedBlock is one block a session pins (pegactl locks list).
