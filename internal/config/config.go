@@ -103,6 +103,9 @@ type Config struct {
 	Socket string `mapstructure:"socket"`
 	// MetricsListen serves /metrics and /healthz over HTTP; "" disables.
 	MetricsListen string `mapstructure:"metrics-listen"`
+	// DebugListen serves net/http/pprof on a loopback address; "" (the
+	// default) disables it. Loopback only: profiles show memory contents.
+	DebugListen string `mapstructure:"debug-listen"`
 	// PoolSize is the pinned host-memory pool.
 	PoolSize ByteSize `mapstructure:"pool-size"`
 	// PoolHugePages backs the pool with huge pages: none, thp, 2M or 1G
@@ -268,6 +271,7 @@ func RegisterFlags(fs *pflag.FlagSet, d Config) {
 	fs.String("advertise", d.Advertise, "address peers use to reach this node (default: the bound --listen address)")
 	fs.String("socket", d.Socket, "unix socket for the local and admin API")
 	fs.String("metrics-listen", d.MetricsListen, "HTTP address serving /metrics and /healthz (empty disables)")
+	fs.String("debug-listen", d.DebugListen, "loopback HTTP address serving /debug/pprof/ (empty, the default, disables)")
 	fs.String("pool-size", d.PoolSize.String(), "pinned host-memory pool size (e.g. 256MiB, 16GiB, 512M, bytes)")
 	fs.String("pool-hugepages", d.PoolHugePages, "pool pages: none|thp|2M|1G (2M/1G must be reserved, vm.nr_hugepages)")
 	fs.String("transport", d.Transport, "data transport: auto|verbs|tcp (auto: verbs when devices exist, else tcp)")
@@ -511,6 +515,11 @@ func (c *Config) problems() []Problem {
 			bad("metrics-listen", "%v", err)
 		}
 	}
+	if c.DebugListen != "" {
+		if err := checkLoopbackHostPort(c.DebugListen); err != nil {
+			bad("debug-listen", "%v", err)
+		}
+	}
 	if c.PoolSize < MinPoolSize {
 		bad("pool-size", "%s is below the minimum %s", c.PoolSize, MinPoolSize)
 	}
@@ -730,6 +739,22 @@ func checkHostPort(s string, allowZero bool) error {
 	p, err := strconv.Atoi(port)
 	if err != nil || p < 0 || p > 65535 || (p == 0 && !allowZero) {
 		return fmt.Errorf("%q has an invalid port", s)
+	}
+	return nil
+}
+
+// checkLoopbackHostPort is checkHostPort for an address that must stay on
+// this host: an IP loopback address or "localhost".
+func checkLoopbackHostPort(s string) error {
+	if err := checkHostPort(s, true); err != nil {
+		return err
+	}
+	host, _, _ := net.SplitHostPort(s)
+	if host == "localhost" {
+		return nil
+	}
+	if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
+		return fmt.Errorf("%q is not a loopback address (127.0.0.0/8, ::1 or localhost)", s)
 	}
 	return nil
 }

@@ -203,6 +203,9 @@ func TestInvalid(t *testing.T) {
 		{"nics rail twice", []string{"--nics=r0=mlx5_0,r0=mlx5_1"}, nil, "", []string{"nics", "rail", "twice"}},
 		{"nics rail without device", []string{"--nics=r0="}, nil, "", []string{"nics", "empty device"}},
 		{"listen no port", []string{"--listen=localhost"}, nil, "", []string{"listen"}},
+		{"debug listen on all interfaces", []string{"--debug-listen=0.0.0.0:6060"}, nil, "", []string{"debug-listen", "loopback"}},
+		{"debug listen on a hostname", []string{"--debug-listen=node1:6060"}, nil, "", []string{"debug-listen", "loopback"}},
+		{"debug listen no port", []string{"--debug-listen=127.0.0.1"}, nil, "", []string{"debug-listen"}},
 		{"advertise port zero", []string{"--advertise=10.0.0.1:0"}, nil, "", []string{"advertise"}},
 		{"qpn start zero", []string{"--tcp-qpn-start=0"}, nil, "", []string{"tcp-qpn-start"}},
 		{"qpn start too big", []string{"--tcp-qpn-start=0x1000000"}, nil, "", []string{"tcp-qpn-start"}},
@@ -353,5 +356,14 @@ func TestSecurityKeys(t *testing.T) {
 	if !c.PeerTLS() || c.PeerAllow != "spiffe://c/*, node-a" || c.SocketGroup != "pegad" || c.MaxSessionsPerPeer != 0 ||
 		c.EffectiveMaxPinnedBytesPerPeer() != 1<<20 || c.EffectiveMaxPinnedBytes() != 2<<20 {
 		t.Fatalf("loaded %+v", c)
+	}
+}
+
+func TestDebugListenLoopbackForms(t *testing.T) {
+	for _, addr := range []string{"127.0.0.1:6060", "127.0.0.2:0", "[::1]:6060", "localhost:6060"} {
+		c, err := load(t, []string{"--debug-listen=" + addr}, nil, "")
+		if err != nil || c.DebugListen != addr {
+			t.Errorf("--debug-listen=%s: %v, %q", addr, err, c.DebugListen)
+		}
 	}
 }

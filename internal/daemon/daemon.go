@@ -112,7 +112,9 @@ type Daemon struct {
 	data                    *localdata.Server // the zero-copy data socket beside the local one
 	peerHealth, localHealth *health.Server
 	httpSrv                 *http.Server
+	debugSrv                *http.Server // --debug-listen; nil when off
 	peerAddr, metricsAddr   string
+	debugAddr               string
 	bound                   boundListeners // ports bound before the pool; see bind
 	socket                  string
 	advertise               string
@@ -418,6 +420,9 @@ func (d *Daemon) listen() error {
 			return nil
 		})
 	}
+	if d.bound.debug != nil {
+		d.serveDebug(take(&d.bound.debug))
+	}
 	return nil
 }
 
@@ -518,10 +523,13 @@ func (d *Daemon) shutdown() error {
 			gracefulStop(d.localSrv, stopBy())
 		}()
 	}
-	if d.httpSrv != nil {
+	for _, srv := range []*http.Server{d.httpSrv, d.debugSrv} {
+		if srv == nil {
+			continue
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), stopBy())
-		if err := d.httpSrv.Shutdown(ctx); err != nil {
-			_ = d.httpSrv.Close()
+		if err := srv.Shutdown(ctx); err != nil {
+			_ = srv.Close()
 		}
 		cancel()
 	}
@@ -604,6 +612,9 @@ func (d *Daemon) SocketPath() string { return d.socket }
 
 // MetricsAddr is the bound metrics address ("" when disabled).
 func (d *Daemon) MetricsAddr() string { return d.metricsAddr }
+
+// DebugAddr is the bound --debug-listen address ("" when off).
+func (d *Daemon) DebugAddr() string { return d.debugAddr }
 
 // Incarnation is this start's random id.
 func (d *Daemon) Incarnation() string { return d.incarnation }

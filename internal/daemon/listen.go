@@ -81,11 +81,11 @@ func streamRecovery(log zerolog.Logger) grpc.StreamServerInterceptor {
 // hands each to its server; those never handed over are closed on a
 // failed start.
 type boundListeners struct {
-	peer, local, data, metrics net.Listener
+	peer, local, data, metrics, debug net.Listener
 }
 
-// bind binds the peer port, the local socket, its data socket and the
-// metrics port.
+// bind binds the peer port, the local socket, its data socket, the
+// metrics port and, when asked, the debug port.
 func (d *Daemon) bind() error {
 	cfg := &d.cfg
 	l, err := net.Listen("tcp", cfg.Listen)
@@ -117,12 +117,20 @@ func (d *Daemon) bind() error {
 		d.bound.metrics = ml
 		d.metricsAddr = boundAddr(cfg.MetricsListen, ml.Addr())
 	}
+	if cfg.DebugListen != "" {
+		dl, err := net.Listen("tcp", cfg.DebugListen)
+		if err != nil {
+			return fmt.Errorf("--debug-listen: %w", err)
+		}
+		d.bound.debug = dl
+		d.debugAddr = boundAddr(cfg.DebugListen, dl.Addr())
+	}
 	return nil
 }
 
 // closeUnserved closes the listeners no server took over.
 func (b *boundListeners) closeUnserved() {
-	for _, l := range []*net.Listener{&b.peer, &b.local, &b.data, &b.metrics} {
+	for _, l := range []*net.Listener{&b.peer, &b.local, &b.data, &b.metrics, &b.debug} {
 		if *l != nil {
 			_ = (*l).Close()
 			*l = nil
