@@ -20,7 +20,7 @@ GRPC_PYTHON_PLUGIN ?= /usr/bin/grpc_python_plugin
 PYTHON ?= /usr/bin/python3
 PY_VENV ?= bin/python-venv
 
-.PHONY: all build test test-short bench bench-all fuzz proto proto-check lint vet fmt-check nocgo tidy-check staticcheck e2e reliability clean help python-venv python-test
+.PHONY: all build test test-short bench bench-all fuzz proto proto-check lint vet fmt-check nocgo tidy-check staticcheck e2e reliability clean help python-venv python-test replay
 
 all: build
 
@@ -85,6 +85,9 @@ reliability: ## reliability suite: real pegads in netns under faults, one totals
 		$(GO) test -count=1 -timeout 12m -v -run '^TestReliability$$$(if $(RUN),/$(RUN),)' ./internal/reliability/ || rc=$$?; \
 	if [[ -s bin/.reliability-totals ]]; then cat bin/.reliability-totals; \
 	else echo "reliability: no totals (the suite did not finish, exit $$rc)"; [[ $$rc -ne 0 ]] || rc=1; fi; exit $$rc
+
+replay: ## replay the Mooncake FAST'25 trace through pegad at 2/5/10/20 % of its blocks: hit ratio beside LRU and Belady (TRACE, BLOCK_SIZE, SHARES)
+	@bash scripts/replay.sh
 
 e2e: ## scripted end-to-end checks (scripts/e2e-*.sh) on real binaries
 	@set -e; for s in scripts/e2e-*.sh; do echo "==> $$s"; bash "$$s"; done

@@ -90,7 +90,7 @@ func NewBenchCommand(g *globalFlags) *cobra.Command {
 		Use:   "bench",
 		Short: "Acceptance bench between two pegads: seed blocks on a holder, fetch and check them from a requester",
 	}
-	cmd.AddCommand(newBenchSeedCommand(g), newBenchFetchCommand(g))
+	cmd.AddCommand(newBenchSeedCommand(g), newBenchFetchCommand(g), newBenchReplayCommand(g))
 	return cmd
 }
 
