@@ -19,6 +19,7 @@ import (
 	"github.com/pegaflow/pegad/internal/holder"
 	"github.com/pegaflow/pegad/internal/store"
 	"github.com/pegaflow/pegad/internal/testutil"
+	"github.com/pegaflow/pegad/internal/testutil/cluster"
 )
 
 // TestMain: every daemon, server and stream a benchmark starts is stopped
@@ -119,24 +120,15 @@ type node struct {
 
 func startNode(b *testing.B, name string, poolSize config.ByteSize, opts ...func(*config.Config)) *node {
 	b.Helper()
-	c := testutil.LoopbackConfig("bench-"+name, filepath.Join(shortTempDir(b), "pegad.sock"))
-	c.MetricsListen = ""
-	c.PoolSize = poolSize
-	c.GCInterval = config.Default().GCInterval
-	for _, o := range opts {
-		o(&c)
-	}
-	d, err := daemon.Start(context.Background(), c, daemon.WithLogger(zerolog.Nop()), daemon.WithNotify(func(string) {}))
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = d.Close() })
-	cc, err := grpc.NewClient("unix://"+d.SocketPath(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { cc.Close() })
-	return &node{d: d, local: pegadv1.NewLocalServiceClient(cc)}
+	n := cluster.Start(b, cluster.Named("bench-"+name), cluster.WithConfig(func(c *config.Config) {
+		c.MetricsListen = ""
+		c.PoolSize = poolSize
+		c.GCInterval = config.Default().GCInterval
+		for _, o := range opts {
+			o(c)
+		}
+	}))
+	return &node{d: n.Daemon(), local: n.Local}
 }
 
 // put stores body as a one-slot block, streamed in 1 MiB data messages

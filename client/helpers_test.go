@@ -3,21 +3,16 @@ package client_test
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	"github.com/pegaflow/pegad/client"
 	"github.com/pegaflow/pegad/internal/config"
-	"github.com/pegaflow/pegad/internal/daemon"
-	"github.com/pegaflow/pegad/internal/testutil"
+	"github.com/pegaflow/pegad/internal/testutil/cluster"
 )
 
 func TestMain(m *testing.M) {
@@ -39,22 +34,13 @@ var nodeSeq atomic.Int64
 
 func startNode(t testing.TB, mutate func(*config.Config)) *node {
 	t.Helper()
-	c := testutil.LoopbackConfig(fmt.Sprintf("client-test-%d", nodeSeq.Add(1)), filepath.Join(testutil.ShortTempDir(t), "p.sock"))
-	c.MetricsListen = ""
-	if mutate != nil {
-		mutate(&c)
-	}
-	d, err := daemon.Start(context.Background(), c, daemon.WithLogger(zerolog.Nop()), daemon.WithNotify(func(string) {}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = d.Close() })
-	cc, err := grpc.NewClient("unix://"+d.SocketPath(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cc.Close() })
-	return &node{socket: d.SocketPath(), peer: d.PeerAddr(), admin: pegadv1.NewAdminServiceClient(cc)}
+	n := cluster.Start(t, cluster.Named(fmt.Sprintf("client-test-%d", nodeSeq.Add(1))), cluster.WithConfig(func(c *config.Config) {
+		c.MetricsListen = ""
+		if mutate != nil {
+			mutate(c)
+		}
+	}))
+	return &node{socket: n.SocketPath(), peer: n.PeerAddr(), admin: n.Admin}
 }
 
 func (n *node) dial(t testing.TB, opts ...client.Option) *client.Client {

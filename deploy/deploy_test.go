@@ -20,15 +20,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
 	"go.yaml.in/yaml/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
-	"github.com/pegaflow/pegad/internal/daemon"
 	"github.com/pegaflow/pegad/internal/testutil"
+	"github.com/pegaflow/pegad/internal/testutil/cluster"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -249,19 +248,9 @@ func TestAlertsAndDashboardNameExportedMetrics(t *testing.T) {
 	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	start := func(name string) (*daemon.Daemon, pegadv1.LocalServiceClient) {
-		cfg := testutil.LoopbackConfig(name, filepath.Join(t.TempDir(), "pegad.sock"))
-		d, err := daemon.Start(ctx, cfg, daemon.WithLogger(zerolog.Nop()), daemon.WithNotify(func(string) {}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = d.Close() })
-		cc, err := grpc.NewClient("unix://"+d.SocketPath(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { cc.Close() })
-		return d, pegadv1.NewLocalServiceClient(cc)
+	start := func(name string) (*cluster.Node, pegadv1.LocalServiceClient) {
+		n := cluster.Start(t, cluster.Named(name))
+		return n, n.Local
 	}
 	holder, hl := start("deploy-holder")
 	req, rl := start("deploy-requester")

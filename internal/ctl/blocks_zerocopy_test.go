@@ -2,30 +2,21 @@ package ctl
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
-	"github.com/rs/zerolog"
-
-	"github.com/pegaflow/pegad/internal/daemon"
-	"github.com/pegaflow/pegad/internal/testutil"
+	"github.com/pegaflow/pegad/internal/config"
+	"github.com/pegaflow/pegad/internal/testutil/cluster"
 )
 
 // TestBlocksPutGetZeroCopy: against a real pegad, blocks put and get go
 // through the data socket (the public client's zero-copy path) and keep
 // their output and exit codes.
 func TestBlocksPutGetZeroCopy(t *testing.T) {
-	c := testutil.LoopbackConfig("ctl-test", filepath.Join(testutil.ShortTempDir(t), "p.sock"))
-	c.MetricsListen = ""
-	d, err := daemon.Start(context.Background(), c, daemon.WithLogger(zerolog.Nop()), daemon.WithNotify(func(string) {}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = d.Close() })
+	d := cluster.Start(t, cluster.Named("ctl-test"), cluster.WithConfig(func(c *config.Config) { c.MetricsListen = "" }))
 	if _, err := os.Stat(d.SocketPath() + ".data"); err != nil {
 		t.Fatalf("no data socket: %v", err)
 	}

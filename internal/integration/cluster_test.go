@@ -5,24 +5,19 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
-	"github.com/pegaflow/pegad/internal/daemon/cli"
+	"github.com/pegaflow/pegad/internal/config"
 	"github.com/pegaflow/pegad/internal/testutil"
+	"github.com/pegaflow/pegad/internal/testutil/cluster"
 )
 
 // Cluster index tests: real daemons and a real redis-server
@@ -38,11 +33,11 @@ func startClusterNode(t *testing.T, id string, r *testutil.Redis) *node {
 	return start(t, cfg)
 }
 
-func cluster(n *node) pegadv1.ClusterServiceClient { return pegadv1.NewClusterServiceClient(n.cc) }
+func clusterAPI(n *node) pegadv1.ClusterServiceClient { return pegadv1.NewClusterServiceClient(n.cc) }
 
 // holdersOf renders the index's view: hash → sorted node ids joined by ",".
 func holdersOf(ctx context.Context, n *node, ns string, hashes ...[]byte) (map[string]string, error) {
-	res, err := cluster(n).LocateBlocks(ctx, &pegadv1.LocateBlocksRequest{Namespace: ns, Hashes: hashes})
+	res, err := clusterAPI(n).LocateBlocks(ctx, &pegadv1.LocateBlocksRequest{Namespace: ns, Hashes: hashes})
 	if err != nil {
 		return nil, err
 	}
@@ -186,49 +181,18 @@ func TestClusterPrefetchFromTwoHolders(t *testing.T) {
 	})
 }
 
-// envRunPegad makes this test binary run pegad instead of the tests (see
-// init): a real process to kill -9, with nothing to build.
-const envRunPegad = "PEGAD_INTEGRATION_RUN_PEGAD"
+func init() { cluster.RunPegadIfChild() }
 
-func init() {
-	if os.Getenv(envRunPegad) == "1" {
-		os.Exit(cli.Main()) // os.Args[1:] are pegad's: serve --node-id ...
-	}
-}
-
-// startProcess runs pegad as a child process in the cluster; it is killed
-// at cleanup if the test has not killed it.
-func startProcess(t *testing.T, id string, r *testutil.Redis) (*exec.Cmd, string, *grpc.ClientConn) {
+// startProcess runs pegad as a child process in the cluster, to be killed
+// with SIGKILL.
+func startProcess(t *testing.T, id string, r *testutil.Redis) *cluster.Node {
 	t.Helper()
-	dir := t.TempDir()
-	sock := filepath.Join(dir, "pegad.sock")
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(self, "serve", "--node-id", id, "--listen", "127.0.0.1:0", "--socket", sock,
-		"--metrics-listen", "", "--pool-size", "16MiB", "--transport", "tcp", "--tcp-data-listen", "127.0.0.1:0",
-		"--cluster-redis", r.URL(), "--cluster-ttl", clusterTTL.String(), "--log-format", "json")
-	cmd.Env = append(os.Environ(), envRunPegad+"=1")
-	logs := &testutil.LogBuffer{}
-	cmd.Stdout, cmd.Stderr = logs, logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	})
-	eventually(t, id+"'s socket", 20*time.Second, func() error {
-		_, err := os.Stat(sock)
-		return err
-	})
-	cc, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cc.Close() })
-	return cmd, sock, cc
+	return cluster.StartProcess(t, cluster.Named(id), cluster.WithConfig(func(c *config.Config) {
+		c.MetricsListen = ""
+		c.PoolSize = 16 << 20
+		c.ClusterRedis = r.URL()
+		c.ClusterTTL = clusterTTL
+	}))
 }
 
 // A holder killed with SIGKILL cannot deregister: it drops out after its
@@ -236,19 +200,16 @@ func startProcess(t *testing.T, id string, r *testutil.Redis) (*exec.Cmd, string
 func TestClusterHolderKilled(t *testing.T) {
 	r := testutil.StartRedis(t)
 	c := startClusterNode(t, "c", r)
-	proc, _, cc := startProcess(t, "victim", r)
+	victim := startProcess(t, "victim", r)
 	ns := "kill"
 	bl := block{hash: []byte("doomed"), body: bytes.Repeat([]byte{7}, 4096)}
 	ctx := ctxT(t, 60*time.Second)
-	if _, err := testutil.PutBlock(ctx, pegadv1.NewLocalServiceClient(cc), ns, bl.hash, bl.body, false); err != nil {
+	if _, err := testutil.PutBlock(ctx, victim.Local, ns, bl.hash, bl.body, false); err != nil {
 		t.Fatal(err)
 	}
 	waitHolders(t, c, ns, map[string]string{"doomed": "victim"})
 
-	if err := proc.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	_ = proc.Wait()
+	victim.Kill(t)
 	killed := time.Now()
 	waitHolders(t, c, ns, map[string]string{"doomed": ""})
 	if d := time.Since(killed); d > clusterTTL+2*time.Second {
@@ -307,7 +268,7 @@ func TestClusterRedisRestartedEmpty(t *testing.T) {
 	r.Restart() // empty
 	waitHolders(t, a, ns, map[string]string{"x": "a,c", "y": "b"})
 	eventually(t, "three nodes listed again", 10*time.Second, func() error {
-		res, err := cluster(a).ListNodes(ctx, &pegadv1.ListNodesRequest{})
+		res, err := clusterAPI(a).ListNodes(ctx, &pegadv1.ListNodesRequest{})
 		if err != nil {
 			return err
 		}
@@ -338,7 +299,7 @@ func TestClusterDisabled(t *testing.T) {
 	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "--cluster-redis") {
 		t.Fatalf("peer-less prefetch standalone: %v, want FailedPrecondition naming --cluster-redis", err)
 	}
-	if _, err := cluster(n).ListNodes(ctx, &pegadv1.ListNodesRequest{}); status.Code(err) != codes.FailedPrecondition {
+	if _, err := clusterAPI(n).ListNodes(ctx, &pegadv1.ListNodesRequest{}); status.Code(err) != codes.FailedPrecondition {
 		t.Fatalf("ListNodes standalone: %v", err)
 	}
 	for name, v := range scrape(t, n) {

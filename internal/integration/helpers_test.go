@@ -3,26 +3,23 @@ package integration
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	"github.com/pegaflow/pegad/internal/config"
 	"github.com/pegaflow/pegad/internal/ctl"
 	"github.com/pegaflow/pegad/internal/daemon"
 	"github.com/pegaflow/pegad/internal/testutil"
+	"github.com/pegaflow/pegad/internal/testutil/cluster"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -39,53 +36,29 @@ func baseConfig(t testing.TB, nodeID string) config.Config {
 	return c
 }
 
-// node is a running daemon and clients of its local socket.
+// node is a running daemon (a cluster.Node) with the fields these tests
+// use.
 type node struct {
+	cn    *cluster.Node
 	d     *daemon.Daemon
 	cfg   config.Config
 	logs  *testutil.LogBuffer
 	cc    *grpc.ClientConn
 	local pegadv1.LocalServiceClient
 	admin pegadv1.AdminServiceClient
-
-	closeOnce sync.Once
-	closeErr  error
 }
 
-// start starts a daemon; it is closed at cleanup unless closed before.
+// start starts a daemon with cfg exactly; it is stopped at cleanup unless
+// closed before.
 func start(t *testing.T, cfg config.Config, opts ...daemon.Option) *node {
 	t.Helper()
-	logs := &testutil.LogBuffer{}
-	opts = append([]daemon.Option{
-		daemon.WithLogger(zerolog.New(logs).Level(zerolog.InfoLevel).With().Timestamp().Logger()),
-		daemon.WithNotify(func(string) {}),
-	}, opts...)
-	d, err := daemon.Start(context.Background(), cfg, opts...)
-	if err != nil {
-		t.Fatalf("start %s: %v\n%s", cfg.NodeID, err, logs)
-	}
-	cc, err := grpc.NewClient("unix://"+d.SocketPath(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		_ = d.Close()
-		t.Fatal(err)
-	}
-	n := &node{d: d, cfg: d.Config(), logs: logs, cc: cc,
-		local: pegadv1.NewLocalServiceClient(cc), admin: pegadv1.NewAdminServiceClient(cc)}
-	t.Cleanup(func() {
-		if err := n.close(); err != nil {
-			t.Errorf("close %s: %v", cfg.NodeID, err)
-		}
-	})
-	return n
+	n := cluster.Start(t, cluster.Named(cfg.NodeID), cluster.WithConfig(func(c *config.Config) { *c = cfg }),
+		cluster.WithDaemonOptions(opts...))
+	return &node{cn: n, d: n.Daemon(), cfg: n.Daemon().Config(), logs: n.Logs, cc: n.LocalConn, local: n.Local, admin: n.Admin}
 }
 
 // close stops the daemon and its clients (idempotent).
-func (n *node) close() error {
-	n.closeOnce.Do(func() {
-		n.closeErr = errors.Join(n.cc.Close(), n.d.Close())
-	})
-	return n.closeErr
-}
+func (n *node) close() error { return n.cn.Stop() }
 
 func ctxT(t *testing.T, d time.Duration) context.Context {
 	t.Helper()

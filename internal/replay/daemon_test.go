@@ -4,21 +4,15 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"math/rand/v2"
-	"path/filepath"
 	"testing"
 
-	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	pegaclient "github.com/pegaflow/pegad/client"
 	"github.com/pegaflow/pegad/internal/config"
-	"github.com/pegaflow/pegad/internal/daemon"
-	"github.com/pegaflow/pegad/internal/testutil"
+	"github.com/pegaflow/pegad/internal/testutil/cluster"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -63,39 +57,22 @@ func prefixUnbounded(reqs []Request) Ratio {
 }
 
 type target struct {
-	c     *pegaclient.Client
-	admin pegadv1.AdminServiceClient
+	c    *pegaclient.Client
+	node *cluster.Node
 }
 
 func (tg target) resident(ctx context.Context) (uint64, error) {
-	st, err := tg.admin.Stats(ctx, &pegadv1.StatsRequest{})
+	st, err := tg.node.Admin.Stats(ctx, &pegadv1.StatsRequest{})
 	return st.GetBlocks(), err
 }
 
-var nodes int
-
 func startTarget(t *testing.T, pool config.ByteSize) target {
 	t.Helper()
-	nodes++
-	c := testutil.LoopbackConfig(fmt.Sprintf("replay-test-%d", nodes), filepath.Join(testutil.ShortTempDir(t), "p.sock"))
-	c.MetricsListen = ""
-	c.PoolSize = pool
-	d, err := daemon.Start(context.Background(), c, daemon.WithLogger(zerolog.Nop()), daemon.WithNotify(func(string) {}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = d.Close() })
-	cc, err := grpc.NewClient("unix://"+d.SocketPath(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cc.Close() })
-	cl, err := pegaclient.Dial(context.Background(), d.SocketPath())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cl.Close() })
-	return target{c: cl, admin: pegadv1.NewAdminServiceClient(cc)}
+	n := cluster.Start(t, cluster.WithConfig(func(c *config.Config) {
+		c.MetricsListen = ""
+		c.PoolSize = pool
+	}))
+	return target{c: n.Client(t), node: n}
 }
 
 func TestDriveAgainstDaemon(t *testing.T) {

@@ -1,0 +1,77 @@
+package cluster
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/pegaflow/pegad/internal/config"
+)
+
+func TestMain(m *testing.M) {
+	RunPegadIfChild()
+	goleak.VerifyTestMain(m)
+}
+
+// Both runners give a node whose clients, stats and metrics work, and
+// that stops clean at cleanup.
+func TestRunners(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		start func(testing.TB, ...Option) *Node
+	}{
+		{"in process", Start},
+		{"process", StartProcess},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := tc.start(t, WithConfig(func(c *config.Config) { c.PoolSize = 8 << 20 }))
+			if n.PeerAddr() == "" || n.MetricsAddr() == "" || n.Incarnation() == "" || n.Peer == nil {
+				t.Fatalf("node %+v: addresses or clients missing", n)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			c := n.Client(t)
+			body := bytes.Repeat([]byte("kv"), 4096)
+			if err := c.Put(ctx, "ns", []byte("h"), body); err != nil {
+				t.Fatal(err)
+			}
+			got := make([]byte, len(body))
+			if k, err := c.Get(ctx, "ns", []byte("h"), got); err != nil || k != len(body) || !bytes.Equal(got, body) {
+				t.Fatalf("get: %d, %v", k, err)
+			}
+			if st := n.Stats(t); st.GetBlocks() != 1 || st.GetPoolSize() != 8<<20 || st.GetNodeId() != n.Name {
+				t.Fatalf("stats: %v", st)
+			}
+			if m := n.Scrape(t); m["pegaflow_blocks"] != 1 {
+				t.Fatalf("pegaflow_blocks = %v", m["pegaflow_blocks"])
+			}
+			if err := n.Stop(); err != nil {
+				t.Fatalf("stop: %v\n%s", err, n.Logs)
+			}
+			if !strings.Contains(n.Logs.String(), "pegad ready") {
+				t.Fatalf("logs lack the ready line:\n%s", n.Logs)
+			}
+		})
+	}
+}
+
+// A killed process node is dead at once, and its socket refuses calls.
+func TestKillProcess(t *testing.T) {
+	n := StartProcess(t, Named("victim"))
+	n.Kill(t)
+	if dead, err := n.Exited(); !dead || err == nil {
+		t.Fatalf("after Kill: exited %v, %v (want a signal exit)", dead, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if _, err := n.Admin.Stats(ctx, nil); err == nil {
+		t.Fatal("a killed node answered Stats")
+	}
+	if err := n.Stop(); err != nil {
+		t.Fatalf("Stop after Kill: %v", err)
+	}
+}
