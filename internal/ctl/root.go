@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -125,6 +126,14 @@ func (g *globalFlags) validate() error {
 	if g.socket == "" {
 		return usageErrorf("empty --socket")
 	}
+	// A relative --socket (or PEGACTL_SOCKET) is resolved against the
+	// working directory, as pegad resolves its own, so that errors name
+	// the file that was tried.
+	abs, err := filepath.Abs(g.socket)
+	if err != nil {
+		return usageErrorf("--socket %s: %v", g.socket, err)
+	}
+	g.socket = abs
 	return nil
 }
 

@@ -51,6 +51,23 @@ func TestSocketFallback(t *testing.T) {
 	wantError(t, run(t, nil, "--socket", own, "stats"), ExitUnavailable, "cannot reach pegad at "+own)
 }
 
+// TestRelativeSocket (issue 23): a relative --socket or PEGACTL_SOCKET is
+// resolved against the working directory, so it reaches the daemon and an
+// error names the absolute path that was tried.
+func TestRelativeSocket(t *testing.T) {
+	f := startFake(t)
+	t.Chdir(filepath.Dir(f.socket))
+	setSocketDefaults(t, filepath.Join(t.TempDir(), "own.sock"), filepath.Join(t.TempDir(), "system.sock"))
+	if r := run(t, nil, "--socket", filepath.Base(f.socket), "stats"); r.code != 0 {
+		t.Fatalf("relative --socket: %+v", r)
+	}
+	absent := filepath.Join(filepath.Dir(f.socket), "run", "absent.sock")
+	wantError(t, run(t, nil, "--socket", filepath.Join("run", "absent.sock"), "stats"), ExitUnavailable,
+		"cannot reach pegad at "+absent+": ")
+	t.Setenv(EnvSocket, filepath.Join("run", "absent.sock"))
+	wantError(t, run(t, nil, "stats"), ExitUnavailable, "cannot reach pegad at "+absent+": ")
+}
+
 func TestResolveSocket(t *testing.T) {
 	dir := t.TempDir()
 	present := filepath.Join(dir, "present")

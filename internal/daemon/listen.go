@@ -22,6 +22,10 @@ import (
 // in pegad's group) may connect, nobody else.
 const SocketMode = 0o660
 
+// maxSocketPath is the longest path bind(2) takes for a unix socket
+// (sun_path's 108 bytes, less the terminating NUL).
+const maxSocketPath = 107
+
 // ErrSocketInUse: another process listens on the socket path.
 var ErrSocketInUse = errors.New("socket in use by a running process")
 
@@ -29,6 +33,10 @@ var ErrSocketInUse = errors.New("socket in use by a running process")
 // A leftover socket file is removed only when nothing answers on it; any
 // other kind of file there is left alone and is an error.
 func listenUnix(path string) (net.Listener, error) {
+	if len(path) > maxSocketPath {
+		return nil, fmt.Errorf("socket %s: %d bytes, longer than the %d a unix socket path may have: choose a shorter --socket",
+			path, len(path), maxSocketPath)
+	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
 		return nil, fmt.Errorf("socket directory: %w", err)
 	}
@@ -97,6 +105,13 @@ func (d *Daemon) bind() error {
 	d.advertise = cfg.Advertise
 	if d.advertise == "" {
 		d.advertise = d.peerAddr
+	}
+	// A relative --socket is resolved once, here, against the working
+	// directory: gRPC's unix:// target takes only absolute paths (it read
+	// "run/a.sock" as authority "run"), and every later use (self-check,
+	// data socket, logs) then names the same file.
+	if cfg.Socket, err = filepath.Abs(cfg.Socket); err != nil {
+		return fmt.Errorf("--socket: %w", err)
 	}
 	if d.bound.local, err = listenUnix(cfg.Socket); err != nil {
 		return err

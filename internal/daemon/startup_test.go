@@ -3,7 +3,10 @@ package daemon
 import (
 	"context"
 	"errors"
+	"io/fs"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -11,6 +14,7 @@ import (
 	"github.com/rs/zerolog"
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+	"github.com/pegaflow/pegad/internal/localdata"
 	"github.com/pegaflow/pegad/internal/testutil"
 )
 
@@ -58,6 +62,37 @@ func TestSocketInUseFailsBeforePool(t *testing.T) {
 	// The first pegad's socket survived the failed start.
 	if _, err := first.admin.Stats(ctxT(t), &pegadv1.StatsRequest{}); err != nil {
 		t.Fatalf("first pegad unreachable after a failed second start: %v", err)
+	}
+}
+
+// TestRelativeSocket (issue 23): --socket run/a.sock starts (it failed
+// the self-check: gRPC read "run" as the target's authority), resolved
+// against the working directory, and the data socket lies beside it; a
+// path longer than a unix socket allows fails start-up saying so.
+func TestRelativeSocket(t *testing.T) {
+	dir := t.TempDir()
+	t.Chdir(dir)
+	cfg := testConfig(t)
+	cfg.Socket = filepath.Join("run", "a.sock")
+	n := startNode(t, cfg)
+	want := filepath.Join(dir, "run", "a.sock")
+	if got := n.d.SocketPath(); got != want {
+		t.Fatalf("SocketPath() = %q, want %q", got, want)
+	}
+	for _, p := range []string{want, localdata.SocketPath(want)} {
+		if fi, err := os.Stat(p); err != nil || fi.Mode().Type() != fs.ModeSocket {
+			t.Fatalf("%s: %v, want a socket", p, err)
+		}
+	}
+	if _, err := n.admin.Stats(ctxT(t), &pegadv1.StatsRequest{}); err != nil {
+		t.Fatalf("stats over the resolved socket: %v", err)
+	}
+
+	long := testConfig(t)
+	long.Socket = strings.Repeat("d", 120) + ".sock"
+	_, err := Start(context.Background(), long, WithLogger(zerolog.Nop()), WithNotify(func(string) {}))
+	if err == nil || !strings.Contains(err.Error(), "longer than the 107 a unix socket path may have") {
+		t.Fatalf("start with a %d-byte socket path: %v", len(long.Socket), err)
 	}
 }
 

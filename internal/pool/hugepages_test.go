@@ -55,6 +55,20 @@ func TestHugePagesUnreserved(t *testing.T) {
 	}
 }
 
+// TestHugePagesUnsupported: a kernel without 1 GiB pages at all (many
+// VMs have no hugepages-1048576kB) fails New with ErrHugePages saying so,
+// not with advice to reserve pages that cannot exist.
+func TestHugePagesUnsupported(t *testing.T) {
+	fakeHugeSysfs(t, "8", "0")
+	if err := os.RemoveAll(filepath.Join(hugeSysfs, "hugepages-1048576kB")); err != nil {
+		t.Fatal(err)
+	}
+	_, err := New(Options{Size: 8 << 20, HugePages: HugePages1G, Log: zerolog.Nop()})
+	if !errors.Is(err, ErrHugePages) || !strings.Contains(err.Error(), "1G pages not supported here") {
+		t.Fatalf("New with 1G pages on a kernel without them: %v, want ErrHugePages saying not supported", err)
+	}
+}
+
 // TestHugePagesTHP: thp maps and populates like none (the advice is a
 // hint), and a 2M pool's size is whole huge pages.
 func TestHugePagesTHP(t *testing.T) {
