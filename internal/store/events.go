@@ -1,12 +1,51 @@
 package store
 
-// Change notification: the store tells one subscriber (the daemon's
-// cluster-index publisher) which keys were indexed or left the index, so
-// the cluster can learn what this node holds. The subscriber is called
-// after the store's lock is released, never under it, so it may take its
-// own locks or call back into the store. It only learns that a key
-// changed, not how: it asks Has for the current truth, which makes the
-// order in which two goroutines' notifications arrive irrelevant.
+// Change notification: the store tells two subscribers what entered or
+// left its index.
+//
+// OnChange (the daemon's cluster-index publisher) learns which keys were
+// indexed or left the index, so the cluster can learn what this node
+// holds. It is called after the store's lock is released, never under it,
+// so it may take its own locks or call back into the store. It only
+// learns that a key changed, not how: it asks Has for the current truth,
+// which makes the order in which two goroutines' notifications arrive
+// irrelevant.
+//
+// OnEvents (the KV-events publisher) learns how each key changed (stored,
+// evicted, deleted), in the store's own order: routers replay the events
+// as a log, so a delete must never overtake the put it undoes. That order
+// exists only under the lock, so this hook runs under it, once per
+// locked section, and must only hand the slice over (a bounded queue that
+// drops when full): it must not block, take a lock that is ever held
+// while calling into the store, or call the store.
+
+// ChangeKind says how a key changed.
+type ChangeKind uint8
+
+// Kinds of change.
+const (
+	Stored  ChangeKind = iota + 1 // inserted into the index
+	Evicted                       // removed to make room
+	Deleted                       // removed by Delete
+)
+
+func (k ChangeKind) String() string {
+	switch k {
+	case Stored:
+		return "stored"
+	case Evicted:
+		return "evicted"
+	case Deleted:
+		return "deleted"
+	}
+	return "unknown"
+}
+
+// Change is one key entering or leaving the index.
+type Change struct {
+	Key  Key
+	Kind ChangeKind
+}
 
 // OnChange installs f as the change subscriber (nil removes it). f runs
 // on the goroutine that changed the store, outside the store's lock, once
@@ -19,22 +58,37 @@ func (s *Store) OnChange(f func(Key)) {
 	s.onChange.Store(&f)
 }
 
+// OnEvents installs f as the ordered event subscriber (nil removes it).
+// f runs under the store's lock with the changes of one locked section,
+// in order; the slice is f's to keep (the store only reads it after f
+// returns). f must return at once (see the file comment).
+func (s *Store) OnEvents(f func([]Change)) {
+	if f == nil {
+		s.onEvents.Store(nil)
+		return
+	}
+	s.onEvents.Store(&f)
+}
+
 // changedLocked records that key entered or left the index.
-func (s *Store) changedLocked(k Key) {
-	if s.onChange.Load() != nil {
-		s.changed = append(s.changed, k)
+func (s *Store) changedLocked(k Key, kind ChangeKind) {
+	if s.onChange.Load() != nil || s.onEvents.Load() != nil {
+		s.changed = append(s.changed, Change{Key: k, Kind: kind})
 	}
 }
 
-// unlockNotify releases mu and then tells the subscriber about the keys
-// changed while it was held.
+// unlockNotify hands the changes made while mu was held to the ordered
+// subscriber, releases mu, and then tells the key subscriber.
 func (s *Store) unlockNotify() {
-	keys := s.changed
+	changes := s.changed
 	s.changed = nil
+	if f := s.onEvents.Load(); f != nil && len(changes) > 0 {
+		(*f)(changes)
+	}
 	s.mu.Unlock()
 	if f := s.onChange.Load(); f != nil {
-		for _, k := range keys {
-			(*f)(k)
+		for _, c := range changes {
+			(*f)(c.Key)
 		}
 	}
 }

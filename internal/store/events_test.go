@@ -93,6 +93,58 @@ func TestOnChange(t *testing.T) {
 	}
 }
 
+// TestOnEvents: the ordered subscriber gets each locked section's changes
+// as one slice, in order and with their kind, while the lock is held (a
+// TryLock inside the hook fails), and both subscribers see the same keys.
+func TestOnEvents(t *testing.T) {
+	s, _ := newStore(t, 64*kib)
+	var got [][]string
+	var underLock []bool
+	s.OnEvents(func(cs []Change) {
+		underLock = append(underLock, !s.mu.TryLock())
+		var batch []string
+		for _, c := range cs {
+			batch = append(batch, c.Kind.String()+":"+c.Key.Hash)
+		}
+		got = append(got, batch)
+	})
+	r := &recorder{s: s}
+	s.OnChange(r.note)
+	sz := SlotSize{KSize: 16 * kib}
+	for i := 1; i <= 4; i++ {
+		mustPut(t, s, key(i), i, sz)
+	}
+	mustPut(t, s, key(5), 5, sz) // evicts h0001 in AllocExtent, then stores h0005
+	if _, err := s.Delete(key(3)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Delete(key(3)); err == nil {
+		t.Fatal("second Delete succeeded")
+	}
+	want := "stored:h0001|stored:h0002|stored:h0003|stored:h0004|evicted:h0001|stored:h0005|deleted:h0003"
+	var flat []string
+	for _, b := range got {
+		flat = append(flat, strings.Join(b, ","))
+	}
+	if g := strings.Join(flat, "|"); g != want {
+		t.Fatalf("events %s\nwant   %s", g, want)
+	}
+	for i, u := range underLock {
+		if !u {
+			t.Fatalf("batch %d delivered without the store lock held", i)
+		}
+	}
+	keys, _ := r.take()
+	if g := strings.Join(keys, ","); g != "h0001,h0002,h0003,h0004,h0001,h0005,h0003" {
+		t.Fatalf("OnChange saw %s", g)
+	}
+	s.OnEvents(nil)
+	mustPut(t, s, key(6), 6, sz)
+	if len(got) != len(flat) {
+		t.Fatalf("OnEvents(nil) still delivered: %v", got[len(flat):])
+	}
+}
+
 // TestImports keeps the store a state-only package (ARCHITECTURE.md "One
 // owner of state, one adapter to the network"): it must not reach the
 // network through gRPC or Redis, not even indirectly.

@@ -171,7 +171,8 @@ type Store struct {
 	// mu guards the LRU, every block's pins/lastAccess/elem, every
 	// extent's refs and the counters below, and (with idxMu) the index. It
 	// is never held while calling a caller's fill or w callback. Lock
-	// order: mu, then idxMu, then pool's.
+	// order: mu, then idxMu, then pool's; the OnEvents subscriber's own
+	// lock, if any, comes after mu and is a leaf (events.go).
 	mu sync.Mutex
 	// idxMu guards index together with mu: index is written only with both
 	// held, so either one is enough to read it. Pin and Has look keys up
@@ -193,9 +194,10 @@ type Store struct {
 	deferred   uint64 // out of the index, pins > 0
 	evictions  uint64
 	underflows uint64
-	changed    []Key // keys indexed or removed since mu was taken (events.go)
+	changed    []Change // keys indexed or removed since mu was taken (events.go)
 
-	onChange atomic.Pointer[func(Key)] // change subscriber (events.go)
+	onChange atomic.Pointer[func(Key)]      // key subscriber, called after unlock (events.go)
+	onEvents atomic.Pointer[func([]Change)] // ordered subscriber, called under mu (events.go)
 }
 
 // New creates a store over p. m may be nil (no metrics).
@@ -352,7 +354,7 @@ func (s *Store) Insert(key Key, e *Extent, slots []SlotLayout) (created bool, er
 	s.idxMu.Unlock()
 	s.listAddLocked(b)
 	s.bytes += b.size
-	s.changedLocked(key)
+	s.changedLocked(key, Stored)
 	s.indexMetricsLocked()
 	return true, nil
 }
@@ -502,11 +504,11 @@ func (s *Store) unpinLocked(b *Block) {
 
 // removeLocked takes b out of the index and the LRU and drops its extent
 // reference unless a pin keeps it. It reports whether memory was freed.
-func (s *Store) removeLocked(b *Block) (freed bool) {
+func (s *Store) removeLocked(b *Block, why ChangeKind) (freed bool) {
 	s.idxMu.Lock()
 	delete(s.index, b.key)
 	s.idxMu.Unlock()
-	s.changedLocked(b.key)
+	s.changedLocked(b.key, why)
 	s.lru.Remove(b.elem)
 	b.elem = nil
 	s.listRemoveLocked(b)
@@ -528,7 +530,7 @@ func (s *Store) Delete(key Key) (deferred bool, err error) {
 	if !ok {
 		return false, fmt.Errorf("%w: namespace=%s hash=%x", ErrNotFound, key.Namespace, key.Hash)
 	}
-	s.removeLocked(b)
+	s.removeLocked(b, Deleted)
 	return b.pins > 0, nil
 }
 
