@@ -223,6 +223,14 @@ func Start(ctx context.Context, cfg config.Config, opts ...Option) (d *Daemon, e
 		return d, err
 	}
 	d.store = store.New(d.pool, d.metrics)
+	pl := d.pool
+	d.metrics.SetPoolParts(func() []metrics.PoolPart {
+		var out []metrics.PoolPart
+		for _, pt := range pl.PartStats() {
+			out = append(out, metrics.PoolPart{Node: pt.Node, Size: pt.Size, Used: pt.Used})
+		}
+		return out
+	})
 
 	if err := d.setupPeerTLS(); err != nil {
 		return d, err

@@ -111,6 +111,7 @@ type Metrics struct {
 	reqLabels     map[string]struct{} // requester labels in use, bounded by MaxRequesterLabels
 	reqOverflow   map[string]struct{} // requesters counted under OtherRequester until forgotten
 	oldestAge     atomic.Pointer[func() time.Duration]
+	poolParts     *poolParts
 
 	// Requester side.
 	FetchTotal        *prometheus.CounterVec // status
@@ -296,7 +297,9 @@ func New(reg prometheus.Registerer, runtime bool) *Metrics {
 		PoolPinned: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "pegaflow_pool_pinned_bytes", Help: "Bytes of blocks pinned by a transfer lock or a local read: pool memory eviction cannot free.",
 		}),
+		poolParts: newPoolParts(),
 	}
+	reg.MustRegister(m.poolParts)
 	reg.MustRegister(
 		m.HolderRPC, m.SessionsActive, m.LockActive, m.LockTimeouts, m.LockForceReleases,
 		m.LockRenewals, m.IncarnationReclaim, m.LockEndedNotLive,
