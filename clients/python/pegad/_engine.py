@@ -95,3 +95,20 @@ def prefix(client, namespaces, hashes):
             break
         n = min(n, lookup(client, ns, hashes[:n]))
     return n
+
+
+def as_numpy(t):
+    """An engine buffer (numpy array or CPU torch tensor) as a numpy array
+    over the same memory (no copy); 16-bit floats come as int16: the
+    connectors move bytes, never values."""
+    import numpy as np
+    if isinstance(t, np.ndarray):
+        return t
+    if getattr(t, "is_cuda", False):
+        raise TypeError("pegad's connectors copy with numpy: CUDA buffers are not supported yet")
+    import torch  # only reached with torch tensors
+    if t.dtype in (torch.bfloat16, torch.float16):
+        t = t.view(torch.int16)
+    elif t.dtype.is_floating_point and t.element_size() == 1:
+        t = t.view(torch.uint8)
+    return t.numpy()

@@ -279,7 +279,7 @@ class PegadConnector(KVConnectorBase_V1):
         head_dim] (numpy array or CPU torch tensor), in model order."""
         self._layers, self._caches = {}, []
         for i, (name, t) in enumerate(kv_caches.items()):
-            a = t if isinstance(t, np.ndarray) else _numpy(t)
+            a = _engine.as_numpy(t)
             if a.ndim != 5 or a.shape[0] != 2 or a.shape[2] != self.block_size or not a.flags.c_contiguous:
                 raise ValueError(f"layer {name}: want a C-contiguous [2, num_blocks, {self.block_size}, heads, "
                                  f"head_dim] cache, got shape {a.shape}")
@@ -468,15 +468,3 @@ def _release(client, readers):
         client.release_batch(readers)
     except _engine.FAILURES:
         pass  # the pins end with the connection anyway
-
-
-def _numpy(t):
-    """A CPU torch tensor's bytes as numpy (no copy)."""
-    if getattr(t, "is_cuda", False):
-        raise TypeError("pegad.vllm copies with numpy: CUDA KV caches are not supported by this connector yet")
-    import torch  # only reached with torch tensors
-    if t.dtype in (torch.bfloat16, torch.float16):
-        t = t.view(torch.int16)
-    elif t.dtype.is_floating_point and t.element_size() == 1:
-        t = t.view(torch.uint8)
-    return t.numpy()

@@ -51,3 +51,13 @@ def test_the_check_catches_a_wrong_signature():
             pass
     with pytest.raises(AssertionError, match="wait_for_layer_load"):
         _check(Drifted, base.KVConnectorBase_V1)
+
+
+def test_sglang_backend_matches_hicachestorage():
+    from sglang.srt.mem_cache import hicache_storage as base
+    from pegad import sglang as backend
+    assert backend.UPSTREAM_COMMIT == getattr(base, "UPSTREAM_COMMIT", backend.UPSTREAM_COMMIT)
+    checked = _check(backend.PegadStorage, base.HiCacheStorage)
+    for name in ("register_mem_pool_host", "batch_exists", "batch_get_v1", "batch_set_v1", "get", "batch_get",
+                 "set", "batch_set", "exists"):
+        assert name in checked, f"PegadStorage does not implement {name}"
