@@ -289,10 +289,11 @@ class PegadConnector(KVConnectorBase_V1):
         self.block_bytes = 2 * self._half * len(self._caches)
 
     def _reset_step(self):
-        self._load = []  # (block_id, uint8 view [layers, 2, half]) to copy, chain order
+        self._load = []  # runs (block ids, uint8 view [n, layers, 2, half] of the pool) to copy
         self._load_readers = []  # (req BlockRun, index in run, Reader)
         self._loaded_layers = 0
-        self._save = []  # (block_id, uint8 view [layers, 2, half]) of reserved room
+        self._load_client = None  # the client the step's leases were taken through
+        self._save = []  # runs (block ids, uint8 view [n, layers, 2, half] of reserved room)
         self._writers = []  # (req_id, Writer), reserved through _save_client
         self._save_client = None
         self._save_futs = []
@@ -304,7 +305,7 @@ class PegadConnector(KVConnectorBase_V1):
         meta = self._connector_metadata
         if meta is None or (not meta.loads and not meta.saves):
             return
-        client = self.link.get()
+        client = self._load_client = self.link.get()
         for run in meta.loads:
             self._pin(client, run)
         if meta.saves:
@@ -325,12 +326,34 @@ class PegadConnector(KVConnectorBase_V1):
         extra = [r for r in res[bad:] if not isinstance(r, Exception)]
         if extra:  # after a missing block nothing of the chain is loaded
             _release(client, extra)
-        for i, r in enumerate(good):
-            self._load.append((run.block_ids[i], np.frombuffer(r.buffer, np.uint8).reshape(len(self._caches), 2, -1)))
-            self._load_readers.append((run, i, r))
+        self._load.extend(self._runs(client, run.block_ids[:bad], [r.buffer for r in good]))
+        self._load_readers.extend((run, i, r) for i, r in enumerate(good))
         if bad < len(res):
             self._load_failed(run, bad)
         self._count(loaded_blocks=bad, loaded_bytes=bad * self.block_bytes)
+
+    def _runs(self, client, block_ids, bufs):
+        """Group blocks whose pool buffers lie back to back (a batch's
+        blocks mostly do) into runs copied by one numpy call per layer
+        instead of one per block: [(block ids, view [n, layers, 2, half])]."""
+        pool = np.frombuffer(client.pool, np.uint8)
+        base = pool.ctypes.data
+        size = self.block_bytes
+        out = []
+        start = prev = None
+        ids = []
+        for bid, buf in zip(block_ids, bufs):
+            addr = np.frombuffer(buf, np.uint8).ctypes.data - base
+            if prev is not None and addr != prev + size:
+                out.append((np.array(ids), pool[start:prev + size].reshape(len(ids), len(self._caches), 2, -1)))
+                start, ids = None, []
+            if start is None:
+                start = addr
+            ids.append(bid)
+            prev = addr
+        if ids:
+            out.append((np.array(ids), pool[start:prev + size].reshape(len(ids), len(self._caches), 2, -1)))
+        return out
 
     def _load_failed(self, run, i):
         self._failed_reqs.add(run.req_id)
@@ -350,6 +373,7 @@ class PegadConnector(KVConnectorBase_V1):
             self.link.failed(client, e)
             self._count(save_dropped_blocks=len(reqs))
             return
+        ids = []
         for (rid, bid), w in zip(bids, res):
             if isinstance(w, errors.Exists):
                 continue  # stored already (by us or another engine): nothing to write
@@ -357,7 +381,8 @@ class PegadConnector(KVConnectorBase_V1):
                 self._count(save_dropped_blocks=1)
                 continue
             self._writers.append((rid, w))
-            self._save.append((bid, np.frombuffer(w.buffer, np.uint8).reshape(len(self._caches), 2, -1)))
+            ids.append(bid)
+        self._save = self._runs(client, ids, [w.buffer for _, w in self._writers])
 
     def wait_for_layer_load(self, layer_name):
         """Copy every pinned block's part of this layer (and of any earlier
@@ -367,25 +392,30 @@ class PegadConnector(KVConnectorBase_V1):
         upto = self._layers[layer_name] + 1
         for layer in range(self._loaded_layers, upto):
             cache = self._caches[layer]
-            for bid, src in self._load:
-                cache[:, bid] = src[layer]
+            for bids, src in self._load:
+                cache[:, bids] = src[:, layer].swapaxes(0, 1)
         self._loaded_layers = max(self._loaded_layers, upto)
         if self._loaded_layers == len(self._caches):
             self._end_load()
 
     def _end_load(self):
-        """Unpin the loaded blocks; a lease that ended during the copy may
-        have let the memory be reused, so its block and the rest of its
-        request's chain are reported as failed."""
+        """Unpin the loaded blocks (one round trip). A lease that ended
+        during the copy may have let its memory be reused; the release
+        does not say which one, so every block of the step's loads is
+        reported as failed and recomputed (rare: a lease outlived its
+        timeout)."""
         readers, self._load_readers, self._load = self._load_readers, [], []
-        client = self.link.get()
-        for run, i, r in readers:
-            try:
-                r.release()
-            except errors.LeaseEnded:
-                self._load_failed(run, i)
-            except _engine.FAILURES as e:
-                self.link.failed(client, e)
+        if not readers:
+            return
+        client = self._load_client
+        try:
+            client.release_batch([r for _, _, r in readers])
+        except errors.LeaseEnded:
+            for run, i, _ in readers:
+                if i == 0:
+                    self._load_failed(run, 0)
+        except _engine.FAILURES as e:
+            self.link.failed(client, e)
 
     def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
         """Queue the copy of this layer of the step's full blocks into the
@@ -397,8 +427,8 @@ class PegadConnector(KVConnectorBase_V1):
 
     def _copy_layer(self, layer, save):
         cache = self._caches[layer]
-        for bid, dst in save:
-            dst[layer] = cache[:, bid]
+        for bids, dst in save:
+            dst[:, layer] = cache[:, bids].swapaxes(0, 1)
 
     def wait_for_save(self):
         """Wait for the copies out of the paged cache; commit on the save
