@@ -61,6 +61,8 @@ from .client import DEFAULT_SOCKET
 __all__ = ["PegadConnector", "PegadConnectorMetadata", "UPSTREAM_COMMIT"]
 
 UPSTREAM_COMMIT = "003df2961dd8830c317a61f9745ccd557da9fa06"
+# A layer's load of at least this many bytes is copied by two threads.
+SPLIT_BYTES = 4 << 20
 KV_LAYOUT = "NHD"  # kv_caches[layer] is [2, num_blocks, block_size, heads, head_dim]
 
 log = logging.getLogger("pegad.vllm")
@@ -151,6 +153,8 @@ class PegadConnector(KVConnectorBase_V1):
             self._layers = {}  # layer name -> index, in registration order
             self._caches = []  # per layer: uint8 view [2, num_blocks, bytes of one K (or V) block]
             self._saver = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pegad-save")
+            self._loader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pegad-load")
+            self._split = int(extra.get("load_split_bytes", SPLIT_BYTES))
             self._reset_step()
             self._errors = set()
 
@@ -386,14 +390,25 @@ class PegadConnector(KVConnectorBase_V1):
 
     def wait_for_layer_load(self, layer_name):
         """Copy every pinned block's part of this layer (and of any earlier
-        layer not copied yet) into the paged cache."""
+        layer not copied yet) into the paged cache. A large load is split
+        in two halves copied at once, here and on the load thread (numpy
+        lets go of the GIL while it copies)."""
         if not self._load:
             return
         upto = self._layers[layer_name] + 1
+        split = None
+        if sum(len(b) for b, _ in self._load) * 2 * self._half >= self._split:
+            split = _halves(self._load)
         for layer in range(self._loaded_layers, upto):
             cache = self._caches[layer]
-            for bids, src in self._load:
-                cache[:, bids] = src[:, layer].swapaxes(0, 1)
+            if split is None:
+                _scatter(cache, layer, self._load)
+                continue
+            other = self._loader.submit(_scatter, cache, layer, split[1])
+            try:
+                _scatter(cache, layer, split[0])
+            finally:
+                other.result()
         self._loaded_layers = max(self._loaded_layers, upto)
         if self._loaded_layers == len(self._caches):
             self._end_load()
@@ -484,9 +499,34 @@ class PegadConnector(KVConnectorBase_V1):
     def shutdown(self):
         if self.role == KVConnectorRole.WORKER:
             self._saver.shutdown(wait=True)
+            self._loader.shutdown(wait=True)
         elif self._prefetcher is not None:
             self._prefetcher.shutdown(wait=False)
         self.link.close()
+
+
+def _scatter(cache, layer, runs):
+    """This layer of each run's blocks into the paged cache."""
+    for bids, src in runs:
+        cache[:, bids] = src[:, layer].swapaxes(0, 1)
+
+
+def _halves(runs):
+    """runs split into two lists of (about) the same number of blocks."""
+    mid = sum(len(b) for b, _ in runs) // 2
+    first, second, seen = [], [], 0
+    for bids, v in runs:
+        n = len(bids)
+        if seen + n <= mid:
+            first.append((bids, v))
+        elif seen >= mid:
+            second.append((bids, v))
+        else:
+            k = mid - seen
+            first.append((bids[:k], v[:k]))
+            second.append((bids[k:], v[k:]))
+        seen += n
+    return first, second
 
 
 def _usable(r, size):
