@@ -241,12 +241,16 @@ class PegadConnector(KVConnectorBase_V1):
             st.block_ids = list(nr.block_ids[0])
             computed[nr.req_id] = nr.num_computed_tokens
         cached = scheduler_output.scheduled_cached_reqs
+        resumed = set(getattr(cached, "resumed_req_ids", ()) or ())  # their new_block_ids are all their blocks
+        flags = getattr(cached, "resumed_from_preemption", None)  # the older form of the same
         for i, rid in enumerate(cached.req_ids):
             st = self._reqs.get(rid)
             if st is None:
                 continue
             new = cached.new_block_ids[i]
-            if new is not None:
+            if rid in resumed or (flags is not None and flags[i]):
+                st.block_ids = list(new[0]) if new is not None else []
+            elif new is not None:
                 st.block_ids.extend(new[0])
             computed[rid] = cached.num_computed_tokens[i]
         for rid, ncomp in computed.items():

@@ -212,3 +212,22 @@ def test_daemon_stopped_mid_run_engine_recomputes(bins, ns):
         assert max_diff(got2, want2) < TOL
     finally:
         d.stop()
+
+
+def test_chunked_prefill_and_resume_after_preemption(daemon, ns):
+    """Saves follow the scheduler: a chunk saves the blocks it fills; a
+    request resumed after preemption (vLLM's resumed_req_ids: new_block_ids
+    are all its blocks) saves into its new blocks from where it recomputes."""
+    from tinyengine import KVCacheBlocks, _sched_out
+    prompt, _ = prompts(12)
+    with Engine(daemon.socket, block_size=BS, extra={"namespace": ns}) as a:
+        r = _req(prompt)
+        a.conn.update_state_after_alloc(r, KVCacheBlocks([0, 1, 2, 3, 4, 5]), 0)
+        m = a.conn.build_connector_meta(_sched_out(new=[("probe", prompt, [0, 1, 2, 3, 4, 5], 0)],
+                                                   scheduled={"probe": 9}))
+        assert [s.block_ids for s in m.saves] == [[0, 1]]
+        so = _sched_out(cached=[("probe", ([10, 11, 12, 13, 14, 15],), 0)], scheduled={"probe": PROMPT_LEN})
+        so.scheduled_cached_reqs.resumed_req_ids = {"probe"}
+        m = a.conn.build_connector_meta(so)
+        assert [s.block_ids for s in m.saves] == [[10, 11, 12, 13, 14]]
+        assert m.saves[0].hashes == block_hashes(prompt, BS)
