@@ -55,8 +55,11 @@ def rank_namespaces(base, tp_size, pp_size=1):
 
 def hash_bytes(h):
     """A block hash as the bytes pegad keys on: vLLM's BlockHash is bytes
-    (older releases: an int, taken as 32 big-endian bytes, sign folded in);
+    (older releases: a tuple whose hash_value is an int, taken as 32
+    big-endian bytes, sign folded in);
     a str is its UTF-8 (an SGLang key longer than 64 bytes: its sha256)."""
+    if hasattr(h, "hash_value"):  # vLLM before 0.10: BlockHash(hash_value, token_ids, extra_keys)
+        h = h.hash_value
     if isinstance(h, (bytes, bytearray, memoryview)):
         b = bytes(h)
     elif isinstance(h, int):

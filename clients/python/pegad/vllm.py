@@ -137,6 +137,7 @@ class PegadConnector(KVConnectorBase_V1):
         self.base = base_namespace(vllm_config)
         self.namespaces = keys.rank_namespaces(self.base, pc.tensor_parallel_size, pc.pipeline_parallel_size)
         self.cluster = bool(extra.get("cluster", False))
+        self.prefetch_timeout = float(extra.get("prefetch_timeout", 5.0))  # the longest a request waits on it
         self.link = _engine.Link(extra.get("socket") or os.environ.get("PEGAD_SOCKET") or DEFAULT_SOCKET,
                                  timeout=float(extra.get("timeout", 5.0)), retry=float(extra.get("retry", 1.0)))
         self.stats = {"lookups": 0, "hit_blocks": 0, "loaded_blocks": 0, "load_error_blocks": 0,
@@ -204,7 +205,7 @@ class PegadConnector(KVConnectorBase_V1):
         def run():
             for ns in self.namespaces:
                 try:
-                    client.prefetch(ns, hashes, timeout=30)
+                    client.prefetch(ns, hashes, timeout=self.prefetch_timeout)
                 except _engine.FAILURES as e:  # partly fetched or no index: the lookup after it says what is here
                     log.info("cluster prefetch of %d blocks under %s: %s", len(hashes), ns, e)
         return self._prefetcher.submit(run)
