@@ -135,12 +135,12 @@ class PegadStorage(HiCacheStorage):
             if isinstance(r, Exception):
                 continue
             readers.append((i, r))
-            if r.buffer is None or r.size != 2 * self._seg:
-                continue
+            if len(r.slots) != 1 or r.slots[0].v is None or r.size != 2 * self._seg:
+                continue  # not a page of this layout: recompute it
+            # By segment: a page fetched from a peer may have K and V apart.
             k, v = self._page_views(starts[i])
-            bk, bv = self._block_views(r.buffer)
-            k[...] = bk
-            v[...] = bv
+            k[...] = np.frombuffer(r.slots[0].k, self._buf.dtype).reshape(k.shape)
+            v[...] = np.frombuffer(r.slots[0].v, self._buf.dtype).reshape(v.shape)
             out[i] = True
         for i, r in readers:
             try:
