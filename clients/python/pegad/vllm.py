@@ -16,12 +16,17 @@ What it does:
   "cluster": true, a prefix another node holds is prefetched into this node
   first; meanwhile it answers None (ask again later). Loads are synchronous
   within the step (second value False).
-- Worker loads layer by layer: start_load_kv pins every block to load (one
-  lease round trip); wait_for_layer_load(layer) copies that layer of every
+- update_state_after_alloc pins the blocks to load for every rank
+  (LOOKUP_PIN, when the daemon has it; "pin": false turns it off) and hands
+  the lease tokens to the workers, which adopt them: from then until the
+  load, nothing evicts those blocks.
+- Worker loads layer by layer: start_load_kv adopts the scheduler's pin,
+  or, without one, leases every block to load (one round trip); wait_for_layer_load(layer) copies that layer of every
   block from the pool into the paged KV cache just before the layer's
   attention, and the pins end after the last layer. A block missing at
   start_load_kv (evicted since the lookup) or whose lease ended during the
-  copy is reported by get_block_ids_with_load_errors, with every later block
+  copy (or not pinned by the scheduler) is reported by
+  get_block_ids_with_load_errors, with every later block
   of its request, and vLLM recomputes them; nothing is loaded from it.
 - Worker saves asynchronously: start_load_kv reserves room in the pool for
   the blocks that become full in this step; save_kv_layer (called after the
@@ -74,6 +79,7 @@ class BlockRun:
     req_id: str
     block_ids: list
     hashes: list  # bytes, as pegad keys them
+    pins: dict = None  # loads: rank namespace -> lease token of the scheduler's pin (LOOKUP_PIN)
 
 
 @dataclass
@@ -90,6 +96,7 @@ class _ReqState:
     block_ids: list
     saved: int  # blocks [0, saved) are stored (or were found stored)
     load: BlockRun = None  # emitted by the next build_connector_meta
+    pins: list = field(default_factory=list)  # the scheduler's Pin objects, kept until the request ends
 
 
 def _ranks(vllm_config):
@@ -137,6 +144,7 @@ class PegadConnector(KVConnectorBase_V1):
         self.base = base_namespace(vllm_config)
         self.namespaces = keys.rank_namespaces(self.base, pc.tensor_parallel_size, pc.pipeline_parallel_size)
         self.cluster = bool(extra.get("cluster", False))
+        self.pin = bool(extra.get("pin", True))  # scheduler pins, workers adopt (when the daemon can)
         self.prefetch_timeout = float(extra.get("prefetch_timeout", 5.0))  # the longest a request waits on it
         self.link = _engine.Link(extra.get("socket") or os.environ.get("PEGAD_SOCKET") or DEFAULT_SOCKET,
                                  timeout=float(extra.get("timeout", 5.0)), retry=float(extra.get("retry", 1.0)))
@@ -226,8 +234,27 @@ class PegadConnector(KVConnectorBase_V1):
         n = min(n, (num_external_tokens + self.block_size - 1) // self.block_size)
         if n > 0 and len(block_ids) >= start + n:
             hashes = [keys.hash_bytes(h) for h in request.block_hashes[start:start + n]]
-            st.load = BlockRun(rid, block_ids[start:start + n], hashes)
+            st.load = BlockRun(rid, block_ids[start:start + n], hashes, self._pin_ranks(st, hashes))
             st.saved = max(st.saved, start + n)
+
+    def _pin_ranks(self, st, hashes):
+        """Pin the blocks to load for every rank (LOOKUP_PIN), so nothing
+        evicts them before the workers adopt the pins: rank namespace ->
+        token, or None against a daemon without pins (the workers lease
+        then, and report what went missing meanwhile)."""
+        client = self.link.get()
+        if not self.pin or client is None or not hasattr(client, "lookup_pin"):
+            return None
+        tokens = {}
+        try:
+            for ns in self.namespaces:
+                pin = client.lookup_pin(ns, hashes)
+                st.pins.append(pin)
+                tokens[ns] = pin.token
+        except _engine.FAILURES as e:
+            self.link.failed(client, e)
+            return None
+        return tokens
 
     def build_connector_meta(self, scheduler_output):
         """This step's loads (recorded by update_state_after_alloc) and
@@ -276,7 +303,13 @@ class PegadConnector(KVConnectorBase_V1):
         """Forget the request. Every publishable full block was saved by the
         step that filled it, so the blocks can be freed now: (False, None)."""
         rid = request.request_id
-        self._reqs.pop(rid, None)
+        st = self._reqs.pop(rid, None)
+        if st is not None and st.load is not None:  # pinned for a load never handed to the workers
+            for pin in st.pins:
+                try:
+                    pin.release()
+                except _engine.FAILURES:
+                    pass  # it ends at its lease timeout anyway
         self._matched.pop(rid, None)
         self._prefetch.pop(rid, None)
         return False, None
@@ -324,7 +357,9 @@ class PegadConnector(KVConnectorBase_V1):
         res = None
         if client is not None:
             try:
-                res = client.lease_batch(self.namespace, run.hashes)
+                res = self._adopt(client, run)
+                if res is None:
+                    res = client.lease_batch(self.namespace, run.hashes)
             except _engine.FAILURES as e:
                 self.link.failed(client, e)
         if res is None:
@@ -340,6 +375,22 @@ class PegadConnector(KVConnectorBase_V1):
         if bad < len(res):
             self._load_failed(run, bad)
         self._count(loaded_blocks=bad, loaded_bytes=bad * self.block_bytes)
+
+    def _adopt(self, client, run):
+        """The readers of the scheduler's pin for this rank, in chain order,
+        padded with NotFound for blocks it did not pin; None when there is
+        no pin to adopt (or it cannot be adopted: lapsed, taken), so the
+        blocks are leased instead."""
+        token = (run.pins or {}).get(self.namespace)
+        if token is None or not hasattr(client, "adopt"):
+            return None
+        try:
+            readers = client.adopt(token)
+        except (errors.NotFound, errors.InvalidArgument, errors.LeaseEnded, errors.FailedPrecondition) as e:
+            log.info("pin of %d blocks not adopted (%s): leasing them", len(run.hashes), e)
+            return None
+        missing = [errors.NotFound("not pinned by the scheduler")] * (len(run.hashes) - len(readers))
+        return list(readers[:len(run.hashes)]) + missing
 
     def _runs(self, client, block_ids, bufs):
         """Group blocks whose pool buffers lie back to back (a batch's

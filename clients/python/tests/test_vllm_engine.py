@@ -33,7 +33,7 @@ def max_diff(got, ref):
 TOL = 1e-4  # float32 sums in another order; a wrong KV moves logits by ~1
 
 
-def serve_pair(socket, seed, tp=1, extra=None, between=None):
+def serve_pair(socket, seed, tp=1, extra=None, between=None, after_alloc=None):
     """A saves prompt; B serves prompt+suffix from another block table; the
     reference recomputes. Returns (B's logits, B's tokens, ref logits, ref
     tokens, B's events)."""
@@ -42,7 +42,7 @@ def serve_pair(socket, seed, tp=1, extra=None, between=None):
         a.serve("a", prompt)
         a.worker_stats()  # waits for A's saves to be committed
     with Engine(socket, tp=tp, block_size=BS, extra=extra, block_order=list(range(63, -1, -1))) as b:
-        got, gen = b.serve("b", longer, between=between)
+        got, gen = b.serve("b", longer, between=between, after_alloc=after_alloc)
         events = b.events
     with Engine(None, tp=tp, block_size=BS) as ref:
         want, want_gen = ref.serve("ref", longer)
@@ -159,7 +159,7 @@ def test_tp2_two_worker_processes(daemon, ns):
 
 
 def test_block_evicted_between_lookup_and_load_is_recomputed(bins, ns):
-    """A small pool: A's blocks are evicted after B's lookup; B's workers
+    """A small pool: A's blocks are evicted after B's lookup (before any pin); B's workers
     report them as load errors, the engine recomputes, logits match."""
     d = Daemon(bins, "py-evict", pool_size="1MiB")
     try:
@@ -231,3 +231,26 @@ def test_chunked_prefill_and_resume_after_preemption(daemon, ns):
         m = a.conn.build_connector_meta(so)
         assert [s.block_ids for s in m.saves] == [[10, 11, 12, 13, 14]]
         assert m.saves[0].hashes == block_hashes(prompt, BS)
+
+
+def test_scheduler_pin_survives_eviction_before_the_load(bins, ns):
+    """With the daemon's pinning lookup, update_state_after_alloc pins the
+    prefix and the workers adopt it: filling the pool after the pin evicts
+    nothing B needs, so B loads without errors and its logits match."""
+    if not hasattr(pegad.Client, "lookup_pin"):
+        pytest.skip("the client has no lookup_pin yet (issue 24 item 1, branch engine)")
+    d = Daemon(bins, "py-pin", pool_size="1MiB")
+    try:
+        def fill(engine):
+            with pegad.Client(d.socket) as c:
+                for i in range(3 * c.pool_size // 8192):
+                    try:
+                        c.put(ns + "-filler", i.to_bytes(8, "big"), bytes(8192))
+                    except pegad.PoolFull:
+                        pass  # the pinned prefix is what is left
+        got, gen, want, want_gen, events = serve_pair(d.socket, 13, extra={"namespace": ns}, after_alloc=fill)
+        assert ("loaded", 5) in events
+        assert not any(e[0] == "load_errors" for e in events)
+        assert max_diff(got, want) < TOL and gen == want_gen
+    finally:
+        d.stop()

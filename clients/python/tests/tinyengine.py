@@ -285,10 +285,11 @@ class Engine:
         errs = set().union(*(e for _, e in res))
         return res[0][0], errs
 
-    def serve(self, req_id, prompt, decode=2, between=None):
+    def serve(self, req_id, prompt, decode=2, between=None, after_alloc=None):
         """Prefill prompt, then decode greedily. Returns (logits of every
         token computed by this engine keyed by position, tokens generated).
-        between(engine) runs after the scheduler's lookup, before the
+        between(engine) runs after the scheduler's lookup, before
+        update_state_after_alloc; after_alloc(engine) after it, before the
         workers' step (to evict or stop the daemon there)."""
         bs = self.bs
         req = Request(req_id, list(prompt), bs)
@@ -303,13 +304,15 @@ class Engine:
                 time.sleep(0.05)
             else:
                 raise AssertionError("get_num_new_matched_tokens answered None for 30 s")
+        if between is not None:
+            between(self)
         nblk = (req.num_tokens + bs - 1) // bs
         table = [self.free.pop(0) for _ in range(nblk)]
         if self.conn is not None:
             self.conn.update_state_after_alloc(req, KVCacheBlocks(table), ext)
         self.events.append(("loaded", ext // bs))
-        if between is not None:
-            between(self)
+        if after_alloc is not None:
+            after_alloc(self)
         out = {}
         computed = ext
         first = True
