@@ -159,8 +159,9 @@ def test_tp2_two_worker_processes(daemon, ns):
 
 
 def test_block_evicted_between_lookup_and_load_is_recomputed(bins, ns):
-    """A small pool: A's blocks are evicted after B's lookup (before any pin); B's workers
-    report them as load errors, the engine recomputes, logits match."""
+    """A small pool: A's blocks are evicted after B's lookup (before any
+    pin); B's workers report them as load errors, the engine recomputes,
+    logits match."""
     d = Daemon(bins, "py-evict", pool_size="1MiB")
     try:
         prompt, _ = prompts(7)
