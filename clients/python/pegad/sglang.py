@@ -20,8 +20,9 @@ each the page's bytes in the pool's layout order (page_first: [page, layer,
 head, dim], one contiguous run per segment; layer_first: [layer, page,
 head, dim], gathered per layer). The layout is part of the namespace, so
 engines with different layouts never read each other's bytes. Each TP rank
-stores under its own namespace (MLA models: one shared namespace); SGLang
-takes the minimum of batch_exists over the TP group itself.
+stores under its own namespace; SGLang takes the minimum of batch_exists
+over the TP group itself. MLA host pools (one latent buffer, no K/V pair)
+are refused by register_mem_pool_host.
 
 When pegad is stopped, batch_exists answers 0, gets and sets report False,
 and SGLang recomputes; the client is dialled again at most every "retry"
