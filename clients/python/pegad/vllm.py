@@ -449,8 +449,8 @@ class PegadConnector(KVConnectorBase_V1):
         layer not copied yet) into the paged cache. A large load is split
         in two halves copied at once, here and on the load thread (numpy
         lets go of the GIL while it copies)."""
-        if not self._load:
-            return
+        if not self._load or layer_name not in self._layers:
+            return  # a layer without a registered cache of its own has nothing to load
         upto = self._layers[layer_name] + 1
         split = None
         if sum(len(b) for b, _ in self._load) * 2 * self._half >= self._split:
@@ -491,7 +491,7 @@ class PegadConnector(KVConnectorBase_V1):
     def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
         """Queue the copy of this layer of the step's full blocks into the
         room reserved for them (the layer's K/V are final now)."""
-        if not self._save:
+        if not self._save or layer_name not in self._layers:
             return
         layer = self._layers[layer_name]
         self._save_futs.append(self._saver.submit(self._copy_layer, layer, self._save))
