@@ -28,6 +28,7 @@ var statusKinds = slices.Concat([]pegaderr.Kind{
 	{Err: requester.ErrDeadline, Code: codes.DeadlineExceeded, Reason: pegaderr.Deadline},
 	{Err: requester.ErrLocalResource, Code: codes.ResourceExhausted, Reason: pegaderr.LocalResource},
 	{Err: requester.ErrDiscarded, Code: codes.Aborted, Reason: pegaderr.Discarded},
+	{Err: requester.ErrAuthentication, Code: codes.PermissionDenied, Reason: pegaderr.Authentication},
 	{Err: requester.ErrConnection, Code: codes.Unavailable, Reason: pegaderr.Connection},
 	{Err: requester.ErrRemote, Code: codes.FailedPrecondition, Reason: pegaderr.Remote},
 	{Err: index.ErrDisabled, Code: codes.FailedPrecondition, Reason: pegaderr.IndexDisabled},
