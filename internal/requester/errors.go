@@ -112,12 +112,17 @@ func (e *FetchError) Error() string {
 // grpcWrapping is the text a gRPC status gets when it is formatted.
 var grpcWrapping = regexp.MustCompile(`rpc error: code = \w+ desc = `)
 
+// transportWrapping is what gRPC puts around a failure to connect (a TLS
+// handshake's, a dial's): `connection error: desc = "transport: ..."`.
+var transportWrapping = regexp.MustCompile(`connection error: desc = "transport: (.*)"`)
+
 // causeText is err's text for an operator: one cause, said once. gRPC's
 // "rpc error: code = ... desc =" wrapping goes, and so does conn's own
 // "conn: read from PEER:" (the FetchError names the peer already). A
 // peer that closed or reset the connection is said so in words first.
 func causeText(err error, peer string) string {
 	s := grpcWrapping.ReplaceAllString(err.Error(), "")
+	s = transportWrapping.ReplaceAllString(s, "$1")
 	if peer != "" {
 		s = strings.ReplaceAll(s, "conn: read from "+peer+": ", "")
 	}
