@@ -38,9 +38,15 @@ const (
 	Canceled Reason = "CANCELED"  // the caller's context ended
 	Deadline Reason = "DEADLINE"  // a deadline passed
 	Internal Reason = "INTERNAL"  // a bug or an unexpected failure
-	Limit    Reason = "LIMIT"     // a per-peer or node limit refused the request
-	Draining Reason = "DRAINING"  // the node is shutting down; try another
-	Identity Reason = "IDENTITY"  // a claimed node id the certificate does not prove
+	// A block deleted or replaced while a streaming get read it; read it
+	// again.
+	BlockChanged Reason = "BLOCK_CHANGED"
+	Limit        Reason = "LIMIT"    // a per-peer or node limit refused the request
+	Draining     Reason = "DRAINING" // the node is shutting down; try another
+	Identity     Reason = "IDENTITY" // a claimed node id the certificate does not prove
+	// An RDMA handshake the holder could not complete (its resources, the
+	// connect); it left nothing behind and may be retried.
+	HandshakeAborted Reason = "HANDSHAKE_ABORTED"
 	// A certificate refused on the peer port: the holder's CA did not sign
 	// the requester's, it is off --peer-allow, or the requester refused the
 	// holder's. Not retryable until a certificate or a list changes.
