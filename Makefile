@@ -31,8 +31,9 @@ build: ## bin/pegad and bin/pegactl, version-stamped
 	$(GO) build -ldflags "$(LDFLAGS)" -o bin/pegad ./cmd/pegad
 	$(GO) build -ldflags "$(LDFLAGS)" -o bin/pegactl ./cmd/pegactl
 
-test: ## every test, with the race detector
-	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+test: ## every test, with the race detector: a line per package as it ends, one every 30 s while building or running
+	set -o pipefail; $(GO) test -json -race -count=1 -timeout $(TEST_TIMEOUT) ./... | \
+		$(GO) run ./scripts/testprogress --packages $$($(GO) list ./... | wc -l)
 
 test-short: ## quick tests (-short), no race detector
 	$(GO) test -short -count=1 -timeout 5m ./...

@@ -54,6 +54,7 @@ PAIRS=(
 	"pool start-up (map + parallel populate) s/GiB vs one-thread memset|./internal/pool|BenchmarkPoolStartVsMemset|start-s/GiB|memset-s/GiB|lower"
 	"python put 4MiB vs numpy copy in|clients/python|BenchmarkPythonPutGetVsNumpy|put-MB/s|numpyin-MB/s|higher"
 	"python get 4MiB vs numpy copy out|clients/python|BenchmarkPythonPutGetVsNumpy|get-MB/s|numpyout-MB/s|higher"
+	"python put 4MiB vs numpy copy into uncached memory|clients/python|BenchmarkPythonPutGetVsNumpy|put-MB/s|numpycold-MB/s|higher"
 	"vllm connector load 1000 blocks vs numpy scatter|clients/python/connectors|BenchmarkConnectorLoadSave1000|load-MB/s|numpyload-MB/s|higher"
 	"vllm connector save 1000 blocks vs numpy gather|clients/python/connectors|BenchmarkConnectorLoadSave1000|save-MB/s|numpysave-MB/s|higher"
 	"vllm connector empty step vs no-op connector|clients/python/connectors|BenchmarkConnectorEmptyStep|step-ns/op|noop-ns/op|lower"

@@ -235,7 +235,7 @@ func Start(ctx context.Context, cfg config.Config, opts ...Option) (d *Daemon, e
 	if err := d.setupPeerTLS(); err != nil {
 		return d, err
 	}
-	d.peers = peer.NewClientsWithOptions(d.peerDialOptions()...)
+	d.peers = peer.NewClientsWithOptions(d.peerClientOptions()...)
 	d.conns, err = conn.NewManager(conn.Options{
 		NodeID:      cfg.NodeID,
 		Incarnation: d.incarnation,

@@ -45,6 +45,13 @@ func (d *Daemon) setupPeerTLS() error {
 		Allow:   allow,
 		Log:     d.log.With().Str("component", "peertls").Logger(),
 		Metrics: d.metrics,
+		// A new certificate (or an operator's SIGHUP) may cure a refusal:
+		// peers that refused are dialled again at once.
+		OnReload: func() {
+			if d.peers != nil {
+				d.peers.Forget()
+			}
+		},
 	})
 	if err != nil {
 		return config.Invalid(fmt.Errorf("peer TLS: %w", err))
@@ -99,6 +106,23 @@ func (d *Daemon) peerDialOptions() []grpc.DialOption {
 		return nil
 	}
 	return []grpc.DialOption{grpc.WithTransportCredentials(d.tls.ClientCredentials())}
+}
+
+// peerClientOptions are peerDialOptions for the requester's peer clients:
+// a peer that refuses a certificate is logged once per refusal and not
+// dialled again until its backoff passes or the files are reloaded
+// (peer.Clients.Refused).
+func (d *Daemon) peerClientOptions() []grpc.DialOption {
+	if d.tls == nil {
+		return nil
+	}
+	creds := d.tls.ReportingClientCredentials(func(p string, err error) {
+		if until, ok := d.peers.Refused(p, err); ok {
+			d.log.Warn().Str("peer", p).Err(err).Time("until", until).
+				Msg("Peer certificate refused: not redialling this peer until then, or until SIGHUP reloads the certificates")
+		}
+	})
+	return []grpc.DialOption{grpc.WithTransportCredentials(creds)}
 }
 
 // warnPlaintext warns when a plaintext peer port is reachable from other

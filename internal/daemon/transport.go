@@ -79,7 +79,7 @@ func openTransport(cfg *config.Config, met *metrics.Metrics, log zerolog.Logger)
 		t, err = openTCP(cfg, count, names, "requested", avail, met, log)
 	case config.TransportVerbs:
 		if !avail {
-			return nil, fmt.Errorf("%w: %s", ErrVerbsUnavailable, why)
+			return nil, hostMismatch(fmt.Errorf("%w: %s", ErrVerbsUnavailable, why))
 		}
 		t, err = openVerbs(verbsOptions(cfg), count, names, "requested ("+why+")")
 	default: // auto
@@ -97,10 +97,22 @@ func openTransport(cfg *config.Config, met *metrics.Metrics, log zerolog.Logger)
 		}
 	}
 	if err != nil {
-		return nil, err
+		return nil, hostMismatch(err)
 	}
 	t.reasonCode = code
 	return t, nil
+}
+
+// hostMismatch marks as the configuration's fault (exit 78: systemd's
+// RestartPreventExitStatus stops the restart loop) the transport failures
+// that no restart cures: verbs asked for on a host without it, NICs the
+// host does not have. Others (a tcp data port in use, a device that fails
+// to open) stay runtime failures.
+func hostMismatch(err error) error {
+	if errors.Is(err, ErrVerbsUnavailable) || errors.Is(err, ibv.ErrNoDevice) {
+		return config.Invalid(err)
+	}
+	return err
 }
 
 // ErrLoopbackAdvertise: the node would hand peers a loopback address
@@ -248,7 +260,7 @@ func openVerbs(opts verbs.Options, count int, names []string, reason string) (*t
 		want = names
 	} else {
 		if count > len(infos) {
-			return nil, fmt.Errorf("nics: %d verbs devices asked for, %d present (%s)", count, len(infos), deviceNames(infos))
+			return nil, fmt.Errorf("nics: %d verbs devices asked for, %d present (%s): %w", count, len(infos), deviceNames(infos), ibv.ErrNoDevice)
 		}
 		for _, in := range infos[:count] {
 			want = append(want, in.Name)

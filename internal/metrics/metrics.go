@@ -51,7 +51,7 @@ var Outcomes = []string{OutcomeReleased, OutcomeExpired, OutcomeReclaimed, Outco
 // its series appears on first use.
 var (
 	FetchStatuses     = []string{FetchOK, FetchError, FetchCanceled, FetchDiscarded, FetchPanic, FetchMissing}
-	FetchErrorClasses = []string{"connection", "local_resource", "remote", "deadline", "invalid"}
+	FetchErrorClasses = []string{"connection", "local_resource", "remote", "deadline", "invalid", "authentication"}
 	ConnRoles         = []string{"requester", "holder"}
 	ConnStates        = []string{"connecting", "connected", "invalidated"}
 	HandshakeResults  = []string{"ok", "error", "invalid", "rejected", "unreachable"}
@@ -117,7 +117,7 @@ type Metrics struct {
 	FetchTotal        *prometheus.CounterVec // status
 	FetchBytes        prometheus.Counter
 	FetchDuration     prometheus.Histogram
-	FetchErrors       *prometheus.CounterVec // class (connection, local_resource, remote, deadline, invalid)
+	FetchErrors       *prometheus.CounterVec // class (connection, local_resource, remote, deadline, invalid, authentication)
 	GuardAborts       prometheus.Counter
 	GuardReleaseFails prometheus.Counter
 	RenewFailures     prometheus.Counter
