@@ -108,12 +108,12 @@ func New(o Options) (*Publisher, error) {
 	p := &Publisher{o: o, wake: make(chan struct{}, 1)}
 	var err error
 	if p.pub, err = listen(o.Endpoint, kindPub, p); err != nil {
-		return nil, fmt.Errorf("kv events endpoint: %w", err)
+		return nil, fmt.Errorf("kv-events-endpoint: %w", err)
 	}
 	if o.ReplayEndpoint != "" {
 		if p.replay, err = listen(o.ReplayEndpoint, kindReplay, p); err != nil {
 			p.pub.close()
-			return nil, fmt.Errorf("kv events replay endpoint: %w", err)
+			return nil, fmt.Errorf("kv-events-replay-endpoint: %w", err)
 		}
 	}
 	return p, nil
@@ -227,4 +227,13 @@ func (p *Publisher) since(seq uint64) []message {
 		}
 	}
 	return nil
+}
+
+// Close closes the sockets of a publisher that Run never served (Run
+// closes them itself when its context ends); safe to call again.
+func (p *Publisher) Close() {
+	p.pub.close()
+	if p.replay != nil {
+		p.replay.close()
+	}
 }

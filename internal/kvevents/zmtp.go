@@ -73,6 +73,10 @@ type peer struct {
 
 func (s *server) close() {
 	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return
+	}
 	s.closed = true
 	for pe := range s.conns {
 		_ = pe.c.Close()
