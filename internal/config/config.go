@@ -340,7 +340,7 @@ func RegisterFlags(fs *pflag.FlagSet, d Config) {
 	fs.Int("max-sessions-per-peer", d.MaxSessionsPerPeer, "live transfer sessions one peer may hold (0: unlimited)")
 	fs.String("max-pinned-bytes-per-peer", d.MaxPinnedBytesPerPeer.String(), "bytes one peer's sessions may pin (0: pool-size/2)")
 	fs.String("max-pinned-bytes", d.MaxPinnedBytes.String(), "bytes all peers' sessions may pin together (0: 75% of pool-size)")
-	fs.String("socket-group", d.SocketGroup, "group owning the local socket (mode 0660); empty: pegad's group")
+	fs.String("socket-group", d.SocketGroup, "group (name or numeric gid) owning the local socket (mode 0660); empty: pegad's group")
 }
 
 // Load builds the Config from fs (already parsed, registered with
