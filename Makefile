@@ -25,7 +25,7 @@ PY_VENV ?= bin/python-venv
 # test, vet, tidy-check and staticcheck cover it too.
 K8S_MOD := deploy/kubernetes
 
-.PHONY: k8s-manifests all build test test-short bench bench-all fuzz proto proto-check lint vet fmt-check nocgo tidy-check staticcheck e2e reliability clean help python-venv python-test
+.PHONY: all build test test-short bench bench-all fuzz proto proto-check lint vet fmt-check nocgo tidy-check staticcheck e2e reliability clean help python-venv python-test
 
 all: build
 
@@ -44,6 +44,7 @@ test-short: ## quick tests (-short), no race detector
 	$(GO) test -short -count=1 -timeout 5m ./...
 	cd $(K8S_MOD) && $(GO) test -short -count=1 -timeout 5m ./...
 
+.PHONY: k8s-manifests
 k8s-manifests: ## regenerate deploy/kubernetes/pegad.yaml from the Helm chart's defaults
 	cd $(K8S_MOD) && PEGAD_UPDATE_MANIFESTS=1 $(GO) test -count=1 -run '^TestManifests$$' .
 
