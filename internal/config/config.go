@@ -168,6 +168,16 @@ type Config struct {
 	// ClusterTTL is how long this node's membership record lives unless
 	// refreshed (every third of it).
 	ClusterTTL time.Duration `mapstructure:"cluster-ttl"`
+	// KVEventsEndpoint publishes vLLM KV events (docs/operations.md) on a
+	// ZMQ PUB socket bound there: tcp://*:5557, tcp://HOST:PORT or
+	// ipc://PATH. Empty: off.
+	KVEventsEndpoint string `mapstructure:"kv-events-endpoint"`
+	// KVEventsReplayEndpoint serves missed events (vLLM's replay ROUTER
+	// socket); empty: none. Needs KVEventsEndpoint.
+	KVEventsReplayEndpoint string `mapstructure:"kv-events-replay-endpoint"`
+	// KVEventsTopic is the topic of each message, {node} and {namespace}
+	// expanded (llm-d reads kv@<pod>@<model>).
+	KVEventsTopic string `mapstructure:"kv-events-topic"`
 
 	// Peer-port protection (docs/security.md). All three TLS files, or
 	// none: with them the peer port requires client certificates signed by
@@ -223,6 +233,7 @@ func Default() Config {
 		LogLevel:        "info",
 		LogFormat:       "auto",
 		ClusterTTL:      10 * time.Second,
+		KVEventsTopic:   "kv@{node}@{namespace}",
 
 		MaxSessionsPerPeer: DefaultMaxSessionsPerPeer,
 	}
@@ -262,6 +273,31 @@ func Keys() []string {
 	return keys
 }
 
+// checkZMQEndpoint accepts what the KV-events publisher binds:
+// tcp://HOST:PORT (HOST may be *) or ipc://PATH.
+func checkZMQEndpoint(ep string) error {
+	scheme, rest, ok := strings.Cut(ep, "://")
+	switch {
+	case !ok:
+		return fmt.Errorf("%q: want tcp://HOST:PORT or ipc://PATH", ep)
+	case scheme == "ipc":
+		if rest == "" {
+			return fmt.Errorf("%q: empty ipc path", ep)
+		}
+		return nil
+	case scheme != "tcp":
+		return fmt.Errorf("%q: only tcp:// and ipc:// are served", ep)
+	}
+	host, port, err := net.SplitHostPort(rest)
+	if err != nil {
+		return fmt.Errorf("%q: %w", ep, err)
+	}
+	if host == "*" {
+		host = ""
+	}
+	return checkHostPort(net.JoinHostPort(host, port), true)
+}
+
 // RegisterFlags adds --config and one flag per key to fs, with the defaults
 // of d (normally Default()).
 func RegisterFlags(fs *pflag.FlagSet, d Config) {
@@ -294,6 +330,9 @@ func RegisterFlags(fs *pflag.FlagSet, d Config) {
 	fs.Bool("peer-reflection", d.PeerReflection, "enable gRPC server reflection on the peer port")
 	fs.String("cluster-redis", d.ClusterRedis, "cluster index on Redis: redis:// or rediss:// URL, or a comma list for Redis Cluster (empty: standalone)")
 	fs.Duration("cluster-ttl", d.ClusterTTL, "cluster membership record lifetime, refreshed every third of it")
+	fs.String("kv-events-endpoint", d.KVEventsEndpoint, "publish vLLM KV events on a ZMQ PUB socket bound here: tcp://*:5557, tcp://HOST:PORT or ipc://PATH (empty: off)")
+	fs.String("kv-events-replay-endpoint", d.KVEventsReplayEndpoint, "KV events: ZMQ ROUTER socket replaying missed messages, vLLM's protocol (empty: none)")
+	fs.String("kv-events-topic", d.KVEventsTopic, "KV events: topic of each message; {node} and {namespace} are expanded")
 	fs.String("peer-tls-cert", d.PeerTLSCert, "peer mTLS: this node's certificate (PEM); with --peer-tls-key and --peer-tls-ca")
 	fs.String("peer-tls-key", d.PeerTLSKey, "peer mTLS: the certificate's private key (PEM)")
 	fs.String("peer-tls-ca", d.PeerTLSCA, "peer mTLS: CA bundle (PEM) that signs every node's certificate")
@@ -301,7 +340,7 @@ func RegisterFlags(fs *pflag.FlagSet, d Config) {
 	fs.Int("max-sessions-per-peer", d.MaxSessionsPerPeer, "live transfer sessions one peer may hold (0: unlimited)")
 	fs.String("max-pinned-bytes-per-peer", d.MaxPinnedBytesPerPeer.String(), "bytes one peer's sessions may pin (0: pool-size/2)")
 	fs.String("max-pinned-bytes", d.MaxPinnedBytes.String(), "bytes all peers' sessions may pin together (0: 75% of pool-size)")
-	fs.String("socket-group", d.SocketGroup, "group owning the local socket (mode 0660); empty: pegad's group")
+	fs.String("socket-group", d.SocketGroup, "group (name or numeric gid) owning the local socket (mode 0660); empty: pegad's group")
 }
 
 // Load builds the Config from fs (already parsed, registered with
@@ -519,6 +558,19 @@ func (c *Config) problems() []Problem {
 		if err := checkLoopbackHostPort(c.DebugListen); err != nil {
 			bad("debug-listen", "%v", err)
 		}
+	}
+	for _, e := range [...]struct{ key, ep string }{
+		{"kv-events-endpoint", c.KVEventsEndpoint}, {"kv-events-replay-endpoint", c.KVEventsReplayEndpoint},
+	} {
+		if e.ep == "" {
+			continue
+		}
+		if err := checkZMQEndpoint(e.ep); err != nil {
+			bad(e.key, "%v", err)
+		}
+	}
+	if c.KVEventsReplayEndpoint != "" && c.KVEventsEndpoint == "" {
+		bad("kv-events-replay-endpoint", "needs kv-events-endpoint")
 	}
 	if c.PoolSize < MinPoolSize {
 		bad("pool-size", "%s is below the minimum %s", c.PoolSize, MinPoolSize)

@@ -57,6 +57,7 @@ func TestDefaults(t *testing.T) {
 		QPsPerPeer: 2, RelaxedOrdering: true, GIDIndex: -1, TCPDataListen: "", TCPQPNStart: 0x100, RDMAIdleTimeout: time.Minute,
 		LockTimeout: 120 * time.Second, GCInterval: time.Second, ShutdownTimeout: 10 * time.Second,
 		LogLevel: "info", LogFormat: "auto", ClusterTTL: 10 * time.Second, MaxSessionsPerPeer: DefaultMaxSessionsPerPeer,
+		KVEventsTopic: "kv@{node}@{namespace}",
 	}
 	if c != want {
 		t.Fatalf("defaults:\n got %+v\nwant %+v", c, want)
@@ -217,6 +218,11 @@ func TestInvalid(t *testing.T) {
 		{"cluster redis one bad of two", nil, map[string]string{"PEGAD_CLUSTER_REDIS": "redis://a:1,b:2"}, "", []string{"cluster-redis", "b:2"}},
 		{"cluster redis no host", nil, nil, "cluster-redis: redis://\n", []string{"cluster-redis", "no host"}},
 		{"cluster ttl tiny", []string{"--cluster-ttl=1ms"}, nil, "", []string{"cluster-ttl"}},
+		{"kv events endpoint without scheme", []string{"--kv-events-endpoint=127.0.0.1:5557"}, nil, "", []string{"kv-events-endpoint", "tcp://"}},
+		{"kv events endpoint udp", []string{"--kv-events-endpoint=udp://*:5557"}, nil, "", []string{"kv-events-endpoint"}},
+		{"kv events bad port", nil, map[string]string{"PEGAD_KV_EVENTS_ENDPOINT": "tcp://*:99999"}, "", []string{"kv-events-endpoint", "port"}},
+		{"kv events replay alone", []string{"--kv-events-replay-endpoint=tcp://*:5558"}, nil, "", []string{"kv-events-replay-endpoint", "needs kv-events-endpoint"}},
+		{"kv events empty ipc", nil, nil, "kv-events-endpoint: ipc://\n", []string{"kv-events-endpoint", "ipc"}},
 		{"tls cert without key", []string{"--peer-tls-cert=a.pem", "--peer-tls-ca=ca.pem"}, nil, "", []string{"peer-tls-cert", "all three"}},
 		{"allow without tls", []string{"--peer-allow=node-*"}, nil, "", []string{"peer-allow", "needs peer-tls"}},
 		{"allow empty entry", nil, nil, "peer-tls-cert: a\npeer-tls-key: b\npeer-tls-ca: c\npeer-allow: a,,b\n", []string{"peer-allow", "empty entry"}},

@@ -36,6 +36,7 @@ import (
 	"github.com/pegaflow/pegad/internal/gc"
 	"github.com/pegaflow/pegad/internal/holder"
 	"github.com/pegaflow/pegad/internal/ibv/tcp"
+	"github.com/pegaflow/pegad/internal/kvevents"
 	"github.com/pegaflow/pegad/internal/localapi"
 	"github.com/pegaflow/pegad/internal/localdata"
 	"github.com/pegaflow/pegad/internal/logging"
@@ -107,6 +108,8 @@ type Daemon struct {
 	local  *localapi.Local // its Wait: no handler touches pool memory any more
 	// cluster: the cluster index client and publisher (cluster.go).
 	cluster cluster
+	// kv: the KV-events publisher (kvevents.go); nil when off.
+	kv *kvevents.Publisher
 
 	peerSrv, localSrv       *grpc.Server
 	data                    *localdata.Server // the zero-copy data socket beside the local one
@@ -198,6 +201,9 @@ func Start(ctx context.Context, cfg config.Config, opts ...Option) (d *Daemon, e
 
 	// Every port first: a port in use fails now, not after the pool.
 	if err := d.bind(); err != nil {
+		return d, err
+	}
+	if err := d.bindKVEvents(); err != nil {
 		return d, err
 	}
 	d.tr, err = openTransport(&cfg, d.metrics, d.log)
@@ -311,6 +317,7 @@ func Start(ctx context.Context, cfg config.Config, opts ...Option) (d *Daemon, e
 		return d, fmt.Errorf("self-check before READY: %w", err)
 	}
 	d.startPublisher(bg)
+	d.startKVEvents(bg)
 
 	d.ready = true
 	d.serving.Store(true)
@@ -550,6 +557,7 @@ func (d *Daemon) shutdown() error {
 	if d.store != nil {
 		d.closeCluster()
 	}
+	d.closeKVEvents()
 
 	// 7. Data plane and memory.
 	if d.conns != nil {

@@ -163,6 +163,24 @@ func (d *Daemon) startReloader(ctx context.Context) {
 	}()
 }
 
+// lookupGID resolves a group name, or takes a number as the gid itself
+// when no group has that name (chown(1) does the same): a container image
+// rarely lists the engines' group in /etc/group.
+func lookupGID(group string) (int, error) {
+	g, err := user.LookupGroup(group)
+	if err != nil {
+		if n, nerr := strconv.ParseUint(group, 10, 31); nerr == nil {
+			return int(n), nil
+		}
+		return 0, config.Invalid(fmt.Errorf("socket-group %q: %w", group, err))
+	}
+	gid, err := strconv.Atoi(g.Gid)
+	if err != nil {
+		return 0, fmt.Errorf("socket-group %q: gid %q: %w", group, g.Gid, err)
+	}
+	return gid, nil
+}
+
 // ReloadTLS reloads the peer TLS files, as SIGHUP does. On error the files
 // in use stay in use. Established connections, sessions and QPs are not
 // touched.
@@ -179,13 +197,9 @@ func chownSocket(path, group string) error {
 	if group == "" {
 		return nil
 	}
-	g, err := user.LookupGroup(group)
+	gid, err := lookupGID(group)
 	if err != nil {
-		return config.Invalid(fmt.Errorf("socket-group %q: %w", group, err))
-	}
-	gid, err := strconv.Atoi(g.Gid)
-	if err != nil {
-		return fmt.Errorf("socket-group %q: gid %q: %w", group, g.Gid, err)
+		return err
 	}
 	if err := os.Chown(path, -1, gid); err != nil {
 		return fmt.Errorf("socket-group %q: chown %s: %w", group, path, err)

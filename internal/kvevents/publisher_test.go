@@ -408,3 +408,30 @@ func TestTopic(t *testing.T) {
 		}
 	}
 }
+
+// TestImports: the publisher talks ZeroMQ only; it reaches neither gRPC,
+// Redis nor the daemon, and the store does not import it (the daemon
+// wires them together).
+func TestImports(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", ".").CombinedOutput()
+	if err != nil {
+		t.Skipf("go list unavailable: %v: %s", err, out)
+	}
+	forbidden := []string{"google.golang.org/grpc", "github.com/redis/", "github.com/pegaflow/pegad/internal/daemon", "github.com/pegaflow/pegad/internal/index"}
+	for _, dep := range strings.Fields(string(out)) {
+		for _, f := range forbidden {
+			if strings.HasPrefix(dep, f) {
+				t.Errorf("internal/kvevents depends on %s (forbidden prefix %s)", dep, f)
+			}
+		}
+	}
+	out, err = exec.Command("go", "list", "-deps", "../store").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list ../store: %v: %s", err, out)
+	}
+	for _, dep := range strings.Fields(string(out)) {
+		if strings.HasPrefix(dep, "github.com/pegaflow/pegad/internal/kvevents") || strings.HasPrefix(dep, "github.com/go-zeromq/") {
+			t.Errorf("internal/store depends on %s", dep)
+		}
+	}
+}
