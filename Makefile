@@ -20,7 +20,7 @@ GRPC_PYTHON_PLUGIN ?= /usr/bin/grpc_python_plugin
 PYTHON ?= /usr/bin/python3
 PY_VENV ?= bin/python-venv
 
-.PHONY: all build test test-short bench bench-all fuzz proto proto-check lint vet fmt-check nocgo tidy-check staticcheck e2e reliability clean help python-venv python-test
+.PHONY: all build test test-short bench bench-all fuzz proto proto-check lint vet fmt-check nocgo tidy-check staticcheck e2e reliability verbs-e2e clean help python-venv python-test
 
 all: build
 
@@ -88,6 +88,9 @@ reliability: ## reliability suite: real pegads in netns under faults, one totals
 
 e2e: ## scripted end-to-end checks (scripts/e2e-*.sh) on real binaries
 	@set -e; for s in scripts/e2e-*.sh; do echo "==> $$s"; bash "$$s"; done
+
+verbs-e2e: ## --transport verbs on soft-RoCE (rdma_rxe) in a qemu guest built from Debian's packages (qemu-system-x86, cpio; cache in bin/verbs-e2e)
+	GO=$(GO) scripts/verbs-e2e/run.sh
 
 # Install layout (make install PREFIX=... DESTDIR=...). The unit's ExecStart
 # and --config are rewritten to BINDIR and SYSCONFDIR; an existing config

@@ -1,0 +1,211 @@
+#!/bin/sh
+# guest-init.sh: /init of the verbs-e2e guest (busybox ash, run as root).
+# Brings up four soft-RoCE devices on two veth pairs, runs pegad with
+# --transport verbs on them, and prints one "VE2E ok|FAIL|INFO ..." line per
+# check for run.sh to gather. Ends with "VE2E DONE" and powers off.
+#
+#   veth0 10.214.9.1  <-> veth1 10.214.9.2    rxe0 (A) / rxe1 (B)
+#   veth2 10.214.10.1 <-> veth3 10.214.10.2   rxe2 (A) / rxe3 (B)
+#
+# Pitfalls (see run.sh's header): busybox's ash runs its own `ip` applet before
+# PATH, so iproute2 is called by full path; both ends are local addresses of
+# one namespace, so accept_local=1 and rp_filter=0 or RoCE packets are dropped
+# as martians; rxe carries data only in the main network namespace.
+export PATH=/usr/bin:/bin:/sbin:/usr/sbin
+export LD_LIBRARY_PATH=/lib/x86_64-linux-gnu:/usr/lib/x86_64-linux-gnu
+IP=/usr/bin/ip
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+mount -t tmpfs tmp /tmp
+mount -t tmpfs run /run
+
+FAILS=0
+up() { cut -d' ' -f1 /proc/uptime; }
+ok() { echo "VE2E ok: $*"; }
+bad() { echo "VE2E FAIL: $*"; FAILS=$((FAILS + 1)); }
+info() { echo "VE2E INFO: $*"; }
+# show CMD...: CMD's output, each line as "VE2E | ..." so run.sh echoes it.
+show() { echo "VE2E | \$ $*"; "$@" 2>&1 | sed 's/^/VE2E | /'; }
+stage() { echo "=== $(up)s $*"; }
+# since T0: seconds elapsed since uptime T0, one decimal.
+since() { awk -v a="$1" -v b="$(up)" 'BEGIN{printf "%.1f", b-a}'; }
+# jq-less JSON: the compact form, for fixed-string greps.
+compact() { tr -d ' \n\t'; }
+finish() {
+	stage "done: $FAILS failed"
+	for n in a b; do
+		if [ -f /tmp/$n.log ] && [ "$FAILS" -gt 0 ]; then
+			echo "----- pegad $n log (last 40 lines)"
+			tail -n 40 /tmp/$n.log
+		fi
+	done
+	echo "VE2E DONE fails=$FAILS"
+	sync
+	poweroff -f
+}
+
+stage "boot"
+for m in $(cat /modlist); do insmod "/lib/modules/$(uname -r)/$m" || bad "insmod $m"; done
+$IP link set lo up
+sysctl -qw net.ipv4.conf.all.accept_local=1 net.ipv4.conf.all.rp_filter=0 \
+	net.ipv4.conf.default.accept_local=1 net.ipv4.conf.default.rp_filter=0 \
+	net.core.netdev_max_backlog=100000
+i=0
+for pair in "veth0 veth1 10.214.9" "veth2 veth3 10.214.10"; do
+	set -- $pair
+	$IP link add "$1" type veth peer name "$2"
+	$IP addr add "$3.1/24" dev "$1"
+	$IP addr add "$3.2/24" dev "$2"
+	for v in "$1" "$2"; do
+		sysctl -qw "net.ipv4.conf.$v.accept_local=1" "net.ipv4.conf.$v.rp_filter=0"
+		$IP link set "$v" up
+		rdma link add "rxe$i" type rxe netdev "$v" || bad "rdma link add rxe$i"
+		i=$((i + 1))
+	done
+done
+n=$(ibv_devices | grep -c rxe)
+[ "$n" = 4 ] && ok "4 rxe devices (RoCE v2 on two veth pairs)" || { bad "want 4 rxe devices, ibv_devices lists $n"; finish; }
+nodes=$(ls -d /sys/devices/system/node/node* | wc -l)
+info "guest: $(nproc) CPUs, $nodes NUMA nodes, kernel $(uname -r)"
+
+# --- daemons -----------------------------------------------------------------
+PEGACTL="pegactl --timeout 60s"
+SOCK_a=/run/a.sock
+SOCK_b=/run/b.sock
+PEER_a=127.0.0.1:50061
+PEER_b=127.0.0.1:50062
+ctl() { n=$1; shift; eval "$PEGACTL --socket \$SOCK_$n \"\$@\""; }
+
+# start NAME ARGS...: pegad NAME in the background, logging to /tmp/NAME.log
+# (appended across restarts); PID_NAME holds its pid.
+start() {
+	n=$1
+	shift
+	eval "sock=\$SOCK_$n peer=\$PEER_$n"
+	rm -f "$sock"
+	echo "--- start $(up)s: $*" >>/tmp/$n.log
+	pegad serve --node-id "ve2e-$n" --transport verbs --socket "$sock" --listen "$peer" \
+		--metrics-listen "" --log-format json --lock-timeout 20s --gc-interval 200ms \
+		--qps-per-peer 2 "$@" >>/tmp/$n.log 2>&1 &
+	eval "PID_$n=$!"
+}
+# ready NAME: until pegactl answers (30 s), or the daemon died.
+ready() {
+	n=$1
+	eval "pid=\$PID_$n"
+	t0=$(up)
+	while ! ctl "$n" --timeout 2s stats >/dev/null 2>&1; do
+		if ! kill -0 "$pid" 2>/dev/null; then
+			bad "pegad $n exited during start-up"
+			tail -n 20 /tmp/$n.log
+			return 1
+		fi
+		if [ "$(since "$t0" | cut -d. -f1)" -ge 30 ]; then
+			bad "pegad $n not ready after 30s"
+			return 1
+		fi
+		sleep 0.2
+	done
+	ok "pegad $n up in $(since "$t0")s ($(grep -o '"transport":"[a-z]*"' /tmp/$n.log | tail -n1), pid $pid)"
+}
+# stop NAME: SIGTERM, wait for exit (20 s).
+stop() {
+	eval "pid=\$PID_$1"
+	kill -TERM "$pid" 2>/dev/null
+	for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+	kill -0 "$pid" 2>/dev/null && { bad "pegad $1 still running 20s after SIGTERM"; kill -KILL "$pid"; }
+	wait "$pid" 2>/dev/null
+	return 0
+}
+
+# --- blocks ------------------------------------------------------------------
+D=/tmp/data
+mkdir -p $D
+NS=ve2e
+# mkblocks PREFIX COUNT SIZE: COUNT random one-segment blocks of SIZE bytes,
+# D/PREFIX.N with hash H_PREFIX_N (64 hex digits).
+mkblocks() {
+	j=0
+	while [ $j -lt "$2" ]; do
+		head -c "$3" /dev/urandom >"$D/$1.$j"
+		eval "H_$1_$j=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+		j=$((j + 1))
+	done
+}
+hashes() { j=0; while [ $j -lt "$2" ]; do eval "printf '%s ' \$H_$1_$j"; j=$((j + 1)); done; }
+# putblocks NODE PREFIX COUNT
+putblocks() {
+	j=0
+	while [ $j -lt "$3" ]; do
+		eval "h=\$H_$2_$j"
+		ctl "$1" blocks put --namespace $NS --hash "$h" --file "$D/$2.$j" >/dev/null || { bad "put $2.$j on $1"; return 1; }
+		j=$((j + 1))
+	done
+}
+# checkblocks NODE PREFIX COUNT [present-only]: every block read back from
+# NODE equals what was put; with present-only, blocks NODE lacks are skipped.
+# Sets CHECKED to the number compared.
+checkblocks() {
+	j=0
+	CHECKED=0
+	while [ $j -lt "$3" ]; do
+		eval "h=\$H_$2_$j"
+		rm -f $D/got
+		if ctl "$1" blocks get --namespace $NS --hash "$h" --out $D/got >/dev/null 2>&1; then
+			cmp -s $D/got "$D/$2.$j" || { bad "block $2.$j on $1 differs from what was put"; return 1; }
+			CHECKED=$((CHECKED + 1))
+		elif [ -z "$4" ]; then
+			bad "block $2.$j missing on $1"
+			return 1
+		fi
+		j=$((j + 1))
+	done
+}
+# prefetch NODE PEER PREFIX COUNT OUT: json result in OUT; returns pegactl's status.
+prefetch() {
+	# shellcheck disable=SC2046 # hashes is a list
+	ctl "$1" -o json prefetch --peer "$2" --namespace $NS $(hashes "$3" "$4") >"$5" 2>"$5.err"
+}
+# no_sessions NODE: no holder session listed and none counted active.
+no_sessions() {
+	ctl "$1" -o json sessions list | compact | grep -qF '"sessions":[]' &&
+		ctl "$1" -o json stats | compact | grep -qF '"sessions_active":0,'
+}
+# wait_no_sessions NODE SECONDS
+wait_no_sessions() {
+	for _ in $(seq $(($2 * 5))); do no_sessions "$1" && return 0; sleep 0.2; done
+	return 1
+}
+# rate OUT: MB/s of a prefetch's json result (bytes / duration_seconds).
+rate() {
+	compact <"$1" | sed -n 's/.*"bytes":\([0-9]*\),"duration_seconds":\([0-9.e+-]*\).*/\1 \2/p' |
+		awk '{ if ($2 > 0) printf "%.1f", $1 / $2 / 1e6; else print 0 }'
+}
+
+# ============================================================================
+stage "phase 1: one rail each (A on rxe0, B on rxe1), put, prefetch, compare"
+start a --nics rxe0 --pool-size 192MiB
+start b --nics rxe1 --pool-size 192MiB
+ready a && ready b || finish
+for n in a b; do
+	grep -o '"message":"Transport selected"' /tmp/$n.log >/dev/null && info "$n: $(grep '"Transport selected"' /tmp/$n.log | tail -n1)"
+done
+mkblocks p1 6 1048576
+mkblocks p8 4 8388608
+putblocks a p1 6 && putblocks a p8 4 && ok "put 6 x 1 MiB + 4 x 8 MiB blocks on A"
+if prefetch b $PEER_a p1 6 $D/p1.json && prefetch b $PEER_a p8 4 $D/p8.json; then
+	ok "prefetch on B from A over verbs: 1 MiB blocks at $(rate $D/p1.json) MB/s, 8 MiB blocks at $(rate $D/p8.json) MB/s"
+else
+	bad "prefetch from A failed: $(cat $D/p1.json.err $D/p8.json.err)"
+fi
+checkblocks b p1 6 && checkblocks b p8 4 && ok "all 10 blocks read back from B byte-identical ($CHECKED of the 8 MiB ones)"
+show ctl b conns list
+ctl b conns list | grep -q 'connected' && ok "B lists its connection to A as connected" || bad "B lists no connected connection"
+ctl b -o json conns list | compact | grep -qF '"nic":"rxe1","qps":2' && ok "B's connection has 2 QPs on rxe1" || bad "B's connection lacks 2 QPs on rxe1"
+show ctl a sessions list
+show ctl b sessions list
+wait_no_sessions a 10 && ok "A holds no session after the fetches (every lock released)" || bad "A still holds sessions"
+show rdma resource show qp
+
+finish
