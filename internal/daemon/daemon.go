@@ -237,6 +237,9 @@ func Start(ctx context.Context, cfg config.Config, opts ...Option) (d *Daemon, e
 		ConnectAttr: connectAttr(d.tr.name, &cfg),
 		IdleTimeout: cfg.RDMAIdleTimeout,
 		Dial:        d.peers.Get,
+		// verbs: a holder that died while idle is found by a keepalive
+		// READ (tcp sees its data connections close).
+		ProbeInterval: probeInterval(d.tr.name),
 
 		NoRelaxedOrdering: !cfg.RelaxedOrdering,
 		Placement:         d.pool,

@@ -6,6 +6,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/rs/zerolog"
 
@@ -50,6 +51,20 @@ func connectAttr(name string, cfg *config.Config) ibv.ConnectAttr {
 	}
 	a.TrafficCls, a.SL = uint8(cfg.TrafficClass), uint8(cfg.ServiceLevel)
 	return a
+}
+
+// verbsProbeInterval is how often an idle verbs connection is probed with
+// a keepalive READ (conn.Options.ProbeInterval): with the default retry
+// budget (about 0.5 s), a dead holder leaves `conns list` within about
+// 1.5 s.
+const verbsProbeInterval = time.Second
+
+// probeInterval is conn.Options.ProbeInterval for a transport: verbs only.
+func probeInterval(transport string) time.Duration {
+	if transport == config.TransportVerbs {
+		return verbsProbeInterval
+	}
+	return 0
 }
 
 // verbsOptions are the provider options the config sets.

@@ -208,4 +208,62 @@ show ctl b sessions list
 wait_no_sessions a 10 && ok "A holds no session after the fetches (every lock released)" || bad "A still holds sessions"
 show rdma resource show qp
 
+# ============================================================================
+stage "phase 2: SIGKILL the holder mid-fetch, then restart it"
+# conn_state NODE: B's listed state of its connection to A ("none" when unlisted).
+conn_state() {
+	st=$(ctl b -o json conns list | compact | sed -n 's/.*"peer":"'"$PEER_a"'","state":"\([a-z]*\)".*/\1/p')
+	echo "${st:-none}"
+}
+# 10 x 8 MiB: under max-pinned-bytes-per-peer (half of A's pool).
+mkblocks k8 10 8388608
+putblocks a k8 10 && ok "put 10 x 8 MiB blocks on A for the kill"
+t0=$(up)
+prefetch b $PEER_a k8 10 $D/k8.json &
+FPID=$!
+# Kill once B's fetch has read some bytes (or after 10 s at most).
+for _ in $(seq 50); do
+	ctl b -o json sessions list | compact | grep -q '"bytes_done":[1-9]' && break
+	kill -0 $FPID 2>/dev/null || break
+	sleep 0.1
+done
+kill -KILL "$PID_a"
+tk=$(up)
+wait "$PID_a" 2>/dev/null
+wait $FPID
+frc=$?
+info "A killed $(since "$t0")s into B's fetch; B's prefetch exited $frc after $(awk -v a="$tk" -v b="$(up)" 'BEGIN{printf "%.1f", b-a}')s more"
+# Finding (a): B must stop listing the dead holder's connection as
+# connected within about the keepalive interval (1 s) + the QP's retry
+# budget (about 0.5 s), whether or not the failed fetch broke it.
+while [ "$(conn_state)" = connected ] && [ "$(since "$tk" | cut -d. -f1)" -lt 8 ]; do sleep 0.1; done
+st=$(conn_state)
+if [ "$st" = connected ]; then
+	bad "B still lists dead A as connected $(since "$tk")s after the kill"
+else
+	ok "B stopped listing dead A as connected (now: $st) $(since "$tk")s after the kill"
+fi
+show ctl b conns list
+grep -E 'keepalive failed|rdma read failed' /tmp/b.log | tail -n 1 | cut -c1-400 | sed 's/^/VE2E | B log: /'
+show cat $D/k8.json.err
+[ $frc -ne 0 ] && ok "B's prefetch failed cleanly (exit $frc) when A died" || info "B's prefetch completed before the kill landed"
+checkblocks b k8 10 present-only && ok "no wrong byte on B after the kill: $CHECKED of 10 blocks present, all match"
+ctl b -o json sessions list | compact | grep -qF '"fetches":[]' && ok "B has no fetch left in flight" || bad "B still lists a fetch in flight"
+mkblocks x 1 4096 # a hash B lacks: the fetch must reach A
+if prefetch b $PEER_a x 1 $D/down.json; then bad "a fetch from dead A succeeded"; else
+	ok "a fetch while A is down fails: $(tr '\n' ' ' <$D/down.json.err | cut -c1-200)"
+fi
+start a --nics rxe0 --pool-size 192MiB
+ready a || finish
+putblocks a k8 10 && ok "restarted A, put the 10 x 8 MiB blocks again"
+if prefetch b $PEER_a k8 10 $D/k8b.json; then
+	ok "B's fetch from the restarted A succeeded at $(rate $D/k8b.json) MB/s"
+else
+	bad "fetch from restarted A failed: $(cat $D/k8b.json.err)"
+fi
+checkblocks b k8 10 && ok "all 10 blocks on B byte-identical after the restart"
+show ctl b conns list
+[ "$(conn_state)" = connected ] && ok "B lists the new A connection as connected" || bad "B's connection to restarted A is $(conn_state)"
+wait_no_sessions a 10 && ok "restarted A holds no session (no leaked lock)" || { bad "restarted A still holds sessions"; show ctl a sessions list; }
+
 finish

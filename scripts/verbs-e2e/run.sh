@@ -129,7 +129,7 @@ timeout "$BOOT_TIMEOUT" qemu-system-x86_64 -M q35 -cpu max -accel tcg \
 	-kernel "$CACHE/vmlinuz" -initrd "$INITRD" \
 	-append 'console=ttyS0 quiet loglevel=3 panic=-1' \
 	-display none -monitor none -serial stdio -nic none -no-reboot </dev/null 2>&1 |
-	tr -d '\r' | tee "$GUEST_LOG" | grep --line-buffered -E '^(VE2E|=== )' >&2
+	sed -u 's/\r$//' | tee "$GUEST_LOG" | grep --line-buffered -E '^(VE2E|=== )' >&2
 QRC=${PIPESTATUS[0]}
 set -e
 [[ -n "${KEEP_LOG:-}" ]] && cp "$GUEST_LOG" "$KEEP_LOG"
