@@ -90,7 +90,9 @@ func TestKeepaliveKeepsLiveHolder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ok := func() float64 { return testutil.ToFloat64(r.met.WorkCompletions.WithLabelValues(wcLabel(ibv.WCSuccess))) }
+	ok := func() float64 {
+		return testutil.ToFloat64(r.met.WorkCompletions.WithLabelValues(wcLabel(ibv.WCSuccess)))
+	}
 	// Each tick probes both NICs: wait for several rounds.
 	waitFor(t, "probes completed", func() bool { return ok() >= 10 })
 	if c.Invalid() {

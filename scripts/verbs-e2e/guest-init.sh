@@ -116,7 +116,9 @@ stop() {
 	for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
 	kill -0 "$pid" 2>/dev/null && { bad "pegad $1 still running 20s after SIGTERM"; kill -KILL "$pid"; }
 	wait "$pid" 2>/dev/null
-	return 0
+	rc=$?
+	[ $rc -eq 0 ] || bad "pegad $1 exited $rc after SIGTERM, want 0"
+	return $rc
 }
 
 # --- blocks ------------------------------------------------------------------
@@ -185,8 +187,8 @@ rate() {
 
 # ============================================================================
 stage "phase 1: one rail each (A on rxe0, B on rxe1), put, prefetch, compare"
-start a --nics rxe0 --pool-size 192MiB
-start b --nics rxe1 --pool-size 192MiB
+start a --nics rxe0 --pool-size 256MiB
+start b --nics rxe1 --pool-size 256MiB
 ready a && ready b || finish
 for n in a b; do
 	grep -o '"message":"Transport selected"' /tmp/$n.log >/dev/null && info "$n: $(grep '"Transport selected"' /tmp/$n.log | tail -n1)"
@@ -253,7 +255,7 @@ mkblocks x 1 4096 # a hash B lacks: the fetch must reach A
 if prefetch b $PEER_a x 1 $D/down.json; then bad "a fetch from dead A succeeded"; else
 	ok "a fetch while A is down fails: $(tr '\n' ' ' <$D/down.json.err | cut -c1-200)"
 fi
-start a --nics rxe0 --pool-size 192MiB
+start a --nics rxe0 --pool-size 256MiB
 ready a || finish
 putblocks a k8 10 && ok "restarted A, put the 10 x 8 MiB blocks again"
 if prefetch b $PEER_a k8 10 $D/k8b.json; then
@@ -265,5 +267,96 @@ checkblocks b k8 10 && ok "all 10 blocks on B byte-identical after the restart"
 show ctl b conns list
 [ "$(conn_state)" = connected ] && ok "B lists the new A connection as connected" || bad "B's connection to restarted A is $(conn_state)"
 wait_no_sessions a 10 && ok "restarted A holds no session (no leaked lock)" || { bad "restarted A still holds sessions"; show ctl a sessions list; }
+
+# ============================================================================
+stage "phase 3: pegad's prefetch rate beside ib_read_bw (rxe0 -> rxe1, 8 MiB READs, 2 QPs)"
+# pegad reads 8 MiB segments with 8 MiB READs over qps-per-peer=2 QPs;
+# ib_read_bw does the same on the same devices. Rates under TCG swing from
+# minute to minute, so pegad is measured before and after ib_read_bw and
+# the ratio uses their mean. MiB/s (perftest's "MB/sec" is 2^20 bytes).
+rate_mib() {
+	compact <"$1" | sed -n 's/.*"bytes":\([0-9]*\),"duration_seconds":\([0-9.e+-]*\).*/\1 \2/p' |
+		awk '{ if ($2 > 0) printf "%.1f", $1 / $2 / 1048576; else print 0 }'
+}
+mkblocks ra 4 8388608
+mkblocks rb 4 8388608
+putblocks a ra 4 && putblocks a rb 4 && ok "put 2 x 4 x 8 MiB blocks on A for the rate"
+prefetch b $PEER_a ra 4 $D/ra.json || bad "rate prefetch 1 failed: $(cat $D/ra.json.err)"
+timeout 120 ib_read_bw -d rxe0 -x 1 -s 8388608 -n 16 -q 2 -F >/tmp/ibsrv.txt 2>&1 &
+IBS=$!
+sleep 1
+timeout 120 ib_read_bw -d rxe1 -x 1 -s 8388608 -n 16 -q 2 -F 10.214.9.1 >/tmp/ibcli.txt 2>&1
+irc=$?
+wait $IBS
+prefetch b $PEER_a rb 4 $D/rb.json || bad "rate prefetch 2 failed: $(cat $D/rb.json.err)"
+checkblocks b ra 4 && checkblocks b rb 4 && ok "the 8 rate blocks on B byte-identical"
+grep -E '^ *#bytes|^ *8388608 ' /tmp/ibcli.txt | sed 's/^/VE2E | ib_read_bw: /'
+ib=$(awk '$1 == 8388608 { print $4 }' /tmp/ibcli.txt | tail -n1)
+p1=$(rate_mib $D/ra.json)
+p2=$(rate_mib $D/rb.json)
+if [ $irc -eq 0 ] && [ -n "$ib" ]; then
+	ratio=$(awk -v a="$p1" -v b="$p2" -v c="$ib" 'BEGIN{ printf "%.2f", (a + b) / 2 / c }')
+	ok "ib_read_bw rxe1<-rxe0: $ib MiB/s; pegad prefetch: $p1 and $p2 MiB/s"
+	echo "VE2E RATIO pegad/ib_read_bw = $ratio (pegad $p1, $p2 MiB/s; ib_read_bw $ib MiB/s; 8 MiB READs, 2 QPs, rxe0->rxe1, same boot)"
+else
+	bad "ib_read_bw failed (exit $irc)"
+	tail -n 5 /tmp/ibcli.txt /tmp/ibsrv.txt
+fi
+
+# ============================================================================
+stage "phase 4: two rails per daemon on two NUMA nodes (--nic-numa)"
+stop a && stop b && ok "both daemons stopped on SIGTERM with exit 0"
+# Finding (b): without --nic-numa, pegad names each rxe device as having
+# no NUMA node (the first phases' logs, on this two-node guest).
+for n in a b; do
+	c=$(grep -c '"message":"NIC has no NUMA node' /tmp/$n.log)
+	[ "$c" -ge 1 ] && ok "$n's log named its NIC without a NUMA node ($c lines): $(grep -m1 '"message":"NIC has no NUMA node' /tmp/$n.log | grep -o '"nic":"[a-z0-9]*"')" ||
+		bad "$n's log does not name its NIC without a NUMA node"
+done
+: >/tmp/a.log
+: >/tmp/b.log
+start a --nics rxe0,rxe2 --nic-numa rxe0=0,rxe2=1 --pool-size 128MiB
+start b --nics rxe1,rxe3 --nic-numa rxe1=0,rxe3=1 --pool-size 128MiB
+ready a && ready b || finish
+for n in a b; do
+	eval "pid=\$PID_$n"
+	parts=$(grep '"message":"pool mapped"' /tmp/$n.log | grep -o '"numa_parts":\[[0-9,]*\]')
+	warn=$(grep -c 'pool part is not on the NUMA node' /tmp/$n.log)
+	named=$(grep -c '"message":"NIC NUMA node named by nic-numa"' /tmp/$n.log)
+	if [ "$parts" = '"numa_parts":[0,1]' ] && [ "$warn" = 0 ] && [ "$named" = 2 ]; then
+		ok "$n: pool parts on nodes [0,1], each where its NICs are (no misplaced-part warning; 2 NICs named by --nic-numa)"
+	else
+		bad "$n: $parts, $warn misplaced-part warnings, $named NICs named"
+	fi
+	# The kernel's view: each bound part's pages on its own node.
+	grep ' bind:' /proc/$pid/numa_maps | awk '{ printf "VE2E | %s numa_maps: %s", n, $2; for (i = 3; i <= NF; i++) if ($i ~ /^N[0-9]=/ || $i ~ /^(anon|dirty|mapped)=/) printf " %s", $i; print "" }' n=$n
+	grep ' bind:' /proc/$pid/numa_maps | awk '{ split($2, b, ":"); for (i = 3; i <= NF; i++) if ($i ~ /^N[0-9]=/ && substr($i, 2, 1) != b[2]) bad++ } END { exit bad > 0 }' ||
+		bad "$n: a bound part has pages on another node"
+done
+pkts() { cat /sys/class/infiniband/$1/ports/1/hw_counters/rcvd_pkts; }
+r1=$(pkts rxe1)
+r3=$(pkts rxe3)
+mkblocks n8 8 8388608
+putblocks a n8 8 && ok "put 8 x 8 MiB blocks on A (two rails)"
+if prefetch b $PEER_a n8 8 $D/n8.json; then
+	ok "B fetched over two rails at $(rate $D/n8.json) MB/s"
+else
+	bad "two-rail fetch failed: $(cat $D/n8.json.err)"
+fi
+checkblocks b n8 8 && ok "all 8 two-rail blocks on B byte-identical"
+d1=$(($(pkts rxe1) - r1))
+d3=$(($(pkts rxe3) - r3))
+# 8 MiB at MTU 1024 is 8192 READ response packets: both rails must carry
+# a good share of 64 MiB, not just keepalives.
+if [ $d1 -gt 4096 ] && [ $d3 -gt 4096 ]; then
+	ok "both rails carried bytes: B's rxe1 received $d1 packets, rxe3 $d3"
+else
+	bad "a rail carried (almost) nothing: rxe1 $d1 packets, rxe3 $d3"
+fi
+show ctl b conns list
+ctl b -o json blocks list --namespace $NS | compact | grep -o '"numa_node":[0-9-]*' | sort | uniq -c | sed 's/^/VE2E | B blocks per node: /'
+wait_no_sessions a 10 && ok "A holds no session after the two-rail fetch" || bad "A still holds sessions"
+stop a
+stop b
 
 finish
