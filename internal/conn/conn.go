@@ -292,6 +292,10 @@ type Manager struct {
 	// drainTimeout bounds waiting for a QP in ERROR to flush (the
 	// drainTimeout constant; tests shorten it).
 	drainTimeout time.Duration
+	// probeTimeout: an unanswered keepalive READ fails after this long,
+	// in nanoseconds (the retry budget + probeSlack; atomic so that tests
+	// can change it while the prober runs).
+	probeTimeout atomic.Int64
 
 	// Test hooks (nil in production), set by the package's tests before
 	// the manager is used.
@@ -361,6 +365,7 @@ func NewManager(opts Options) (m *Manager, err error) {
 
 		drainTimeout: drainTimeout,
 	}
+	m.probeTimeout.Store(int64(opts.ConnectAttr.RetryBudget() + probeSlack))
 	defer func() {
 		if err != nil {
 			m.releaseNICs()

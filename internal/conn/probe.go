@@ -16,14 +16,22 @@ import (
 // goes unnoticed until the next fetch fails: the connection stays listed
 // as connected, with its QPs. The prober READs probeBytes from the start
 // of the holder's memory on one QP of every NIC of each idle connection.
-// A live holder's NIC answers without its CPU; a dead one's QPs are gone,
-// so the READ fails with RETRY_EXC_ERR once the QP's retry budget is spent
-// (ibv.ConnectAttr.RetryBudget), and the failure invalidates the
-// connection as a failed fetch would: it leaves the listing, its QPs are
-// destroyed, and the next Get handshakes afresh.
+// A live holder's NIC answers without its CPU, in microseconds; a dead
+// one's QPs are gone, so the READ fails with RETRY_EXC_ERR once the QP's
+// retry budget is spent (ibv.ConnectAttr.RetryBudget). Not every provider
+// gives up: soft-RoCE (rxe) treats retry_cnt 7 as "retry forever", so a
+// probe also fails when it has not completed within the retry budget plus
+// probeSlack. Either failure invalidates the connection as a failed fetch
+// would: it leaves the listing, its QPs are destroyed (after the READ is
+// flushed), and the next Get handshakes afresh.
 
 // probeBytes is the length of one keepalive READ.
 const probeBytes = 8
+
+// probeSlack is added to the retry budget before an unanswered probe
+// counts as a dead holder: room for a loaded host, far above a live
+// NIC's answer.
+const probeSlack = 500 * time.Millisecond
 
 // registerProbe maps the scratch page keepalive READs land in and
 // registers it on every NIC (localNIC.probeMR). Never the pool: a probe
@@ -86,10 +94,8 @@ func (m *Manager) probeIdle(now time.Time) {
 		}
 	}
 	m.mu.Unlock()
-	// Bounded even if a CQ never answers: Read's drain applies after.
-	bound := 2*m.opts.ConnectAttr.RetryBudget() + 5*time.Second
 	for _, c := range idle {
-		ctx, cancel := context.WithTimeout(m.ctx, bound)
+		ctx, cancel := context.WithTimeout(m.ctx, time.Duration(m.probeTimeout.Load()))
 		err := c.probe(ctx)
 		cancel()
 		if err != nil && m.ctx.Err() == nil {

@@ -31,20 +31,39 @@ func TestKeepaliveDropsDeadHolder(t *testing.T) {
 	tests := []struct {
 		name string
 		kill func(h *node)
+		// attr replaces the QPs' attributes, and probeTimeout the
+		// manager's, when set.
+		attr         *ibv.ConnectAttr
+		probeTimeout time.Duration
 	}{
 		// Silent: no response ever comes back (a powered-off host).
 		{"silent", func(h *node) {
 			h.devs[0].SetFaults(tcp.Faults{DropResponses: true})
 			h.devs[0].CutConnections()
-		}},
+		}, nil, 0},
 		// Gone: the holder's process and its devices are gone (SIGKILL).
-		{"closed", func(h *node) { h.srv.Stop(); h.prov.Close() }},
+		{"closed", func(h *node) { h.srv.Stop(); h.prov.Close() }, nil, 0},
+		// A provider that retries forever (rxe with retry_cnt 7): no
+		// RETRY_EXC_ERR comes (a 34 s budget stands in for that), so the
+		// probe's own deadline (the retry budget + slack) must end it.
+		{"endless retry", func(h *node) {
+			h.devs[0].SetFaults(tcp.Faults{DropResponses: true})
+			h.devs[0].CutConnections()
+		}, &ibv.ConnectAttr{Timeout: 20, RetryCnt: 7, RNRRetry: 7, MinRNRTimer: 12, MaxRdAtomic: 16, MaxDestRd: 16, HopLimit: 64},
+			budget + probeSlack},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			d := newDialers(t)
 			h := newNode(t, d, nodeOpts{id: "holder", mem: 1 << 20})
-			r := newNode(t, d, nodeOpts{id: "req", mem: 1 << 20, qps: 2, probeInterval: interval, connectAttr: &attr})
+			qpAttr := &attr
+			if tc.attr != nil {
+				qpAttr = tc.attr
+			}
+			r := newNode(t, d, nodeOpts{id: "req", mem: 1 << 20, qps: 2, probeInterval: interval, connectAttr: qpAttr})
+			if tc.probeTimeout > 0 {
+				r.mgr.probeTimeout.Store(int64(tc.probeTimeout))
+			}
 			c, err := r.mgr.Get(ctxT(t, 5*time.Second), h.addr)
 			if err != nil {
 				t.Fatal(err)
@@ -54,7 +73,7 @@ func TestKeepaliveDropsDeadHolder(t *testing.T) {
 			}
 			tc.kill(h)
 			killed := time.Now()
-			limit := interval + budget + 2*time.Second // slack for a loaded host
+			limit := interval + budget + probeSlack + 2*time.Second // slack for a loaded host
 			for {
 				row, ok := requesterRow(r, h.addr)
 				if !ok || row.State != StateConnected {

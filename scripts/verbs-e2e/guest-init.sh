@@ -34,6 +34,8 @@ since() { awk -v a="$1" -v b="$(up)" 'BEGIN{printf "%.1f", b-a}'; }
 compact() { tr -d ' \n\t'; }
 finish() {
 	stage "done: $FAILS failed"
+	echo "VE2E | rxe counters: $(for d in rxe0 rxe1 rxe2 rxe3; do printf '%s sent %s rcvd %s retry_exceeded %s; ' $d $(cat /sys/class/infiniband/$d/ports/1/hw_counters/sent_pkts /sys/class/infiniband/$d/ports/1/hw_counters/rcvd_pkts /sys/class/infiniband/$d/ports/1/hw_counters/retry_exceeded_err 2>/dev/null); done)"
+	dmesg | grep -iE 'rxe|oops|BUG|call trace' | sed 's/^\[[ 0-9.]*\] //' | sort | uniq -c | sort -rn | head -n 5 | sed 's/^/VE2E | dmesg: /'
 	for n in a b; do
 		if [ -f /tmp/$n.log ] && [ "$FAILS" -gt 0 ]; then
 			echo "----- pegad $n log (last 40 lines)"
@@ -167,7 +169,7 @@ checkblocks() {
 # prefetch NODE PEER PREFIX COUNT OUT: json result in OUT; returns pegactl's status.
 prefetch() {
 	# shellcheck disable=SC2046 # hashes is a list
-	ctl "$1" -o json prefetch --peer "$2" --namespace $NS $(hashes "$3" "$4") >"$5" 2>"$5.err"
+	ctl "$1" -o json --timeout 180s prefetch --peer "$2" --namespace $NS $(hashes "$3" "$4") >"$5" 2>"$5.err"
 }
 # no_sessions NODE: no holder session listed and none counted active.
 no_sessions() {
@@ -336,18 +338,20 @@ done
 pkts() { cat /sys/class/infiniband/$1/ports/1/hw_counters/rcvd_pkts; }
 r1=$(pkts rxe1)
 r3=$(pkts rxe3)
-mkblocks n8 8 8388608
-putblocks a n8 8 && ok "put 8 x 8 MiB blocks on A (two rails)"
-if prefetch b $PEER_a n8 8 $D/n8.json; then
-	ok "B fetched over two rails at $(rate $D/n8.json) MB/s"
+# 2 MiB blocks: rxe drops bursts of 8 MiB READ responses on two busy
+# rails under TCG, and its retransmissions swamp the guest.
+mkblocks n2 16 2097152
+putblocks a n2 16 && ok "put 16 x 2 MiB blocks on A (two rails)"
+if prefetch b $PEER_a n2 16 $D/n2.json; then
+	ok "B fetched over two rails at $(rate $D/n2.json) MB/s"
 else
-	bad "two-rail fetch failed: $(cat $D/n8.json.err)"
+	bad "two-rail fetch failed: $(cat $D/n2.json.err)"
 fi
-checkblocks b n8 8 && ok "all 8 two-rail blocks on B byte-identical"
+checkblocks b n2 16 && ok "all 16 two-rail blocks on B byte-identical"
 d1=$(($(pkts rxe1) - r1))
 d3=$(($(pkts rxe3) - r3))
-# 8 MiB at MTU 1024 is 8192 READ response packets: both rails must carry
-# a good share of 64 MiB, not just keepalives.
+# 32 MiB at MTU 1024 is 32768 READ response packets: both rails must
+# carry a good share, not just keepalives.
 if [ $d1 -gt 4096 ] && [ $d3 -gt 4096 ]; then
 	ok "both rails carried bytes: B's rxe1 received $d1 packets, rxe3 $d3"
 else
