@@ -25,7 +25,7 @@ PY_VENV ?= bin/python-venv
 # test, vet, tidy-check and staticcheck cover it too.
 K8S_MOD := deploy/kubernetes
 
-.PHONY: all build test test-short bench bench-all fuzz proto proto-check lint vet fmt-check nocgo tidy-check staticcheck e2e reliability clean help python-venv python-test replay
+.PHONY: all build test test-short bench bench-all fuzz proto proto-check lint vet fmt-check nocgo tidy-check staticcheck e2e reliability verbs-e2e clean help python-venv python-test replay
 
 all: build
 
@@ -107,6 +107,9 @@ replay: ## replay the Mooncake FAST'25 trace through pegad at 2/5/10/20 % of its
 
 e2e: ## scripted end-to-end checks (scripts/e2e-*.sh) on real binaries
 	@set -e; for s in scripts/e2e-*.sh; do echo "==> $$s"; bash "$$s"; done
+
+verbs-e2e: ## --transport verbs on soft-RoCE (rdma_rxe) in a qemu guest built from Debian's packages (qemu-system-x86, cpio; cache in bin/verbs-e2e)
+	GO=$(GO) scripts/verbs-e2e/run.sh
 
 # Install layout (make install PREFIX=... DESTDIR=...). The unit's ExecStart
 # and --config are rewritten to BINDIR and SYSCONFDIR; an existing config

@@ -117,6 +117,11 @@ type Config struct {
 	// devices) or a comma-separated list of device names (mlx5_0,mlx5_1),
 	// each optionally with its rail (rail0=mlx5_0,rail1=mlx5_3).
 	NICs string `mapstructure:"nics"`
+	// NICNUMA names the NUMA node of NICs whose sysfs has none (virtual
+	// devices such as rxe, some VMs' NICs), as NIC=NODE[,NIC=NODE...]
+	// (rxe0=0,rxe1=1); a named node replaces what sysfs says. Empty: sysfs
+	// only.
+	NICNUMA string `mapstructure:"nic-numa"`
 	// QPsPerPeer is the number of RC queue pairs per peer per NIC.
 	QPsPerPeer int `mapstructure:"qps-per-peer"`
 	// RelaxedOrdering registers the pool with IBV_ACCESS_RELAXED_ORDERING
@@ -312,6 +317,7 @@ func RegisterFlags(fs *pflag.FlagSet, d Config) {
 	fs.String("pool-hugepages", d.PoolHugePages, "pool pages: none|thp|2M|1G (2M/1G must be reserved, vm.nr_hugepages)")
 	fs.String("transport", d.Transport, "data transport: auto|verbs|tcp (auto: verbs when devices exist, else tcp)")
 	fs.String("nics", d.NICs, "tcp: number of software NICs; verbs: a count or a comma list of device names, optionally RAIL=DEVICE")
+	fs.String("nic-numa", d.NICNUMA, "NUMA node of NICs sysfs gives none (e.g. rxe): NIC=NODE,... (rxe0=0,rxe1=1); replaces sysfs for the named NICs")
 	fs.Int("qps-per-peer", d.QPsPerPeer, "RC queue pairs per peer per NIC")
 	fs.Bool("relaxed-ordering", d.RelaxedOrdering, "verbs: register the pool with relaxed ordering (--relaxed-ordering=false turns it off)")
 	fs.Int("gid-index", d.GIDIndex, "verbs: GID table entry of every port (-1: RoCE v2, routable IPv4 first)")
@@ -588,6 +594,9 @@ func (c *Config) problems() []Problem {
 	if _, _, err := c.NICSpec(); err != nil {
 		bad("nics", "%v", err)
 	}
+	if _, err := c.NICNUMANodes(); err != nil {
+		bad("nic-numa", "%v", err)
+	}
 	if c.QPsPerPeer < 1 || c.QPsPerPeer > MaxQPsPerPeer {
 		bad("qps-per-peer", "%d is outside 1..%d", c.QPsPerPeer, MaxQPsPerPeer)
 	}
@@ -730,6 +739,36 @@ func (c *Config) NICRails() []string {
 		return nil
 	}
 	return rails
+}
+
+// MaxNUMANode bounds a node named by nic-numa (the kernel's MAX_NUMNODES
+// is at most 1024).
+const MaxNUMANode = 1023
+
+// NICNUMANodes interprets the nic-numa key: the NUMA node named for each
+// NIC; nil when the key is empty.
+func (c *Config) NICNUMANodes() (map[string]int, error) {
+	s := strings.TrimSpace(c.NICNUMA)
+	if s == "" {
+		return nil, nil
+	}
+	out := make(map[string]int)
+	for _, p := range strings.Split(s, ",") {
+		name, node, ok := strings.Cut(strings.TrimSpace(p), "=")
+		name, node = strings.TrimSpace(name), strings.TrimSpace(node)
+		if !ok || name == "" || node == "" {
+			return nil, fmt.Errorf("%q: want NIC=NODE entries (rxe0=0,rxe1=1)", c.NICNUMA)
+		}
+		n, err := strconv.Atoi(node)
+		if err != nil || n < 0 || n > MaxNUMANode {
+			return nil, fmt.Errorf("%q: node %q of %s is not a number in 0..%d", c.NICNUMA, node, name, MaxNUMANode)
+		}
+		if _, dup := out[name]; dup {
+			return nil, fmt.Errorf("%q names %s twice", c.NICNUMA, name)
+		}
+		out[name] = n
+	}
+	return out, nil
 }
 
 // maxRailLen bounds a rail name (it travels in every handshake).

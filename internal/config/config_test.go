@@ -196,6 +196,10 @@ func TestInvalid(t *testing.T) {
 		{"qps zero", []string{"--qps-per-peer=0"}, nil, "", []string{"qps-per-peer"}},
 		{"qps not a number env", nil, map[string]string{"PEGAD_QPS_PER_PEER": "two"}, "", []string{"qps-per-peer"}},
 		{"nics zero", []string{"--nics=0"}, nil, "", []string{"nics"}},
+		{"nic-numa no node", []string{"--nic-numa=rxe0"}, nil, "", []string{"nic-numa", "NIC=NODE"}},
+		{"nic-numa negative node", []string{"--nic-numa=rxe0=-1"}, nil, "", []string{"nic-numa", "0..1023"}},
+		{"nic-numa node not a number env", nil, map[string]string{"PEGAD_NIC_NUMA": "rxe0=one"}, "", []string{"nic-numa", "one"}},
+		{"nic-numa twice", nil, nil, "nic-numa: rxe0=0,rxe0=1\n", []string{"nic-numa", "twice"}},
 		{"nics empty name", []string{"--nics=mlx5_0,,mlx5_1"}, nil, "", []string{"nics", "empty"}},
 		{"nics duplicate", []string{"--nics=a,a"}, nil, "", []string{"nics", "twice"}},
 		{"nics rails mixed with bare names", []string{"--nics=r0=mlx5_0,mlx5_1"}, nil, "", []string{"nics", "mixes"}},
@@ -370,6 +374,41 @@ func TestDebugListenLoopbackForms(t *testing.T) {
 		c, err := load(t, []string{"--debug-listen=" + addr}, nil, "")
 		if err != nil || c.DebugListen != addr {
 			t.Errorf("--debug-listen=%s: %v, %q", addr, err, c.DebugListen)
+		}
+	}
+}
+
+func TestNICNUMANodes(t *testing.T) {
+	tests := []struct {
+		in   string
+		want map[string]int
+	}{
+		{"", nil},
+		{"  ", nil},
+		{"rxe0=0", map[string]int{"rxe0": 0}},
+		{"rxe0=0, rxe1 = 1", map[string]int{"rxe0": 0, "rxe1": 1}},
+		{"mlx5_3=1023", map[string]int{"mlx5_3": 1023}},
+	}
+	for _, tc := range tests {
+		c := Config{NICNUMA: tc.in}
+		got, err := c.NICNUMANodes()
+		if err != nil {
+			t.Errorf("%q: %v", tc.in, err)
+			continue
+		}
+		if len(got) != len(tc.want) || (got == nil) != (tc.want == nil) {
+			t.Errorf("%q = %v, want %v", tc.in, got, tc.want)
+			continue
+		}
+		for k, v := range tc.want {
+			if got[k] != v {
+				t.Errorf("%q: %s = %d, want %d", tc.in, k, got[k], v)
+			}
+		}
+	}
+	for _, bad := range []string{"rxe0", "=0", "rxe0=", "rxe0=1024", "rxe0=x", "rxe0=0,rxe0=1", "rxe0=0,"} {
+		if _, err := (&Config{NICNUMA: bad}).NICNUMANodes(); err == nil {
+			t.Errorf("%q accepted", bad)
 		}
 	}
 }

@@ -213,6 +213,9 @@ func Start(ctx context.Context, cfg config.Config, opts ...Option) (d *Daemon, e
 	d.log.Info().Str("transport", d.tr.name).Str("reason", d.tr.reason).Int("nics", len(d.tr.devices)).
 		Strs("data_addrs", d.tr.dataAddrs).Msg("Transport selected")
 	d.metrics.SetTransport(d.tr.name, d.tr.reasonCode)
+	if err := checkNICNUMA(&cfg, d.tr.devices, d.log); err != nil {
+		return d, err
+	}
 	if d.tr.name == config.TransportVerbs {
 		// Before mapping: each NIC's registration pins the whole pool.
 		if err := pool.CheckPinLimit(uint64(cfg.PoolSize), len(d.tr.devices)); err != nil {
@@ -253,6 +256,9 @@ func Start(ctx context.Context, cfg config.Config, opts ...Option) (d *Daemon, e
 		ConnectAttr: connectAttr(d.tr.name, &cfg),
 		IdleTimeout: cfg.RDMAIdleTimeout,
 		Dial:        d.peers.Get,
+		// verbs: a holder that died while idle is found by a keepalive
+		// READ (tcp sees its data connections close).
+		ProbeInterval: probeInterval(d.tr.name),
 
 		NoRelaxedOrdering: !cfg.RelaxedOrdering,
 		Placement:         d.pool,
