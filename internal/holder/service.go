@@ -314,7 +314,8 @@ func (s *Service) QueryBlocksForTransfer(ctx context.Context, req *pegadv1.Query
 		}
 	}()
 
-	resp = &pegadv1.QueryBlocksForTransferResponse{HolderIncarnation: s.opts.Incarnation}
+	resp = &pegadv1.QueryBlocksForTransferResponse{HolderIncarnation: s.opts.Incarnation,
+		MaxPinnedBytesPerPeer: s.opts.Limits.PinnedBytesPerPeer, MaxPinnedBytes: s.opts.Limits.PinnedBytes}
 	for _, i := range missing {
 		resp.Missing = append(resp.Missing, req.Hashes[i])
 	}
@@ -322,9 +323,16 @@ func (s *Service) QueryBlocksForTransfer(ctx context.Context, req *pegadv1.Query
 		s.opts.Metrics.EmptyQueries.Inc()
 		return resp, nil
 	}
+	// isMissing: not in this answer's blocks (missing, or deferred to a
+	// later window).
 	isMissing := make([]bool, len(keys))
 	for _, i := range missing {
 		isMissing[i] = true
+	}
+	var deferred []int
+	pinned, deferred = s.window(req.GetWindowBytes(), pinned, isMissing)
+	for _, i := range deferred {
+		resp.Deferred = append(resp.Deferred, req.Hashes[i])
 	}
 	var bytes uint64
 	nslots, nsegs := 0, 0
@@ -403,6 +411,48 @@ func (s *Service) QueryBlocksForTransfer(ctx context.Context, req *pegadv1.Query
 	s.opts.Log.Debug().Str("session", resp.SessionId).Str("requester", node).Int("blocks", len(pinned)).
 		Int("missing", len(missing)).Msg("Transfer lock taken")
 	return resp, nil
+}
+
+// window keeps, of pinned (the found blocks, in request order), the
+// longest prefix whose bytes fit in windowBytes, and at least one block;
+// windowBytes is lowered to half the per-peer pin cap, so that a requester
+// can read one window while it locks the next, and a window never has
+// more slots than an answer may carry. It unpins the rest, marks them in
+// isMissing and returns their request indices. windowBytes 0: no window.
+func (s *Service) window(windowBytes uint64, pinned []*store.Block, isMissing []bool) ([]*store.Block, []int) {
+	if windowBytes == 0 {
+		return pinned, nil
+	}
+	if c := s.opts.Limits.PinnedBytesPerPeer; c > 0 {
+		windowBytes = min(windowBytes, max(c/2, 1))
+	}
+	keep, bytes, slots := 0, uint64(0), 0
+	for keep < len(pinned) {
+		b := pinned[keep]
+		if keep > 0 && (bytes+b.Size() > windowBytes || slots+b.NumSlots() > s.opts.MaxResponseSlots) {
+			break
+		}
+		bytes += b.Size()
+		slots += b.NumSlots()
+		keep++
+	}
+	if keep == len(pinned) {
+		return pinned, nil
+	}
+	s.opts.Store.Unpin(pinned[keep:])
+	var deferred []int
+	j := 0
+	for i := range isMissing {
+		if isMissing[i] {
+			continue
+		}
+		if j >= keep {
+			deferred = append(deferred, i)
+			isMissing[i] = true
+		}
+		j++
+	}
+	return pinned[:keep], deferred
 }
 
 var sessionEnds = map[EndReason]pegadv1.SessionEnd{
