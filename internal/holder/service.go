@@ -335,57 +335,8 @@ func (s *Service) QueryBlocksForTransfer(ctx context.Context, req *pegadv1.Query
 		resp.Deferred = append(resp.Deferred, req.Hashes[i])
 	}
 	var bytes uint64
-	nslots, nsegs := 0, 0
-	for _, b := range pinned {
-		nslots += b.NumSlots()
-		if nslots > s.opts.MaxResponseSlots {
-			return nil, pegaderr.Status(codes.ResourceExhausted, pegaderr.Limit, fmt.Sprintf(
-				"found blocks have more than %d slots in all: ask for fewer hashes", s.opts.MaxResponseSlots)).Err()
-		}
-		for k := range b.NumSlots() {
-			nsegs++
-			if b.Slot(k).V.Len > 0 {
-				nsegs++
-			}
-		}
-		bytes += b.Size()
-	}
-	// The answer's messages come from a few arrays, not one allocation per
-	// block, slot and segment: a query of 150 blocks would make 750.
-	var (
-		locs     = make([]pegadv1.BlockLocation, len(pinned))
-		slots    = make([]pegadv1.Slot, nslots)
-		slotPtrs = make([]*pegadv1.Slot, nslots)
-		segs     = make([]pegadv1.Segment, nsegs)
-	)
-	segment := func(g store.Segment) *pegadv1.Segment {
-		p := &segs[0]
-		segs = segs[1:]
-		p.Addr, p.Size, p.NumaNode = g.Addr, g.Len, int32(g.NUMA)
-		return p
-	}
-	resp.Blocks = make([]*pegadv1.BlockLocation, 0, len(pinned))
-	j := 0
-	for i := range keys {
-		if isMissing[i] {
-			continue
-		}
-		b := pinned[j]
-		loc := &locs[j]
-		j++
-		loc.Hash = req.Hashes[i]
-		loc.Slots, slotPtrs = slotPtrs[:b.NumSlots():b.NumSlots()], slotPtrs[b.NumSlots():]
-		for k := range loc.Slots {
-			sl := b.Slot(k)
-			ps := &slots[0]
-			slots = slots[1:]
-			ps.K = segment(sl.K)
-			if sl.V.Len > 0 {
-				ps.V = segment(sl.V)
-			}
-			loc.Slots[k] = ps
-		}
-		resp.Blocks = append(resp.Blocks, loc)
+	if resp.Blocks, bytes, err = s.locations(req.Hashes, pinned, isMissing); err != nil {
+		return nil, err
 	}
 
 	sess, err := s.locks.open(node, inc, pinned, bytes)
@@ -411,6 +362,65 @@ func (s *Service) QueryBlocksForTransfer(ctx context.Context, req *pegadv1.Query
 	s.opts.Log.Debug().Str("session", resp.SessionId).Str("requester", node).Int("blocks", len(pinned)).
 		Int("missing", len(missing)).Msg("Transfer lock taken")
 	return resp, nil
+}
+
+// locations lays out the answer's blocks: pinned, in request order (the
+// hashes not marked in isMissing), and the bytes they take.
+func (s *Service) locations(hashes [][]byte, pinned []*store.Block, isMissing []bool) ([]*pegadv1.BlockLocation, uint64, error) {
+	var bytes uint64
+	nslots, nsegs := 0, 0
+	for _, b := range pinned {
+		nslots += b.NumSlots()
+		if nslots > s.opts.MaxResponseSlots {
+			return nil, 0, pegaderr.Status(codes.ResourceExhausted, pegaderr.Limit, fmt.Sprintf(
+				"found blocks have more than %d slots in all: ask for fewer hashes", s.opts.MaxResponseSlots)).Err()
+		}
+		for k := range b.NumSlots() {
+			nsegs++
+			if b.Slot(k).V.Len > 0 {
+				nsegs++
+			}
+		}
+		bytes += b.Size()
+	}
+	// The answer's messages come from a few arrays, not one allocation per
+	// block, slot and segment: a query of 150 blocks would make 750.
+	var (
+		locs     = make([]pegadv1.BlockLocation, len(pinned))
+		slots    = make([]pegadv1.Slot, nslots)
+		slotPtrs = make([]*pegadv1.Slot, nslots)
+		segs     = make([]pegadv1.Segment, nsegs)
+	)
+	segment := func(g store.Segment) *pegadv1.Segment {
+		p := &segs[0]
+		segs = segs[1:]
+		p.Addr, p.Size, p.NumaNode = g.Addr, g.Len, int32(g.NUMA)
+		return p
+	}
+	out := make([]*pegadv1.BlockLocation, 0, len(pinned))
+	j := 0
+	for i := range isMissing {
+		if isMissing[i] {
+			continue
+		}
+		b := pinned[j]
+		loc := &locs[j]
+		j++
+		loc.Hash = hashes[i]
+		loc.Slots, slotPtrs = slotPtrs[:b.NumSlots():b.NumSlots()], slotPtrs[b.NumSlots():]
+		for k := range loc.Slots {
+			sl := b.Slot(k)
+			ps := &slots[0]
+			slots = slots[1:]
+			ps.K = segment(sl.K)
+			if sl.V.Len > 0 {
+				ps.V = segment(sl.V)
+			}
+			loc.Slots[k] = ps
+		}
+		out = append(out, loc)
+	}
+	return out, bytes, nil
 }
 
 // window keeps, of pinned (the found blocks, in request order), the
