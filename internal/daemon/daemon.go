@@ -55,7 +55,7 @@ type Option func(*options)
 type options struct {
 	log    *zerolog.Logger
 	notify func(state string) // sd_notify; nil: go-systemd's SdNotify
-	// faults is passed to requester.Options.Faults (nil in production).
+	// faults is the prefetch engine's fault hook (nil in production).
 	faults func(ctx context.Context, reqID, phase string)
 	// peerInterceptor, when set, is the innermost unary interceptor of the
 	// peer server (tests inject holder errors with it).
@@ -71,7 +71,7 @@ func WithNotify(f func(state string)) Option { return func(o *options) { o.notif
 
 // WithRequesterFaults installs a fault hook in the prefetch engine: f runs
 // as every fetch enters each phase and may panic or block (see
-// requester.Options.Faults). Tests only.
+// requester.Engine.SetFaultHook). Tests only.
 func WithRequesterFaults(f func(ctx context.Context, reqID, phase string)) Option {
 	return func(o *options) { o.faults = f }
 }
@@ -290,10 +290,12 @@ func Start(ctx context.Context, cfg config.Config, opts ...Option) (d *Daemon, e
 		Peers:       d.peers.Get,
 		Metrics:     d.metrics,
 		Log:         d.log.With().Str("component", "requester").Logger(),
-		Faults:      o.faults,
 	})
 	if err != nil {
 		return d, fmt.Errorf("prefetch engine: %w", err)
+	}
+	if o.faults != nil {
+		d.engine.SetFaultHook(o.faults)
 	}
 	if err := d.openCluster(); err != nil {
 		return d, err
