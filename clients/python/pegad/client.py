@@ -331,6 +331,12 @@ class Client:
         return self._data.pool_size
 
     @property
+    def protocol_version(self):
+        """The data socket's protocol version agreed with the daemon: 2 (put
+        in one round trip) unless the daemon is older and speaks only 1."""
+        return self._data.version
+
+    @property
     def lease_timeout(self):
         """Seconds a lease lives without renew."""
         return self._data.lease_timeout
