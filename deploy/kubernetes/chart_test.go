@@ -130,6 +130,10 @@ func strict(doc string, out any) error {
 
 var docSep = regexp.MustCompile(`(?m)^---\s*$`)
 
+// varRef is what the kubelet reads as a variable reference: "$(" up to
+// the next ")"; a shell's $(cmd) is one too, unless written $$(.
+var varRef = regexp.MustCompile(`\$\(([^)]*)\)`)
+
 // splitDocs returns the non-empty YAML documents of a file.
 func splitDocs(s string) []string {
 	var docs []string
@@ -463,6 +467,23 @@ func check(t *testing.T, o *objects) []string {
 		}
 	}
 
+	// The kubelet expands $(VAR) in commands and args: every such
+	// reference must be a variable the container defines ($$( is a
+	// literal "$(" for a shell).
+	for _, ct := range spec.Containers {
+		defined := map[string]bool{}
+		for _, e := range ct.Env {
+			defined[e.Name] = true
+		}
+		for _, a := range append(append([]string{}, ct.Command...), ct.Args...) {
+			for _, m := range varRef.FindAllStringSubmatch(strings.ReplaceAll(a, "$$", ""), -1) {
+				if !defined[m[1]] {
+					bad("container %s: %q in its command is not a variable it defines (write $$( for a shell)", ct.Name, m[0])
+				}
+			}
+		}
+	}
+
 	// Monitoring scrapes the declared metrics port.
 	if o.pm != nil && (len(o.pm.Spec.PodMetricsEndpoints) != 1 || namedPort(c, o.pm.Spec.PodMetricsEndpoints[0].Port) != metricsPort) {
 		bad("PodMonitor does not scrape the metrics port")
@@ -541,6 +562,10 @@ func TestChartChecksCanFail(t *testing.T) {
 		}, "readiness probe port"},
 		{"unknown config key", "config: {pool_size: 1GiB}", nil, "refuses the pod's configuration"},
 		{"pool above the memory limit", "memory: 8Gi", nil, "memory limit"},
+		{"shell substitution the kubelet would expand", "peerTLS: {enabled: true}", func(o *objects) {
+			c := container(o, "tls-reloader")
+			c.Command[2] = strings.ReplaceAll(c.Command[2], "$$(", "$(")
+		}, "is not a variable it defines"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -180,7 +180,8 @@ type Config struct {
 	// KVEventsReplayEndpoint serves missed events (vLLM's replay ROUTER
 	// socket); empty: none. Needs KVEventsEndpoint.
 	KVEventsReplayEndpoint string `mapstructure:"kv-events-replay-endpoint"`
-	// KVEventsTopic is the topic of each message, {node} and {namespace}
+	// KVEventsTopic is the topic of each message, with {node}, {namespace},
+	// {model} (the namespace before its first '@') and {rank} (after it)
 	// expanded (llm-d reads kv@<pod>@<model>).
 	KVEventsTopic string `mapstructure:"kv-events-topic"`
 
@@ -238,7 +239,7 @@ func Default() Config {
 		LogLevel:        "info",
 		LogFormat:       "auto",
 		ClusterTTL:      10 * time.Second,
-		KVEventsTopic:   "kv@{node}@{namespace}",
+		KVEventsTopic:   "kv@{node}@{model}",
 
 		MaxSessionsPerPeer: DefaultMaxSessionsPerPeer,
 	}
@@ -338,7 +339,7 @@ func RegisterFlags(fs *pflag.FlagSet, d Config) {
 	fs.Duration("cluster-ttl", d.ClusterTTL, "cluster membership record lifetime, refreshed every third of it")
 	fs.String("kv-events-endpoint", d.KVEventsEndpoint, "publish vLLM KV events on a ZMQ PUB socket bound here: tcp://*:5557, tcp://HOST:PORT or ipc://PATH (empty: off)")
 	fs.String("kv-events-replay-endpoint", d.KVEventsReplayEndpoint, "KV events: ZMQ ROUTER socket replaying missed messages, vLLM's protocol (empty: none)")
-	fs.String("kv-events-topic", d.KVEventsTopic, "KV events: topic of each message; {node} and {namespace} are expanded")
+	fs.String("kv-events-topic", d.KVEventsTopic, "KV events: topic of each message; {node}, {namespace}, {model} (namespace before its first @) and {rank} (after it) are expanded")
 	fs.String("peer-tls-cert", d.PeerTLSCert, "peer mTLS: this node's certificate (PEM); with --peer-tls-key and --peer-tls-ca")
 	fs.String("peer-tls-key", d.PeerTLSKey, "peer mTLS: the certificate's private key (PEM)")
 	fs.String("peer-tls-ca", d.PeerTLSCA, "peer mTLS: CA bundle (PEM) that signs every node's certificate")

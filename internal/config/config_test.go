@@ -57,7 +57,7 @@ func TestDefaults(t *testing.T) {
 		QPsPerPeer: 2, RelaxedOrdering: true, GIDIndex: -1, TCPDataListen: "", TCPQPNStart: 0x100, RDMAIdleTimeout: time.Minute,
 		LockTimeout: 120 * time.Second, GCInterval: time.Second, ShutdownTimeout: 10 * time.Second,
 		LogLevel: "info", LogFormat: "auto", ClusterTTL: 10 * time.Second, MaxSessionsPerPeer: DefaultMaxSessionsPerPeer,
-		KVEventsTopic: "kv@{node}@{namespace}",
+		KVEventsTopic: "kv@{node}@{model}",
 	}
 	if c != want {
 		t.Fatalf("defaults:\n got %+v\nwant %+v", c, want)

@@ -70,10 +70,12 @@ func TestOperationsSubscriber(t *testing.T) {
 	r.waitSubscribers(t, 1)
 
 	a, b, c := "\x01\x02sha256-of-block-a-0000000000", "short", "sha256-of-block-c-0000000000!!"
-	r.put(t, "ns1", a, 16*kib)
-	r.put(t, "ns1", b, 16*kib)
-	r.put(t, "ns1", c, 16*kib) // the pool holds two: evicts a
-	if _, err := r.s.Delete(store.Key{Namespace: "ns1", Hash: b}); err != nil {
+	// A connector's rank namespace: the topic names the model.
+	const ns = "Llama-3.1-8B:0123456789abcdef@tp1"
+	r.put(t, ns, a, 16*kib)
+	r.put(t, ns, b, 16*kib)
+	r.put(t, ns, c, 16*kib) // the pool holds two: evicts a
+	if _, err := r.s.Delete(store.Key{Namespace: ns, Hash: b}); err != nil {
 		t.Fatal(err)
 	}
 	key := func(h string) uint64 {
@@ -84,11 +86,11 @@ func TestOperationsSubscriber(t *testing.T) {
 		return binary.BigEndian.Uint64(p[len(p)-8:])
 	}
 	want := []string{
-		fmt.Sprintf("0 BlockStored node-a ns1 %x %d cpu", a, key(a)),
-		fmt.Sprintf("1 BlockStored node-a ns1 %x %d cpu", b, key(b)),
-		fmt.Sprintf("2 BlockRemoved node-a ns1 %x %d cpu", a, key(a)),
-		fmt.Sprintf("3 BlockStored node-a ns1 %x %d cpu", c, key(c)),
-		fmt.Sprintf("4 BlockRemoved node-a ns1 %x %d cpu", b, key(b)),
+		fmt.Sprintf("0 BlockStored node-a Llama-3.1-8B:0123456789abcdef %x %d cpu", a, key(a)),
+		fmt.Sprintf("1 BlockStored node-a Llama-3.1-8B:0123456789abcdef %x %d cpu", b, key(b)),
+		fmt.Sprintf("2 BlockRemoved node-a Llama-3.1-8B:0123456789abcdef %x %d cpu", a, key(a)),
+		fmt.Sprintf("3 BlockStored node-a Llama-3.1-8B:0123456789abcdef %x %d cpu", c, key(c)),
+		fmt.Sprintf("4 BlockRemoved node-a Llama-3.1-8B:0123456789abcdef %x %d cpu", b, key(b)),
 	}
 	lines := make(chan string, len(want))
 	go func() {

@@ -48,7 +48,7 @@ type Options struct {
 	// ReplayEndpoint is the ROUTER socket serving missed messages; "":
 	// none.
 	ReplayEndpoint string
-	// Topic is the topic template ({node}, {namespace}); "": DefaultTopic.
+	// Topic is the topic template (Topic's placeholders); "": DefaultTopic.
 	Topic  string
 	NodeID string
 	// Queue, SubscriberQueue, Replay: 0 takes the defaults above.

@@ -400,11 +400,16 @@ func TestEndpoints(t *testing.T) {
 
 // TestTopic: the template's placeholders.
 func TestTopic(t *testing.T) {
-	for _, c := range []struct{ tmpl, want string }{
-		{DefaultTopic, "kv@n1@ns"}, {"", ""}, {"pegad", "pegad"}, {"{namespace}/{node}/{node}", "ns/n1/n1"},
+	for _, c := range []struct{ tmpl, ns, want string }{
+		{DefaultTopic, "ns", "kv@n1@ns"}, {"", "ns", ""}, {"pegad", "ns", "pegad"},
+		{"{namespace}/{node}/{node}", "ns", "ns/n1/n1"},
+		// A connector's rank namespace: the default topic keeps llm-d's two '@'.
+		{DefaultTopic, "Llama-3.1-8B:0123abcd@tp3", "kv@n1@Llama-3.1-8B:0123abcd"},
+		{"{model}|{rank}|{namespace}", "m:1@pp1.tp0", "m:1|pp1.tp0|m:1@pp1.tp0"},
+		{"{model}|{rank}", "plain", "plain|"},
 	} {
-		if got := Topic(c.tmpl, "n1", "ns"); got != c.want {
-			t.Errorf("Topic(%q) = %q, want %q", c.tmpl, got, c.want)
+		if got := Topic(c.tmpl, "n1", c.ns); got != c.want {
+			t.Errorf("Topic(%q, %q) = %q, want %q", c.tmpl, c.ns, got, c.want)
 		}
 	}
 }
