@@ -181,6 +181,8 @@ wait_no_sessions() {
 	for _ in $(seq $(($2 * 5))); do no_sessions "$1" && return 0; sleep 0.2; done
 	return 1
 }
+# pkts DEV: packets DEV received (rxe's hw_counters).
+pkts() { cat /sys/class/infiniband/$1/ports/1/hw_counters/rcvd_pkts; }
 # rate OUT: MB/s of a prefetch's json result (bytes / duration_seconds).
 rate() {
 	compact <"$1" | sed -n 's/.*"bytes":\([0-9]*\),"duration_seconds":\([0-9.e+-]*\).*/\1 \2/p' |
@@ -219,39 +221,45 @@ conn_state() {
 	st=$(ctl b -o json conns list | compact | sed -n 's/.*"peer":"'"$PEER_a"'","state":"\([a-z]*\)".*/\1/p')
 	echo "${st:-none}"
 }
-# 10 x 8 MiB: under max-pinned-bytes-per-peer (half of A's pool).
-mkblocks k8 10 8388608
-putblocks a k8 10 && ok "put 10 x 8 MiB blocks on A for the kill"
+# 12 x 8 MiB: under max-pinned-bytes-per-peer (half of A's pool).
+mkblocks k8 12 8388608
+putblocks a k8 12 && ok "put 12 x 8 MiB blocks on A for the kill"
 t0=$(up)
-prefetch b $PEER_a k8 10 $D/k8.json &
+prefetch b $PEER_a k8 12 $D/k8.json &
 FPID=$!
-# Kill once B's fetch has read some bytes (or after 10 s at most).
-for _ in $(seq 50); do
-	ctl b -o json sessions list | compact | grep -q '"bytes_done":[1-9]' && break
+# Kill once 16 MiB of READ responses reached B's rxe1 (1 KiB packets),
+# or after 30 s at most: sysfs is cheap to poll, pegactl is not under TCG.
+r0=$(pkts rxe1)
+for _ in $(seq 600); do
+	[ $(($(pkts rxe1) - r0)) -ge 16384 ] && break
 	kill -0 $FPID 2>/dev/null || break
-	sleep 0.1
+	sleep 0.05
 done
 kill -KILL "$PID_a"
 tk=$(up)
 wait "$PID_a" 2>/dev/null
 wait $FPID
 frc=$?
+tf=$(up)
 info "A killed $(since "$t0")s into B's fetch; B's prefetch exited $frc after $(awk -v a="$tk" -v b="$(up)" 'BEGIN{printf "%.1f", b-a}')s more"
 # Finding (a): B must stop listing the dead holder's connection as
 # connected within about the keepalive interval (1 s) + the QP's retry
-# budget (about 0.5 s), whether or not the failed fetch broke it.
-while [ "$(conn_state)" = connected ] && [ "$(since "$tk" | cut -d. -f1)" -lt 8 ]; do sleep 0.1; done
+# budget (about 0.5 s) + 0.5 s once idle, whether or not the failed fetch
+# broke it. Each pegactl call takes most of a second under TCG.
+while [ "$(conn_state)" = connected ] && [ "$(since "$tf" | cut -d. -f1)" -lt 6 ]; do sleep 0.1; done
 st=$(conn_state)
 if [ "$st" = connected ]; then
-	bad "B still lists dead A as connected $(since "$tk")s after the kill"
+	bad "B still lists dead A as connected $(since "$tf")s after its fetch ended ($(since "$tk")s after the kill)"
 else
-	ok "B stopped listing dead A as connected (now: $st) $(since "$tk")s after the kill"
+	ok "B stopped listing dead A as connected (now: $st) $(since "$tf")s after its fetch ended, $(since "$tk")s after the kill"
 fi
 show ctl b conns list
-grep -E 'keepalive failed|rdma read failed' /tmp/b.log | tail -n 1 | cut -c1-400 | sed 's/^/VE2E | B log: /'
+# What B logged about it (warnings since the kill).
+grep -E '"level":"(warn|error)"' /tmp/b.log | grep -v 'NIC has no NUMA node' | tail -n 6 |
+	sed -e 's/"time":"[^"]*",//' -e 's/"node":"ve2e-b",//' | cut -c1-420 | sed 's/^/VE2E | B log: /'
 show cat $D/k8.json.err
-[ $frc -ne 0 ] && ok "B's prefetch failed cleanly (exit $frc) when A died" || info "B's prefetch completed before the kill landed"
-checkblocks b k8 10 present-only && ok "no wrong byte on B after the kill: $CHECKED of 10 blocks present, all match"
+[ $frc -ne 0 ] && ok "B's prefetch failed cleanly (exit $frc) when A died" || bad "B's prefetch completed before the kill landed: not a mid-fetch kill"
+checkblocks b k8 12 present-only && ok "no wrong byte on B after the kill: $CHECKED of 12 blocks present, all match"
 ctl b -o json sessions list | compact | grep -qF '"fetches":[]' && ok "B has no fetch left in flight" || bad "B still lists a fetch in flight"
 mkblocks x 1 4096 # a hash B lacks: the fetch must reach A
 if prefetch b $PEER_a x 1 $D/down.json; then bad "a fetch from dead A succeeded"; else
@@ -259,13 +267,14 @@ if prefetch b $PEER_a x 1 $D/down.json; then bad "a fetch from dead A succeeded"
 fi
 start a --nics rxe0 --pool-size 256MiB
 ready a || finish
-putblocks a k8 10 && ok "restarted A, put the 10 x 8 MiB blocks again"
-if prefetch b $PEER_a k8 10 $D/k8b.json; then
-	ok "B's fetch from the restarted A succeeded at $(rate $D/k8b.json) MB/s"
+mkblocks kr 4 8388608 # fresh blocks: B has none of them, so it must connect again
+putblocks a k8 12 && putblocks a kr 4 && ok "restarted A, put the 12 x 8 MiB blocks again and 4 fresh ones"
+if prefetch b $PEER_a kr 4 $D/kr.json && prefetch b $PEER_a k8 12 $D/k8b.json; then
+	ok "B's fetches from the restarted A succeeded ($(rate $D/kr.json) MB/s for the fresh blocks)"
 else
-	bad "fetch from restarted A failed: $(cat $D/k8b.json.err)"
+	bad "fetch from restarted A failed: $(cat $D/kr.json.err $D/k8b.json.err)"
 fi
-checkblocks b k8 10 && ok "all 10 blocks on B byte-identical after the restart"
+checkblocks b kr 4 && checkblocks b k8 12 && ok "all 16 blocks on B byte-identical after the restart"
 show ctl b conns list
 [ "$(conn_state)" = connected ] && ok "B lists the new A connection as connected" || bad "B's connection to restarted A is $(conn_state)"
 wait_no_sessions a 10 && ok "restarted A holds no session (no leaked lock)" || { bad "restarted A still holds sessions"; show ctl a sessions list; }
@@ -284,12 +293,24 @@ mkblocks ra 4 8388608
 mkblocks rb 4 8388608
 putblocks a ra 4 && putblocks a rb 4 && ok "put 2 x 4 x 8 MiB blocks on A for the rate"
 prefetch b $PEER_a ra 4 $D/ra.json || bad "rate prefetch 1 failed: $(cat $D/ra.json.err)"
-timeout 120 ib_read_bw -d rxe0 -x 1 -s 8388608 -n 16 -q 2 -F >/tmp/ibsrv.txt 2>&1 &
-IBS=$!
-sleep 1
-timeout 120 ib_read_bw -d rxe1 -x 1 -s 8388608 -n 16 -q 2 -F 10.214.9.1 >/tmp/ibcli.txt 2>&1
+# ib_bw NAME: one ib_read_bw pair, the client started once the server
+# listens on perftest's port 18515 (0x4853); the client's exit status.
+ib_bw() {
+	timeout 60 ib_read_bw -d rxe0 -x 1 -s 8388608 -n 8 -q 2 -F >/tmp/ibsrv.txt 2>&1 &
+	ibs=$!
+	for _ in $(seq 100); do grep -q ':4853 00000000:0000 0A' /proc/net/tcp && break; sleep 0.1; done
+	timeout 60 ib_read_bw -d rxe1 -x 1 -s 8388608 -n 8 -q 2 -F 10.214.9.1 >/tmp/ibcli.txt 2>&1
+	rc=$?
+	wait $ibs
+	return $rc
+}
+ib_bw
 irc=$?
-wait $IBS
+if [ $irc -ne 0 ]; then # under a loaded host TCG stalls now and then: once more
+	info "ib_read_bw exited $irc ($(tail -n 1 /tmp/ibcli.txt)); running it once more"
+	ib_bw
+	irc=$?
+fi
 prefetch b $PEER_a rb 4 $D/rb.json || bad "rate prefetch 2 failed: $(cat $D/rb.json.err)"
 checkblocks b ra 4 && checkblocks b rb 4 && ok "the 8 rate blocks on B byte-identical"
 grep -E '^ *#bytes|^ *8388608 ' /tmp/ibcli.txt | sed 's/^/VE2E | ib_read_bw: /'
@@ -335,7 +356,6 @@ for n in a b; do
 	grep ' bind:' /proc/$pid/numa_maps | awk '{ split($2, b, ":"); for (i = 3; i <= NF; i++) if ($i ~ /^N[0-9]=/ && substr($i, 2, 1) != b[2]) bad++ } END { exit bad > 0 }' ||
 		bad "$n: a bound part has pages on another node"
 done
-pkts() { cat /sys/class/infiniband/$1/ports/1/hw_counters/rcvd_pkts; }
 r1=$(pkts rxe1)
 r3=$(pkts rxe3)
 # 2 MiB blocks: rxe drops bursts of 8 MiB READ responses on two busy
