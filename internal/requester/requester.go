@@ -1,7 +1,9 @@
 // Package requester is pegad's prefetch engine: it fetches blocks from a
-// named peer into this node's pool. One fetch: ensure connected → lock the
-// blocks on the holder (QueryBlocksForTransfer) → stage local memory →
-// RDMA READ every segment → release the lock → index the blocks locally.
+// named peer into this node's pool. One fetch: ensure connected, then a
+// pipeline of lock windows, each fitting the holder's pin cap (window.go):
+// lock a window on the holder (QueryBlocksForTransfer) → stage local
+// memory → RDMA READ every segment → release the lock → index the blocks
+// locally; the next window is locked while the current one is read.
 //
 // Every lock it takes is released exactly once on every exit of a fetch
 // (success, error, panic, cancellation, shutdown) by a release guard
