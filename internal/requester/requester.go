@@ -214,9 +214,14 @@ func (s *fetchState) getPhase() string {
 	return s.phase
 }
 
-func (s *fetchState) setSession(sid string, blocks int, bytes uint64) {
+// addWindow records a lock window about to be read: its session, and its
+// blocks and bytes added to the fetch's (a fetch's total grows as its
+// windows are locked; done counts across them).
+func (s *fetchState) addWindow(sid string, blocks int, bytes uint64) {
 	s.mu.Lock()
-	s.session, s.blocks, s.bytes = sid, blocks, bytes
+	s.session = sid
+	s.blocks += blocks
+	s.bytes += bytes
 	s.mu.Unlock()
 }
 
