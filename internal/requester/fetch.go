@@ -93,13 +93,14 @@ const defaultReconnectWait = 2 * time.Second
 // connect runs the connect phase: the connection and the peer client.
 // The lock query (pipeline.lockWindow) follows it.
 //
-// The lock query is sent at most once. gRPC answers Unavailable both when
+// A lock query is sent at most once (only a refusal at a pin limit, which
+// locked nothing, is asked again, smaller). gRPC answers Unavailable both when
 // the channel could not carry it (a channel in reconnect backoff right
 // after a link came back fails at once with the cut-time dial error) and
 // when the connection broke after the holder got it ("transport is
 // closing"): the holder may have granted a session whose answer was lost,
-// and a second query would open another one while the first stays pinned
-// until the lock timeout. So the channel is made ready before the query
+// and a second query would open another one (that one is released by its
+// query id: releaseQuery). So the channel is made ready before the query
 // (told to reconnect now, within Engine.reconnectWait) instead of
 // retrying after it. The handshake is retried once on such an error
 // (without a pegad reason): a holder keeps one connection per requester

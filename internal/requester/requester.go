@@ -167,7 +167,7 @@ type Engine struct {
 	defaultTimeout time.Duration
 	releaseTimeout time.Duration
 	lockRPCTimeout time.Duration
-	// reconnectWait: see connectAndLock (tests shorten it).
+	// reconnectWait: see connect (tests shorten it).
 	reconnectWait time.Duration
 
 	// ctx is canceled (cause ErrClosed) by Close; every fetch watches it.
