@@ -35,6 +35,7 @@ PAIRS=(
 	"tcp provider READ 64MiB vs plain TCP, 4 QPs|./internal/ibv/tcp|BenchmarkReadVsTCP/qps=4|provider-MB/s|plain-tcp-MB/s|higher"
 	"query+release 32 blocks vs gRPC echo|./bench|BenchmarkLockVsEcho|lock-ns/op|echo-ns/op|lower"
 	"prefetch 16x4MiB (2 daemons) vs plain TCP|./bench|BenchmarkPrefetchVsTCP|prefetch-MB/s|tcp-MB/s|higher"
+	"pegactl prefetch 145x4MiB in lock windows (cap 350MiB, 1 QP) vs 1 TCP stream|./bench|BenchmarkPrefetchWindowsVsTCP|windows-MB/s|tcp-MB/s|higher"
 	"pegactl bench fetch sweep (2 daemons, tcp) vs plain TCP|./bench|BenchmarkBenchFetchVsTCP|benchfetch-MB/s|tcp-MB/s|higher"
 	"local PutBlock 4MiB vs raw unix stream|./bench|BenchmarkLocalPutGetVsUnix|put-MB/s|unix-MB/s|higher"
 	"local GetBlock 4MiB vs raw unix stream|./bench|BenchmarkLocalPutGetVsUnix|get-MB/s|unix-MB/s|higher"

@@ -358,6 +358,11 @@ func (t *LockTable) reclaim(nodeID, prev, inc string, victims []*session) int {
 // atomically with the insert, so a session of an old incarnation can never
 // slip in after a reclaim.
 func (t *LockTable) open(owner, inc string, blocks []*store.Block, bytes uint64) (*session, error) {
+	return t.openQuery(owner, inc, 0, blocks, bytes)
+}
+
+// openQuery is open for the query with the requester's id query (0: none).
+func (t *LockTable) openQuery(owner, inc string, query uint64, blocks []*store.Block, bytes uint64) (*session, error) {
 	now := t.now()
 	n := t.lockNode(owner, now)
 	prev := n.current
@@ -375,7 +380,7 @@ func (t *LockTable) open(owner, inc string, blocks []*store.Block, bytes uint64)
 	}
 	created := t.stamp(now)
 	s := &session{
-		who: n.incarnationLocked(inc), blocks: blocks, bytes: bytes,
+		who: n.incarnationLocked(inc), blocks: blocks, bytes: bytes, query: query,
 		created: created, deadline: created + stamp(min(t.timeout, t.maxLifetime)), seq: t.openSeq.Add(1),
 	}
 	for {
@@ -496,6 +501,29 @@ type ReleaseResult struct {
 	WasLive  bool      // this call ended a live session
 	End      EndReason // how the session ended (EndReleased when WasLive)
 	Age      time.Duration
+}
+
+// SessionOfQuery returns the wire id of owner's live session opened by its
+// query with id query; ok false when there is none. It walks the owner's
+// live sessions (bounded by Limits.SessionsPerPeer).
+func (t *LockTable) SessionOfQuery(owner string, query uint64) (id string, ok bool) {
+	if query == 0 {
+		return "", false
+	}
+	t.nodesMu.Lock()
+	n := t.nodes[owner]
+	t.nodesMu.Unlock()
+	if n == nil {
+		return "", false
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for s := n.sessions.head; s != nil; s = s.next {
+		if s.query == query {
+			return s.id.String(), true
+		}
+	}
+	return "", false
 }
 
 // Release ends session id on behalf of its requester owner. A session

@@ -339,7 +339,7 @@ func (s *Service) QueryBlocksForTransfer(ctx context.Context, req *pegadv1.Query
 		return nil, err
 	}
 
-	sess, err := s.locks.open(node, inc, pinned, bytes)
+	sess, err := s.locks.openQuery(node, inc, req.GetQueryId(), pinned, bytes)
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -477,16 +477,24 @@ var sessionEnds = map[EndReason]pegadv1.SessionEnd{
 // ReleaseTransferLock unpins a live session, or reports how it ended.
 func (s *Service) ReleaseTransferLock(ctx context.Context, req *pegadv1.ReleaseTransferLockRequest) (resp *pegadv1.ReleaseTransferLockResponse, err error) {
 	defer s.done(metrics.RPCReleaseLock, &err)
-	id, err := ParseSessionID(req.GetSessionId())
-	if err != nil {
-		return nil, toStatus(err)
-	}
 	node, inc, err := requesterOf(req.GetRequester(), req.GetRequesterId())
 	if err != nil {
 		return nil, invalid("%v", err)
 	}
 	if node, err = s.owner(ctx, node); err != nil {
 		return nil, err
+	}
+	wire := req.GetSessionId()
+	if wire == "" && req.GetQueryId() != 0 {
+		// A requester that lost its query's answer releases by the query.
+		var ok bool
+		if wire, ok = s.locks.SessionOfQuery(node, req.GetQueryId()); !ok {
+			return nil, status.Errorf(codes.NotFound, "no live session of %q opened by query %016x", node, req.GetQueryId())
+		}
+	}
+	id, err := ParseSessionID(wire)
+	if err != nil {
+		return nil, toStatus(err)
 	}
 	r, err := s.locks.Release(id, node, inc)
 	if err != nil {

@@ -97,6 +97,9 @@ type session struct {
 	deadline stamp
 	heapIdx  int32 // index in shard.expiry; -1 once removed
 	renewals int32 // saturates at MaxInt32
+	// query is the requester's id of the query that opened it (0: none),
+	// so that a requester that lost the answer can still release it.
+	query uint64
 
 	prev, next *session // in who.node.sessions; guarded by that node's mu
 }

@@ -24,7 +24,9 @@ import (
 // granted a second one, the first pinned until the lock timeout. Nor is a
 // holder's own Unavailable refusal (DRAINING) a channel that was down.
 // Over real gRPC, the holder's server answers the first query with such
-// an error; the query must reach it once.
+// an error; the query must reach it once. And the session granted under
+// the lost answer is released by its query id (issue 23 item 6), not left
+// pinned until the holder's lock timeout (a minute here).
 func TestE2ELockQuerySentOnce(t *testing.T) {
 	cases := []struct {
 		name        string
@@ -52,7 +54,8 @@ func TestE2ELockQuerySentOnce(t *testing.T) {
 				}
 				return nil, tc.err
 			}
-			h := startE2ENode(t, e2eOptions{id: "holder", poolSize: 16 * mib, serve: true, intercept: intercept})
+			h := startE2ENode(t, e2eOptions{id: "holder", poolSize: 16 * mib, serve: true, intercept: intercept,
+				lockTimeout: time.Minute})
 			req := newE2ENode(t, "requester", 16*mib, false, 0)
 			putRandom(t, h, rand.New(rand.NewPCG(7, 7)), "ns", "a", []store.SlotSize{{KSize: 64 << 10}})
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -65,6 +68,16 @@ func TestE2ELockQuerySentOnce(t *testing.T) {
 			}
 			if got := metrics.Value(h.m.SessionsGranted); got != tc.wantGranted {
 				t.Errorf("sessions granted = %v, want %v", got, tc.wantGranted)
+			}
+			deadline := time.Now().Add(10 * time.Second)
+			for h.holder.Locks().Len() != 0 && time.Now().Before(deadline) {
+				time.Sleep(10 * time.Millisecond)
+			}
+			if n := h.holder.Locks().Len(); n != 0 {
+				t.Errorf("holder has %d sessions 10 s after the requester lost the answer, want 0 (released by query id)", n)
+			}
+			if got, want := holderRPC(h, metrics.RPCReleaseLock, "OK"), tc.wantGranted; got != want {
+				t.Errorf("releases ok = %v, want %v", got, want)
 			}
 		})
 	}

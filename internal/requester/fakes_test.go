@@ -29,6 +29,7 @@ type fakeSession struct {
 	renewals  int
 	expired   bool
 	bytes     uint64 // what it pins, counted against pinCap
+	query     uint64 // the query id that opened it
 }
 
 type fakeHolder struct {
@@ -147,7 +148,7 @@ func (h *fakeHolder) QueryBlocksForTransfer(ctx context.Context, in *pegadv1.Que
 		h.maxLive = max(h.maxLive, live)
 		h.nextSID++
 		resp.SessionId = fmt.Sprintf("s-%d", h.nextSID)
-		h.sessions[resp.SessionId] = &fakeSession{owner: owner, bytes: bytes}
+		h.sessions[resp.SessionId] = &fakeSession{owner: owner, bytes: bytes, query: in.GetQueryId()}
 	}
 	h.queryOK++
 	return resp, nil
@@ -184,6 +185,14 @@ func (h *fakeHolder) release(in *pegadv1.ReleaseTransferLockRequest) (*pegadv1.R
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	s, ok := h.sessions[in.GetSessionId()]
+	if in.GetSessionId() == "" && in.GetQueryId() != 0 {
+		// Release by query id, as the real holder: a live session only.
+		for _, qs := range h.sessions {
+			if qs.query == in.GetQueryId() && qs.releases == 0 && qs.owner == in.GetRequester().GetNodeId() {
+				s, ok = qs, true
+			}
+		}
+	}
 	if !ok {
 		return nil, status.Error(codes.NotFound, "no such session")
 	}

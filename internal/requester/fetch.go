@@ -2,6 +2,8 @@ package requester
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"runtime/debug"
@@ -91,13 +93,14 @@ const defaultReconnectWait = 2 * time.Second
 // connect runs the connect phase: the connection and the peer client.
 // The lock query (pipeline.lockWindow) follows it.
 //
-// The lock query is sent at most once. gRPC answers Unavailable both when
+// A lock query is sent at most once (only a refusal at a pin limit, which
+// locked nothing, is asked again, smaller). gRPC answers Unavailable both when
 // the channel could not carry it (a channel in reconnect backoff right
 // after a link came back fails at once with the cut-time dial error) and
 // when the connection broke after the holder got it ("transport is
 // closing"): the holder may have granted a session whose answer was lost,
-// and a second query would open another one while the first stays pinned
-// until the lock timeout. So the channel is made ready before the query
+// and a second query would open another one (that one is released by its
+// query id: releaseQuery). So the channel is made ready before the query
 // (told to reconnect now, within Engine.reconnectWait) instead of
 // retrying after it. The handshake is retried once on such an error
 // (without a pegad reason): a holder keeps one connection per requester
@@ -226,12 +229,16 @@ func (e *Engine) lock(ctx context.Context, st *fetchState, client pegadv1.PeerSe
 	// held when this daemon comes back.
 	qctx, qcancel := context.WithTimeout(context.WithoutCancel(ctx), e.lockRPCTimeout)
 	stopQ := context.AfterFunc(e.ctx, qcancel)
+	req.QueryId = newQueryID()
 	e.wg.Add(1) // inside a running Prefetch (counted): Close cannot be past Wait
 	go func() {
 		defer e.wg.Done()
 		resp, err := client.QueryBlocksForTransfer(qctx, req)
 		stopQ()
 		qcancel()
+		if err != nil && answerMayBeLost(err) {
+			e.releaseQuery(client, st, req.QueryId, err)
+		}
 		select {
 		case ans <- answer{resp, err}:
 		case <-left:
@@ -246,6 +253,55 @@ func (e *Engine) lock(ctx context.Context, st *fetchState, client pegadv1.PeerSe
 	case <-ctx.Done():
 		close(left)
 		return nil, errors.New("left before the holder answered the lock query")
+	}
+}
+
+// answerMayBeLost reports whether a lock query's error may hide a session
+// the holder granted: the RPC was cut (the connection broke after the
+// holder got it, or the wait for its answer ended), not refused by the
+// holder, whose refusals carry a pegad reason.
+func answerMayBeLost(err error) bool {
+	code, reason := pegaderr.FromStatus(err)
+	if reason != "" {
+		return false
+	}
+	switch code {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled, codes.Unknown, codes.Internal:
+		return true
+	}
+	return false
+}
+
+// releaseQuery releases, by its query id, a session the holder may have
+// granted to a query whose answer was lost (cause): otherwise it would pin
+// its blocks until the lock timeout. Best effort, bounded by the release
+// timeout and cut by shutdown; NOT_FOUND says there was none.
+func (e *Engine) releaseQuery(client pegadv1.PeerServiceClient, st *fetchState, query uint64, cause error) {
+	ctx, cancel := context.WithTimeout(e.ctx, e.releaseTimeout)
+	defer cancel()
+	if rerr := e.channelReady(ctx, client); rerr != nil {
+		e.log.Info().Err(cause).AnErr("reconnect", rerr).Str("req_id", st.reqID).Str("remote", st.peer).
+			Msg("lock query's answer lost; peer not back to release its session by query id, the lock timeout will")
+		return
+	}
+	resp, err := client.ReleaseTransferLock(ctx, &pegadv1.ReleaseTransferLockRequest{
+		QueryId: query, RequesterId: e.opts.NodeID, Requester: e.requester(),
+	})
+	if code, _ := pegaderr.FromStatus(err); err != nil && code == codes.NotFound {
+		return // the holder granted nothing
+	}
+	e.log.Info().Err(cause).AnErr("release", err).Bool("released", resp.GetWasLive()).Str("req_id", st.reqID).
+		Str("remote", st.peer).Msg("lock query's answer lost; its session released by query id")
+}
+
+// newQueryID is a random lock-query id, never 0.
+func newQueryID() uint64 {
+	var b [8]byte
+	for {
+		_, _ = rand.Read(b[:])
+		if id := binary.LittleEndian.Uint64(b[:]); id != 0 {
+			return id
+		}
 	}
 }
 

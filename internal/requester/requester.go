@@ -1,7 +1,9 @@
 // Package requester is pegad's prefetch engine: it fetches blocks from a
-// named peer into this node's pool. One fetch: ensure connected → lock the
-// blocks on the holder (QueryBlocksForTransfer) → stage local memory →
-// RDMA READ every segment → release the lock → index the blocks locally.
+// named peer into this node's pool. One fetch: ensure connected, then a
+// pipeline of lock windows, each fitting the holder's pin cap (window.go):
+// lock a window on the holder (QueryBlocksForTransfer) → stage local
+// memory → RDMA READ every segment → release the lock → index the blocks
+// locally; the next window is locked while the current one is read.
 //
 // Every lock it takes is released exactly once on every exit of a fetch
 // (success, error, panic, cancellation, shutdown) by a release guard
@@ -165,7 +167,7 @@ type Engine struct {
 	defaultTimeout time.Duration
 	releaseTimeout time.Duration
 	lockRPCTimeout time.Duration
-	// reconnectWait: see connectAndLock (tests shorten it).
+	// reconnectWait: see connect (tests shorten it).
 	reconnectWait time.Duration
 
 	// ctx is canceled (cause ErrClosed) by Close; every fetch watches it.
@@ -212,9 +214,14 @@ func (s *fetchState) getPhase() string {
 	return s.phase
 }
 
-func (s *fetchState) setSession(sid string, blocks int, bytes uint64) {
+// addWindow records a lock window about to be read: its session, and its
+// blocks and bytes added to the fetch's (a fetch's total grows as its
+// windows are locked; done counts across them).
+func (s *fetchState) addWindow(sid string, blocks int, bytes uint64) {
 	s.mu.Lock()
-	s.session, s.blocks, s.bytes = sid, blocks, bytes
+	s.session = sid
+	s.blocks += blocks
+	s.bytes += bytes
 	s.mu.Unlock()
 }
 

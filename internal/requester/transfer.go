@@ -77,7 +77,7 @@ func (p *pipeline) transfer(w window) error {
 	for _, b := range plan {
 		total += b.bytes
 	}
-	st.setSession(g.sid, len(plan), total)
+	st.addWindow(g.sid, len(plan), total)
 	stg := &staging{e: e, st: st, sid: g.sid}
 	defer stg.free() // after index: an indexed block holds its own reference
 	if rerr := p.read(&l.lease, stg, plan, tr, resp.GetHolderIncarnation()); rerr != nil {
@@ -171,6 +171,7 @@ func (p *pipeline) read(l *lease, stg *staging, plan []*planBlock, tr *readTrack
 		e.m.FetchBytes.Add(float64(n))
 	})
 	stg.readPending = true
+	before := st.done.Load() // bytes the windows before this one read
 	rerr := p.rd.Read(readCtx, ops)
 	if rerr != nil && innocent(rerr) && l.ctx.Err() == nil {
 		// The connection broke under us while our own context is fine:
@@ -188,7 +189,7 @@ func (p *pipeline) read(l *lease, stg *staging, plan []*planBlock, tr *readTrack
 			rerr = fmt.Errorf("reconnect after %w: %w", rerr, gerr)
 		} else {
 			p.rd = nrd
-			st.done.Store(0) // read it all again
+			st.done.Store(before) // read this window again
 			tr.reset()
 			rerr = p.rd.Read(readCtx, ops)
 		}

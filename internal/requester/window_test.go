@@ -40,7 +40,15 @@ func TestPrefetchInLockWindows(t *testing.T) {
 			var reads atomic.Int64
 			hs.cs.r.read = func(ctx context.Context, ops []conn.ReadOp) error {
 				n := int(reads.Add(1))
-				if !tc.windows || n == 5 {
+				if !tc.windows {
+					return nil
+				}
+				// The sessions list shows the fetch's bytes so far: the
+				// windows locked before this one and this one (8 blocks each).
+				if in := hs.e.InFlight(); len(in) != 1 || in[0].Bytes != uint64(n*8*blockBytes) || in[0].Blocks != n*8 {
+					return fmt.Errorf("window %d: in flight %+v, want %d blocks, %d bytes", n, in, n*8, n*8*blockBytes)
+				}
+				if n == 5 {
 					return nil
 				}
 				// Read window n only once window n+1 was asked for: the

@@ -170,7 +170,13 @@ type QueryBlocksForTransferRequest struct {
 	// holder lowers it to half its per-peer pin cap, so that a requester can
 	// read one window while it locks the next. 0: lock every found block, or
 	// refuse the query at a pin limit (holders older than windows always do).
-	WindowBytes   uint64 `protobuf:"varint,5,opt,name=window_bytes,json=windowBytes,proto3" json:"window_bytes,omitempty"`
+	WindowBytes uint64 `protobuf:"varint,5,opt,name=window_bytes,json=windowBytes,proto3" json:"window_bytes,omitempty"`
+	// A requester-chosen id of this query (random, not 0). A requester that
+	// lost the answer (the connection broke, or its wait ended, after the
+	// holder granted the session) releases the session by it
+	// (ReleaseTransferLockRequest.query_id) instead of leaving it pinned
+	// until the lock timeout. 0: none.
+	QueryId       uint64 `protobuf:"fixed64,6,opt,name=query_id,json=queryId,proto3" json:"query_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -236,6 +242,13 @@ func (x *QueryBlocksForTransferRequest) GetRequester() *Requester {
 func (x *QueryBlocksForTransferRequest) GetWindowBytes() uint64 {
 	if x != nil {
 		return x.WindowBytes
+	}
+	return 0
+}
+
+func (x *QueryBlocksForTransferRequest) GetQueryId() uint64 {
+	if x != nil {
+		return x.QueryId
 	}
 	return 0
 }
@@ -526,10 +539,15 @@ func (x *QueryBlocksForTransferResponse) GetMaxPinnedBytes() uint64 {
 }
 
 type ReleaseTransferLockRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SessionId     string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	RequesterId   string                 `protobuf:"bytes,2,opt,name=requester_id,json=requesterId,proto3" json:"requester_id,omitempty"`
-	Requester     *Requester             `protobuf:"bytes,3,opt,name=requester,proto3" json:"requester,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	SessionId   string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	RequesterId string                 `protobuf:"bytes,2,opt,name=requester_id,json=requesterId,proto3" json:"requester_id,omitempty"`
+	Requester   *Requester             `protobuf:"bytes,3,opt,name=requester,proto3" json:"requester,omitempty"`
+	// With session_id empty: release the live session this requester's
+	// query with this query_id opened. NOT_FOUND when there is none (never
+	// opened, or ended already). Holders older than query ids answer
+	// INVALID_ARGUMENT (no session id).
+	QueryId       uint64 `protobuf:"fixed64,4,opt,name=query_id,json=queryId,proto3" json:"query_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -583,6 +601,13 @@ func (x *ReleaseTransferLockRequest) GetRequester() *Requester {
 		return x.Requester
 	}
 	return nil
+}
+
+func (x *ReleaseTransferLockRequest) GetQueryId() uint64 {
+	if x != nil {
+		return x.QueryId
+	}
+	return 0
 }
 
 type ReleaseTransferLockResponse struct {
@@ -1249,13 +1274,14 @@ const file_pegad_v1_peer_proto_rawDesc = "" +
 	"\tRequester\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12 \n" +
 	"\vincarnation\x18\x02 \x01(\tR\vincarnation\x12\x1c\n" +
-	"\tadvertise\x18\x03 \x01(\tR\tadvertise\"\xce\x01\n" +
+	"\tadvertise\x18\x03 \x01(\tR\tadvertise\"\xe9\x01\n" +
 	"\x1dQueryBlocksForTransferRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x16\n" +
 	"\x06hashes\x18\x02 \x03(\fR\x06hashes\x12!\n" +
 	"\frequester_id\x18\x03 \x01(\tR\vrequesterId\x121\n" +
 	"\trequester\x18\x04 \x01(\v2\x13.pegad.v1.RequesterR\trequester\x12!\n" +
-	"\fwindow_bytes\x18\x05 \x01(\x04R\vwindowBytes\"N\n" +
+	"\fwindow_bytes\x18\x05 \x01(\x04R\vwindowBytes\x12\x19\n" +
+	"\bquery_id\x18\x06 \x01(\x06R\aqueryId\"N\n" +
 	"\aSegment\x12\x12\n" +
 	"\x04addr\x18\x01 \x01(\x04R\x04addr\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\x12\x1b\n" +
@@ -1277,12 +1303,13 @@ const file_pegad_v1_peer_proto_rawDesc = "" +
 	"\x12holder_incarnation\x18\x06 \x01(\tR\x11holderIncarnation\x12\x1a\n" +
 	"\bdeferred\x18\a \x03(\fR\bdeferred\x128\n" +
 	"\x19max_pinned_bytes_per_peer\x18\b \x01(\x04R\x15maxPinnedBytesPerPeer\x12(\n" +
-	"\x10max_pinned_bytes\x18\t \x01(\x04R\x0emaxPinnedBytes\"\x91\x01\n" +
+	"\x10max_pinned_bytes\x18\t \x01(\x04R\x0emaxPinnedBytes\"\xac\x01\n" +
 	"\x1aReleaseTransferLockRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12!\n" +
 	"\frequester_id\x18\x02 \x01(\tR\vrequesterId\x121\n" +
-	"\trequester\x18\x03 \x01(\v2\x13.pegad.v1.RequesterR\trequester\"\x89\x01\n" +
+	"\trequester\x18\x03 \x01(\v2\x13.pegad.v1.RequesterR\trequester\x12\x19\n" +
+	"\bquery_id\x18\x04 \x01(\x06R\aqueryId\"\x89\x01\n" +
 	"\x1bReleaseTransferLockResponse\x12'\n" +
 	"\x0freleased_blocks\x18\x01 \x01(\rR\x0ereleasedBlocks\x12\x19\n" +
 	"\bwas_live\x18\x02 \x01(\bR\awasLive\x12&\n" +
