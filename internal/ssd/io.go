@@ -1,0 +1,216 @@
+package ssd
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/pegaflow/pegad/internal/metrics"
+	"github.com/pegaflow/pegad/internal/store"
+)
+
+var _ store.Lower = (*Tier)(nil)
+
+// Spill queues an evicted block for writing (store.Lower). It runs under
+// the store's lock: it copies the block into a fresh record buffer
+// through fill, or drops it and counts why; it never waits for a disk.
+// A block the tier already holds or has queued is not written again
+// (keys name content).
+func (t *Tier) Spill(key store.Key, sizes []store.SlotSize, size uint64, fill func(dst []byte)) {
+	rl := recordLen(key, len(sizes), size)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		t.drop(metrics.SSDDropClosed)
+		return
+	}
+	if _, ok := t.index[key]; ok {
+		return
+	}
+	if t.pending[key] != nil {
+		return
+	}
+	// The least loaded path with room in its queue.
+	var d *device
+	for _, c := range t.devs {
+		if rl > c.segSize {
+			continue
+		}
+		if c.queuedBytes+rl <= t.opts.QueueBytes && (d == nil || c.queuedBytes < d.queuedBytes) {
+			d = c
+		}
+	}
+	if d == nil {
+		if rl > t.devs[0].segSize {
+			t.drop(metrics.SSDDropTooLarge)
+		} else {
+			t.drop(metrics.SSDDropQueueFull)
+		}
+		return
+	}
+	j := &job{key: key, sizes: append([]store.SlotSize(nil), sizes...), rec: alignedBuf(rl), dataLen: size}
+	hl := headerLen(key, len(sizes))
+	fill(j.rec[hl : hl+size])
+	select {
+	case d.queue <- j:
+	default:
+		t.drop(metrics.SSDDropQueueFull)
+		return
+	}
+	d.queuedBytes += rl
+	t.queued++
+	t.pending[key] = j
+	t.gaugesLocked()
+}
+
+// Has reports whether the tier holds key (written, not aged out).
+func (t *Tier) Has(key store.Key) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	_, ok := t.index[key]
+	return ok
+}
+
+// Forget drops key and cancels its queued write (store.Delete). The
+// record stays on disk until its segment is reclaimed, so a restart may
+// find it again (docs/tiering.md).
+func (t *Tier) Forget(key store.Key) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	had := false
+	if j := t.pending[key]; j != nil {
+		j.forgotten = true
+		delete(t.pending, key)
+		had = true
+	}
+	if l, ok := t.index[key]; ok {
+		had = t.forgetLocked(key, l) || had
+		t.gaugesLocked()
+	}
+	return had
+}
+
+// Load reads key's record back and checks it (store.Lower). A record
+// that fails its checksum or cannot be read is dropped from the index and
+// counted; a record whose segment was reclaimed during the read is
+// reported not found.
+func (t *Tier) Load(key store.Key) ([]store.SlotSize, []byte, error) {
+	t.mu.Lock()
+	l, ok := t.index[key]
+	closed := t.closed
+	t.mu.Unlock()
+	if !ok || closed {
+		return nil, nil, ErrNotFound
+	}
+	buf := alignedBuf(uint64(l.hdrLen) + alignUp(l.dataLen))
+	_, rerr := l.dev.f.ReadAt(buf, l.off)
+
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if l.dev.segEpoch[l.seg] != l.epoch {
+		return nil, nil, ErrNotFound // aged out while we read: not corruption
+	}
+	if rerr != nil {
+		t.forgetLocked(key, l)
+		t.gaugesLocked()
+		if t.m != nil {
+			t.m.ReadErrors.Inc()
+		}
+		t.log.Error().Err(rerr).Str("path", l.dev.path).Int64("offset", l.off).Msg("SSD read failed: block dropped")
+		return nil, nil, fmt.Errorf("ssd: read %s: %w", l.dev.path, rerr)
+	}
+	h, _, herr := decodeHeader(buf)
+	var data []byte
+	err := herr
+	if err == nil && (h.key != key || h.epoch != l.epoch || h.dataLen != l.dataLen) {
+		err = errors.New("header names another block")
+	}
+	if err == nil {
+		data, err = verify(buf, h)
+	}
+	if err != nil {
+		t.forgetLocked(key, l)
+		t.gaugesLocked()
+		if t.m != nil {
+			t.m.ChecksumFailures.Inc()
+		}
+		t.log.Warn().Str("path", l.dev.path).Int64("offset", l.off).Str("namespace", key.Namespace).
+			Hex("hash", []byte(key.Hash)).Msg("SSD block failed its checksum: dropped, not served")
+		return nil, nil, fmt.Errorf("%w: %s at %d: %w", ErrChecksum, l.dev.path, l.off, err)
+	}
+	return h.sizes, data, nil
+}
+
+// writer writes d's queued records in order until Close closes the queue.
+func (t *Tier) writer(d *device) {
+	defer t.wg.Done()
+	for j := range d.queue {
+		t.write(d, j)
+	}
+}
+
+func (t *Tier) write(d *device, j *job) {
+	rl := uint64(len(j.rec))
+	t.mu.Lock()
+	forgotten := j.forgotten
+	t.mu.Unlock()
+	var err error
+	var l loc
+	if !forgotten {
+		if d.wpos+rl > d.segSize {
+			t.advance(d)
+		}
+		l = loc{dev: d, seg: d.cur, epoch: d.nextEpoch - 1, off: int64(uint64(d.cur)*d.segSize + d.wpos),
+			hdrLen: uint32(headerLen(j.key, len(j.sizes))), dataLen: j.dataLen}
+		encodeHeader(j.rec, l.epoch, j.key, j.sizes, j.dataLen)
+		_, err = d.f.WriteAt(j.rec, l.off)
+		// Even a failed write used the space: the next record goes after
+		// it, never over a half-written one.
+		d.wpos += rl
+	}
+
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	d.queuedBytes -= rl
+	t.queued--
+	if t.pending[j.key] == j {
+		delete(t.pending, j.key)
+	}
+	switch {
+	case forgotten:
+	case err != nil:
+		t.drop(metrics.SSDDropWriteError)
+		t.log.Error().Err(err).Str("path", d.path).Int64("offset", l.off).Msg("SSD write failed: block dropped")
+	case j.forgotten: // deleted during the write
+	default:
+		t.indexLocked(j.key, l)
+		if t.m != nil {
+			t.m.Written.Inc()
+			t.m.WrittenBytes.Add(float64(rl))
+		}
+	}
+	t.gaugesLocked()
+}
+
+// advance moves d's writer to the next segment of the ring, reclaiming
+// it: the blocks still indexed there are forgotten (aged out) before the
+// first byte is written over them, and readers that raced see the epoch
+// change (Load).
+func (t *Tier) advance(d *device) {
+	d.cur = (d.cur + 1) % d.nseg
+	d.wpos = 0
+	epoch := d.nextEpoch
+	d.nextEpoch++
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	aged := 0
+	for _, k := range d.segKeys[d.cur] {
+		if l, ok := t.index[k]; ok && l.dev == d && l.seg == d.cur && t.forgetLocked(k, l) {
+			aged++
+		}
+	}
+	d.segKeys[d.cur] = nil
+	d.segEpoch[d.cur] = epoch
+	if t.m != nil {
+		t.m.AgedOut.Add(float64(aged))
+	}
+}

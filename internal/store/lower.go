@@ -1,0 +1,117 @@
+package store
+
+// A lower tier (internal/ssd) sits under the pool: blocks that eviction
+// drops are offered to it, and a lookup that misses the pool asks it
+// before answering "missing" (promotion).
+//
+// Spilling happens under the store's lock, on the goroutine that evicts
+// (an allocation that needed room): the evicted extent's memory is freed
+// right after, so the bytes must be copied out before. Lower.Spill
+// therefore gets a fill function that copies the block (slot order, as
+// Read gives it) into a buffer the tier provides; the tier either
+// accepts (it has room in its write queue: one memcpy of the block, no
+// I/O, no waiting) or refuses and counts a drop. It must never block,
+// take a lock held while calling the store, or call the store.
+//
+// Promotion happens in Pin (lease, lookup, get, peer query: every reader
+// pins) and in Promote (prefetch), outside the store's lock: the block
+// is read back from the tier synchronously, put into the pool like a
+// local put (which may evict, and so spill, other blocks), then pinned.
+// A caller of Pin whose key is only on the tier therefore waits for one
+// read: it answers after the read, never "loading".
+
+import (
+	"errors"
+
+	"github.com/pegaflow/pegad/internal/metrics"
+)
+
+// Lower is a slower tier under the pool.
+type Lower interface {
+	// Spill offers an evicted block. If the tier takes it, it calls fill
+	// once, synchronously, with a buffer of size bytes. Called under the
+	// store's lock: it must return at once.
+	Spill(key Key, sizes []SlotSize, size uint64, fill func(dst []byte))
+	// Has reports whether the tier holds key (cheap: an index lookup).
+	Has(key Key) bool
+	// Load reads key back: its slot sizes and bytes (slot order). An
+	// error means the block is not served (absent, failed its checksum,
+	// unreadable); the tier counts and forgets what failed.
+	Load(key Key) ([]SlotSize, []byte, error)
+	// Forget drops key (Delete); it reports whether the tier held it.
+	Forget(key Key) bool
+}
+
+// SetLower installs the lower tier and its hit counters (m may be nil).
+// Call it once, before the store is used.
+func (s *Store) SetLower(l Lower, m *metrics.Tier) {
+	s.lower, s.tierMetrics = l, m
+}
+
+// spillLocked offers b to the lower tier before eviction frees it.
+func (s *Store) spillLocked(b *Block) {
+	if s.lower == nil {
+		return
+	}
+	s.lower.Spill(b.key, b.sizes, b.size, func(dst []byte) {
+		base := b.ext.alloc.Off
+		n := 0
+		for _, sl := range b.slots {
+			for _, seg := range []Segment{sl.K, sl.V} {
+				if seg.Len > 0 {
+					n += copy(dst[n:], b.ext.mem[seg.Off-base:seg.Off-base+seg.Len])
+				}
+			}
+		}
+	})
+}
+
+// promote reads key back from the lower tier into the pool; it reports
+// whether the key is indexed now (promoted, or put meanwhile by someone
+// else).
+func (s *Store) promote(key Key) bool {
+	if s.lower == nil || !s.lower.Has(key) {
+		return false
+	}
+	sizes, data, err := s.lower.Load(key)
+	if err != nil {
+		return false
+	}
+	_, err = s.Put(key, sizes, func(buf []byte) error {
+		if len(buf) != len(data) {
+			return errors.New("lower tier block size disagrees with its slots")
+		}
+		copy(buf, data)
+		return nil
+	})
+	if err != nil {
+		return false
+	}
+	if s.tierMetrics != nil {
+		s.tierMetrics.Promotions.Inc()
+	}
+	return true
+}
+
+// Promote reads every key that is only on the lower tier back into the
+// pool (prefetch asks for it before fetching from peers); it returns how
+// many it promoted.
+func (s *Store) Promote(keys []Key) int {
+	if s.lower == nil {
+		return 0
+	}
+	n := 0
+	for _, k := range keys {
+		if !s.Has(k) && s.promote(k) {
+			n++
+			s.countHit(metrics.TierSSD, 1)
+		}
+	}
+	return n
+}
+
+func (s *Store) countHit(tier string, n int) {
+	if s.tierMetrics != nil && n > 0 {
+		s.tierMetrics.Hits.WithLabelValues(tier).Add(float64(n))
+	}
+}
