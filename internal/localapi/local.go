@@ -323,6 +323,13 @@ func (l *Local) Prefetch(ctx context.Context, req *pegadv1.PrefetchRequest) (*pe
 		ctx, cancel = context.WithTimeout(ctx, t.AsDuration())
 		defer cancel()
 	}
+	// Blocks on this node's SSD tier come back from it, not from a peer:
+	// the engine then finds them local.
+	keys := make([]store.Key, len(hashes))
+	for i, h := range hashes {
+		keys[i] = store.Key{Namespace: req.GetNamespace(), Hash: string(h)}
+	}
+	l.store.Promote(keys)
 	res, err := l.fetcher.Prefetch(ctx, req.GetPeer(), req.GetNamespace(), hashes)
 	if err != nil {
 		// The per-block outcomes travel as a detail of the error status,
