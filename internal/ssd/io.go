@@ -11,55 +11,83 @@ import (
 var _ store.Lower = (*Tier)(nil)
 
 // Spill queues an evicted block for writing (store.Lower). It runs under
-// the store's lock: it copies the block into a fresh record buffer
-// through fill, or drops it and counts why; it never waits for a disk.
-// A block the tier already holds or has queued is not written again
-// (keys name content).
+// the store's lock: it reserves room in a path's write queue (or drops
+// the block and counts why), then copies the block into a fresh record
+// buffer through fill with the tier's own lock released, so lookups are
+// not held up by the copy; it never waits for a disk. A block the tier
+// already holds or has queued is not written again (keys name content).
 func (t *Tier) Spill(key store.Key, sizes []store.SlotSize, size uint64, fill func(dst []byte)) {
 	rl := recordLen(key, len(sizes), size)
 	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.closed {
-		t.drop(metrics.SSDDropClosed)
+	d, reason := t.reserveLocked(key, rl)
+	if d == nil {
+		if reason != "" {
+			t.drop(reason)
+		}
+		t.mu.Unlock()
 		return
+	}
+	j := &job{key: key, sizes: append([]store.SlotSize(nil), sizes...), dataLen: size}
+	t.pending[key] = j
+	t.mu.Unlock()
+
+	j.rec = alignedBuf(rl)
+	hl := headerLen(key, len(sizes))
+	fill(j.rec[hl : hl+size])
+
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	sent := false
+	if !t.closed { // Close closes the queues under mu
+		select {
+		case d.queue <- j:
+			sent = true
+		default:
+		}
+	}
+	if !sent {
+		d.queuedBytes -= rl
+		t.queued--
+		if t.pending[key] == j {
+			delete(t.pending, key)
+		}
+		if t.closed {
+			t.drop(metrics.SSDDropClosed)
+		} else {
+			t.drop(metrics.SSDDropQueueFull)
+		}
+	}
+	t.gaugesLocked()
+}
+
+// reserveLocked picks the least loaded path with room for a record of rl
+// bytes and counts it queued; nil with a drop reason when none has room,
+// nil with "" when key needs no write.
+func (t *Tier) reserveLocked(key store.Key, rl uint64) (*device, string) {
+	if t.closed {
+		return nil, metrics.SSDDropClosed
 	}
 	if _, ok := t.index[key]; ok {
-		return
+		return nil, ""
 	}
 	if t.pending[key] != nil {
-		return
+		return nil, ""
 	}
-	// The least loaded path with room in its queue.
 	var d *device
 	for _, c := range t.devs {
-		if rl > c.segSize {
-			continue
-		}
-		if c.queuedBytes+rl <= t.opts.QueueBytes && (d == nil || c.queuedBytes < d.queuedBytes) {
+		if rl <= c.segSize && c.queuedBytes+rl <= t.opts.QueueBytes && (d == nil || c.queuedBytes < d.queuedBytes) {
 			d = c
 		}
 	}
 	if d == nil {
 		if rl > t.devs[0].segSize {
-			t.drop(metrics.SSDDropTooLarge)
-		} else {
-			t.drop(metrics.SSDDropQueueFull)
+			return nil, metrics.SSDDropTooLarge
 		}
-		return
-	}
-	j := &job{key: key, sizes: append([]store.SlotSize(nil), sizes...), rec: alignedBuf(rl), dataLen: size}
-	hl := headerLen(key, len(sizes))
-	fill(j.rec[hl : hl+size])
-	select {
-	case d.queue <- j:
-	default:
-		t.drop(metrics.SSDDropQueueFull)
-		return
+		return nil, metrics.SSDDropQueueFull
 	}
 	d.queuedBytes += rl
 	t.queued++
-	t.pending[key] = j
-	t.gaugesLocked()
+	return d, ""
 }
 
 // Has reports whether the tier holds key (written, not aged out).
