@@ -52,6 +52,7 @@ PAIRS=(
 	"LeaseBatch+ReleaseBatch per block vs echo|./bench|BenchmarkClientBatchLeases|leaserelease-ns/op|echo-ns/op|lower"
 	"verbs READ latency (fake HCA, completions 50us late) vs that delay|./internal/ibv/verbs|BenchmarkReadLatencyVsDelay|read-us|delay-us|lower"
 	"pool start-up (map + parallel populate) s/GiB vs one-thread memset|./internal/pool|BenchmarkPoolStartVsMemset|start-s/GiB|memset-s/GiB|lower"
+	"SSD tier warm start (full 128MiB log, 64KiB blocks) vs sequential read of its headers|./internal/ssd|BenchmarkOpenVsHeaderRead|open-ms|headers-ms|~1"
 	"python put 4MiB vs numpy copy in|clients/python|BenchmarkPythonPutGetVsNumpy|put-MB/s|numpyin-MB/s|higher"
 	"python get 4MiB vs numpy copy out|clients/python|BenchmarkPythonPutGetVsNumpy|get-MB/s|numpyout-MB/s|higher"
 )
