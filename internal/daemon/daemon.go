@@ -567,7 +567,7 @@ func (d *Daemon) shutdown() error {
 		// handlers: one may still be copying pool memory.
 		d.local.Wait()
 	}
-	if err := d.closeTier(); err != nil {
+	if err := d.closeTier(time.Now().Add(stopBy())); err != nil {
 		errs = append(errs, err)
 	}
 	if d.pool != nil {

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -42,12 +43,23 @@ func (d *Daemon) openTier() error {
 	return nil
 }
 
-// closeTier writes what is queued and closes the logs; after every user
-// of the store has stopped.
-func (d *Daemon) closeTier() error {
+// closeTier writes the pool's blocks the tier lacks (most recently used
+// first, until by), then what is queued, and closes the logs; after every
+// user of the store has stopped, so that a clean restart finds the pool's
+// blocks on SSD.
+func (d *Daemon) closeTier(by time.Time) error {
 	if d.tier == nil {
 		return nil
 	}
+	start := time.Now()
+	ctx, cancel := context.WithDeadline(context.Background(), by)
+	n, err := d.store.FlushLower(ctx)
+	cancel()
+	ev := d.log.Info()
+	if err != nil {
+		ev = d.log.Warn().Err(err)
+	}
+	ev.Int("blocks", n).Float64("took", time.Since(start).Seconds()).Msg("Wrote the pool's blocks to the SSD tier")
 	if err := d.tier.Close(); err != nil {
 		return fmt.Errorf("ssd tier: %w", err)
 	}

@@ -1,8 +1,10 @@
 package ssd
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/pegaflow/pegad/internal/metrics"
 	"github.com/pegaflow/pegad/internal/store"
@@ -17,15 +19,40 @@ var _ store.Lower = (*Tier)(nil)
 // not held up by the copy; it never waits for a disk. A block the tier
 // already holds or has queued is not written again (keys name content).
 func (t *Tier) Spill(key store.Key, sizes []store.SlotSize, size uint64, fill func(dst []byte)) {
+	t.spill(key, sizes, size, fill, false)
+}
+
+// SpillWait is Spill that waits for room in a write queue instead of
+// dropping the block, until ctx ends (store.Lower; a clean stop writes
+// the pool's blocks with it). It must not be called under the store's
+// lock.
+func (t *Tier) SpillWait(ctx context.Context, key store.Key, sizes []store.SlotSize, size uint64, fill func(dst []byte)) error {
+	for t.spill(key, sizes, size, fill, true) {
+		select {
+		case <-ctx.Done():
+			t.drop(metrics.SSDDropQueueFull)
+			return ctx.Err()
+		case <-time.After(time.Millisecond):
+		}
+	}
+	return nil
+}
+
+// spill is Spill; with wait, a full queue is not a drop: it reports
+// retry instead.
+func (t *Tier) spill(key store.Key, sizes []store.SlotSize, size uint64, fill func(dst []byte), wait bool) (retry bool) {
 	rl := recordLen(key, len(sizes), size)
 	t.mu.Lock()
 	d, reason := t.reserveLocked(key, rl)
 	if d == nil {
+		t.mu.Unlock()
+		if wait && reason == metrics.SSDDropQueueFull {
+			return true
+		}
 		if reason != "" {
 			t.drop(reason)
 		}
-		t.mu.Unlock()
-		return
+		return false
 	}
 	j := &job{key: key, sizes: append([]store.SlotSize(nil), sizes...), dataLen: size}
 	t.pending[key] = j
@@ -58,6 +85,7 @@ func (t *Tier) Spill(key store.Key, sizes []store.SlotSize, size uint64, fill fu
 		}
 	}
 	t.gaugesLocked()
+	return false
 }
 
 // reserveLocked picks the least loaded path with room for a record of rl

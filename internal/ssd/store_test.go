@@ -2,6 +2,7 @@ package ssd
 
 import (
 	"bytes"
+	"context"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -72,5 +73,38 @@ func TestStoreSpillsAndPromotes(t *testing.T) {
 	}
 	if pinned, _ := st.Pin([]store.Key{onlySSD}); len(pinned) != 0 || tr.Has(onlySSD) {
 		t.Fatal("deleted block still served")
+	}
+}
+
+// TestFlushLower: a clean stop's flush puts the pool's blocks (none
+// evicted) on the tier, waiting for queue room, so all of them survive.
+func TestFlushLower(t *testing.T) {
+	const n = 256 << 10
+	p, err := pool.New(pool.Options{Size: 8 * n, Log: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	st := store.New(p, metrics.NewForTest())
+	e := newEnv(t, 1, 32<<20, 0)
+	e.o.QueueBytes = 2 * (n + 2*Align) // room for two records: the flush waits for room
+	tr := e.open(t)
+	st.SetLower(tr, e.m)
+	for i := 0; i < 6; i++ {
+		if _, err := st.Put(key(i), sizes2(n), func(b []byte) error { copy(b, pattern(i, n)); return nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitIdle(t, tr)
+	got, err := st.FlushLower(context.Background())
+	if err != nil || got != 6 {
+		t.Fatalf("flushed %d: %v", got, err)
+	}
+	if err := tr.Close(); err != nil {
+		t.Fatal(err)
+	}
+	tr = e.open(t)
+	for i := 0; i < 6; i++ {
+		mustLoad(t, tr, i, n)
 	}
 }

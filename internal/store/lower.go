@@ -21,6 +21,7 @@ package store
 // read: it answers after the read, never "loading".
 
 import (
+	"context"
 	"errors"
 
 	"github.com/pegaflow/pegad/internal/metrics"
@@ -32,6 +33,9 @@ type Lower interface {
 	// once, synchronously, with a buffer of size bytes. Called under the
 	// store's lock: it must return at once.
 	Spill(key Key, sizes []SlotSize, size uint64, fill func(dst []byte))
+	// SpillWait is Spill that waits for room instead of dropping, until
+	// ctx ends (FlushLower). Never called under the store's lock.
+	SpillWait(ctx context.Context, key Key, sizes []SlotSize, size uint64, fill func(dst []byte)) error
 	// Has reports whether the tier holds key (cheap: an index lookup).
 	Has(key Key) bool
 	// Load reads key back: its slot sizes and bytes (slot order). An
@@ -53,17 +57,55 @@ func (s *Store) spillLocked(b *Block) {
 	if s.lower == nil {
 		return
 	}
-	s.lower.Spill(b.key, b.sizes, b.size, func(dst []byte) {
-		base := b.ext.alloc.Off
-		n := 0
-		for _, sl := range b.slots {
-			for _, seg := range []Segment{sl.K, sl.V} {
-				if seg.Len > 0 {
-					n += copy(dst[n:], b.ext.mem[seg.Off-base:seg.Off-base+seg.Len])
-				}
+	s.lower.Spill(b.key, b.sizes, b.size, b.gather)
+}
+
+// gather copies the block's bytes (slot order) into dst; the caller keeps
+// its memory alive (the store's lock during eviction, or a pin).
+func (b *Block) gather(dst []byte) {
+	base := b.ext.alloc.Off
+	n := 0
+	for _, sl := range b.slots {
+		for _, seg := range []Segment{sl.K, sl.V} {
+			if seg.Len > 0 {
+				n += copy(dst[n:], b.ext.mem[seg.Off-base:seg.Off-base+seg.Len])
 			}
 		}
-	})
+	}
+}
+
+// FlushLower writes every block of the pool that the lower tier lacks to
+// it, most recently used first, waiting for room in its queue until ctx
+// ends (a clean stop: so the pool's blocks survive the restart). Each
+// block is pinned while it is copied. It returns how many it handed over.
+func (s *Store) FlushLower(ctx context.Context) (int, error) {
+	if s.lower == nil {
+		return 0, nil
+	}
+	s.mu.Lock()
+	keys := make([]Key, 0, len(s.index))
+	for el := s.lru.Front(); el != nil; el = el.Next() {
+		keys = append(keys, el.Value.(*Block).key)
+	}
+	s.mu.Unlock()
+	n := 0
+	for _, k := range keys {
+		if s.lower.Has(k) {
+			continue
+		}
+		found, _ := s.pinFound([]Key{k})
+		b := found[0]
+		if b == nil {
+			continue // gone since
+		}
+		err := s.lower.SpillWait(ctx, k, b.sizes, b.size, b.gather)
+		s.Unpin(found)
+		if err != nil {
+			return n, err
+		}
+		n++
+	}
+	return n, nil
 }
 
 // promote reads key back from the lower tier into the pool; it reports
