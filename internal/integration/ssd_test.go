@@ -128,6 +128,7 @@ func TestSSDSpillAndPromote(t *testing.T) {
 	if m["pegaflow_ssd_writes_total"] < ssdBlocks/2 || ssdDrops(m) != 0 {
 		t.Fatalf("writes %v, drops %v: want most evictions written, none dropped", m["pegaflow_ssd_writes_total"], ssdDrops(m))
 	}
+	listTiers(t, a, 10) // pages of 10: through the pool's pages into the SSD's
 	if got := ssdCheckAll(t, a, ssdBlocks); got != ssdBlocks {
 		t.Fatalf("%d of %d blocks came back", got, ssdBlocks)
 	}
@@ -361,5 +362,52 @@ func fill(t *testing.T, path string) {
 			}
 			return
 		}
+	}
+}
+
+// listTiers lists n's blocks page by page (limit each) and checks that
+// each block is listed once, with its tier: the pool's first, then the
+// SSD-only ones.
+func listTiers(t *testing.T, n *cluster.Node, limit uint32) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	seen := map[string]string{}
+	req := &pegadv1.ListBlocksRequest{Namespace: ssdNS, Limit: limit}
+	inSSD := false
+	for pages := 0; ; pages++ {
+		res, err := n.Local.ListBlocks(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, b := range res.GetBlocks() {
+			h, tier := string(b.GetHash()), b.GetTier()
+			if _, dup := seen[h]; dup {
+				t.Fatalf("block %s listed twice", h)
+			}
+			seen[h] = tier
+			switch {
+			case tier == "ssd":
+				inSSD = true
+			case tier != "dram" && tier != "dram+ssd":
+				t.Fatalf("block %s: tier %q", h, tier)
+			case inSSD:
+				t.Fatalf("pool block %s listed after SSD-only ones", h)
+			}
+		}
+		if !res.GetTruncated() {
+			break
+		}
+		if pages > 2*ssdBlocks {
+			t.Fatal("listing never ends")
+		}
+		req.Cursor = res.GetNextCursor()
+	}
+	count := map[string]int{}
+	for _, tier := range seen {
+		count[tier]++
+	}
+	if len(seen) != ssdBlocks || count["ssd"] == 0 || count["dram"]+count["dram+ssd"] == 0 {
+		t.Fatalf("listed %d blocks of %d, by tier %v", len(seen), ssdBlocks, count)
 	}
 }

@@ -216,7 +216,7 @@ func (t *Tier) write(d *device, j *job) {
 			t.advance(d)
 		}
 		l = loc{dev: d, seg: d.cur, epoch: d.nextEpoch - 1, off: int64(uint64(d.cur)*d.segSize + d.wpos),
-			hdrLen: uint32(headerLen(j.key, len(j.sizes))), dataLen: j.dataLen}
+			hdrLen: uint32(headerLen(j.key, len(j.sizes))), dataLen: j.dataLen, sizes: j.sizes}
 		encodeHeader(j.rec, l.epoch, j.key, j.sizes, j.dataLen)
 		_, err = d.f.WriteAt(j.rec, l.off)
 		// Even a failed write used the space: the next record goes after
@@ -270,3 +270,5 @@ func (t *Tier) advance(d *device) {
 		t.m.AgedOut.Add(float64(aged))
 	}
 }
+
+var _ store.LowerLister = (*Tier)(nil)

@@ -83,7 +83,7 @@ func (t *Tier) scanSegment(d *device, s int, buf []byte) (segScan, error) {
 		if h.epoch != sc.epoch || h.epoch == 0 || pos+rl > d.segSize {
 			break
 		}
-		sc.recs = append(sc.recs, loc{dev: d, seg: s, epoch: h.epoch, off: off, hdrLen: h.hdrLen, dataLen: h.dataLen})
+		sc.recs = append(sc.recs, loc{dev: d, seg: s, epoch: h.epoch, off: off, hdrLen: h.hdrLen, dataLen: h.dataLen, sizes: h.sizes})
 		sc.keys = append(sc.keys, h.key)
 		pos += rl
 	}

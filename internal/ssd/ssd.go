@@ -19,10 +19,12 @@
 package ssd
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 
 	"github.com/rs/zerolog"
@@ -74,7 +76,12 @@ type loc struct {
 	off     int64  // record offset in the file
 	hdrLen  uint32
 	dataLen uint64
+	sizes   []store.SlotSize // the block's slots (listing)
+	seq     uint64           // index order (set by indexLocked), for paged listings
 }
+
+// same reports whether a and b are the same record.
+func (a loc) same(b loc) bool { return a.dev == b.dev && a.off == b.off && a.epoch == b.epoch }
 
 // job is an evicted block waiting for its writer.
 type job struct {
@@ -100,6 +107,7 @@ type Tier struct {
 	index   map[store.Key]loc
 	pending map[store.Key]*job // queued, not yet written
 	bytes   uint64             // data bytes of the indexed blocks
+	seq     uint64             // last loc.seq given out
 	queued  int                // jobs queued over all devices
 	closed  bool
 
@@ -307,6 +315,8 @@ func (t *Tier) indexLocked(key store.Key, l loc) {
 	if old, ok := t.index[key]; ok {
 		t.bytes -= old.dataLen
 	}
+	t.seq++
+	l.seq = t.seq
 	t.index[key] = l
 	t.bytes += l.dataLen
 	l.dev.segKeys[l.seg] = append(l.dev.segKeys[l.seg], key)
@@ -314,10 +324,39 @@ func (t *Tier) indexLocked(key store.Key, l loc) {
 
 // forgetLocked drops key if it is still at l.
 func (t *Tier) forgetLocked(key store.Key, l loc) bool {
-	if cur, ok := t.index[key]; !ok || cur != l {
+	if cur, ok := t.index[key]; !ok || !cur.same(l) {
 		return false
 	}
 	delete(t.index, key)
 	t.bytes -= l.dataLen
 	return true
+}
+
+// Page lists up to limit blocks of ns ("" = all) indexed before seq
+// before (0: from the newest), newest first, leaving out those skip
+// reports (store.LowerLister: the store skips its own). The tier's lock
+// is held only to copy the candidates; sorting and skip run after, so a
+// listing costs O(n log n) in the blocks on the tier but never holds up
+// spills for long.
+func (t *Tier) Page(ns string, before uint64, limit int, skip func(store.Key) bool) (entries []store.LowerEntry, next uint64) {
+	t.mu.Lock()
+	cands := make([]store.LowerEntry, 0, len(t.index))
+	for k, l := range t.index {
+		if (ns == "" || k.Namespace == ns) && (before == 0 || l.seq < before) {
+			cands = append(cands, store.LowerEntry{Key: k, Slots: l.sizes, Size: l.dataLen, Seq: l.seq})
+		}
+	}
+	t.mu.Unlock()
+	slices.SortFunc(cands, func(a, b store.LowerEntry) int { return cmp.Compare(b.Seq, a.Seq) })
+	for _, e := range cands {
+		if skip != nil && skip(e.Key) {
+			continue
+		}
+		if len(entries) == limit {
+			return entries, entries[len(entries)-1].Seq
+		}
+		e.Slots = append([]store.SlotSize(nil), e.Slots...)
+		entries = append(entries, e)
+	}
+	return entries, 0
 }

@@ -312,3 +312,44 @@ func TestUnusablePaths(t *testing.T) {
 		t.Fatalf("second open of a path in use: %v", err)
 	}
 }
+
+// TestPage lists the tier newest first, page by page, skipping what the
+// caller holds, with every block once.
+func TestPage(t *testing.T) {
+	e := newEnv(t, 1, 8<<20, 0)
+	tr := e.open(t)
+	for i := 0; i < 10; i++ {
+		spill(t, tr, i, 8<<10)
+	}
+	skip := func(k store.Key) bool { return k == key(5) }
+	var got []string
+	before := uint64(0)
+	for pages := 0; ; pages++ {
+		entries, next := tr.Page("ns", before, 3, skip)
+		for _, en := range entries {
+			got = append(got, en.Key.Hash)
+			if en.Size != 8<<10 || len(en.Slots) != 2 {
+				t.Fatalf("entry %+v", en)
+			}
+		}
+		if next == 0 {
+			break
+		}
+		if pages > 10 {
+			t.Fatal("paging never ends")
+		}
+		before = next
+	}
+	want := []string{}
+	for i := 9; i >= 0; i-- {
+		if i != 5 {
+			want = append(want, key(i).Hash)
+		}
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("listed %v, want %v", got, want)
+	}
+	if entries, _ := tr.Page("other", 0, 3, nil); len(entries) != 0 {
+		t.Fatalf("namespace filter: %v", entries)
+	}
+}

@@ -157,3 +157,36 @@ func (s *Store) countHit(tier string, n int) {
 		s.tierMetrics.Hits.WithLabelValues(tier).Add(float64(n))
 	}
 }
+
+// LowerEntry is a listing row of a block on the lower tier.
+type LowerEntry struct {
+	Key   Key
+	Slots []SlotSize
+	Size  uint64
+	Seq   uint64 // the tier's write order: a later write has a larger one
+}
+
+// LowerLister is a Lower that lists what it holds (pegactl blocks list).
+type LowerLister interface {
+	// Page lists up to limit blocks of ns ("" = all) written before seq
+	// before (0: from the newest), newest first, leaving out those skip
+	// reports; next is the cursor of the following page (0: none).
+	Page(ns string, before uint64, limit int, skip func(Key) bool) (entries []LowerEntry, next uint64)
+}
+
+// HasLower reports whether the store has a lower tier.
+func (s *Store) HasLower() bool { return s.lower != nil }
+
+// OnLower reports whether the lower tier holds key.
+func (s *Store) OnLower(key Key) bool { return s.lower != nil && s.lower.Has(key) }
+
+// LowerPage lists a page of the blocks that are only on the lower tier
+// (LowerLister.Page, skipping those in the pool); nothing without a
+// lister.
+func (s *Store) LowerPage(ns string, before uint64, limit int) (entries []LowerEntry, next uint64) {
+	l, ok := s.lower.(LowerLister)
+	if !ok {
+		return nil, 0
+	}
+	return l.Page(ns, before, limit, s.Has)
+}
