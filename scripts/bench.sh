@@ -53,6 +53,8 @@ PAIRS=(
 	"verbs READ latency (fake HCA, completions 50us late) vs that delay|./internal/ibv/verbs|BenchmarkReadLatencyVsDelay|read-us|delay-us|lower"
 	"pool start-up (map + parallel populate) s/GiB vs one-thread memset|./internal/pool|BenchmarkPoolStartVsMemset|start-s/GiB|memset-s/GiB|lower"
 	"SSD tier warm start (full 128MiB log, 64KiB blocks) vs sequential read of its headers|./internal/ssd|BenchmarkOpenVsHeaderRead|open-ms|headers-ms|~1"
+	"SSD tier sequential write of 1MiB blocks (QD1, direct) vs fio|./internal/ssd|BenchmarkTierVsFio/write|tier-MB/s|fio-MB/s|higher"
+	"SSD tier random single-block reads (QD4, direct, CRC checked) vs fio|./internal/ssd|BenchmarkTierVsFio/randread|tier-MB/s|fio-MB/s|higher"
 	"python put 4MiB vs numpy copy in|clients/python|BenchmarkPythonPutGetVsNumpy|put-MB/s|numpyin-MB/s|higher"
 	"python get 4MiB vs numpy copy out|clients/python|BenchmarkPythonPutGetVsNumpy|get-MB/s|numpyout-MB/s|higher"
 )

@@ -3,7 +3,9 @@ package ssd
 import (
 	"errors"
 	"fmt"
+	"math/bits"
 	"os"
+	"sync"
 	"syscall"
 	"unsafe"
 )
@@ -55,4 +57,34 @@ func alignedBuf(n uint64) []byte {
 	b := make([]byte, n+Align)
 	off := (Align - uint64(uintptr(unsafe.Pointer(&b[0])))%Align) % Align
 	return b[off : off+n : off+n]
+}
+
+// Record buffers are recycled by size class (powers of two from 64 KiB):
+// a spill then copies into memory that is already faulted in rather than
+// fresh pages, and a read back lands in one too. Fresh pages measured as
+// most of a spill's cost (BenchmarkTierVsFio).
+const minClass = 16
+
+var bufPools [48]sync.Pool // by class: *[]byte of 1<<class bytes, aligned
+
+// getBuf returns an aligned buffer of n bytes (n a multiple of Align).
+func getBuf(n uint64) []byte {
+	c := max(bits.Len64(n-1), minClass)
+	if c >= len(bufPools) {
+		return alignedBuf(n)
+	}
+	if v, ok := bufPools[c].Get().(*[]byte); ok {
+		return (*v)[:n]
+	}
+	return alignedBuf(1 << c)[:n]
+}
+
+// putBuf recycles a buffer of getBuf; the caller must not use it after.
+func putBuf(b []byte) {
+	c := bits.Len64(uint64(cap(b)) - 1)
+	if cap(b) < 1<<minClass || c >= len(bufPools) || cap(b) != 1<<c {
+		return
+	}
+	b = b[:cap(b)]
+	bufPools[c].Put(&b)
 }

@@ -58,7 +58,7 @@ func (t *Tier) spill(key store.Key, sizes []store.SlotSize, size uint64, fill fu
 	t.pending[key] = j
 	t.mu.Unlock()
 
-	j.rec = alignedBuf(rl)
+	j.rec = getBuf(rl)
 	hl := headerLen(key, len(sizes))
 	fill(j.rec[hl : hl+size])
 
@@ -78,6 +78,7 @@ func (t *Tier) spill(key store.Key, sizes []store.SlotSize, size uint64, fill fu
 		if t.pending[key] == j {
 			delete(t.pending, key)
 		}
+		putBuf(j.rec)
 		if t.closed {
 			t.drop(metrics.SSDDropClosed)
 		} else {
@@ -145,25 +146,42 @@ func (t *Tier) Forget(key store.Key) bool {
 	return had
 }
 
-// Load reads key's record back and checks it (store.Lower). A record
-// that fails its checksum or cannot be read is dropped from the index and
-// counted; a record whose segment was reclaimed during the read is
-// reported not found.
-func (t *Tier) Load(key store.Key) ([]store.SlotSize, []byte, error) {
+// Load reads key's record back, checks it, and hands its slot sizes and
+// bytes to use (store.Lower), which must not keep them: the buffer is
+// recycled when use returns. use runs without the tier's lock, so it may
+// call the store. A record that fails its checksum or cannot be read is
+// dropped from the index and counted; a record whose segment was
+// reclaimed during the read is reported not found.
+func (t *Tier) Load(key store.Key, use func(sizes []store.SlotSize, data []byte) error) error {
+	sizes, data, buf, err := t.load(key)
+	if err != nil {
+		return err
+	}
+	defer putBuf(buf)
+	return use(sizes, data)
+}
+
+// load is Load's read and check; data lies in buf, the caller's to
+// recycle.
+func (t *Tier) load(key store.Key) (sizes []store.SlotSize, data, buf []byte, err error) {
 	t.mu.Lock()
 	l, ok := t.index[key]
 	closed := t.closed
 	t.mu.Unlock()
 	if !ok || closed {
-		return nil, nil, ErrNotFound
+		return nil, nil, nil, ErrNotFound
 	}
-	buf := alignedBuf(uint64(l.hdrLen) + alignUp(l.dataLen))
+	buf = getBuf(uint64(l.hdrLen) + alignUp(l.dataLen))
 	_, rerr := l.dev.f.ReadAt(buf, l.off)
 
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	fail := func(err error) ([]store.SlotSize, []byte, []byte, error) {
+		putBuf(buf)
+		return nil, nil, nil, err
+	}
 	if l.dev.segEpoch[l.seg] != l.epoch {
-		return nil, nil, ErrNotFound // aged out while we read: not corruption
+		return fail(ErrNotFound) // aged out while we read: not corruption
 	}
 	if rerr != nil {
 		t.forgetLocked(key, l)
@@ -172,11 +190,9 @@ func (t *Tier) Load(key store.Key) ([]store.SlotSize, []byte, error) {
 			t.m.ReadErrors.Inc()
 		}
 		t.log.Error().Err(rerr).Str("path", l.dev.path).Int64("offset", l.off).Msg("SSD read failed: block dropped")
-		return nil, nil, fmt.Errorf("ssd: read %s: %w", l.dev.path, rerr)
+		return fail(fmt.Errorf("ssd: read %s: %w", l.dev.path, rerr))
 	}
-	h, _, herr := decodeHeader(buf)
-	var data []byte
-	err := herr
+	h, _, err := decodeHeader(buf)
 	if err == nil && (h.key != key || h.epoch != l.epoch || h.dataLen != l.dataLen) {
 		err = errors.New("header names another block")
 	}
@@ -191,9 +207,9 @@ func (t *Tier) Load(key store.Key) ([]store.SlotSize, []byte, error) {
 		}
 		t.log.Warn().Str("path", l.dev.path).Int64("offset", l.off).Str("namespace", key.Namespace).
 			Hex("hash", []byte(key.Hash)).Msg("SSD block failed its checksum: dropped, not served")
-		return nil, nil, fmt.Errorf("%w: %s at %d: %w", ErrChecksum, l.dev.path, l.off, err)
+		return fail(fmt.Errorf("%w: %s at %d: %w", ErrChecksum, l.dev.path, l.off, err))
 	}
-	return h.sizes, data, nil
+	return h.sizes, data, buf, nil
 }
 
 // writer writes d's queued records in order until Close closes the queue.
@@ -224,6 +240,8 @@ func (t *Tier) write(d *device, j *job) {
 		d.wpos += rl
 	}
 
+	putBuf(j.rec)
+	j.rec = nil
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	d.queuedBytes -= rl

@@ -83,9 +83,18 @@ func waitIdle(t *testing.T, tr *Tier) {
 	}
 }
 
+// loadCopy is Load returning a copy of the block.
+func loadCopy(tr *Tier, k store.Key) (sizes []store.SlotSize, data []byte, err error) {
+	err = tr.Load(k, func(sz []store.SlotSize, d []byte) error {
+		sizes, data = sz, append([]byte(nil), d...)
+		return nil
+	})
+	return sizes, data, err
+}
+
 func mustLoad(t *testing.T, tr *Tier, i int, n uint64) {
 	t.Helper()
-	sz, data, err := tr.Load(key(i))
+	sz, data, err := loadCopy(tr, key(i))
 	if err != nil {
 		t.Fatalf("load %d: %v", i, err)
 	}
@@ -217,7 +226,7 @@ func TestCorruptionNeverServed(t *testing.T) {
 	locOf := func(i int) loc { tr.mu.Lock(); defer tr.mu.Unlock(); return tr.index[key(i)] }
 	l1, l4 := locOf(1), locOf(4)
 	flip(t, filepath.Join(e.dirs[0], LogName), l1.off+int64(l1.hdrLen)+5000)
-	if _, _, err := tr.Load(key(1)); !errors.Is(err, ErrChecksum) {
+	if _, _, err := loadCopy(tr, key(1)); !errors.Is(err, ErrChecksum) {
 		t.Fatalf("corrupted block loaded: err %v", err)
 	}
 	if tr.Has(key(1)) || testutil.ToFloat64(e.m.ChecksumFailures) != 1 {
@@ -230,7 +239,7 @@ func TestCorruptionNeverServed(t *testing.T) {
 	flip(t, filepath.Join(e.dirs[0], LogName), l4.off+20) // header
 	tr = e.open(t)
 	for i := 0; i < 6; i++ {
-		_, _, err := tr.Load(key(i))
+		_, _, err := loadCopy(tr, key(i))
 		switch {
 		case i == 1 && !errors.Is(err, ErrChecksum): // still bad on disk
 			t.Fatalf("block 1 after restart: %v", err)
@@ -282,7 +291,7 @@ func TestForget(t *testing.T) {
 	if !tr.Forget(key(1)) || tr.Has(key(1)) || tr.Forget(key(1)) {
 		t.Fatal("forget did not drop the block exactly once")
 	}
-	if _, _, err := tr.Load(key(1)); !errors.Is(err, ErrNotFound) {
+	if _, _, err := loadCopy(tr, key(1)); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("forgotten block loaded: %v", err)
 	}
 }

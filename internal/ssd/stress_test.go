@@ -40,7 +40,7 @@ func TestStressRingRaces(t *testing.T) {
 				case g < 3:
 					tr.Spill(key(i), sizes2(n), n, func(dst []byte) { copy(dst, bodies[i]) })
 				case g < 5:
-					_, data, err := tr.Load(key(i))
+					_, data, err := loadCopy(tr, key(i))
 					mu.Lock()
 					if err == nil {
 						loaded++

@@ -38,10 +38,12 @@ type Lower interface {
 	SpillWait(ctx context.Context, key Key, sizes []SlotSize, size uint64, fill func(dst []byte)) error
 	// Has reports whether the tier holds key (cheap: an index lookup).
 	Has(key Key) bool
-	// Load reads key back: its slot sizes and bytes (slot order). An
-	// error means the block is not served (absent, failed its checksum,
-	// unreadable); the tier counts and forgets what failed.
-	Load(key Key) ([]SlotSize, []byte, error)
+	// Load reads key back and hands its slot sizes and bytes (slot
+	// order) to use, which must not keep them; use runs without the
+	// tier's locks (it puts the block into the store). An error means
+	// the block is not served (absent, failed its checksum, unreadable);
+	// the tier counts and forgets what failed.
+	Load(key Key, use func(sizes []SlotSize, data []byte) error) error
 	// Forget drops key (Delete); it reports whether the tier held it.
 	Forget(key Key) bool
 }
@@ -115,16 +117,15 @@ func (s *Store) promote(key Key) bool {
 	if s.lower == nil || !s.lower.Has(key) {
 		return false
 	}
-	sizes, data, err := s.lower.Load(key)
-	if err != nil {
-		return false
-	}
-	_, err = s.Put(key, sizes, func(buf []byte) error {
-		if len(buf) != len(data) {
-			return errors.New("lower tier block size disagrees with its slots")
-		}
-		copy(buf, data)
-		return nil
+	err := s.lower.Load(key, func(sizes []SlotSize, data []byte) error {
+		_, err := s.Put(key, sizes, func(buf []byte) error {
+			if len(buf) != len(data) {
+				return errors.New("lower tier block size disagrees with its slots")
+			}
+			copy(buf, data)
+			return nil
+		})
+		return err
 	})
 	if err != nil {
 		return false
