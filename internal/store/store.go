@@ -1,7 +1,9 @@
 // Package store is pegad's block index: (namespace, hash) → block, where a
 // block is a list of slots (one per tensor-parallel rank), each a K segment
 // and an optional V segment, living in pool memory. It evicts unpinned
-// blocks in LRU order when an allocation needs room.
+// blocks in LRU order when an allocation needs room, offering them to a
+// lower tier first when one is set (lower.go: the SSD tier), and reads a
+// block back from that tier when a lookup misses the pool.
 //
 // Memory is held through extents: a refcounted pool allocation that one or
 // many blocks' segments live in (a local put makes one extent per block; a
