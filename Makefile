@@ -19,8 +19,13 @@ GRPC_PYTHON_PLUGIN ?= /usr/bin/grpc_python_plugin
 # venv that sees them, with the package installed as a user would.
 PYTHON ?= /usr/bin/python3
 PY_VENV ?= bin/python-venv
+# The Kubernetes checks (Helm chart rendered with Helm's Go packages,
+# objects decoded into k8s.io/api types) are a module of their own, so
+# Helm and the Kubernetes packages stay out of pegad's module and binaries.
+# test, vet, tidy-check and staticcheck cover it too.
+K8S_MOD := deploy/kubernetes
 
-.PHONY: all build test test-short bench bench-all fuzz proto proto-check lint vet fmt-check nocgo tidy-check staticcheck e2e reliability clean help python-venv python-test replay
+.PHONY: all build test test-short bench bench-all fuzz proto proto-check lint vet fmt-check nocgo tidy-check staticcheck e2e reliability verbs-e2e clean help python-venv python-test replay
 
 all: build
 
@@ -31,11 +36,19 @@ build: ## bin/pegad and bin/pegactl, version-stamped
 	$(GO) build -ldflags "$(LDFLAGS)" -o bin/pegad ./cmd/pegad
 	$(GO) build -ldflags "$(LDFLAGS)" -o bin/pegactl ./cmd/pegactl
 
-test: ## every test, with the race detector
-	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+test: ## every test, with the race detector (the deploy/kubernetes module's too): a line per package as it ends, one every 30 s while building or running
+	set -o pipefail; $(GO) test -json -race -count=1 -timeout $(TEST_TIMEOUT) ./... | \
+		$(GO) run ./scripts/testprogress --packages $$($(GO) list ./... | wc -l)
+	set -o pipefail; (cd $(K8S_MOD) && $(GO) test -json -race -count=1 -timeout $(TEST_TIMEOUT) ./...) | \
+		$(GO) run ./scripts/testprogress --packages $$(cd $(K8S_MOD) && $(GO) list ./... | wc -l)
 
 test-short: ## quick tests (-short), no race detector
 	$(GO) test -short -count=1 -timeout 5m ./...
+	cd $(K8S_MOD) && $(GO) test -short -count=1 -timeout 5m ./...
+
+.PHONY: k8s-manifests
+k8s-manifests: ## regenerate deploy/kubernetes/pegad.yaml from the Helm chart's defaults
+	cd $(K8S_MOD) && PEGAD_UPDATE_MANIFESTS=1 $(GO) test -count=1 -run '^TestManifests$$' .
 
 bench: ## paired benchmarks: pegad paths vs baselines measured in the same run, table of ratios (BENCHTIME, BENCHCOUNT)
 	BENCHTIME=$(BENCHTIME) BENCHCOUNT=$(BENCHCOUNT) GO=$(GO) scripts/bench.sh
@@ -64,6 +77,7 @@ proto-check: proto ## regenerate and fail if the committed code differs (Go and 
 
 vet:
 	$(GO) vet ./...
+	cd $(K8S_MOD) && $(GO) vet ./...
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [[ -n "$$out" ]]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
@@ -71,11 +85,13 @@ fmt-check:
 nocgo: ## the binaries build without cgo (tcp transport only)
 	CGO_ENABLED=0 $(GO) build ./...
 
-tidy-check: ## go.mod and go.sum tidy (direct dependencies not marked indirect)
+tidy-check: ## go.mod and go.sum tidy (direct dependencies not marked indirect), both modules
 	$(GO) mod tidy -diff
+	cd $(K8S_MOD) && $(GO) mod tidy -diff
 
-staticcheck: ## staticcheck, pinned in go.mod's tool block: 0 findings
+staticcheck: ## staticcheck, pinned in go.mod's tool block: 0 findings (both modules)
 	$(GO) tool staticcheck ./...
+	cd $(K8S_MOD) && "$$($(GO) -C $(CURDIR) tool -n staticcheck)" ./...
 
 lint: vet fmt-check nocgo tidy-check staticcheck ## go vet, gofmt, CGO_ENABLED=0 build, go mod tidy -diff, staticcheck
 
@@ -91,6 +107,9 @@ replay: ## replay the Mooncake FAST'25 trace through pegad at 2/5/10/20 % of its
 
 e2e: ## scripted end-to-end checks (scripts/e2e-*.sh) on real binaries
 	@set -e; for s in scripts/e2e-*.sh; do echo "==> $$s"; bash "$$s"; done
+
+verbs-e2e: ## --transport verbs on soft-RoCE (rdma_rxe) in a qemu guest built from Debian's packages (qemu-system-x86, cpio; cache in bin/verbs-e2e)
+	GO=$(GO) scripts/verbs-e2e/run.sh
 
 # Install layout (make install PREFIX=... DESTDIR=...). The unit's ExecStart
 # and --config are rewritten to BINDIR and SYSCONFDIR; an existing config

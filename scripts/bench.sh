@@ -57,6 +57,10 @@ PAIRS=(
 	"SSD tier random single-block reads (QD4, direct, CRC checked) vs fio|./internal/ssd|BenchmarkTierVsFio/randread|tier-MB/s|fio-MB/s|higher"
 	"python put 4MiB vs numpy copy in|clients/python|BenchmarkPythonPutGetVsNumpy|put-MB/s|numpyin-MB/s|higher"
 	"python get 4MiB vs numpy copy out|clients/python|BenchmarkPythonPutGetVsNumpy|get-MB/s|numpyout-MB/s|higher"
+	"python put 4MiB vs numpy copy into uncached memory|clients/python|BenchmarkPythonPutGetVsNumpy|put-MB/s|numpycold-MB/s|higher"
+	"vllm connector load 1000 blocks vs numpy scatter|clients/python/connectors|BenchmarkConnectorLoadSave1000|load-MB/s|numpyload-MB/s|higher"
+	"vllm connector save 1000 blocks vs numpy gather|clients/python/connectors|BenchmarkConnectorLoadSave1000|save-MB/s|numpysave-MB/s|higher"
+	"vllm connector empty step vs no-op connector|clients/python/connectors|BenchmarkConnectorEmptyStep|step-ns/op|noop-ns/op|lower"
 )
 
 # One go test run per package, selecting the pairs' top-level benchmarks.
@@ -82,11 +86,13 @@ for pkg in "${PKGS[@]}"; do
 	# same-named benchmarks of different packages.
 	echo "bench.sh-package: $pkg" >>"$RAW"
 	set +e
-	if [[ $pkg == clients/python ]]; then
+	if [[ $pkg == clients/python || $pkg == clients/python/connectors ]]; then
 		# The Python client's row: a script printing go test's format, run
 		# by Debian's python3 (python3-grpcio, -protobuf, -numpy) on the
 		# package's source tree against a pegad it builds and starts.
-		PYTHONPATH=clients/python GO="$GO" "${PYTHON:-/usr/bin/python3}" clients/python/tests/bench_putget.py \
+		script=clients/python/tests/bench_putget.py
+		[[ $pkg == clients/python/connectors ]] && script=clients/python/tests/bench_connector.py
+		PYTHONPATH=clients/python GO="$GO" "${PYTHON:-/usr/bin/python3}" "$script" \
 			--benchtime "$BENCHTIME" --count "$BENCHCOUNT" 2>&1 | tee -a "$RAW" | grep --line-buffered -E '^(Benchmark|Traceback|[A-Za-z]*Error)'
 	else
 		"$GO" test -run='^$' -bench="^(${BENCHES[$pkg]})\$" -benchtime="$BENCHTIME" -count="$BENCHCOUNT" \

@@ -4,8 +4,10 @@
 # client (clients/python, package pegad, written from the document; driven
 # by scripts/localproto.py) against a real pegad (tcp transport, loopback,
 # temp socket):
-#   1. puts a 3 MiB block in place through the data socket; pegactl (the Go
-#      client) reads it back byte-identical;
+#   0. the Python client agrees version 2 of the data socket (api/localwire);
+#   1. puts a 3 MiB block through the data socket with version 2's RESERVE +
+#      PUT, and another with ALLOC, an in-place write and COMMIT; pegactl
+#      (the Go client) reads both back byte-identical;
 #   2. pegactl puts a block; the Python client reads it in place, identical;
 #   3. a Python client holding a read lease and a write allocation is killed
 #      with SIGKILL: no pin and no allocation remain, nothing was indexed.
@@ -24,14 +26,23 @@ ctl() { "$PEGACTL" --socket "$SOCK" --timeout 20s "$@"; }
 D=$WORK/data
 mkdir -p "$D"
 
+# --- 0. version 2 --------------------------------------------------------
+[[ $($PY "$SOCK" version) == 2 ]] || fail "the python client did not agree version 2 of the data socket"
+pass "python client speaks version 2 of the data socket"
+
 # --- 1. Python put, Go get ------------------------------------------------
 random_file "$D/py.bin" $((3 << 20))
 H1=$(random_hash)
 [[ $($PY "$SOCK" put lp "$H1" "$D/py.bin") == created ]] || fail "python put did not create the block"
 ctl blocks get --namespace lp --hash "$H1" --out "$D/py.out" >/dev/null
 cmp -s "$D/py.bin" "$D/py.out" || fail "pegactl read back different bytes than the python client wrote"
-pass "python put in place, pegactl get: byte-identical"
+pass "python put (RESERVE + PUT), pegactl get: byte-identical"
 [[ $($PY "$SOCK" put lp "$H1" "$D/py.bin") == exists ]] || fail "second python put did not say exists"
+H3=$(random_hash)
+[[ $($PY "$SOCK" write lp "$H3" "$D/py.bin") == created ]] || fail "python write in place did not create the block"
+ctl blocks get --namespace lp --hash "$H3" --out "$D/py3.out" >/dev/null
+cmp -s "$D/py.bin" "$D/py3.out" || fail "pegactl read back different bytes than the python client wrote in place"
+pass "python write in place (ALLOC + COMMIT), pegactl get: byte-identical"
 
 # --- 2. Go put, Python get ------------------------------------------------
 random_file "$D/k" $((1 << 20))

@@ -2,10 +2,13 @@
 """The e2e scripts' Python side of pegad's local data socket: the real
 client package (clients/python, import name pegad), used from the source
 tree so that it needs no install (the zero-copy calls import neither grpc
-nor protobuf).
+nor protobuf). It speaks the protocol's version 2, as api/localwire does,
+and fails when a daemon answers with an older one.
 
-    localproto.py SOCKET put NS HASHHEX FILE     # alloc, write in place, commit: prints created|exists
-    localproto.py SOCKET get NS HASHHEX OUT      # lease, read in place, release
+    localproto.py SOCKET version                 # prints the version agreed (2)
+    localproto.py SOCKET put NS HASHHEX FILE     # RESERVE + PUT (one round trip once warm): prints created|exists
+    localproto.py SOCKET write NS HASHHEX FILE   # ALLOC, write in place, COMMIT: prints created|exists
+    localproto.py SOCKET get NS HASHHEX OUT      # LEASE, read in place, RELEASE
     localproto.py SOCKET hold NS HASHHEX         # lease + uncommitted alloc, print "ready", sleep (to be killed)
 
 SOCKET is pegad's --socket (the data socket is SOCKET.data).
@@ -17,11 +20,22 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "clients", "python"))
 import pegad  # noqa: E402
 
+VERSION = 2  # api/localwire.Version
+
 
 def main():
-    sock, cmd, ns, h = sys.argv[1], sys.argv[2], sys.argv[3], bytes.fromhex(sys.argv[4])
+    sock, cmd = sys.argv[1], sys.argv[2]
     with pegad.Client(sock, timeout=30) as c:
+        if c.protocol_version != VERSION:
+            sys.exit(f"pegad's data socket agreed version {c.protocol_version}, want {VERSION}")
+        if cmd == "version":
+            print(c.protocol_version)
+            return
+        ns, h = sys.argv[3], bytes.fromhex(sys.argv[4])
         if cmd == "put":
+            with open(sys.argv[5], "rb") as f:
+                print("created" if c.put(ns, h, f.read()) else "exists")
+        elif cmd == "write":
             with open(sys.argv[5], "rb") as f:
                 data = f.read()
             try:

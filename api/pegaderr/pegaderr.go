@@ -38,9 +38,19 @@ const (
 	Canceled Reason = "CANCELED"  // the caller's context ended
 	Deadline Reason = "DEADLINE"  // a deadline passed
 	Internal Reason = "INTERNAL"  // a bug or an unexpected failure
-	Limit    Reason = "LIMIT"     // a per-peer or node limit refused the request
-	Draining Reason = "DRAINING"  // the node is shutting down; try another
-	Identity Reason = "IDENTITY"  // a claimed node id the certificate does not prove
+	// A block deleted or replaced while a streaming get read it; read it
+	// again.
+	BlockChanged Reason = "BLOCK_CHANGED"
+	Limit        Reason = "LIMIT"    // a per-peer or node limit refused the request
+	Draining     Reason = "DRAINING" // the node is shutting down; try another
+	Identity     Reason = "IDENTITY" // a claimed node id the certificate does not prove
+	// An RDMA handshake the holder could not complete (its resources, the
+	// connect); it left nothing behind and may be retried.
+	HandshakeAborted Reason = "HANDSHAKE_ABORTED"
+	// A certificate refused on the peer port: the holder's CA did not sign
+	// the requester's, it is off --peer-allow, or the requester refused the
+	// holder's. Not retryable until a certificate or a list changes.
+	Authentication Reason = "AUTHENTICATION"
 
 	// Transfer sessions (peer port; admin force-release).
 	InvalidSessionID  Reason = "INVALID_SESSION_ID"
@@ -79,23 +89,36 @@ var contextKinds = []Kind{
 // ToStatus turns err into a status error for the wire: the first row of
 // kinds (in order, so a more telling kind goes first) that err matches
 // gives its code and reason, with err's text as the message. An error
-// that already carries a status (other than Unknown) passes unchanged; any
-// other is Internal. nil stays nil.
+// that matches no row but already carries a status (other than Unknown)
+// passes unchanged; a context error keeps its code; any other is
+// Internal. nil stays nil. The rows come first because an error can both
+// match one and wrap a status: a failed prefetch's class wraps the peer's
+// status that caused it, whose code says less (a refused certificate
+// reaches the requester as Unavailable).
 func ToStatus(err error, kinds []Kind) error {
 	if err == nil {
 		return nil
 	}
+	if k, ok := match(err, kinds); ok {
+		return Status(k.Code, k.Reason, err.Error()).Err()
+	}
 	if s, ok := status.FromError(err); ok && s.Code() != codes.Unknown {
 		return err
 	}
-	for _, table := range [][]Kind{kinds, contextKinds} {
-		for _, k := range table {
-			if errors.Is(err, k.Err) {
-				return Status(k.Code, k.Reason, err.Error()).Err()
-			}
-		}
+	if k, ok := match(err, contextKinds); ok {
+		return Status(k.Code, k.Reason, err.Error()).Err()
 	}
 	return Status(codes.Internal, Internal, err.Error()).Err()
+}
+
+// match is the first row of kinds that err matches.
+func match(err error, kinds []Kind) (Kind, bool) {
+	for _, k := range kinds {
+		if errors.Is(err, k.Err) {
+			return k, true
+		}
+	}
+	return Kind{}, false
 }
 
 // Status is a status with code, message msg and reason in its details.

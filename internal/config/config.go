@@ -119,6 +119,11 @@ type Config struct {
 	// devices) or a comma-separated list of device names (mlx5_0,mlx5_1),
 	// each optionally with its rail (rail0=mlx5_0,rail1=mlx5_3).
 	NICs string `mapstructure:"nics"`
+	// NICNUMA names the NUMA node of NICs whose sysfs has none (virtual
+	// devices such as rxe, some VMs' NICs), as NIC=NODE[,NIC=NODE...]
+	// (rxe0=0,rxe1=1); a named node replaces what sysfs says. Empty: sysfs
+	// only.
+	NICNUMA string `mapstructure:"nic-numa"`
 	// QPsPerPeer is the number of RC queue pairs per peer per NIC.
 	QPsPerPeer int `mapstructure:"qps-per-peer"`
 	// RelaxedOrdering registers the pool with IBV_ACCESS_RELAXED_ORDERING
@@ -170,6 +175,17 @@ type Config struct {
 	// ClusterTTL is how long this node's membership record lives unless
 	// refreshed (every third of it).
 	ClusterTTL time.Duration `mapstructure:"cluster-ttl"`
+	// KVEventsEndpoint publishes vLLM KV events (docs/operations.md) on a
+	// ZMQ PUB socket bound there: tcp://*:5557, tcp://HOST:PORT or
+	// ipc://PATH. Empty: off.
+	KVEventsEndpoint string `mapstructure:"kv-events-endpoint"`
+	// KVEventsReplayEndpoint serves missed events (vLLM's replay ROUTER
+	// socket); empty: none. Needs KVEventsEndpoint.
+	KVEventsReplayEndpoint string `mapstructure:"kv-events-replay-endpoint"`
+	// KVEventsTopic is the topic of each message, with {node}, {namespace},
+	// {model} (the namespace before its first '@') and {rank} (after it)
+	// expanded (llm-d reads kv@<pod>@<model>).
+	KVEventsTopic string `mapstructure:"kv-events-topic"`
 
 	// Peer-port protection (docs/security.md). All three TLS files, or
 	// none: with them the peer port requires client certificates signed by
@@ -232,6 +248,7 @@ func Default() Config {
 		LogLevel:        "info",
 		LogFormat:       "auto",
 		ClusterTTL:      10 * time.Second,
+		KVEventsTopic:   "kv@{node}@{model}",
 
 		MaxSessionsPerPeer: DefaultMaxSessionsPerPeer,
 	}
@@ -271,6 +288,31 @@ func Keys() []string {
 	return keys
 }
 
+// checkZMQEndpoint accepts what the KV-events publisher binds:
+// tcp://HOST:PORT (HOST may be *) or ipc://PATH.
+func checkZMQEndpoint(ep string) error {
+	scheme, rest, ok := strings.Cut(ep, "://")
+	switch {
+	case !ok:
+		return fmt.Errorf("%q: want tcp://HOST:PORT or ipc://PATH", ep)
+	case scheme == "ipc":
+		if rest == "" {
+			return fmt.Errorf("%q: empty ipc path", ep)
+		}
+		return nil
+	case scheme != "tcp":
+		return fmt.Errorf("%q: only tcp:// and ipc:// are served", ep)
+	}
+	host, port, err := net.SplitHostPort(rest)
+	if err != nil {
+		return fmt.Errorf("%q: %w", ep, err)
+	}
+	if host == "*" {
+		host = ""
+	}
+	return checkHostPort(net.JoinHostPort(host, port), true)
+}
+
 // RegisterFlags adds --config and one flag per key to fs, with the defaults
 // of d (normally Default()).
 func RegisterFlags(fs *pflag.FlagSet, d Config) {
@@ -285,6 +327,7 @@ func RegisterFlags(fs *pflag.FlagSet, d Config) {
 	fs.String("pool-hugepages", d.PoolHugePages, "pool pages: none|thp|2M|1G (2M/1G must be reserved, vm.nr_hugepages)")
 	fs.String("transport", d.Transport, "data transport: auto|verbs|tcp (auto: verbs when devices exist, else tcp)")
 	fs.String("nics", d.NICs, "tcp: number of software NICs; verbs: a count or a comma list of device names, optionally RAIL=DEVICE")
+	fs.String("nic-numa", d.NICNUMA, "NUMA node of NICs sysfs gives none (e.g. rxe): NIC=NODE,... (rxe0=0,rxe1=1); replaces sysfs for the named NICs")
 	fs.Int("qps-per-peer", d.QPsPerPeer, "RC queue pairs per peer per NIC")
 	fs.Bool("relaxed-ordering", d.RelaxedOrdering, "verbs: register the pool with relaxed ordering (--relaxed-ordering=false turns it off)")
 	fs.Int("gid-index", d.GIDIndex, "verbs: GID table entry of every port (-1: RoCE v2, routable IPv4 first)")
@@ -303,6 +346,9 @@ func RegisterFlags(fs *pflag.FlagSet, d Config) {
 	fs.Bool("peer-reflection", d.PeerReflection, "enable gRPC server reflection on the peer port")
 	fs.String("cluster-redis", d.ClusterRedis, "cluster index on Redis: redis:// or rediss:// URL, or a comma list for Redis Cluster (empty: standalone)")
 	fs.Duration("cluster-ttl", d.ClusterTTL, "cluster membership record lifetime, refreshed every third of it")
+	fs.String("kv-events-endpoint", d.KVEventsEndpoint, "publish vLLM KV events on a ZMQ PUB socket bound here: tcp://*:5557, tcp://HOST:PORT or ipc://PATH (empty: off)")
+	fs.String("kv-events-replay-endpoint", d.KVEventsReplayEndpoint, "KV events: ZMQ ROUTER socket replaying missed messages, vLLM's protocol (empty: none)")
+	fs.String("kv-events-topic", d.KVEventsTopic, "KV events: topic of each message; {node}, {namespace}, {model} (namespace before its first @) and {rank} (after it) are expanded")
 	fs.String("peer-tls-cert", d.PeerTLSCert, "peer mTLS: this node's certificate (PEM); with --peer-tls-key and --peer-tls-ca")
 	fs.String("peer-tls-key", d.PeerTLSKey, "peer mTLS: the certificate's private key (PEM)")
 	fs.String("peer-tls-ca", d.PeerTLSCA, "peer mTLS: CA bundle (PEM) that signs every node's certificate")
@@ -310,7 +356,7 @@ func RegisterFlags(fs *pflag.FlagSet, d Config) {
 	fs.Int("max-sessions-per-peer", d.MaxSessionsPerPeer, "live transfer sessions one peer may hold (0: unlimited)")
 	fs.String("max-pinned-bytes-per-peer", d.MaxPinnedBytesPerPeer.String(), "bytes one peer's sessions may pin (0: pool-size/2)")
 	fs.String("max-pinned-bytes", d.MaxPinnedBytes.String(), "bytes all peers' sessions may pin together (0: 75% of pool-size)")
-	fs.String("socket-group", d.SocketGroup, "group owning the local socket (mode 0660); empty: pegad's group")
+	fs.String("socket-group", d.SocketGroup, "group (name or numeric gid) owning the local socket (mode 0660); empty: pegad's group")
 	fs.String("ssd-path", d.SSDPath, "SSD tier: comma list of directories, one per device (empty: no SSD tier)")
 	fs.String("ssd-size", d.SSDSize.String(), "SSD tier: log size per --ssd-path directory, preallocated (e.g. 100GiB)")
 }
@@ -531,6 +577,19 @@ func (c *Config) problems() []Problem {
 			bad("debug-listen", "%v", err)
 		}
 	}
+	for _, e := range [...]struct{ key, ep string }{
+		{"kv-events-endpoint", c.KVEventsEndpoint}, {"kv-events-replay-endpoint", c.KVEventsReplayEndpoint},
+	} {
+		if e.ep == "" {
+			continue
+		}
+		if err := checkZMQEndpoint(e.ep); err != nil {
+			bad(e.key, "%v", err)
+		}
+	}
+	if c.KVEventsReplayEndpoint != "" && c.KVEventsEndpoint == "" {
+		bad("kv-events-replay-endpoint", "needs kv-events-endpoint")
+	}
 	if c.PoolSize < MinPoolSize {
 		bad("pool-size", "%s is below the minimum %s", c.PoolSize, MinPoolSize)
 	}
@@ -547,6 +606,9 @@ func (c *Config) problems() []Problem {
 	}
 	if _, _, err := c.NICSpec(); err != nil {
 		bad("nics", "%v", err)
+	}
+	if _, err := c.NICNUMANodes(); err != nil {
+		bad("nic-numa", "%v", err)
 	}
 	if c.QPsPerPeer < 1 || c.QPsPerPeer > MaxQPsPerPeer {
 		bad("qps-per-peer", "%d is outside 1..%d", c.QPsPerPeer, MaxQPsPerPeer)
@@ -690,6 +752,36 @@ func (c *Config) NICRails() []string {
 		return nil
 	}
 	return rails
+}
+
+// MaxNUMANode bounds a node named by nic-numa (the kernel's MAX_NUMNODES
+// is at most 1024).
+const MaxNUMANode = 1023
+
+// NICNUMANodes interprets the nic-numa key: the NUMA node named for each
+// NIC; nil when the key is empty.
+func (c *Config) NICNUMANodes() (map[string]int, error) {
+	s := strings.TrimSpace(c.NICNUMA)
+	if s == "" {
+		return nil, nil
+	}
+	out := make(map[string]int)
+	for _, p := range strings.Split(s, ",") {
+		name, node, ok := strings.Cut(strings.TrimSpace(p), "=")
+		name, node = strings.TrimSpace(name), strings.TrimSpace(node)
+		if !ok || name == "" || node == "" {
+			return nil, fmt.Errorf("%q: want NIC=NODE entries (rxe0=0,rxe1=1)", c.NICNUMA)
+		}
+		n, err := strconv.Atoi(node)
+		if err != nil || n < 0 || n > MaxNUMANode {
+			return nil, fmt.Errorf("%q: node %q of %s is not a number in 0..%d", c.NICNUMA, node, name, MaxNUMANode)
+		}
+		if _, dup := out[name]; dup {
+			return nil, fmt.Errorf("%q names %s twice", c.NICNUMA, name)
+		}
+		out[name] = n
+	}
+	return out, nil
 }
 
 // maxRailLen bounds a rail name (it travels in every handshake).

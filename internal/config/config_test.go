@@ -57,6 +57,7 @@ func TestDefaults(t *testing.T) {
 		QPsPerPeer: 2, RelaxedOrdering: true, GIDIndex: -1, TCPDataListen: "", TCPQPNStart: 0x100, RDMAIdleTimeout: time.Minute,
 		LockTimeout: 120 * time.Second, GCInterval: time.Second, ShutdownTimeout: 10 * time.Second,
 		LogLevel: "info", LogFormat: "auto", ClusterTTL: 10 * time.Second, MaxSessionsPerPeer: DefaultMaxSessionsPerPeer,
+		KVEventsTopic: "kv@{node}@{model}",
 	}
 	if c != want {
 		t.Fatalf("defaults:\n got %+v\nwant %+v", c, want)
@@ -195,6 +196,10 @@ func TestInvalid(t *testing.T) {
 		{"qps zero", []string{"--qps-per-peer=0"}, nil, "", []string{"qps-per-peer"}},
 		{"qps not a number env", nil, map[string]string{"PEGAD_QPS_PER_PEER": "two"}, "", []string{"qps-per-peer"}},
 		{"nics zero", []string{"--nics=0"}, nil, "", []string{"nics"}},
+		{"nic-numa no node", []string{"--nic-numa=rxe0"}, nil, "", []string{"nic-numa", "NIC=NODE"}},
+		{"nic-numa negative node", []string{"--nic-numa=rxe0=-1"}, nil, "", []string{"nic-numa", "0..1023"}},
+		{"nic-numa node not a number env", nil, map[string]string{"PEGAD_NIC_NUMA": "rxe0=one"}, "", []string{"nic-numa", "one"}},
+		{"nic-numa twice", nil, nil, "nic-numa: rxe0=0,rxe0=1\n", []string{"nic-numa", "twice"}},
 		{"nics empty name", []string{"--nics=mlx5_0,,mlx5_1"}, nil, "", []string{"nics", "empty"}},
 		{"nics duplicate", []string{"--nics=a,a"}, nil, "", []string{"nics", "twice"}},
 		{"nics rails mixed with bare names", []string{"--nics=r0=mlx5_0,mlx5_1"}, nil, "", []string{"nics", "mixes"}},
@@ -221,6 +226,11 @@ func TestInvalid(t *testing.T) {
 		{"ssd path empty entry", []string{"--ssd-path=/a,", "--ssd-size=1GiB"}, nil, "", []string{"ssd-path", "empty entry"}},
 		{"ssd size missing", []string{"--ssd-path=/a"}, nil, "", []string{"ssd-size", "minimum"}},
 		{"cluster ttl tiny", []string{"--cluster-ttl=1ms"}, nil, "", []string{"cluster-ttl"}},
+		{"kv events endpoint without scheme", []string{"--kv-events-endpoint=127.0.0.1:5557"}, nil, "", []string{"kv-events-endpoint", "tcp://"}},
+		{"kv events endpoint udp", []string{"--kv-events-endpoint=udp://*:5557"}, nil, "", []string{"kv-events-endpoint"}},
+		{"kv events bad port", nil, map[string]string{"PEGAD_KV_EVENTS_ENDPOINT": "tcp://*:99999"}, "", []string{"kv-events-endpoint", "port"}},
+		{"kv events replay alone", []string{"--kv-events-replay-endpoint=tcp://*:5558"}, nil, "", []string{"kv-events-replay-endpoint", "needs kv-events-endpoint"}},
+		{"kv events empty ipc", nil, nil, "kv-events-endpoint: ipc://\n", []string{"kv-events-endpoint", "ipc"}},
 		{"tls cert without key", []string{"--peer-tls-cert=a.pem", "--peer-tls-ca=ca.pem"}, nil, "", []string{"peer-tls-cert", "all three"}},
 		{"allow without tls", []string{"--peer-allow=node-*"}, nil, "", []string{"peer-allow", "needs peer-tls"}},
 		{"allow empty entry", nil, nil, "peer-tls-cert: a\npeer-tls-key: b\npeer-tls-ca: c\npeer-allow: a,,b\n", []string{"peer-allow", "empty entry"}},
@@ -368,6 +378,41 @@ func TestDebugListenLoopbackForms(t *testing.T) {
 		c, err := load(t, []string{"--debug-listen=" + addr}, nil, "")
 		if err != nil || c.DebugListen != addr {
 			t.Errorf("--debug-listen=%s: %v, %q", addr, err, c.DebugListen)
+		}
+	}
+}
+
+func TestNICNUMANodes(t *testing.T) {
+	tests := []struct {
+		in   string
+		want map[string]int
+	}{
+		{"", nil},
+		{"  ", nil},
+		{"rxe0=0", map[string]int{"rxe0": 0}},
+		{"rxe0=0, rxe1 = 1", map[string]int{"rxe0": 0, "rxe1": 1}},
+		{"mlx5_3=1023", map[string]int{"mlx5_3": 1023}},
+	}
+	for _, tc := range tests {
+		c := Config{NICNUMA: tc.in}
+		got, err := c.NICNUMANodes()
+		if err != nil {
+			t.Errorf("%q: %v", tc.in, err)
+			continue
+		}
+		if len(got) != len(tc.want) || (got == nil) != (tc.want == nil) {
+			t.Errorf("%q = %v, want %v", tc.in, got, tc.want)
+			continue
+		}
+		for k, v := range tc.want {
+			if got[k] != v {
+				t.Errorf("%q: %s = %d, want %d", tc.in, k, got[k], v)
+			}
+		}
+	}
+	for _, bad := range []string{"rxe0", "=0", "rxe0=", "rxe0=1024", "rxe0=x", "rxe0=0,rxe0=1", "rxe0=0,"} {
+		if _, err := (&Config{NICNUMA: bad}).NICNUMANodes(); err == nil {
+			t.Errorf("%q accepted", bad)
 		}
 	}
 }

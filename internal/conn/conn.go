@@ -135,6 +135,13 @@ type Options struct {
 	// its local memory's node and StagingPlan spreads staging over the
 	// nodes; otherwise READs spread over all NICs.
 	Placement Placement
+	// ProbeInterval (requester side): a connection no Read has used for
+	// this long gets one small keepalive READ per NIC, and again every
+	// interval while idle. A dead holder fails it within the QP's retry
+	// budget (ConnectAttr), which invalidates the connection: it stops
+	// being listed as connected. 0: no keepalive (a dead holder is then
+	// noticed by the next fetch).
+	ProbeInterval time.Duration
 }
 
 // Placement is where local memory is, by NUMA node (*pool.Pool).
@@ -218,6 +225,9 @@ type localNIC struct {
 	rail string // Options.Rails; "" when not named
 	pd   ibv.PD
 	mr   ibv.MR
+	// probeMR: Manager.probeMem registered here (keepalive READs land in
+	// it); nil when probing is off.
+	probeMR ibv.MR
 	// readBytes is this NIC's series of NICReadBytes, looked up once: the
 	// planner adds to it per work request.
 	readBytes prometheus.Counter
@@ -236,6 +246,9 @@ type Manager struct {
 	nics    []*localNIC
 	memBase uint64
 	memLen  uint64
+	// probeMem: the keepalive's scratch page (probe.go); nil when
+	// ProbeInterval is 0. Immutable after NewManager until Close.
+	probeMem []byte
 	// placed: READs go through NICs on their local memory's node
 	// (placedNUMA). Immutable after NewManager.
 	placed bool
@@ -272,13 +285,17 @@ type Manager struct {
 	// only in connect (under handshake) and in teardown (under conns), so
 	// Close, which waits for those first, waits for every one.
 	disconnects sync.WaitGroup
-	reaping     sync.WaitGroup // the reaper goroutine
+	reaping     sync.WaitGroup // the reaper and prober goroutines
 	nicEvents   sync.WaitGroup // NIC event watchers (nic.go); stop with ctx
 	closeOnce   sync.Once
 
 	// drainTimeout bounds waiting for a QP in ERROR to flush (the
 	// drainTimeout constant; tests shorten it).
 	drainTimeout time.Duration
+	// probeTimeout: an unanswered keepalive READ fails after this long,
+	// in nanoseconds (the retry budget + probeSlack; atomic so that tests
+	// can change it while the prober runs).
+	probeTimeout atomic.Int64
 
 	// Test hooks (nil in production), set by the package's tests before
 	// the manager is used.
@@ -348,6 +365,7 @@ func NewManager(opts Options) (m *Manager, err error) {
 
 		drainTimeout: drainTimeout,
 	}
+	m.probeTimeout.Store(int64(opts.ConnectAttr.RetryBudget() + probeSlack))
 	defer func() {
 		if err != nil {
 			m.releaseNICs()
@@ -356,15 +374,25 @@ func NewManager(opts Options) (m *Manager, err error) {
 	if err := m.registerNICs(opts); err != nil {
 		return nil, err
 	}
+	if opts.ProbeInterval > 0 {
+		if err := m.registerProbe(); err != nil {
+			return nil, err
+		}
+	}
 	m.placed = placedNUMA(m.nics, opts.Placement)
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	m.reaping.Add(1)
 	go m.reaper()
+	if opts.ProbeInterval > 0 {
+		m.reaping.Add(1)
+		go m.prober()
+	}
 	m.watchNICEvents()
 	return m, nil
 }
 
 func (m *Manager) releaseNICs() {
+	m.releaseProbe()
 	for _, n := range m.nics {
 		if n.mr != nil {
 			_ = n.mr.Dereg()
@@ -478,8 +506,8 @@ func (m *Manager) Close() error {
 		m.accepted = make(map[string]*acceptedConn)
 		m.retired = make(map[*acceptedConn]time.Time)
 		m.mu.Unlock()
-		m.cancel()       // aborts running handshakes, stops the reaper
-		m.reaping.Wait() // it may be destroying what it reaped
+		m.cancel()       // aborts running handshakes, stops the reaper and prober
+		m.reaping.Wait() // the reaper may be destroying what it reaped
 
 		for _, c := range peers {
 			c.invalidate(ErrClosed)

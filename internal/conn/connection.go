@@ -30,8 +30,11 @@ type AddrConnection struct {
 	done chan struct{}
 
 	// mu guards refs, invalid, reason and tornDown.
-	mu       sync.Mutex
-	refs     int // Reads in flight
+	mu   sync.Mutex
+	refs int // Reads in flight (probes included)
+	// lastUse: when the last Read (or probe) returned, or the connection
+	// was made; the prober reads it to find idle connections.
+	lastUse  time.Time
 	invalid  bool
 	reason   error
 	tornDown bool
@@ -105,6 +108,7 @@ func (c *AddrConnection) acquire() error {
 func (c *AddrConnection) release() {
 	c.mu.Lock()
 	c.refs--
+	c.lastUse = time.Now()
 	last := c.invalid && c.refs == 0 && !c.tornDown
 	if last {
 		c.tornDown = true
@@ -278,6 +282,18 @@ func (c *AddrConnection) Read(ctx context.Context, ops []ReadOp) error {
 	if err != nil {
 		return err // nothing posted; the connection is untouched
 	}
+	err = c.runBatches(ctx, batches)
+	if err != nil {
+		c.log.Warn().Err(err).Str("req_id", reqID(ctx)).Int("ops", len(ops)).Msg("rdma read failed")
+	}
+	return err
+}
+
+// runBatches submits batches to their session workers and waits for every
+// one (see Read). A failure is returned wrapped with the peer; a
+// connection-class one, or any that moved a QP to ERROR, invalidates c.
+// The caller holds a reference (acquire).
+func (c *AddrConnection) runBatches(ctx context.Context, batches []*batch) error {
 	results := make(chan batchResult, len(batches))
 	// The batches run under their own context, canceled by abort: a
 	// running batch is stopped by its own worker (which moves its QP to
@@ -340,11 +356,10 @@ func (c *AddrConnection) Read(ctx context.Context, ops []ReadOp) error {
 	if first == nil {
 		return nil
 	}
-	err = fmt.Errorf("conn: read from %s: %w", c.peer, first)
+	err := fmt.Errorf("conn: read from %s: %w", c.peer, first)
 	if IsConnectionClass(first) || qpErrored {
 		c.m.Invalidate(c, err)
 	}
-	c.log.Warn().Err(err).Str("req_id", reqID(ctx)).Int("ops", len(ops)).Bool("qp_error", qpErrored).Msg("rdma read failed")
 	return err
 }
 

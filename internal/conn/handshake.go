@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+	"github.com/pegaflow/pegad/api/pegaderr"
 	"github.com/pegaflow/pegad/internal/ibv"
 )
 
@@ -586,19 +587,21 @@ func (a *acceptedConn) info() ConnInfo {
 // wire, so the holder's RPC layer (which passes status errors through)
 // needs no knowledge of conn's sentinels. errors.Is still sees the cause.
 type acceptError struct {
-	err  error
-	code codes.Code
+	err    error
+	code   codes.Code
+	reason pegaderr.Reason
 }
 
 func (e *acceptError) Error() string { return e.err.Error() }
 func (e *acceptError) Unwrap() error { return e.err }
 func (e *acceptError) GRPCStatus() *status.Status {
-	return status.New(e.code, e.err.Error())
+	return pegaderr.Status(e.code, e.reason, e.err.Error())
 }
 
-// withStatus maps an Accept error: malformed metadata is InvalidArgument,
-// a closed manager Unavailable, a canceled or expired RPC keeps its
-// context error, and any other failure (resources, connect) is Aborted:
+// withStatus maps an Accept error: malformed metadata is InvalidArgument
+// (reason INVALID), a closed manager Unavailable (DRAINING: the node is
+// shutting down), a canceled or expired RPC keeps its context error, and
+// any other failure (resources, connect) is Aborted (HANDSHAKE_ABORTED):
 // the handshake was aborted and left nothing behind; the requester may
 // retry.
 func withStatus(err error) error {
@@ -608,11 +611,11 @@ func withStatus(err error) error {
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return err
 	case errors.Is(err, ErrInvalidHandshake):
-		return &acceptError{err: err, code: codes.InvalidArgument}
+		return &acceptError{err: err, code: codes.InvalidArgument, reason: pegaderr.Invalid}
 	case errors.Is(err, ErrClosed):
-		return &acceptError{err: err, code: codes.Unavailable}
+		return &acceptError{err: err, code: codes.Unavailable, reason: pegaderr.Draining}
 	}
-	return &acceptError{err: err, code: codes.Aborted}
+	return &acceptError{err: err, code: codes.Aborted, reason: pegaderr.HandshakeAborted}
 }
 
 func truncate(s string, n int) string {

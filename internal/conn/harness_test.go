@@ -46,6 +46,10 @@ type nodeOpts struct {
 	wrapDevice func(ibv.Device) ibv.Device
 	// noRelaxedOrdering is Options.NoRelaxedOrdering.
 	noRelaxedOrdering bool
+	// probeInterval is Options.ProbeInterval (0: no keepalive).
+	probeInterval time.Duration
+	// connectAttr replaces testConnectAttr() when set.
+	connectAttr *ibv.ConnectAttr
 }
 
 // node is one in-process pegad as far as conn is concerned: tcp devices,
@@ -199,6 +203,10 @@ func newNode(t testing.TB, d *dialers, o nodeOpts) *node {
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(srv.Stop)
 
+	attr := testConnectAttr()
+	if o.connectAttr != nil {
+		attr = *o.connectAttr
+	}
 	n.mgr, err = NewManager(Options{
 		NodeID: o.id, Incarnation: o.incarnation, Transport: "tcp", Devices: devs,
 		Memory: n.mem, QPsPerPeer: o.qps, SQDepth: o.sqDepth, Dial: d.dial,
@@ -206,8 +214,9 @@ func newNode(t testing.TB, d *dialers, o nodeOpts) *node {
 		DisconnectTimeout: o.disconnectTimeout,
 		IdleTimeout:       o.idleTimeout,
 		ReconnectDrain:    o.reconnectDrain,
-		ConnectAttr:       testConnectAttr(),
+		ConnectAttr:       attr,
 		NoRelaxedOrdering: o.noRelaxedOrdering,
+		ProbeInterval:     o.probeInterval,
 	})
 	if err != nil {
 		t.Fatalf("NewManager: %v", err)

@@ -16,7 +16,7 @@ const (
 	ExitUsage       = 2 // bad flags, arguments or input files; InvalidArgument from pegad
 	ExitNotFound    = 3 // the block, session or peer block does not exist
 	ExitUnavailable = 4 // pegad cannot be reached on --socket, or it answered Unavailable (retryable)
-	ExitPermission  = 5 // the socket exists but this user may not connect (not retryable: join its group)
+	ExitPermission  = 5 // the socket exists but this user may not connect, or a peer refused a certificate (not retryable)
 )
 
 // exitError carries an exit code chosen by the command itself.
@@ -91,6 +91,10 @@ func grpcExit(st *status.Status) (int, string) {
 		// pegad answered Unavailable (e.g. a peer's connection broke
 		// during prefetch) or the socket connection dropped mid-call.
 		return ExitUnavailable, msg
+	case codes.PermissionDenied, codes.Unauthenticated:
+		// A certificate refused between pegad and a peer (prefetch):
+		// retrying the same certificates cannot succeed.
+		return ExitPermission, msg
 	case codes.DeadlineExceeded:
 		return ExitError, "timed out: " + msg + " (raise --timeout)"
 	case codes.Unimplemented:

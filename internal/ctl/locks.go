@@ -15,7 +15,7 @@ import (
 // NewLocksCommand groups the commands on holder locks.
 func NewLocksCommand(g *globalFlags) *cobra.Command {
 	cmd := newGroupCommand("locks", "Holder locks (transfer sessions peers hold on this node's blocks)")
-	cmd.AddCommand(newLocksListCommand(g), newLocksReleaseCommand(g))
+	cmd.AddCommand(newLocksListCommand(g), newLocksReleaseCommand(g), newLocksHoldCommand(g))
 	return cmd
 }
 

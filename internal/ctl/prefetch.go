@@ -257,7 +257,13 @@ var grpcWrapping = regexp.MustCompile(`rpc error: code = \w+ desc = `)
 
 // cleanError drops gRPC's wrapping from an error text: operators read
 // pegad's words, once.
-func cleanError(s string) string { return grpcWrapping.ReplaceAllString(s, "") }
+func cleanError(s string) string {
+	return transportWrapping.ReplaceAllString(grpcWrapping.ReplaceAllString(s, ""), "$1")
+}
+
+// transportWrapping is what gRPC puts around a failure to connect (a TLS
+// handshake's, a dial's) that pegad passes on.
+var transportWrapping = regexp.MustCompile(`connection error: desc = "transport: (.*)"`)
 
 // failedPrefetch is the per-block result pegad attaches to a failed
 // prefetch's status, or nil.

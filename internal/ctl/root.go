@@ -65,7 +65,7 @@ func NewRootCommand(streams Streams) *cobra.Command {
 		Long: `pegactl talks to the pegad on this node over its unix socket.
 
 Exit codes: 0 ok, 1 error, 2 usage, 3 not found, 4 pegad unavailable,
-5 permission denied on the socket.`,
+5 permission denied on the socket, or a peer refused a certificate.`,
 		SilenceErrors: true,
 		SilenceUsage:  true,
 		Args:          noSubcommand,

@@ -36,6 +36,7 @@ import (
 	"github.com/pegaflow/pegad/internal/gc"
 	"github.com/pegaflow/pegad/internal/holder"
 	"github.com/pegaflow/pegad/internal/ibv/tcp"
+	"github.com/pegaflow/pegad/internal/kvevents"
 	"github.com/pegaflow/pegad/internal/localapi"
 	"github.com/pegaflow/pegad/internal/localdata"
 	"github.com/pegaflow/pegad/internal/logging"
@@ -55,7 +56,7 @@ type Option func(*options)
 type options struct {
 	log    *zerolog.Logger
 	notify func(state string) // sd_notify; nil: go-systemd's SdNotify
-	// faults is passed to requester.Options.Faults (nil in production).
+	// faults is the prefetch engine's fault hook (nil in production).
 	faults func(ctx context.Context, reqID, phase string)
 	// peerInterceptor, when set, is the innermost unary interceptor of the
 	// peer server (tests inject holder errors with it).
@@ -71,7 +72,7 @@ func WithNotify(f func(state string)) Option { return func(o *options) { o.notif
 
 // WithRequesterFaults installs a fault hook in the prefetch engine: f runs
 // as every fetch enters each phase and may panic or block (see
-// requester.Options.Faults). Tests only.
+// requester.Engine.SetFaultHook). Tests only.
 func WithRequesterFaults(f func(ctx context.Context, reqID, phase string)) Option {
 	return func(o *options) { o.faults = f }
 }
@@ -109,6 +110,8 @@ type Daemon struct {
 	local  *localapi.Local // its Wait: no handler touches pool memory any more
 	// cluster: the cluster index client and publisher (cluster.go).
 	cluster cluster
+	// kv: the KV-events publisher (kvevents.go); nil when off.
+	kv *kvevents.Publisher
 
 	peerSrv, localSrv       *grpc.Server
 	data                    *localdata.Server // the zero-copy data socket beside the local one
@@ -202,6 +205,9 @@ func Start(ctx context.Context, cfg config.Config, opts ...Option) (d *Daemon, e
 	if err := d.bind(); err != nil {
 		return d, err
 	}
+	if err := d.bindKVEvents(); err != nil {
+		return d, err
+	}
 	d.tr, err = openTransport(&cfg, d.metrics, d.log)
 	if err != nil {
 		return d, err
@@ -209,6 +215,9 @@ func Start(ctx context.Context, cfg config.Config, opts ...Option) (d *Daemon, e
 	d.log.Info().Str("transport", d.tr.name).Str("reason", d.tr.reason).Int("nics", len(d.tr.devices)).
 		Strs("data_addrs", d.tr.dataAddrs).Msg("Transport selected")
 	d.metrics.SetTransport(d.tr.name, d.tr.reasonCode)
+	if err := checkNICNUMA(&cfg, d.tr.devices, d.log); err != nil {
+		return d, err
+	}
 	if d.tr.name == config.TransportVerbs {
 		// Before mapping: each NIC's registration pins the whole pool.
 		if err := pool.CheckPinLimit(uint64(cfg.PoolSize), len(d.tr.devices)); err != nil {
@@ -228,11 +237,19 @@ func Start(ctx context.Context, cfg config.Config, opts ...Option) (d *Daemon, e
 	if err := d.openTier(); err != nil {
 		return d, err
 	}
+	pl := d.pool
+	d.metrics.SetPoolParts(func() []metrics.PoolPart {
+		var out []metrics.PoolPart
+		for _, pt := range pl.PartStats() {
+			out = append(out, metrics.PoolPart{Node: pt.Node, Size: pt.Size, Used: pt.Used})
+		}
+		return out
+	})
 
 	if err := d.setupPeerTLS(); err != nil {
 		return d, err
 	}
-	d.peers = peer.NewClientsWithOptions(d.peerDialOptions()...)
+	d.peers = peer.NewClientsWithOptions(d.peerClientOptions()...)
 	d.conns, err = conn.NewManager(conn.Options{
 		NodeID:      cfg.NodeID,
 		Incarnation: d.incarnation,
@@ -244,6 +261,9 @@ func Start(ctx context.Context, cfg config.Config, opts ...Option) (d *Daemon, e
 		ConnectAttr: connectAttr(d.tr.name, &cfg),
 		IdleTimeout: cfg.RDMAIdleTimeout,
 		Dial:        d.peers.Get,
+		// verbs: a holder that died while idle is found by a keepalive
+		// READ (tcp sees its data connections close).
+		ProbeInterval: probeInterval(d.tr.name),
 
 		NoRelaxedOrdering: !cfg.RelaxedOrdering,
 		Placement:         d.pool,
@@ -275,10 +295,12 @@ func Start(ctx context.Context, cfg config.Config, opts ...Option) (d *Daemon, e
 		Peers:       d.peers.Get,
 		Metrics:     d.metrics,
 		Log:         d.log.With().Str("component", "requester").Logger(),
-		Faults:      o.faults,
 	})
 	if err != nil {
 		return d, fmt.Errorf("prefetch engine: %w", err)
+	}
+	if o.faults != nil {
+		d.engine.SetFaultHook(o.faults)
 	}
 	if err := d.openCluster(); err != nil {
 		return d, err
@@ -308,6 +330,7 @@ func Start(ctx context.Context, cfg config.Config, opts ...Option) (d *Daemon, e
 		return d, fmt.Errorf("self-check before READY: %w", err)
 	}
 	d.startPublisher(bg)
+	d.startKVEvents(bg)
 
 	d.ready = true
 	d.serving.Store(true)
@@ -547,6 +570,7 @@ func (d *Daemon) shutdown() error {
 	if d.store != nil {
 		d.closeCluster()
 	}
+	d.closeKVEvents()
 
 	// 7. Data plane and memory.
 	if d.conns != nil {

@@ -108,6 +108,20 @@ func TestFreshNodeMetrics(t *testing.T) {
 			t.Errorf("fresh node: %s = %v, want %v", k, got, v)
 		}
 	}
+	// One pool part (no NUMA split): its node label is where the kernel
+	// put the pages (-1 on a host without NUMA).
+	var parts []string
+	for k, v := range m {
+		if strings.HasPrefix(k, "pegaflow_pool_part_size_bytes{") {
+			parts = append(parts, k)
+			if !strings.Contains(k, `part="0"`) || v != float64(n.d.Config().PoolSize) {
+				t.Errorf("%s = %v, want part 0 of %d bytes", k, v, n.d.Config().PoolSize)
+			}
+		}
+	}
+	if len(parts) != 1 {
+		t.Errorf("pool part series %v, want one", parts)
+	}
 }
 
 // TestLeakedSessionsShowBeforeTimeout: requesters that die between their

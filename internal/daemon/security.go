@@ -45,6 +45,13 @@ func (d *Daemon) setupPeerTLS() error {
 		Allow:   allow,
 		Log:     d.log.With().Str("component", "peertls").Logger(),
 		Metrics: d.metrics,
+		// A new certificate (or an operator's SIGHUP) may cure a refusal:
+		// peers that refused are dialled again at once.
+		OnReload: func() {
+			if d.peers != nil {
+				d.peers.Forget()
+			}
+		},
 	})
 	if err != nil {
 		return config.Invalid(fmt.Errorf("peer TLS: %w", err))
@@ -101,6 +108,23 @@ func (d *Daemon) peerDialOptions() []grpc.DialOption {
 	return []grpc.DialOption{grpc.WithTransportCredentials(d.tls.ClientCredentials())}
 }
 
+// peerClientOptions are peerDialOptions for the requester's peer clients:
+// a peer that refuses a certificate is logged once per refusal and not
+// dialled again until its backoff passes or the files are reloaded
+// (peer.Clients.Refused).
+func (d *Daemon) peerClientOptions() []grpc.DialOption {
+	if d.tls == nil {
+		return nil
+	}
+	creds := d.tls.ReportingClientCredentials(func(p string, err error) {
+		if until, ok := d.peers.Refused(p, err); ok {
+			d.log.Warn().Str("peer", p).Err(err).Time("until", until).
+				Msg("Peer certificate refused: not redialling this peer until then, or until SIGHUP reloads the certificates")
+		}
+	})
+	return []grpc.DialOption{grpc.WithTransportCredentials(creds)}
+}
+
 // warnPlaintext warns when a plaintext peer port is reachable from other
 // hosts: anyone who reaches it can pin blocks and learn pool addresses.
 func (d *Daemon) warnPlaintext(addr net.Addr) {
@@ -139,6 +163,24 @@ func (d *Daemon) startReloader(ctx context.Context) {
 	}()
 }
 
+// lookupGID resolves a group name, or takes a number as the gid itself
+// when no group has that name (chown(1) does the same): a container image
+// rarely lists the engines' group in /etc/group.
+func lookupGID(group string) (int, error) {
+	g, err := user.LookupGroup(group)
+	if err != nil {
+		if n, nerr := strconv.ParseUint(group, 10, 31); nerr == nil {
+			return int(n), nil
+		}
+		return 0, config.Invalid(fmt.Errorf("socket-group %q: %w", group, err))
+	}
+	gid, err := strconv.Atoi(g.Gid)
+	if err != nil {
+		return 0, fmt.Errorf("socket-group %q: gid %q: %w", group, g.Gid, err)
+	}
+	return gid, nil
+}
+
 // ReloadTLS reloads the peer TLS files, as SIGHUP does. On error the files
 // in use stay in use. Established connections, sessions and QPs are not
 // touched.
@@ -155,13 +197,9 @@ func chownSocket(path, group string) error {
 	if group == "" {
 		return nil
 	}
-	g, err := user.LookupGroup(group)
+	gid, err := lookupGID(group)
 	if err != nil {
-		return config.Invalid(fmt.Errorf("socket-group %q: %w", group, err))
-	}
-	gid, err := strconv.Atoi(g.Gid)
-	if err != nil {
-		return fmt.Errorf("socket-group %q: gid %q: %w", group, g.Gid, err)
+		return err
 	}
 	if err := os.Chown(path, -1, gid); err != nil {
 		return fmt.Errorf("socket-group %q: chown %s: %w", group, path, err)

@@ -41,6 +41,18 @@ func TestSocketGroup(t *testing.T) {
 		}
 	}
 
+	// A number is a gid even when /etc/group has no name for it (a
+	// container image): here our own gid, which we may chown to.
+	if _, err := user.LookupGroup(strconv.Itoa(os.Getgid())); err == nil {
+		t.Logf("a group is named %d: the numeric case is not reached", os.Getgid())
+	}
+	cfg = testConfig(t)
+	cfg.SocketGroup = strconv.Itoa(os.Getgid())
+	n = startNode(t, cfg)
+	if fi, err := os.Stat(n.d.SocketPath()); err != nil || int(fi.Sys().(*syscall.Stat_t).Gid) != os.Getgid() {
+		t.Fatalf("numeric socket-group: %v %v", fi, err)
+	}
+
 	cfg = testConfig(t)
 	cfg.SocketGroup = "pegad-no-such-group-" + strconv.Itoa(os.Getpid())
 	_, err = Start(context.Background(), cfg, WithLogger(zerolog.Nop()), WithNotify(func(string) {}))

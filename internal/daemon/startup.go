@@ -24,6 +24,12 @@ var poolProgressEvery = 2 * time.Second
 // and after, so that a slow start is visibly busy. An allocation failure
 // says how the size compares with the host's RAM.
 func newPool(size config.ByteSize, hugePages string, nodes []int, log zerolog.Logger) (*pool.Pool, error) {
+	// A pool larger than the host's RAM cannot be populated (at best
+	// ENOMEM, at worst the OOM killer): the configuration's fault, refused
+	// before anything is mapped.
+	if ram := memTotal(); ram > 0 && uint64(size) > ram {
+		return nil, config.Invalid(fmt.Errorf("pool-size %s is larger than this host's memory (%s RAM)", size, iec(ram)))
+	}
 	start := time.Now()
 	log.Info().Str("pool_size", size.String()).Msg("Populating pool")
 	done := make(chan struct{})

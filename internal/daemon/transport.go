@@ -4,8 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/rs/zerolog"
 
@@ -52,11 +54,26 @@ func connectAttr(name string, cfg *config.Config) ibv.ConnectAttr {
 	return a
 }
 
+// verbsProbeInterval is how often an idle verbs connection is probed with
+// a keepalive READ (conn.Options.ProbeInterval): with the default retry
+// budget (about 0.5 s), a dead holder leaves `conns list` within about
+// 1.5 s.
+const verbsProbeInterval = time.Second
+
+// probeInterval is conn.Options.ProbeInterval for a transport: verbs only.
+func probeInterval(transport string) time.Duration {
+	if transport == config.TransportVerbs {
+		return verbsProbeInterval
+	}
+	return 0
+}
+
 // verbsOptions are the provider options the config sets.
 func verbsOptions(cfg *config.Config) verbs.Options {
 	o := verbs.DefaultOptions()
 	o.ForceGIDIndex, o.GIDIndex = cfg.GIDIndex >= 0, cfg.GIDIndex
 	o.PKeyIndex = cfg.PKeyIndex
+	o.NUMANodes, _ = cfg.NICNUMANodes() // validated with the config
 	return o
 }
 
@@ -79,7 +96,7 @@ func openTransport(cfg *config.Config, met *metrics.Metrics, log zerolog.Logger)
 		t, err = openTCP(cfg, count, names, "requested", avail, met, log)
 	case config.TransportVerbs:
 		if !avail {
-			return nil, fmt.Errorf("%w: %s", ErrVerbsUnavailable, why)
+			return nil, hostMismatch(fmt.Errorf("%w: %s", ErrVerbsUnavailable, why))
 		}
 		t, err = openVerbs(verbsOptions(cfg), count, names, "requested ("+why+")")
 	default: // auto
@@ -97,10 +114,22 @@ func openTransport(cfg *config.Config, met *metrics.Metrics, log zerolog.Logger)
 		}
 	}
 	if err != nil {
-		return nil, err
+		return nil, hostMismatch(err)
 	}
 	t.reasonCode = code
 	return t, nil
+}
+
+// hostMismatch marks as the configuration's fault (exit 78: systemd's
+// RestartPreventExitStatus stops the restart loop) the transport failures
+// that no restart cures: verbs asked for on a host without it, NICs the
+// host does not have. Others (a tcp data port in use, a device that fails
+// to open) stay runtime failures.
+func hostMismatch(err error) error {
+	if errors.Is(err, ErrVerbsUnavailable) || errors.Is(err, ibv.ErrNoDevice) {
+		return config.Invalid(err)
+	}
+	return err
 }
 
 // ErrLoopbackAdvertise: the node would hand peers a loopback address
@@ -189,10 +218,15 @@ func openTCP(cfg *config.Config, count int, names []string, reason string, verbs
 	}
 	opts := make([]tcp.DeviceOptions, count)
 	dlog := log.With().Str("component", "tcp").Logger()
+	numa, _ := cfg.NICNUMANodes() // validated with the config
 	for i := range opts {
 		o := tcp.DeviceOptions{QPNStart: cfg.TCPQPNStart, NUMANode: -1, Logger: &dlog, Metrics: met, AdvertiseHost: plan.advertise}
+		name := fmt.Sprintf("tcp%d", i) // the provider's default name
 		if names != nil {
-			o.Name = names[i]
+			o.Name, name = names[i], names[i]
+		}
+		if n, ok := numa[name]; ok {
+			o.NUMANode = n
 		}
 		p := plan.port
 		if p != 0 {
@@ -248,7 +282,7 @@ func openVerbs(opts verbs.Options, count int, names []string, reason string) (*t
 		want = names
 	} else {
 		if count > len(infos) {
-			return nil, fmt.Errorf("nics: %d verbs devices asked for, %d present (%s)", count, len(infos), deviceNames(infos))
+			return nil, fmt.Errorf("nics: %d verbs devices asked for, %d present (%s): %w", count, len(infos), deviceNames(infos), ibv.ErrNoDevice)
 		}
 		for _, in := range infos[:count] {
 			want = append(want, in.Name)
@@ -292,4 +326,49 @@ func (t *transport) nicNames() []string {
 		out[i] = d.Info().Name
 	}
 	return out
+}
+
+// hostNUMANodes counts the host's NUMA nodes (sysfs); a variable so tests
+// can pretend a host has several.
+var hostNUMANodes = func() int {
+	m, _ := filepath.Glob("/sys/devices/system/node/node[0-9]*")
+	return len(m)
+}
+
+// checkNICNUMA refuses a nic-numa naming a NIC pegad did not open (a typo
+// would otherwise leave that NIC unplaced without a word), and logs each
+// NIC's NUMA node and where it came from. A NIC with none is a warning on
+// a multi-node host: its pool part cannot be bound to it, and READs
+// cannot be kept on its node. rxe and some VMs' NICs have no numa_node in
+// sysfs; nic-numa names it.
+func checkNICNUMA(cfg *config.Config, devices []ibv.Device, log zerolog.Logger) error {
+	named, err := cfg.NICNUMANodes()
+	if err != nil {
+		return fmt.Errorf("nic-numa: %w", err)
+	}
+	opened := make(map[string]bool, len(devices))
+	for _, d := range devices {
+		opened[d.Info().Name] = true
+	}
+	for name := range named {
+		if !opened[name] {
+			return config.NewInvalid(fmt.Sprintf("nic-numa names %s, which is not one of the NICs pegad opened", name))
+		}
+	}
+	hostNodes := hostNUMANodes()
+	for _, d := range devices {
+		in := d.Info()
+		switch n, ok := named[in.Name]; {
+		case ok:
+			log.Info().Str("nic", in.Name).Int("numa_node", n).Msg("NIC NUMA node named by nic-numa")
+		case in.NUMANode >= 0:
+			log.Debug().Str("nic", in.Name).Int("numa_node", in.NUMANode).Msg("NIC NUMA node from sysfs")
+		case hostNodes > 1:
+			log.Warn().Str("nic", in.Name).Int("host_numa_nodes", hostNodes).
+				Msg("NIC has no NUMA node (none in sysfs, none named): its pool part is not bound to a node; name it with --nic-numa NIC=NODE")
+		default:
+			log.Info().Str("nic", in.Name).Msg("NIC has no NUMA node (single-node host: nothing to bind)")
+		}
+	}
+	return nil
 }

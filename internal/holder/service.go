@@ -314,7 +314,8 @@ func (s *Service) QueryBlocksForTransfer(ctx context.Context, req *pegadv1.Query
 		}
 	}()
 
-	resp = &pegadv1.QueryBlocksForTransferResponse{HolderIncarnation: s.opts.Incarnation}
+	resp = &pegadv1.QueryBlocksForTransferResponse{HolderIncarnation: s.opts.Incarnation,
+		MaxPinnedBytesPerPeer: s.opts.Limits.PinnedBytesPerPeer, MaxPinnedBytes: s.opts.Limits.PinnedBytes}
 	for _, i := range missing {
 		resp.Missing = append(resp.Missing, req.Hashes[i])
 	}
@@ -322,62 +323,20 @@ func (s *Service) QueryBlocksForTransfer(ctx context.Context, req *pegadv1.Query
 		s.opts.Metrics.EmptyQueries.Inc()
 		return resp, nil
 	}
+	// isMissing: not in this answer's blocks (missing, or deferred to a
+	// later window).
 	isMissing := make([]bool, len(keys))
 	for _, i := range missing {
 		isMissing[i] = true
 	}
+	var deferred []int
+	pinned, deferred = s.window(req.GetWindowBytes(), pinned, isMissing)
+	for _, i := range deferred {
+		resp.Deferred = append(resp.Deferred, req.Hashes[i])
+	}
 	var bytes uint64
-	nslots, nsegs := 0, 0
-	for _, b := range pinned {
-		nslots += b.NumSlots()
-		if nslots > s.opts.MaxResponseSlots {
-			return nil, pegaderr.Status(codes.ResourceExhausted, pegaderr.Limit, fmt.Sprintf(
-				"found blocks have more than %d slots in all: ask for fewer hashes", s.opts.MaxResponseSlots)).Err()
-		}
-		for k := range b.NumSlots() {
-			nsegs++
-			if b.Slot(k).V.Len > 0 {
-				nsegs++
-			}
-		}
-		bytes += b.Size()
-	}
-	// The answer's messages come from a few arrays, not one allocation per
-	// block, slot and segment: a query of 150 blocks would make 750.
-	var (
-		locs     = make([]pegadv1.BlockLocation, len(pinned))
-		slots    = make([]pegadv1.Slot, nslots)
-		slotPtrs = make([]*pegadv1.Slot, nslots)
-		segs     = make([]pegadv1.Segment, nsegs)
-	)
-	segment := func(g store.Segment) *pegadv1.Segment {
-		p := &segs[0]
-		segs = segs[1:]
-		p.Addr, p.Size, p.NumaNode = g.Addr, g.Len, int32(g.NUMA)
-		return p
-	}
-	resp.Blocks = make([]*pegadv1.BlockLocation, 0, len(pinned))
-	j := 0
-	for i := range keys {
-		if isMissing[i] {
-			continue
-		}
-		b := pinned[j]
-		loc := &locs[j]
-		j++
-		loc.Hash = req.Hashes[i]
-		loc.Slots, slotPtrs = slotPtrs[:b.NumSlots():b.NumSlots()], slotPtrs[b.NumSlots():]
-		for k := range loc.Slots {
-			sl := b.Slot(k)
-			ps := &slots[0]
-			slots = slots[1:]
-			ps.K = segment(sl.K)
-			if sl.V.Len > 0 {
-				ps.V = segment(sl.V)
-			}
-			loc.Slots[k] = ps
-		}
-		resp.Blocks = append(resp.Blocks, loc)
+	if resp.Blocks, bytes, err = s.locations(req.Hashes, pinned, isMissing); err != nil {
+		return nil, err
 	}
 
 	sess, err := s.locks.open(node, inc, pinned, bytes)
@@ -403,6 +362,107 @@ func (s *Service) QueryBlocksForTransfer(ctx context.Context, req *pegadv1.Query
 	s.opts.Log.Debug().Str("session", resp.SessionId).Str("requester", node).Int("blocks", len(pinned)).
 		Int("missing", len(missing)).Msg("Transfer lock taken")
 	return resp, nil
+}
+
+// locations lays out the answer's blocks: pinned, in request order (the
+// hashes not marked in isMissing), and the bytes they take.
+func (s *Service) locations(hashes [][]byte, pinned []*store.Block, isMissing []bool) ([]*pegadv1.BlockLocation, uint64, error) {
+	var bytes uint64
+	nslots, nsegs := 0, 0
+	for _, b := range pinned {
+		nslots += b.NumSlots()
+		if nslots > s.opts.MaxResponseSlots {
+			return nil, 0, pegaderr.Status(codes.ResourceExhausted, pegaderr.Limit, fmt.Sprintf(
+				"found blocks have more than %d slots in all: ask for fewer hashes", s.opts.MaxResponseSlots)).Err()
+		}
+		for k := range b.NumSlots() {
+			nsegs++
+			if b.Slot(k).V.Len > 0 {
+				nsegs++
+			}
+		}
+		bytes += b.Size()
+	}
+	// The answer's messages come from a few arrays, not one allocation per
+	// block, slot and segment: a query of 150 blocks would make 750.
+	var (
+		locs     = make([]pegadv1.BlockLocation, len(pinned))
+		slots    = make([]pegadv1.Slot, nslots)
+		slotPtrs = make([]*pegadv1.Slot, nslots)
+		segs     = make([]pegadv1.Segment, nsegs)
+	)
+	segment := func(g store.Segment) *pegadv1.Segment {
+		p := &segs[0]
+		segs = segs[1:]
+		p.Addr, p.Size, p.NumaNode = g.Addr, g.Len, int32(g.NUMA)
+		return p
+	}
+	out := make([]*pegadv1.BlockLocation, 0, len(pinned))
+	j := 0
+	for i := range isMissing {
+		if isMissing[i] {
+			continue
+		}
+		b := pinned[j]
+		loc := &locs[j]
+		j++
+		loc.Hash = hashes[i]
+		loc.Slots, slotPtrs = slotPtrs[:b.NumSlots():b.NumSlots()], slotPtrs[b.NumSlots():]
+		for k := range loc.Slots {
+			sl := b.Slot(k)
+			ps := &slots[0]
+			slots = slots[1:]
+			ps.K = segment(sl.K)
+			if sl.V.Len > 0 {
+				ps.V = segment(sl.V)
+			}
+			loc.Slots[k] = ps
+		}
+		out = append(out, loc)
+	}
+	return out, bytes, nil
+}
+
+// window keeps, of pinned (the found blocks, in request order), the
+// longest prefix whose bytes fit in windowBytes, and at least one block;
+// windowBytes is lowered to half the per-peer pin cap, so that a requester
+// can read one window while it locks the next, and a window never has
+// more slots than an answer may carry. It unpins the rest, marks them in
+// isMissing and returns their request indices. windowBytes 0: no window.
+func (s *Service) window(windowBytes uint64, pinned []*store.Block, isMissing []bool) ([]*store.Block, []int) {
+	if windowBytes == 0 {
+		return pinned, nil
+	}
+	if c := s.opts.Limits.PinnedBytesPerPeer; c > 0 {
+		windowBytes = min(windowBytes, max(c/2, 1))
+	}
+	keep, bytes, slots := 0, uint64(0), 0
+	for keep < len(pinned) {
+		b := pinned[keep]
+		if keep > 0 && (bytes+b.Size() > windowBytes || slots+b.NumSlots() > s.opts.MaxResponseSlots) {
+			break
+		}
+		bytes += b.Size()
+		slots += b.NumSlots()
+		keep++
+	}
+	if keep == len(pinned) {
+		return pinned, nil
+	}
+	s.opts.Store.Unpin(pinned[keep:])
+	var deferred []int
+	j := 0
+	for i := range isMissing {
+		if isMissing[i] {
+			continue
+		}
+		if j >= keep {
+			deferred = append(deferred, i)
+			isMissing[i] = true
+		}
+		j++
+	}
+	return pinned[:keep], deferred
 }
 
 var sessionEnds = map[EndReason]pegadv1.SessionEnd{

@@ -17,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
 	"github.com/pegaflow/pegad/internal/metrics"
@@ -33,6 +34,10 @@ const (
 	// DefaultReplay is how many past messages the replay socket serves
 	// (vLLM's buffer_steps is 10,000 too).
 	DefaultReplay = 10000
+	// batchDelay: once woken, Run lets changes gather this long before it
+	// takes the queue, so a burst of puts wakes it once, not once per put
+	// (a wake-up per put cost more than the put itself).
+	batchDelay = time.Millisecond
 )
 
 // Options configure a Publisher.
@@ -43,7 +48,7 @@ type Options struct {
 	// ReplayEndpoint is the ROUTER socket serving missed messages; "":
 	// none.
 	ReplayEndpoint string
-	// Topic is the topic template ({node}, {namespace}); "": DefaultTopic.
+	// Topic is the topic template (Topic's placeholders); "": DefaultTopic.
 	Topic  string
 	NodeID string
 	// Queue, SubscriberQueue, Replay: 0 takes the defaults above.
@@ -77,7 +82,10 @@ type Publisher struct {
 	wake  chan struct{} // cap 1: the queue is not empty
 
 	// Owned by Run's goroutine.
-	seq uint64
+	seq    uint64
+	topics map[string][]byte // namespace → expanded topic
+	// published: the Published counter of each kind, looked up once.
+	published map[store.ChangeKind]prometheus.Counter
 
 	// rmu guards ring and next: the last Replay messages, a circular
 	// buffer whose oldest entry is ring[next] once full. Written by Run,
@@ -105,15 +113,19 @@ func New(o Options) (*Publisher, error) {
 	if o.Metrics == nil {
 		o.Metrics = metrics.NewKVEventsForTest()
 	}
-	p := &Publisher{o: o, wake: make(chan struct{}, 1)}
+	p := &Publisher{o: o, wake: make(chan struct{}, 1), topics: map[string][]byte{},
+		published: map[store.ChangeKind]prometheus.Counter{}}
+	for _, k := range []store.ChangeKind{store.Stored, store.Evicted, store.Deleted} {
+		p.published[k] = o.Metrics.Published.WithLabelValues(k.String())
+	}
 	var err error
 	if p.pub, err = listen(o.Endpoint, kindPub, p); err != nil {
-		return nil, fmt.Errorf("kv events endpoint: %w", err)
+		return nil, fmt.Errorf("kv-events-endpoint: %w", err)
 	}
 	if o.ReplayEndpoint != "" {
 		if p.replay, err = listen(o.ReplayEndpoint, kindReplay, p); err != nil {
 			p.pub.close()
-			return nil, fmt.Errorf("kv events replay endpoint: %w", err)
+			return nil, fmt.Errorf("kv-events-replay-endpoint: %w", err)
 		}
 	}
 	return p, nil
@@ -168,6 +180,11 @@ func (p *Publisher) Run(ctx context.Context) {
 			return
 		case <-p.wake:
 		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(batchDelay):
+		}
 		p.mu.Lock()
 		q := p.queue
 		p.queue = nil
@@ -190,9 +207,14 @@ func (p *Publisher) publish(changes []store.Change) {
 		}
 		run := changes[:n]
 		changes = changes[n:]
+		topic, ok := p.topics[ns]
+		if !ok {
+			topic = []byte(Topic(p.o.Topic, p.o.NodeID, ns))
+			p.topics[ns] = topic
+		}
 		m := message{
 			seq:     p.seq,
-			topic:   []byte(Topic(p.o.Topic, p.o.NodeID, ns)),
+			topic:   topic,
 			payload: encodeBatch(now, run),
 			changes: len(run),
 		}
@@ -200,7 +222,9 @@ func (p *Publisher) publish(changes []store.Change) {
 		p.remember(m)
 		p.pub.fanOut(m)
 		for _, c := range run {
-			p.o.Metrics.Published.WithLabelValues(c.Kind.String()).Inc()
+			if ctr := p.published[c.Kind]; ctr != nil {
+				ctr.Inc()
+			}
 		}
 	}
 }
@@ -227,4 +251,13 @@ func (p *Publisher) since(seq uint64) []message {
 		}
 	}
 	return nil
+}
+
+// Close closes the sockets of a publisher that Run never served (Run
+// closes them itself when its context ends); safe to call again.
+func (p *Publisher) Close() {
+	p.pub.close()
+	if p.replay != nil {
+		p.replay.close()
+	}
 }

@@ -311,7 +311,11 @@ func TestSlowSubscriberNeverSlowsPut(t *testing.T) {
 	filled := i
 	before := dropped()
 	withSlow := timePuts(k)
-	waitFor(t, func() bool { return dropped()-before >= k })
+	// Most of the k puts' events are dropped and counted. Not all need be:
+	// on a loaded host the kernel may still take a few KiB from the
+	// stalled writer after the queue looked stuck, and the queue refills
+	// by that much (CI saw fewer than k drops within 10 s at load 12).
+	waitFor(t, func() bool { return dropped()-before >= k/2 })
 	if q := testutil.ToFloat64(r.m.Dropped.WithLabelValues(metrics.KVDropQueueFull)); q != 0 {
 		t.Errorf("queue_full drops = %v: the publisher goroutine itself was held up", q)
 	}
@@ -400,11 +404,43 @@ func TestEndpoints(t *testing.T) {
 
 // TestTopic: the template's placeholders.
 func TestTopic(t *testing.T) {
-	for _, c := range []struct{ tmpl, want string }{
-		{DefaultTopic, "kv@n1@ns"}, {"", ""}, {"pegad", "pegad"}, {"{namespace}/{node}/{node}", "ns/n1/n1"},
+	for _, c := range []struct{ tmpl, ns, want string }{
+		{DefaultTopic, "ns", "kv@n1@ns"}, {"", "ns", ""}, {"pegad", "ns", "pegad"},
+		{"{namespace}/{node}/{node}", "ns", "ns/n1/n1"},
+		// A connector's rank namespace: the default topic keeps llm-d's two '@'.
+		{DefaultTopic, "Llama-3.1-8B:0123abcd@tp3", "kv@n1@Llama-3.1-8B:0123abcd"},
+		{"{model}|{rank}|{namespace}", "m:1@pp1.tp0", "m:1|pp1.tp0|m:1@pp1.tp0"},
+		{"{model}|{rank}", "plain", "plain|"},
 	} {
-		if got := Topic(c.tmpl, "n1", "ns"); got != c.want {
-			t.Errorf("Topic(%q) = %q, want %q", c.tmpl, got, c.want)
+		if got := Topic(c.tmpl, "n1", c.ns); got != c.want {
+			t.Errorf("Topic(%q, %q) = %q, want %q", c.tmpl, c.ns, got, c.want)
+		}
+	}
+}
+
+// TestImports: the publisher talks ZeroMQ only; it reaches neither gRPC,
+// Redis nor the daemon, and the store does not import it (the daemon
+// wires them together).
+func TestImports(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", ".").CombinedOutput()
+	if err != nil {
+		t.Skipf("go list unavailable: %v: %s", err, out)
+	}
+	forbidden := []string{"google.golang.org/grpc", "github.com/redis/", "github.com/pegaflow/pegad/internal/daemon", "github.com/pegaflow/pegad/internal/index"}
+	for _, dep := range strings.Fields(string(out)) {
+		for _, f := range forbidden {
+			if strings.HasPrefix(dep, f) {
+				t.Errorf("internal/kvevents depends on %s (forbidden prefix %s)", dep, f)
+			}
+		}
+	}
+	out, err = exec.Command("go", "list", "-deps", "../store").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list ../store: %v: %s", err, out)
+	}
+	for _, dep := range strings.Fields(string(out)) {
+		if strings.HasPrefix(dep, "github.com/pegaflow/pegad/internal/kvevents") || strings.HasPrefix(dep, "github.com/go-zeromq/") {
+			t.Errorf("internal/store depends on %s", dep)
 		}
 	}
 }

@@ -35,13 +35,18 @@ const (
 // pegad's host-memory pool.
 const Medium = "cpu"
 
-// DefaultTopic: llm-d parses "kv@<pod>@<model>" topics into a pod and a
-// model name; pegad's namespace plays the model's part.
-const DefaultTopic = "kv@{node}@{namespace}"
+// DefaultTopic: llm-d parses "kv@<pod>@<model>" topics (exactly two
+// '@') into a pod and a model name; the model part is the connectors'
+// base namespace, which holds no '@'.
+const DefaultTopic = "kv@{node}@{model}"
 
-// Topic expands a topic template for one namespace.
+// Topic expands a topic template for one namespace: {node}, {namespace}
+// (the whole namespace), {model} (the namespace before its first '@': the
+// engine connectors store a tensor-parallel rank's share under
+// "<base>@tp<r>", pegad.keys) and {rank} (what follows that '@', or "").
 func Topic(template, node, namespace string) string {
-	return strings.NewReplacer("{node}", node, "{namespace}", namespace).Replace(template)
+	model, rank, _ := strings.Cut(namespace, "@")
+	return strings.NewReplacer("{node}", node, "{namespace}", namespace, "{model}", model, "{rank}", rank).Replace(template)
 }
 
 // seqBytes is vLLM's sequence frame: 8 bytes, big endian.

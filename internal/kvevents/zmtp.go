@@ -51,7 +51,9 @@ func listen(endpoint string, kind serverKind, p *Publisher) (*server, error) {
 	return &server{kind: kind, ln: ln, p: p, conns: map[*peer]struct{}{}}, nil
 }
 
-// server accepts ZMTP connections on one endpoint.
+// server accepts ZMTP connections on one endpoint. Lock order: server.mu,
+// then a peer's mu (fanOut, subscribed); neither is held across network
+// I/O.
 type server struct {
 	kind serverKind
 	ln   net.Listener
@@ -73,6 +75,10 @@ type peer struct {
 
 func (s *server) close() {
 	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return
+	}
 	s.closed = true
 	for pe := range s.conns {
 		_ = pe.c.Close()

@@ -7,11 +7,11 @@ import (
 
 	"github.com/rs/zerolog"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+	"github.com/pegaflow/pegad/api/pegaderr"
 	"github.com/pegaflow/pegad/internal/conn"
 	"github.com/pegaflow/pegad/internal/holder"
 	"github.com/pegaflow/pegad/internal/metrics"
@@ -138,10 +138,10 @@ func (a *Admin) ListSessions(_ context.Context, req *pegadv1.ListSessionsRequest
 // ReleaseLock force-releases a holder session for an operator.
 func (a *Admin) ReleaseLock(ctx context.Context, req *pegadv1.ReleaseLockRequest) (*pegadv1.ReleaseLockResponse, error) {
 	if a.o.Locks == nil {
-		return nil, status.Error(codes.Unavailable, "holder not running")
+		return nil, statusf(codes.Unavailable, pegaderr.Internal, "holder not running")
 	}
 	if strings.TrimSpace(req.GetSessionId()) == "" {
-		return nil, status.Error(codes.InvalidArgument, "session_id is empty")
+		return nil, invalidf("session_id is empty")
 	}
 	op := strings.TrimSpace(req.GetOperator())
 	if op == "" {

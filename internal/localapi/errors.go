@@ -2,6 +2,7 @@ package localapi
 
 import (
 	"context"
+	"fmt"
 	"slices"
 
 	"google.golang.org/grpc/codes"
@@ -14,6 +15,18 @@ import (
 	"github.com/pegaflow/pegad/internal/requester"
 	"github.com/pegaflow/pegad/internal/store"
 )
+
+// invalidf is the status of a malformed request: InvalidArgument, reason
+// INVALID; nothing changed.
+func invalidf(format string, a ...any) error {
+	return statusf(codes.InvalidArgument, pegaderr.Invalid, format, a...)
+}
+
+// statusf is a status error with code and a pegaderr reason: every error
+// the local and admin APIs answer carries one (clients branch on it).
+func statusf(code codes.Code, reason pegaderr.Reason, format string, a ...any) error {
+	return pegaderr.Status(code, reason, fmt.Sprintf(format, a...)).Err()
+}
 
 // toStatus maps an internal error to a gRPC status with its pegaderr
 // reason. It is the only place the local and admin APIs turn sentinels
@@ -28,6 +41,7 @@ var statusKinds = slices.Concat([]pegaderr.Kind{
 	{Err: requester.ErrDeadline, Code: codes.DeadlineExceeded, Reason: pegaderr.Deadline},
 	{Err: requester.ErrLocalResource, Code: codes.ResourceExhausted, Reason: pegaderr.LocalResource},
 	{Err: requester.ErrDiscarded, Code: codes.Aborted, Reason: pegaderr.Discarded},
+	{Err: requester.ErrAuthentication, Code: codes.PermissionDenied, Reason: pegaderr.Authentication},
 	{Err: requester.ErrConnection, Code: codes.Unavailable, Reason: pegaderr.Connection},
 	{Err: requester.ErrRemote, Code: codes.FailedPrecondition, Reason: pegaderr.Remote},
 	{Err: index.ErrDisabled, Code: codes.FailedPrecondition, Reason: pegaderr.IndexDisabled},

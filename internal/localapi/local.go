@@ -22,6 +22,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+	"github.com/pegaflow/pegad/api/pegaderr"
 	"github.com/pegaflow/pegad/internal/requester"
 	"github.com/pegaflow/pegad/internal/store"
 )
@@ -136,19 +137,19 @@ func (g *gate) closeAndWait() {
 	g.wg.Wait()
 }
 
-var errShuttingDown = status.Error(codes.Unavailable, "pegad is shutting down")
+var errShuttingDown = statusf(codes.Unavailable, pegaderr.Draining, "pegad is shutting down")
 
 // validKey checks a namespace and hash against the store's limits.
 func validKey(ns string, hash []byte) error {
 	switch {
 	case ns == "":
-		return status.Error(codes.InvalidArgument, "namespace is empty")
+		return invalidf("namespace is empty")
 	case len(ns) > store.MaxNSLen:
-		return status.Errorf(codes.InvalidArgument, "namespace is %d bytes, more than %d", len(ns), store.MaxNSLen)
+		return invalidf("namespace is %d bytes, more than %d", len(ns), store.MaxNSLen)
 	case len(hash) == 0:
-		return status.Error(codes.InvalidArgument, "hash is empty")
+		return invalidf("hash is empty")
 	case len(hash) > store.MaxHashLen:
-		return status.Errorf(codes.InvalidArgument, "hash is %d bytes, more than %d", len(hash), store.MaxHashLen)
+		return invalidf("hash is %d bytes, more than %d", len(hash), store.MaxHashLen)
 	}
 	return nil
 }
@@ -167,7 +168,7 @@ func (l *Local) GetBlock(req *pegadv1.GetBlockRequest, stream pegadv1.LocalServi
 	// never from a second lookup by key.
 	pinned, missing := l.store.Pin([]store.Key{key})
 	if len(missing) > 0 || len(pinned) == 0 {
-		return status.Errorf(codes.NotFound, "%v: namespace=%s hash=%x", store.ErrNotFound, key.Namespace, req.GetHash())
+		return statusf(codes.NotFound, pegaderr.NotFound, "%v: namespace=%s hash=%x", store.ErrNotFound, key.Namespace, req.GetHash())
 	}
 	b := pinned[0]
 	defer l.store.Unpin(pinned)
@@ -181,7 +182,7 @@ func (l *Local) GetBlock(req *pegadv1.GetBlockRequest, stream pegadv1.LocalServi
 		for len(chunk) > 0 {
 			n := min(len(chunk), MaxChunk)
 			if sent+uint64(n) > hdr.GetBytes() {
-				return status.Error(codes.Aborted, "block changed while being read")
+				return statusf(codes.Aborted, pegaderr.BlockChanged, "block changed while being read")
 			}
 			if err := stream.Send(&pegadv1.GetBlockResponse{Msg: &pegadv1.GetBlockResponse_Data{Data: chunk[:n]}}); err != nil {
 				return err
@@ -195,7 +196,7 @@ func (l *Local) GetBlock(req *pegadv1.GetBlockRequest, stream pegadv1.LocalServi
 		return toStatus(err)
 	}
 	if sent != hdr.GetBytes() {
-		return status.Errorf(codes.Aborted, "block changed while being read (%d of %d bytes)", sent, hdr.GetBytes())
+		return statusf(codes.Aborted, pegaderr.BlockChanged, "block changed while being read (%d of %d bytes)", sent, hdr.GetBytes())
 	}
 	return nil
 }
@@ -226,7 +227,7 @@ func blockHeader(b *store.Block, now time.Time) *pegadv1.BlockInfo {
 // only to find the page; rows are built after.
 func (l *Local) ListBlocks(_ context.Context, req *pegadv1.ListBlocksRequest) (*pegadv1.ListBlocksResponse, error) {
 	if len(req.GetNamespace()) > store.MaxNSLen {
-		return nil, status.Errorf(codes.InvalidArgument, "namespace is more than %d bytes", store.MaxNSLen)
+		return nil, invalidf("namespace is more than %d bytes", store.MaxNSLen)
 	}
 	if strings.HasPrefix(req.GetCursor(), lowerCursor) {
 		before, err := parseLowerCursor(req.GetCursor())
@@ -344,7 +345,7 @@ func parseCursor(c string) (uint64, error) {
 	}
 	n, err := strconv.ParseUint(c, 10, 64)
 	if err != nil || n == 0 {
-		return 0, status.Errorf(codes.InvalidArgument, "malformed cursor %q: pass next_cursor of an earlier page", c)
+		return 0, invalidf("malformed cursor %q: pass next_cursor of an earlier page", c)
 	}
 	return n, nil
 }
@@ -374,15 +375,15 @@ func (l *Local) DeleteBlock(ctx context.Context, req *pegadv1.DeleteBlockRequest
 // Prefetch fetches blocks from a peer through the prefetch engine.
 func (l *Local) Prefetch(ctx context.Context, req *pegadv1.PrefetchRequest) (*pegadv1.PrefetchResponse, error) {
 	if l.fetcher == nil {
-		return nil, status.Error(codes.Unavailable, "prefetch engine not running")
+		return nil, statusf(codes.Unavailable, pegaderr.Internal, "prefetch engine not running")
 	}
 	// An empty peer asks the cluster index (requester.Cluster).
 	hashes := req.GetHashes()
 	if len(hashes) == 0 {
-		return nil, status.Error(codes.InvalidArgument, "no hashes")
+		return nil, invalidf("no hashes")
 	}
 	if len(hashes) > MaxPrefetchHashes {
-		return nil, status.Errorf(codes.InvalidArgument, "%d hashes, more than %d per request", len(hashes), MaxPrefetchHashes)
+		return nil, invalidf("%d hashes, more than %d per request", len(hashes), MaxPrefetchHashes)
 	}
 	for _, h := range hashes {
 		if err := validKey(req.GetNamespace(), h); err != nil {
@@ -391,7 +392,7 @@ func (l *Local) Prefetch(ctx context.Context, req *pegadv1.PrefetchRequest) (*pe
 	}
 	if t := req.GetTimeout(); t != nil {
 		if err := t.CheckValid(); err != nil || t.AsDuration() <= 0 {
-			return nil, status.Error(codes.InvalidArgument, "timeout must be positive")
+			return nil, invalidf("timeout must be positive")
 		}
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, t.AsDuration())
@@ -417,7 +418,7 @@ func (l *Local) Prefetch(ctx context.Context, req *pegadv1.PrefetchRequest) (*pe
 		return nil, st.Err()
 	}
 	if res == nil {
-		return nil, status.Error(codes.Internal, "prefetch returned no result")
+		return nil, statusf(codes.Internal, pegaderr.Internal, "prefetch returned no result")
 	}
 	return prefetchResponse(res), nil
 }

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+	"github.com/pegaflow/pegad/api/pegaderr"
 	"github.com/pegaflow/pegad/internal/conn"
 	"github.com/pegaflow/pegad/internal/holder"
 	"github.com/pegaflow/pegad/internal/metrics"
@@ -313,8 +314,8 @@ func TestPutRejected(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := put(t, e.local, tc.msgs...)
-			if status.Code(err) != tc.code {
-				t.Fatalf("got %v, want %s", err, tc.code)
+			if code, reason := pegaderr.FromStatus(err); code != tc.code || reason != reasonOf[tc.code] {
+				t.Fatalf("got %v (reason %q), want %s with reason %q", err, reason, tc.code, reasonOf[tc.code])
 			}
 			st := e.store.Stats()
 			if st.Blocks != 0 || st.Pool.Used != 0 {
@@ -355,6 +356,14 @@ func TestPutNoSpace(t *testing.T) {
 	if err != nil || info.GetPins() != 1 {
 		t.Fatalf("get pinned block: pins=%d err=%v, want 1", info.GetPins(), err)
 	}
+}
+
+// reasonOf is the pegaderr reason each refusal in TestPutRejected and
+// TestBadRequests must carry (issue 23: they had a code only).
+var reasonOf = map[codes.Code]pegaderr.Reason{
+	codes.InvalidArgument:   pegaderr.Invalid,
+	codes.NotFound:          pegaderr.NotFound,
+	codes.ResourceExhausted: pegaderr.NoSpace,
 }
 
 func TestBadRequests(t *testing.T) {
@@ -399,8 +408,9 @@ func TestBadRequests(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			if err := tc.call(); status.Code(err) != tc.code {
-				t.Fatalf("got %v, want %s", err, tc.code)
+			err := tc.call()
+			if code, reason := pegaderr.FromStatus(err); code != tc.code || reason != reasonOf[tc.code] {
+				t.Fatalf("got %v (reason %q), want %s with reason %q", err, reason, tc.code, reasonOf[tc.code])
 			}
 		})
 	}

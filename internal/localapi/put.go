@@ -7,9 +7,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+	"github.com/pegaflow/pegad/api/pegaderr"
 	"github.com/pegaflow/pegad/internal/store"
 )
 
@@ -33,13 +33,13 @@ func (l *Local) PutBlock(stream pegadv1.LocalService_PutBlockServer) error {
 	first, err := r.recv()
 	if err != nil {
 		if errors.Is(err, io.EOF) {
-			return status.Error(codes.InvalidArgument, "empty PutBlock stream: the first message must be a header")
+			return invalidf("empty PutBlock stream: the first message must be a header")
 		}
 		return err
 	}
 	h := first.GetHeader()
 	if h == nil {
-		return status.Error(codes.InvalidArgument, "the first PutBlock message must be a header")
+		return invalidf("the first PutBlock message must be a header")
 	}
 	if err := validKey(h.GetNamespace(), h.GetHash()); err != nil {
 		return err
@@ -49,10 +49,10 @@ func (l *Local) PutBlock(stream pegadv1.LocalService_PutBlockServer) error {
 		return err
 	}
 	if ps := l.store.Pool().Size(); total > ps {
-		return status.Errorf(codes.ResourceExhausted, "block of %d bytes does not fit in a pool of %d bytes", total, ps)
+		return statusf(codes.ResourceExhausted, pegaderr.NoSpace, "block of %d bytes does not fit in a pool of %d bytes", total, ps)
 	}
 	if total > l.putBuf.size {
-		return status.Errorf(codes.ResourceExhausted, "block of %d bytes is larger than the put buffer of %d bytes", total, l.putBuf.size)
+		return statusf(codes.ResourceExhausted, pegaderr.Limit, "block of %d bytes is larger than the put buffer of %d bytes", total, l.putBuf.size)
 	}
 	key := store.Key{Namespace: h.GetNamespace(), Hash: string(h.GetHash())}
 
@@ -69,7 +69,7 @@ func (l *Local) PutBlock(stream pegadv1.LocalService_PutBlockServer) error {
 	})
 	if err != nil {
 		if errors.Is(err, store.ErrNoSpace) {
-			return status.Errorf(codes.ResourceExhausted, "block of %d bytes does not fit: %v (nothing stored)", total, err)
+			return statusf(codes.ResourceExhausted, pegaderr.NoSpace, "block of %d bytes does not fit: %v (nothing stored)", total, err)
 		}
 		return toStatus(err)
 	}
@@ -81,23 +81,23 @@ func (l *Local) PutBlock(stream pegadv1.LocalService_PutBlockServer) error {
 // slotSizes validates the header's slots and sums them.
 func slotSizes(slots []*pegadv1.SlotSize) ([]store.SlotSize, uint64, error) {
 	if len(slots) == 0 {
-		return nil, 0, status.Error(codes.InvalidArgument, "block has no slots")
+		return nil, 0, invalidf("block has no slots")
 	}
 	if len(slots) > store.MaxSlots {
-		return nil, 0, status.Errorf(codes.InvalidArgument, "block has %d slots, more than %d", len(slots), store.MaxSlots)
+		return nil, 0, invalidf("block has %d slots, more than %d", len(slots), store.MaxSlots)
 	}
 	out := make([]store.SlotSize, len(slots))
 	var total uint64
 	for i, s := range slots {
 		if s.GetKSize() == 0 {
-			return nil, 0, status.Errorf(codes.InvalidArgument, "slot %d has an empty K segment", i)
+			return nil, 0, invalidf("slot %d has an empty K segment", i)
 		}
 		if s.GetKSize() > store.MaxBlockLen || s.GetVSize() > store.MaxBlockLen {
-			return nil, 0, status.Errorf(codes.InvalidArgument, "slot %d is larger than %d bytes", i, uint64(store.MaxBlockLen))
+			return nil, 0, invalidf("slot %d is larger than %d bytes", i, uint64(store.MaxBlockLen))
 		}
 		total += s.GetKSize() + s.GetVSize()
 		if total > store.MaxBlockLen {
-			return nil, 0, status.Errorf(codes.InvalidArgument, "block is larger than %d bytes", uint64(store.MaxBlockLen))
+			return nil, 0, invalidf("block is larger than %d bytes", uint64(store.MaxBlockLen))
 		}
 		out[i] = store.SlotSize{KSize: s.GetKSize(), VSize: s.GetVSize()}
 	}
@@ -194,7 +194,7 @@ func (r *idleRecv) recv() (*pegadv1.PutBlockRequest, error) {
 }
 
 func (r *idleRecv) idleErr() error {
-	return status.Errorf(codes.DeadlineExceeded, "PutBlock stream sent nothing for %s: nothing stored", r.idle)
+	return statusf(codes.DeadlineExceeded, pegaderr.Deadline, "PutBlock stream sent nothing for %s: nothing stored", r.idle)
 }
 
 // receiveAll reads data messages until EOF; they must add up to exactly
@@ -211,17 +211,17 @@ func (r *idleRecv) receiveAll(total uint64, buf *budget) (data [][]byte, held ui
 			return nil, held, err
 		}
 		if m.GetHeader() != nil {
-			return nil, held, status.Error(codes.InvalidArgument, "a second header in a PutBlock stream")
+			return nil, held, invalidf("a second header in a PutBlock stream")
 		}
 		d := m.GetData()
 		if len(d) > MaxChunk {
-			return nil, held, status.Errorf(codes.InvalidArgument, "data message of %d bytes, more than %d", len(d), MaxChunk)
+			return nil, held, invalidf("data message of %d bytes, more than %d", len(d), MaxChunk)
 		}
 		if held+uint64(len(d)) > total {
-			return nil, held, status.Errorf(codes.InvalidArgument, "more data than the header's %d bytes", total)
+			return nil, held, invalidf("more data than the header's %d bytes", total)
 		}
 		if !buf.take(uint64(len(d))) {
-			return nil, held, status.Errorf(codes.ResourceExhausted,
+			return nil, held, statusf(codes.ResourceExhausted, pegaderr.Limit,
 				"put buffer full (%d bytes): too many PutBlock bytes in flight; retry", buf.size)
 		}
 		held += uint64(len(d))
@@ -230,7 +230,7 @@ func (r *idleRecv) receiveAll(total uint64, buf *budget) (data [][]byte, held ui
 		}
 	}
 	if held != total {
-		return nil, held, status.Errorf(codes.InvalidArgument, "short data: got %d of the header's %d bytes", held, total)
+		return nil, held, invalidf("short data: got %d of the header's %d bytes", held, total)
 	}
 	return data, held, nil
 }

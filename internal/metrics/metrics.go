@@ -51,7 +51,7 @@ var Outcomes = []string{OutcomeReleased, OutcomeExpired, OutcomeReclaimed, Outco
 // its series appears on first use.
 var (
 	FetchStatuses     = []string{FetchOK, FetchError, FetchCanceled, FetchDiscarded, FetchPanic, FetchMissing}
-	FetchErrorClasses = []string{"connection", "local_resource", "remote", "deadline", "invalid"}
+	FetchErrorClasses = []string{"connection", "local_resource", "remote", "deadline", "invalid", "authentication"}
 	ConnRoles         = []string{"requester", "holder"}
 	ConnStates        = []string{"connecting", "connected", "invalidated"}
 	HandshakeResults  = []string{"ok", "error", "invalid", "rejected", "unreachable"}
@@ -111,12 +111,13 @@ type Metrics struct {
 	reqLabels     map[string]struct{} // requester labels in use, bounded by MaxRequesterLabels
 	reqOverflow   map[string]struct{} // requesters counted under OtherRequester until forgotten
 	oldestAge     atomic.Pointer[func() time.Duration]
+	poolParts     *poolParts
 
 	// Requester side.
 	FetchTotal        *prometheus.CounterVec // status
 	FetchBytes        prometheus.Counter
 	FetchDuration     prometheus.Histogram
-	FetchErrors       *prometheus.CounterVec // class (connection, local_resource, remote, deadline, invalid)
+	FetchErrors       *prometheus.CounterVec // class (connection, local_resource, remote, deadline, invalid, authentication)
 	GuardAborts       prometheus.Counter
 	GuardReleaseFails prometheus.Counter
 	RenewFailures     prometheus.Counter
@@ -296,7 +297,9 @@ func New(reg prometheus.Registerer, runtime bool) *Metrics {
 		PoolPinned: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "pegaflow_pool_pinned_bytes", Help: "Bytes of blocks pinned by a transfer lock or a local read: pool memory eviction cannot free.",
 		}),
+		poolParts: newPoolParts(),
 	}
+	reg.MustRegister(m.poolParts)
 	reg.MustRegister(
 		m.HolderRPC, m.SessionsActive, m.LockActive, m.LockTimeouts, m.LockForceReleases,
 		m.LockRenewals, m.IncarnationReclaim, m.LockEndedNotLive,

@@ -6,6 +6,8 @@
 // Connections use insecure transport credentials unless the dial options
 // given to NewClientsWithOptions carry others (peer mTLS: the daemon passes
 // the node certificate's credentials, which win as the later option).
+// A peer that refused a certificate is not dialled again until its backoff
+// passes or the daemon reloads its certificates (Refused, Forget).
 package peer
 
 import (
@@ -13,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/connectivity"
@@ -29,10 +32,16 @@ type Clients struct {
 	// dialOpts are appended to the defaults for every new connection.
 	dialOpts []grpc.DialOption
 
-	mu sync.Mutex // guards conns and closed
+	mu sync.Mutex // guards conns, refused, retired and closed
 	// conns holds one client connection per peer address.
-	conns  map[string]*grpc.ClientConn
-	closed bool
+	conns map[string]*grpc.ClientConn
+	// refused holds the peers that refused a certificate, retired their
+	// channels until they are closed (refusals.go).
+	refused map[string]refusal
+	retired map[*grpc.ClientConn]struct{}
+	closed  bool
+
+	now func() time.Time // the clock of refusal backoffs; tests replace it
 }
 
 func NewClients() *Clients { return NewClientsWithOptions() }
@@ -40,11 +49,13 @@ func NewClients() *Clients { return NewClientsWithOptions() }
 // NewClientsWithOptions is NewClients with extra dial options (message size
 // limits, interceptors, a test dialer).
 func NewClientsWithOptions(opts ...grpc.DialOption) *Clients {
-	return &Clients{dialOpts: opts, conns: make(map[string]*grpc.ClientConn)}
+	return &Clients{dialOpts: opts, conns: make(map[string]*grpc.ClientConn), refused: map[string]refusal{},
+		retired: map[*grpc.ClientConn]struct{}{}, now: time.Now}
 }
 
 // Get returns the client for peer (host:port). It also implements
-// Reconnecter.
+// Reconnecter. A peer that refused a certificate recently is a
+// *RefusedError (refusals.go).
 func (c *Clients) Get(peer string) (pegadv1.PeerServiceClient, error) {
 	cc, err := c.conn(peer)
 	if err != nil {
@@ -99,6 +110,9 @@ func (c *Clients) conn(peer string) (*grpc.ClientConn, error) {
 	if c.closed {
 		return nil, ErrClosed
 	}
+	if err := c.refusedErr(peer); err != nil {
+		return nil, err
+	}
 	if cc, ok := c.conns[peer]; ok {
 		return cc, nil
 	}
@@ -124,8 +138,8 @@ func (c *Clients) Len() int {
 // Close closes every connection; Get fails afterwards. Idempotent.
 func (c *Clients) Close() error {
 	c.mu.Lock()
-	conns := c.conns
-	c.conns = map[string]*grpc.ClientConn{}
+	conns, retired := c.conns, c.retired
+	c.conns, c.retired = map[string]*grpc.ClientConn{}, map[*grpc.ClientConn]struct{}{}
 	c.closed = true
 	c.mu.Unlock()
 	var errs []error
@@ -133,6 +147,9 @@ func (c *Clients) Close() error {
 		if err := cc.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("peer: close %s: %w", p, err))
 		}
+	}
+	for cc := range retired {
+		_ = cc.Close() // a refused peer's: nothing to report
 	}
 	return errors.Join(errs...)
 }

@@ -10,8 +10,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
-	"google.golang.org/grpc/status"
 
+	"github.com/pegaflow/pegad/api/pegaderr"
 	"github.com/pegaflow/pegad/internal/metrics"
 )
 
@@ -163,14 +163,15 @@ func (s *Source) authorize(ctx context.Context, method string) (context.Context,
 		// Unreachable behind ServerCredentials (the handshake requires a
 		// verified certificate); refuse rather than trust.
 		s.m.PeerAuthRefused.WithLabelValues(metrics.AuthTLSHandshake).Inc()
-		return nil, status.Error(codes.Unauthenticated, "peer port requires a client certificate")
+		return nil, pegaderr.Status(codes.Unauthenticated, pegaderr.Authentication, "peer port requires a client certificate").Err()
 	}
 	if !s.allow.Allows(p.Names) {
 		s.m.PeerAuthRefused.WithLabelValues(metrics.AuthNotAllowed).Inc()
 		s.log.Warn().Str("peer", p.Identity).Strs("names", p.Names).Str("remote", remote).
 			Str("method", method).Str("reason", metrics.AuthNotAllowed).
 			Msg("Peer refused: certificate identity not on --peer-allow")
-		return nil, status.Errorf(codes.PermissionDenied, "identity %q is not allowed on this peer port", p.Identity)
+		return nil, pegaderr.Status(codes.PermissionDenied, pegaderr.Authentication,
+			fmt.Sprintf("identity %q is not allowed on this peer port (--peer-allow)", p.Identity)).Err()
 	}
 	return context.WithValue(ctx, ctxKey{}, p), nil
 }

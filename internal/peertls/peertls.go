@@ -79,6 +79,8 @@ type Source struct {
 	m     *metrics.Metrics
 	now   func() time.Time
 
+	onReload func() // Options.OnReload; nil: none
+
 	cur atomic.Pointer[material]
 
 	reloadMu sync.Mutex // serializes Reload (file reads and the swap)
@@ -95,6 +97,9 @@ type Options struct {
 	Log     zerolog.Logger
 	Metrics *metrics.Metrics // nil: private metrics
 	Now     func() time.Time // nil: time.Now
+	// OnReload, when set, runs after each successful Reload (the daemon
+	// forgets which peers refused its certificate: it may have changed).
+	OnReload func()
 }
 
 // New loads the files; any problem is an error (the daemon does not start).
@@ -111,7 +116,7 @@ func New(o Options) (*Source, error) {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	s := &Source{files: o.Files, allow: o.Allow, log: o.Log, m: o.Metrics, now: o.Now}
+	s := &Source{files: o.Files, allow: o.Allow, log: o.Log, m: o.Metrics, now: o.Now, onReload: o.OnReload}
 	s.failLog = o.Log.Sample(&zerolog.BurstSampler{Burst: 10, Period: time.Second})
 	m, err := load(o.Files, o.Now())
 	if err != nil {
@@ -195,6 +200,9 @@ func (s *Source) Reload() error {
 	s.log.Info().Str("identity", Identity(m.leaf)).Time("not_after", m.leaf.NotAfter).
 		Str("serial", m.leaf.SerialNumber.Text(16)).Msg("Peer TLS files reloaded")
 	s.WarnExpiry()
+	if s.onReload != nil {
+		s.onReload()
+	}
 	return nil
 }
 
@@ -285,7 +293,7 @@ func (s *Source) verifyServer(cs tls.ConnectionState) error {
 		return fmt.Errorf("holder certificate: %w", err)
 	}
 	if names := Names(cs.PeerCertificates[0]); !s.allow.Allows(names) {
-		return fmt.Errorf("holder certificate %q is not on --peer-allow", Identity(cs.PeerCertificates[0]))
+		return fmt.Errorf("holder certificate %q is %w", Identity(cs.PeerCertificates[0]), ErrNotAllowed)
 	}
 	return nil
 }
@@ -297,9 +305,18 @@ func (s *Source) ServerCredentials() credentials.TransportCredentials {
 	return &serverCreds{TransportCredentials: credentials.NewTLS(s.ServerConfig()), s: s}
 }
 
-// ClientCredentials are the requester's gRPC credentials for peers.
+// ClientCredentials are the requester's gRPC credentials for peers. A
+// handshake refused for a certificate fails with an error wrapping
+// ErrRefused.
 func (s *Source) ClientCredentials() credentials.TransportCredentials {
-	return credentials.NewTLS(s.ClientConfig())
+	return s.ReportingClientCredentials(nil)
+}
+
+// ReportingClientCredentials are ClientCredentials that also call
+// onRefused (when not nil) with the peer's address and the error of each
+// certificate refusal, from gRPC's connecting goroutine: it must not block.
+func (s *Source) ReportingClientCredentials(onRefused func(peer string, err error)) credentials.TransportCredentials {
+	return &refusingCreds{TransportCredentials: credentials.NewTLS(s.ClientConfig()), onRefused: onRefused}
 }
 
 type serverCreds struct {

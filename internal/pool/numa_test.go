@@ -206,3 +206,39 @@ func TestSplitPartsSmallPool(t *testing.T) {
 		})
 	}
 }
+
+// TestAllocSpreadsOverParts (issue 27 item 3): blocks allocated with no
+// node in mind spread over a split pool's parts, instead of filling part 0
+// first (then about half of a fetch's source bytes cross the socket link
+// whatever NIC reads them). Frees keep the per-part counters exact.
+func TestAllocSpreadsOverParts(t *testing.T) {
+	const size = 8 << 20
+	p := newSplitPool(t, size, []int{0, 1}, &recordPolicy{})
+	var as []Alloc
+	for i := 0; i < 16; i++ { // 16 × 256 KiB: half the pool
+		a, err := p.Alloc(256 << 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		as = append(as, a)
+	}
+	parts := p.PartStats()
+	if len(parts) != 2 || parts[0].Node != 0 || parts[1].Node != 1 || parts[0].Size != size/2 {
+		t.Fatalf("parts %+v", parts)
+	}
+	if parts[0].Used != 2<<20 || parts[1].Used != 2<<20 {
+		t.Fatalf("after 16 allocs of 256 KiB: part use %d / %d bytes, want 2 MiB each", parts[0].Used, parts[1].Used)
+	}
+	for _, a := range as[:8] {
+		if err := p.Free(a); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var used [2]uint64
+	for _, a := range as[8:] {
+		used[p.partOf(a.Off)] += a.Len
+	}
+	if parts := p.PartStats(); parts[0].Used != used[0] || parts[1].Used != used[1] {
+		t.Fatalf("after frees: counters %+v, live allocations %v", parts, used)
+	}
+}

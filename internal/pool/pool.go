@@ -71,6 +71,12 @@ type Stats struct {
 	Locked                        bool
 }
 
+// PartStats is one NUMA part's share of the pool.
+type PartStats struct {
+	Node       int // -1: no node (a pool not split over nodes)
+	Size, Used uint64
+}
+
 // span is a free range [off, off+len).
 type span struct{ off, len uint64 }
 
@@ -83,7 +89,7 @@ type Pool struct {
 	// parts: the NUMA parts, in address order, covering [0, size).
 	parts []part
 
-	mu sync.Mutex // guards mem (nil after Close), fd, free, live, used
+	mu sync.Mutex // guards mem (nil after Close), fd, free, live, used, partUsed
 	// mem is the mapped region; nil once closed.
 	mem []byte
 	// fd is the memfd behind mem; -1 once closed.
@@ -95,6 +101,8 @@ type Pool struct {
 	// authority Free checks against (double free, foreign ranges).
 	live map[uint64]uint64
 	used uint64
+	// partUsed is used per part (same index as parts).
+	partUsed []uint64
 }
 
 // Hooks for tests: the mlock call and the NUMA query.
@@ -138,12 +146,13 @@ func New(opts Options) (*Pool, error) {
 		return nil, fmt.Errorf("pool: populate %d bytes: %w", size, err)
 	}
 	p := &Pool{
-		fd:    fd,
-		base:  uint64(uintptr(unsafe.Pointer(&mem[0]))),
-		size:  size,
-		mem:   mem,
-		parts: parts,
-		live:  make(map[uint64]uint64),
+		fd:       fd,
+		base:     uint64(uintptr(unsafe.Pointer(&mem[0]))),
+		size:     size,
+		mem:      mem,
+		parts:    parts,
+		live:     make(map[uint64]uint64),
+		partUsed: make([]uint64, len(parts)),
 	}
 	for i := range p.parts {
 		pt := &p.parts[i]
@@ -252,13 +261,16 @@ func (p *Pool) Used() uint64 {
 
 func roundUp(n uint64) uint64 { return (n + Alignment - 1) &^ (Alignment - 1) }
 
-// Alloc returns n bytes (rounded up to Alignment), first fit in address
-// order over every part. ErrNoSpace when no free range fits; ErrInvalid
-// when n == 0 or n > Size.
+// Alloc returns n bytes (rounded up to Alignment): first fit in the part
+// with the most free bytes, then in the others, so that blocks put with no
+// node in mind spread over a split pool's NUMA parts instead of filling
+// part 0 first (a fetch then reads from both sockets' memory, not mostly
+// across the link). ErrNoSpace when no free range fits; ErrInvalid when
+// n == 0 or n > Size.
 func (p *Pool) Alloc(n uint64) (Alloc, error) { return p.alloc(n, -1) }
 
 // alloc is first fit over the free ranges on node's parts, then (or, node
-// < 0, only) over all of them.
+// < 0, only) over all of them, the part with the most free bytes first.
 func (p *Pool) alloc(n uint64, node int) (Alloc, error) {
 	if n == 0 || n > p.size {
 		return Alloc{}, fmt.Errorf("%w: %d bytes (pool is %d)", ErrInvalid, n, p.size)
@@ -274,11 +286,13 @@ func (p *Pool) alloc(n uint64, node int) (Alloc, error) {
 		i = p.firstFit(n, node)
 	}
 	if i < 0 {
-		i = p.firstFit(n, -1)
+		i = p.fitMostFree(n)
 	}
 	if i >= 0 {
 		f := &p.free[i]
-		a := Alloc{Off: f.off, Len: n, NUMA: p.parts[p.partOf(f.off)].node}
+		pi := p.partOf(f.off)
+		a := Alloc{Off: f.off, Len: n, NUMA: p.parts[pi].node}
+		p.partUsed[pi] += n
 		if f.len == n {
 			p.free = append(p.free[:i], p.free[i+1:]...)
 		} else {
@@ -290,6 +304,26 @@ func (p *Pool) alloc(n uint64, node int) (Alloc, error) {
 		return a, nil
 	}
 	return Alloc{}, fmt.Errorf("%w: %d bytes", ErrNoSpace, n)
+}
+
+// fitMostFree is the index of the first free range of at least n bytes in
+// the part with the most free bytes that has one (address order breaks
+// ties), -1 when none. Caller holds mu.
+func (p *Pool) fitMostFree(n uint64) int {
+	if len(p.parts) == 1 {
+		return p.firstFit(n, -1)
+	}
+	best, bestFree := -1, uint64(0)
+	for i, f := range p.free {
+		if f.len < n {
+			continue
+		}
+		pi := p.partOf(f.off)
+		if free := p.parts[pi].len - p.partUsed[pi]; best < 0 || free > bestFree {
+			best, bestFree = i, free
+		}
+	}
+	return best
 }
 
 // firstFit is the index of the first free range of at least n bytes in a
@@ -313,6 +347,7 @@ func (p *Pool) Free(a Alloc) error {
 	}
 	delete(p.live, a.Off)
 	p.used -= a.Len
+	p.partUsed[p.partOf(a.Off)] -= a.Len
 	// i: first free range after a.
 	i := sort.Search(len(p.free), func(i int) bool { return p.free[i].off > a.Off })
 	end := a.Off + a.Len
@@ -375,6 +410,17 @@ func (p *Pool) Stats() Stats {
 		s.LargestFree = max(s.LargestFree, f.len)
 	}
 	return s
+}
+
+// PartStats is each NUMA part's size and use, in address order.
+func (p *Pool) PartStats() []PartStats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]PartStats, len(p.parts))
+	for i, pt := range p.parts {
+		out[i] = PartStats{Node: pt.node, Size: pt.len, Used: p.partUsed[i]}
+	}
+	return out
 }
 
 // Close unmaps the region. Only after everything using it is gone: a slice

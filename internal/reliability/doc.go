@@ -1,5 +1,5 @@
 // Package reliability is pegad's reliability suite, modelled on etcd's
-// robustness tests: real pegad processes (bin/pegad built once per run),
+// robustness tests: real pegad processes (pegad built once per run into a temporary directory),
 // each in its own network namespace joined by veth pairs to a bridge, traffic
 // from real clients (the local gRPC API over each daemon's unix socket, and
 // raw peer connections), faults injected while the traffic runs (kill -9,

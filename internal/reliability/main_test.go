@@ -24,7 +24,13 @@ func TestMain(m *testing.M) {
 		leaseHelper()
 		return
 	}
-	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/pegaflow/pegad/internal/reliability.init.0.func1"))
+	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/pegaflow/pegad/internal/reliability.init.0.func1"),
+		goleak.Cleanup(func(code int) {
+			if binaries.dir != "" {
+				_ = os.RemoveAll(binaries.dir)
+			}
+			os.Exit(code)
+		}))
 }
 
 // The lease helper: the test binary re-executed as a client of the daemon

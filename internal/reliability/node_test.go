@@ -34,15 +34,18 @@ const (
 	qpsPerPeer  = 2
 )
 
-// binaries are bin/pegad and bin/pegactl, built once per test binary run.
+// binaries are pegad and pegactl, built once per test binary run into a
+// directory of their own (dir, removed by TestMain): never into the
+// repository's bin/, which holds `make build`'s version-stamped binaries.
 var binaries struct {
 	once           sync.Once
+	dir            string
 	pegad, pegactl string
 	err            error
 }
 
-// buildBinaries runs `go build` for bin/pegad and bin/pegactl in the
-// repository root (this package is internal/reliability).
+// buildBinaries runs `go build` for pegad and pegactl from the repository
+// root (this package is internal/reliability) into binaries.dir.
 func buildBinaries(t testing.TB) string {
 	t.Helper()
 	binaries.once.Do(func() {
@@ -51,16 +54,20 @@ func buildBinaries(t testing.TB) string {
 			binaries.err = err
 			return
 		}
+		if binaries.dir, err = os.MkdirTemp("", "pegad-reliability-bin-"); err != nil {
+			binaries.err = err
+			return
+		}
 		for _, b := range []string{"pegad", "pegactl"} {
-			cmd := exec.Command("go", "build", "-o", filepath.Join("bin", b), "./cmd/"+b)
+			cmd := exec.Command("go", "build", "-o", filepath.Join(binaries.dir, b), "./cmd/"+b)
 			cmd.Dir = root
 			if out, err := cmd.CombinedOutput(); err != nil {
 				binaries.err = fmt.Errorf("go build %s: %w: %s", b, err, out)
 				return
 			}
 		}
-		binaries.pegad = filepath.Join(root, "bin", "pegad")
-		binaries.pegactl = filepath.Join(root, "bin", "pegactl")
+		binaries.pegad = filepath.Join(binaries.dir, "pegad")
+		binaries.pegactl = filepath.Join(binaries.dir, "pegactl")
 	})
 	if binaries.err != nil {
 		t.Fatal(binaries.err)
@@ -390,7 +397,7 @@ func (n *node) stop() error {
 	return nil
 }
 
-// pegactl runs bin/pegactl against n's socket (what an operator types).
+// pegactl runs the built pegactl against n's socket (what an operator types).
 func (n *node) pegactl(args ...string) (string, error) {
 	out, err := exec.Command(binaries.pegactl, append([]string{"--socket", n.sock, "--timeout", "10s"}, args...)...).CombinedOutput()
 	if err != nil {

@@ -46,6 +46,12 @@ func TestFetchErrorOneCause(t *testing.T) {
 			err:  status.Error(codes.Unavailable, `connection error: desc = "transport: Error while dialing: dial tcp 10.0.0.1:50055: connect: connection refused"`),
 			want: "read (connection broken): peer refused the connection (connection refused): is pegad running there?",
 		},
+		{
+			name:     "plaintext holder behind a TLS requester",
+			err:      status.Error(codes.Unavailable, `connection error: desc = "transport: authentication handshake failed: tls: first record does not look like a TLS handshake"`),
+			want:     "read (connection broken): authentication handshake failed: tls: first record does not look like a TLS handshake",
+			notWants: []string{"connection error", "desc =", `"`},
+		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -56,6 +62,11 @@ func TestFetchErrorOneCause(t *testing.T) {
 			}
 			if strings.Contains(got, "rpc error") || strings.Count(got, peer) > 1+strings.Count(tc.err.Error(), "->"+peer) {
 				t.Errorf("wrapping or repeated peer: %q", got)
+			}
+			for _, nw := range tc.notWants {
+				if strings.Contains(got, nw) {
+					t.Errorf("%q contains %q", got, nw)
+				}
 			}
 			if !errors.Is(fe, ErrConnection) || !errors.Is(fe, tc.err) {
 				t.Error("class or cause lost")

@@ -90,16 +90,39 @@ func (c *Cluster) Prefetch(ctx context.Context, peer, namespace string, hashes [
 		ctx, cancel = context.WithTimeout(ctx, c.defaultTimeout)
 		defer cancel()
 	}
-
-	res := &Result{Blocks: make([]BlockResult, len(hashes)), ReqID: newReqID()}
-	// One entry per distinct hash not already here.
-	type want struct {
-		hash  []byte
-		cands []index.Holder // untried live holders, index order
-		done  bool
-		res   BlockResult
+	r := &clusterRun{c: c, ns: namespace, res: &Result{Blocks: make([]BlockResult, len(hashes)), ReqID: newReqID()}}
+	byHash := r.wanted(hashes)
+	if err := r.locate(ctx); err != nil {
+		return nil, err
 	}
-	var wants []*want
+	for ctx.Err() == nil && r.round(ctx) {
+	}
+	return r.finish(ctx, hashes, byHash, start)
+}
+
+// want is one distinct hash of a cluster prefetch not already here.
+type want struct {
+	hash  []byte
+	cands []index.Holder // untried live holders, index order
+	done  bool
+	res   BlockResult
+}
+
+// clusterRun is one Cluster.Prefetch. It belongs to the calling goroutine;
+// its round's goroutines share it under mu.
+type clusterRun struct {
+	c     *Cluster
+	ns    string
+	wants []*want
+	// mu guards every want, res.Bytes and sessions while a round runs.
+	mu       sync.Mutex
+	res      *Result
+	sessions []string
+}
+
+// wanted makes one want per distinct hash (those already here are done)
+// and returns them by hash.
+func (r *clusterRun) wanted(hashes [][]byte) map[string]*want {
 	byHash := make(map[string]*want)
 	for _, h := range hashes {
 		if _, dup := byHash[string(h)]; dup {
@@ -107,104 +130,124 @@ func (c *Cluster) Prefetch(ctx context.Context, peer, namespace string, hashes [
 		}
 		w := &want{hash: h, res: BlockResult{Hash: h, Status: StatusNotFound}}
 		byHash[string(h)] = w
-		if c.store.Has(store.Key{Namespace: namespace, Hash: string(h)}) {
+		if r.c.store.Has(store.Key{Namespace: r.ns, Hash: string(h)}) {
 			w.done, w.res.Status = true, StatusAlreadyLocal
 			continue
 		}
-		wants = append(wants, w)
+		r.wants = append(r.wants, w)
 	}
-	if len(wants) > 0 {
-		lookup := make([][]byte, len(wants))
-		for i, w := range wants {
-			lookup[i] = w.hash
-		}
-		lctx, cancel := context.WithTimeout(ctx, c.o.LookupTimeout)
-		found, err := c.o.Locator.Locate(lctx, namespace, lookup)
-		cancel()
-		if err != nil {
-			return nil, fmt.Errorf("requester: prefetch without a peer: locate holders: %w", err)
-		}
-		for i, w := range wants {
-			for _, h := range found[i] {
-				if h.NodeID != c.o.Self && h.Addr != "" {
-					w.cands = append(w.cands, h)
-				}
-			}
-		}
-	}
+	return byHash
+}
 
-	var mu sync.Mutex // guards every want and res.Bytes/SessionID below
-	var sessions []string
-	for ctx.Err() == nil {
-		groups := plan(wants, func(w *want) []index.Holder {
-			if w.done {
-				return nil
-			}
-			return w.cands
-		})
-		if len(groups) == 0 {
-			break
-		}
-		sem := make(chan struct{}, c.o.MaxHolders)
-		var wg sync.WaitGroup
-		for _, g := range groups {
-			sem <- struct{}{}
-			wg.Go(func() {
-				defer func() { <-sem }()
-				hs := make([][]byte, len(g.items))
-				for i, w := range g.items {
-					hs[i] = w.hash
-				}
-				// A holder that hangs (a blackholed node not yet lapsed) may
-				// take at most half the time left when another holder could
-				// serve some of its blocks, so the next one still gets a try.
-				actx, cancel := ctx, context.CancelFunc(func() {})
-				if dl, ok := ctx.Deadline(); ok && slices.ContainsFunc(g.items, func(w *want) bool { return len(w.cands) > 1 }) {
-					actx, cancel = context.WithDeadline(ctx, time.Now().Add(time.Until(dl)/2))
-				}
-				r, err := c.Engine.Prefetch(actx, g.holder.Addr, namespace, hs)
-				cancel()
-				mu.Lock()
-				defer mu.Unlock()
-				if r != nil {
-					res.Bytes += r.Bytes
-					if r.SessionID != "" {
-						sessions = append(sessions, r.SessionID)
-					}
-				}
-				for i, w := range g.items {
-					// This holder is tried for w, whatever it answered.
-					w.cands = slices.DeleteFunc(w.cands, func(h index.Holder) bool { return h.NodeID == g.holder.NodeID })
-					var br BlockResult
-					switch {
-					case r != nil && i < len(r.Blocks):
-						br = r.Blocks[i]
-					case err != nil:
-						br = BlockResult{Status: StatusFailed, Err: err}
-					}
-					switch br.Status {
-					case StatusFetched, StatusAlreadyLocal:
-						w.done = true
-						w.res = BlockResult{Hash: w.hash, Status: br.Status, Node: g.holder.NodeID}
-					case StatusMissingOnPeer:
-						// Stale hint: next holder. NotFound stays unless
-						// another holder failed it.
-					default:
-						if br.Err == nil {
-							br.Err = err
-						}
-						w.res = BlockResult{Hash: w.hash, Status: br.Status, Err: br.Err, Node: g.holder.NodeID}
-						if w.res.Status == 0 {
-							w.res.Status = StatusFailed
-						}
-					}
-				}
-			})
-		}
-		wg.Wait()
+// locate looks the wanted hashes up in the cluster index (failing fast,
+// index.ErrUnavailable, when it cannot answer) and keeps, as each one's
+// candidates, the live holders other than this node.
+func (r *clusterRun) locate(ctx context.Context) error {
+	if len(r.wants) == 0 {
+		return nil
 	}
+	lookup := make([][]byte, len(r.wants))
+	for i, w := range r.wants {
+		lookup[i] = w.hash
+	}
+	lctx, cancel := context.WithTimeout(ctx, r.c.o.LookupTimeout)
+	found, err := r.c.o.Locator.Locate(lctx, r.ns, lookup)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("requester: prefetch without a peer: locate holders: %w", err)
+	}
+	for i, w := range r.wants {
+		for _, h := range found[i] {
+			if h.NodeID != r.c.o.Self && h.Addr != "" {
+				w.cands = append(w.cands, h)
+			}
+		}
+	}
+	return nil
+}
+
+// round fetches every want not done from one of its candidates, the
+// holders in parallel (at most MaxHolders at once); false when no want
+// has a candidate left.
+func (r *clusterRun) round(ctx context.Context) bool {
+	groups := plan(r.wants, func(w *want) []index.Holder {
+		if w.done {
+			return nil
+		}
+		return w.cands
+	})
+	if len(groups) == 0 {
+		return false
+	}
+	sem := make(chan struct{}, r.c.o.MaxHolders)
+	var wg sync.WaitGroup
+	for _, g := range groups {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			r.fetchGroup(ctx, g)
+		})
+	}
+	wg.Wait()
+	return true
+}
+
+// fetchGroup fetches one holder's group and records each want's outcome.
+func (r *clusterRun) fetchGroup(ctx context.Context, g group[*want]) {
+	hs := make([][]byte, len(g.items))
+	for i, w := range g.items {
+		hs[i] = w.hash
+	}
+	// A holder that hangs (a blackholed node not yet lapsed) may take at
+	// most half the time left when another holder could serve some of its
+	// blocks, so the next one still gets a try.
+	actx, cancel := ctx, context.CancelFunc(func() {})
+	if dl, ok := ctx.Deadline(); ok && slices.ContainsFunc(g.items, func(w *want) bool { return len(w.cands) > 1 }) {
+		actx, cancel = context.WithDeadline(ctx, time.Now().Add(time.Until(dl)/2))
+	}
+	res, err := r.c.Engine.Prefetch(actx, g.holder.Addr, r.ns, hs)
+	cancel()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if res != nil {
+		r.res.Bytes += res.Bytes
+		if res.SessionID != "" {
+			r.sessions = append(r.sessions, res.SessionID)
+		}
+	}
+	for i, w := range g.items {
+		// This holder is tried for w, whatever it answered.
+		w.cands = slices.DeleteFunc(w.cands, func(h index.Holder) bool { return h.NodeID == g.holder.NodeID })
+		var br BlockResult
+		switch {
+		case res != nil && i < len(res.Blocks):
+			br = res.Blocks[i]
+		case err != nil:
+			br = BlockResult{Status: StatusFailed, Err: err}
+		}
+		switch br.Status {
+		case StatusFetched, StatusAlreadyLocal:
+			w.done = true
+			w.res = BlockResult{Hash: w.hash, Status: br.Status, Node: g.holder.NodeID}
+		case StatusMissingOnPeer:
+			// Stale hint: next holder. NotFound stays unless another
+			// holder failed it.
+		default:
+			if br.Err == nil {
+				br.Err = err
+			}
+			w.res = BlockResult{Hash: w.hash, Status: br.Status, Err: br.Err, Node: g.holder.NodeID}
+			if w.res.Status == 0 {
+				w.res.Status = StatusFailed
+			}
+		}
+	}
+}
+
+// finish writes each hash's outcome into the result, in request order.
+func (r *clusterRun) finish(ctx context.Context, hashes [][]byte, byHash map[string]*want, start time.Time) (*Result, error) {
 	var errs []error
-	for _, w := range wants {
+	for _, w := range r.wants {
 		if !w.done && ctx.Err() != nil && len(w.cands) > 0 {
 			w.res = BlockResult{Hash: w.hash, Status: StatusFailed, Err: &FetchError{Phase: "wait", Class: classify(ctxErr(ctx), ErrDeadline), Err: ctxErr(ctx)}}
 		}
@@ -212,12 +255,13 @@ func (c *Cluster) Prefetch(ctx context.Context, peer, namespace string, hashes [
 			errs = append(errs, w.res.Err)
 		}
 	}
+	res := r.res
 	for i, h := range hashes {
-		r := byHash[string(h)].res
-		r.Hash = h
-		res.Blocks[i] = r
+		b := byHash[string(h)].res
+		b.Hash = h
+		res.Blocks[i] = b
 	}
-	res.SessionID = strings.Join(sessions, ",")
+	res.SessionID = strings.Join(r.sessions, ",")
 	res.Duration = time.Since(start)
 	if len(errs) > 0 {
 		return res, errors.Join(errs...)

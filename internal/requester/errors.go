@@ -13,6 +13,7 @@ import (
 	"github.com/pegaflow/pegad/api/pegaderr"
 	"github.com/pegaflow/pegad/internal/conn"
 	"github.com/pegaflow/pegad/internal/ibv"
+	"github.com/pegaflow/pegad/internal/peertls"
 	"github.com/pegaflow/pegad/internal/pool"
 	"github.com/pegaflow/pegad/internal/store"
 )
@@ -35,6 +36,12 @@ var (
 	ErrDeadline = errors.New("deadline exceeded")
 	// ErrInvalidInput: the request itself is malformed; nothing was sent.
 	ErrInvalidInput = errors.New("invalid input")
+	// ErrAuthentication: the peer refused this node's certificate, or this
+	// node refused the peer's (mTLS, --peer-allow, a node id the
+	// certificate does not prove). A permission problem, not retryable
+	// until a certificate, a CA or an allow-list changes; the peer is not
+	// redialled meanwhile (peer.Clients).
+	ErrAuthentication = errors.New("certificate refused")
 )
 
 // Outcomes that are not error classes.
@@ -58,6 +65,7 @@ const (
 	classRemote     = "remote"
 	classDeadline   = "deadline"
 	classInvalid    = "invalid"
+	classAuth       = "authentication"
 )
 
 func classLabel(class error) string {
@@ -72,6 +80,8 @@ func classLabel(class error) string {
 		return classDeadline
 	case ErrInvalidInput:
 		return classInvalid
+	case ErrAuthentication:
+		return classAuth
 	}
 	return ""
 }
@@ -102,16 +112,27 @@ func (e *FetchError) Error() string {
 // grpcWrapping is the text a gRPC status gets when it is formatted.
 var grpcWrapping = regexp.MustCompile(`rpc error: code = \w+ desc = `)
 
+// transportWrapping is what gRPC puts around a failure to connect (a TLS
+// handshake's, a dial's): `connection error: desc = "transport: ..."`.
+var transportWrapping = regexp.MustCompile(`connection error: desc = "transport: (.*)"`)
+
 // causeText is err's text for an operator: one cause, said once. gRPC's
 // "rpc error: code = ... desc =" wrapping goes, and so does conn's own
 // "conn: read from PEER:" (the FetchError names the peer already). A
 // peer that closed or reset the connection is said so in words first.
 func causeText(err error, peer string) string {
 	s := grpcWrapping.ReplaceAllString(err.Error(), "")
+	s = transportWrapping.ReplaceAllString(s, "$1")
 	if peer != "" {
 		s = strings.ReplaceAll(s, "conn: read from "+peer+": ", "")
 	}
 	s = strings.ReplaceAll(s, "conn: conn: ", "conn: ")
+	// A refused certificate: its own words only, not the transport's
+	// ("connection error: desc = \"transport: authentication handshake
+	// failed: ...\"", "error reading server preface: ...").
+	if i := strings.Index(s, peertls.ErrRefused.Error()+": "); i >= 0 {
+		return strings.TrimRight(s[i+len(peertls.ErrRefused.Error())+2:], `"`)
+	}
 	switch {
 	case errors.Is(err, ibv.ErrPeerClosed):
 		// The data connection's completion failed (RETRY_EXC_ERR, as an
@@ -140,6 +161,11 @@ func classify(err, fallback error) error {
 	switch {
 	case errors.Is(err, ErrInvalidInput):
 		return ErrInvalidInput
+	case peertls.IsRefusal(err):
+		// Before the connection classes and codes: a refused TLS
+		// handshake reaches us as Unavailable (or a rejected RDMA
+		// handshake wrapping it), which would say "retry".
+		return ErrAuthentication
 	case errors.Is(err, errTransferDeadline), errors.Is(err, context.DeadlineExceeded):
 		return ErrDeadline
 	case errors.Is(err, context.Canceled), errors.Is(err, ErrClosed):

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+	"github.com/pegaflow/pegad/api/pegaderr"
 	"github.com/pegaflow/pegad/internal/conn"
 	"github.com/pegaflow/pegad/internal/pool"
 	"github.com/pegaflow/pegad/internal/store"
@@ -27,6 +28,7 @@ type fakeSession struct {
 	firstLive bool
 	renewals  int
 	expired   bool
+	bytes     uint64 // what it pins, counted against pinCap
 }
 
 type fakeHolder struct {
@@ -42,6 +44,12 @@ type fakeHolder struct {
 	releaseErr  func(sid string, attempt int) error
 	renewErr    func() error
 	notLive     func(sid string) bool
+	// pinCap is the per-peer pin cap (0: none): a query that would take
+	// its requester's live sessions past it is refused (LIMIT). windows:
+	// the holder windows a query (window_bytes, lowered to pinCap/2) and
+	// states its cap, as the real one; without, it is an older holder.
+	pinCap  uint64
+	windows bool
 
 	mu        sync.Mutex // guards everything below
 	nextAddr  uint64
@@ -50,6 +58,8 @@ type fakeHolder struct {
 	queryOK   int
 	releaseOK int // releases of a live session (first release)
 	attempts  map[string]int
+	maxLive   int   // most sessions live at once
+	asked     []int // hashes each query named
 }
 
 func newFakeHolder() *fakeHolder {
@@ -80,12 +90,32 @@ func (h *fakeHolder) QueryBlocksForTransfer(ctx context.Context, in *pegadv1.Que
 	defer h.mu.Unlock()
 	resp := &pegadv1.QueryBlocksForTransferResponse{LockTimeout: durationpb.New(h.lockTimeout),
 		ExpiresAt: timestamppb.New(time.Now().Add(h.lockTimeout))}
+	h.asked = append(h.asked, len(in.GetHashes()))
+	window := in.GetWindowBytes()
+	if h.windows {
+		resp.MaxPinnedBytesPerPeer = h.pinCap
+		if h.pinCap > 0 && window > 0 {
+			window = min(window, h.pinCap/2)
+		}
+	} else {
+		window = 0
+	}
+	var bytes uint64
 	for _, hash := range in.GetHashes() {
 		slots, numa, ok := h.shapeOf(string(hash))
 		if !ok {
 			resp.Missing = append(resp.Missing, hash)
 			continue
 		}
+		var size uint64
+		for _, s := range slots {
+			size += s.KSize + s.VSize
+		}
+		if window > 0 && len(resp.Blocks) > 0 && bytes+size > window {
+			resp.Deferred = append(resp.Deferred, hash)
+			continue
+		}
+		bytes += size
 		loc := &pegadv1.BlockLocation{Hash: hash}
 		for _, s := range slots {
 			sl := &pegadv1.Slot{K: &pegadv1.Segment{Addr: h.nextAddr, Size: s.KSize, NumaNode: int32(numa)}}
@@ -99,9 +129,25 @@ func (h *fakeHolder) QueryBlocksForTransfer(ctx context.Context, in *pegadv1.Que
 		resp.Blocks = append(resp.Blocks, loc)
 	}
 	if len(resp.Blocks) > 0 {
+		owner := in.GetRequester().GetNodeId()
+		var pinned uint64
+		live := 1
+		for _, s := range h.sessions {
+			if s.releases == 0 && !s.expired {
+				live++
+				if s.owner == owner {
+					pinned += s.bytes
+				}
+			}
+		}
+		if h.pinCap > 0 && pinned+bytes > h.pinCap {
+			return nil, pegaderr.Status(codes.ResourceExhausted, pegaderr.Limit, fmt.Sprintf(
+				"limit reached: max-pinned-bytes-per-peer: peer pins %d, this query %d more, limit %d", pinned, bytes, h.pinCap)).Err()
+		}
+		h.maxLive = max(h.maxLive, live)
 		h.nextSID++
 		resp.SessionId = fmt.Sprintf("s-%d", h.nextSID)
-		h.sessions[resp.SessionId] = &fakeSession{owner: in.GetRequester().GetNodeId()}
+		h.sessions[resp.SessionId] = &fakeSession{owner: owner, bytes: bytes}
 	}
 	h.queryOK++
 	return resp, nil

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"runtime/debug"
 	"sort"
-	"sync"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -84,240 +83,13 @@ func (e *Engine) runFetch(ctx context.Context, st *fetchState, keys []store.Key)
 	return out, err
 }
 
-// fetch runs connect → lock → stage → read → release → index for keys,
-// writing per-block outcomes into out.
-func (e *Engine) fetch(ctx context.Context, st *fetchState, keys []store.Key, out *fetchOut) (err error) {
-	fail := func(phase string, cause, fallback error) error {
-		if ctx.Err() != nil {
-			cause = fmt.Errorf("%w (%w)", ctxErr(ctx), cause)
-		}
-		return &FetchError{Peer: st.peer, Phase: phase, Class: classify(cause, fallback), Err: cause}
-	}
-
-	// Connect, then lock (a lock must not tick while a handshake runs);
-	// the peer's channel is made ready before the lock (connectAndLock).
-	hashes := make([][]byte, len(keys))
-	for i, k := range keys {
-		hashes[i] = []byte(k.Hash)
-	}
-	rd, client, resp, lockedAt, phase, err := e.connectAndLock(ctx, st, hashes)
-	if err != nil {
-		fallback := ErrConnection
-		if phase == PhaseLock {
-			fallback = ErrRemote
-		}
-		return fail(phase, err, fallback)
-	}
-	var g *lockGuard
-	if sid := resp.GetSessionId(); sid != "" {
-		out.session = sid
-		g = e.newGuard(client, st, sid)
-		// Runs on every exit; a no-op when the normal path released.
-		defer func() { g.Abort(abortReason(ctx)) }()
-	}
-	// stopRenewer stops the renewer once it runs (below); it must return
-	// before the lock is released.
-	stopRenewer := func() {}
-	// handled releases the lock on a handled error (the normal path of a
-	// failure). A cancelled fetch leaves that to the guard's abort path.
-	handled := func(phase string, cause, fallback error) error {
-		ferr := fail(phase, cause, fallback)
-		stopRenewer()
-		if g != nil && ctx.Err() == nil {
-			_, _ = g.Release()
-		}
-		return ferr
-	}
-
-	plan, err := e.plan(keys, resp, out)
-	if err != nil {
-		return handled(PhaseLock, err, ErrRemote)
-	}
-	if len(plan) == 0 {
-		if g != nil {
-			_, _ = g.Release()
-		}
-		return nil // every block missing on the peer
-	}
-	if g == nil {
-		return handled(PhaseLock, errors.New("holder returned blocks without a session"), ErrRemote)
-	}
-	lockTimeout := resp.GetLockTimeout().AsDuration()
-	if lockTimeout <= 0 {
-		lockTimeout = defaultLockTimeout
-	}
-	if ctx.Err() != nil {
-		return fail(PhaseLock, ctxErr(ctx), ErrDeadline)
-	}
-	// The lease counts from the lock, so renewals do too, through the
-	// reconnect and the staging as well as the read; lockCtx ends at the
-	// lock's deadline (errTransferDeadline) when no renewal extends it.
-	lockCtx, cancelLock := context.WithCancelCause(ctx)
-	tr := newReadTracker(plan)
-	renewerDone := e.startRenewer(lockCtx, cancelLock, g, tr, lockedAt, lockTimeout)
-	var stopOnce sync.Once
-	stopRenewer = func() {
-		stopOnce.Do(func() {
-			cancelLock(nil)
-			<-renewerDone
-		})
-	}
-	defer stopRenewer()
-	// pastDeadline marks err as caused by the lock's deadline when it was.
-	pastDeadline := func(err error) error {
-		if c := context.Cause(lockCtx); errors.Is(c, errTransferDeadline) && ctx.Err() == nil {
-			return fmt.Errorf("%w: %w", errTransferDeadline, err)
-		}
-		return err
-	}
-	// A holder that restarted since our handshake answers with another
-	// incarnation: our QPs and its memory snapshot are stale. Reconnect now
-	// instead of learning it from a failed READ or a retry budget of silence.
-	if rd, err = e.ensureCurrent(lockCtx, st, rd, resp.GetHolderIncarnation()); err != nil {
-		return handled(PhaseConnect, pastDeadline(err), ErrConnection)
-	}
-
-	// Stage.
-	e.hook(ctx, st, PhaseStage)
-	var total uint64
-	for _, b := range plan {
-		total += b.bytes
-	}
-	st.setSession(g.sid, len(plan), total)
-	var sp *conn.StagingPlan
-	if p, ok := rd.(stagingPlanner); ok {
-		sp = p.StagingPlan()
-	}
-	exts, serr := e.stage(plan, sp)
-	// readPending is true while a Read may still write into the staging
-	// memory. Set before Read, cleared once it returned.
-	readPending := false
-	defer func() {
-		if readPending {
-			// Read never returned (it panicked): a QP may still write into
-			// this memory, so it is leaked rather than handed out again
-			// (lesson 9).
-			var n uint64
-			for _, x := range exts {
-				n += x.Len()
-			}
-			e.m.StagingQuarantine.Add(float64(n))
-			e.log.Error().Str("req_id", st.reqID).Str("remote", st.peer).Str("session", g.sid).
-				Uint64("bytes", n).Msg("staging memory quarantined: read did not return")
-			return
-		}
-		for _, x := range exts {
-			e.store.ReleaseStaging(x)
-		}
-	}()
-	if serr != nil {
-		return handled(PhaseStage, serr, ErrLocalResource)
-	}
-	ops, opBlock := buildOps(plan)
-	tr.opBlock = opBlock
-
-	// Read, bounded by the lock's deadline (renewed while it runs).
-	e.hook(ctx, st, PhaseRead)
-	// Bytes count as their completions arrive (sessions list, the
-	// fetch-bytes counter), not when the whole fetch ends.
-	// Each block's completion is tracked, so a fetch cut short keeps the
-	// blocks read before the lock was last confirmed live.
-	readCtx := conn.WithOpProgress(conn.WithReqID(lockCtx, st.reqID), func(op int, n uint64) {
-		tr.completed(op, n)
-		st.done.Add(n)
-		e.m.FetchBytes.Add(float64(n))
-	})
-	readPending = true
-	rerr := rd.Read(readCtx, ops)
-	if rerr != nil && innocent(rerr) && lockCtx.Err() == nil {
-		// The connection broke under us while our own context is fine:
-		// most often another fetch's cancel moved shared QPs to ERROR.
-		// Read returned, so nothing can land in the staging memory any
-		// more: read it all again, once, on a fresh connection.
-		e.log.Info().Err(rerr).Str("req_id", st.reqID).Str("remote", st.peer).Str("session", g.sid).
-			Msg("read failed on a broken connection; retrying once on a fresh one")
-		e.conns.Invalidate(rd, rerr)
-		nrd, gerr := e.conns.Get(lockCtx, st.peer)
-		if gerr == nil {
-			nrd, gerr = e.ensureCurrent(lockCtx, st, nrd, resp.GetHolderIncarnation())
-		}
-		if gerr != nil {
-			rerr = fmt.Errorf("reconnect after %w: %w", rerr, gerr)
-		} else {
-			rd = nrd
-			st.done.Store(0) // read it all again
-			tr.reset()
-			rerr = rd.Read(readCtx, ops)
-		}
-	}
-	// Read returned: the connection has flushed every QP that could write
-	// into the staging memory, so from here on it may go back to the pool
-	// (the deferred release above). Keep this order (lesson 9).
-	readPending = false
-	stopRenewer()
-	if rerr != nil {
-		rerr = pastDeadline(rerr)
-		if invalidates(rerr) {
-			e.conns.Invalidate(rd, rerr)
-		}
-		ferr := fail(PhaseRead, rerr, ErrConnection)
-		// A cancel or a shutdown leaves the release to the guard and keeps
-		// nothing. Any other cut (the lock's or the caller's deadline, a
-		// broken link) releases here and keeps what was read under a lock
-		// confirmed live.
-		if ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			return ferr
-		}
-		rresp, relErr := g.Release()
-		live := relErr == nil && g.releasedLive(rresp)
-		e.keepConfirmed(st, plan, tr, live, out, &FetchError{Peer: st.peer, Phase: PhaseRead,
-			Err: fmt.Errorf("%w (read, but not confirmed under a live lock before the fetch failed: %w)", ErrDiscarded, rerr)})
-		return ferr
-	}
-
-	// Release; index only what was read under a live lock (lesson 10).
-	e.hook(ctx, st, PhaseRelease)
-	rresp, err := g.Release()
-	if err != nil {
-		// Only the blocks a renewal confirmed are known to be read under
-		// the live lock; the rest are dropped.
-		if reclaimedRelease(err) {
-			// A newer incarnation of this node reached the holder, which
-			// reclaimed our session at once: the read ran under a lock that
-			// may have ended (issue 5, fast reclaim).
-			ferr := &FetchError{Peer: st.peer, Phase: PhaseRelease,
-				Err: fmt.Errorf("%w (session %s reclaimed: holder saw a newer incarnation than %q: %w)",
-					ErrDiscarded, g.sid, e.opts.Incarnation, err)}
-			e.keepConfirmed(st, plan, tr, false, out, ferr)
-			return ferr
-		}
-		// Whether the lock held until the end of the read is unknown.
-		ferr := fail(PhaseRelease, err, ErrRemote)
-		e.keepConfirmed(st, plan, tr, false, out, ferr)
-		return ferr
-	}
-	if !g.releasedLive(rresp) {
-		ferr := &FetchError{Peer: st.peer, Phase: PhaseRelease,
-			Err: fmt.Errorf("%w (session %s ended %s)", ErrDiscarded, g.sid, rresp.GetEnd())}
-		e.keepConfirmed(st, plan, tr, false, out, ferr)
-		return ferr
-	}
-
-	e.hook(ctx, st, PhaseIndex)
-	for _, b := range plan {
-		e.index(st, b, out)
-	}
-	return nil
-}
-
 // defaultReconnectWait bounds how long a fetch waits for the peer's
 // channel to be ready before its lock query, and before its one handshake
 // retry.
 const defaultReconnectWait = 2 * time.Second
 
-// connectAndLock runs the connect and lock phases and returns the
-// connection, the peer client, the holder's answer and when the query was
-// sent; on error, the phase that failed.
+// connect runs the connect phase: the connection and the peer client.
+// The lock query (pipeline.lockWindow) follows it.
 //
 // The lock query is sent at most once. gRPC answers Unavailable both when
 // the channel could not carry it (a channel in reconnect backoff right
@@ -331,45 +103,34 @@ const defaultReconnectWait = 2 * time.Second
 // (without a pegad reason): a holder keeps one connection per requester
 // node, a repeated handshake retires the earlier one (freed within its
 // drain time), and it locks nothing.
-func (e *Engine) connectAndLock(ctx context.Context, st *fetchState, hashes [][]byte) (
-	rd reader, client pegadv1.PeerServiceClient, resp *pegadv1.QueryBlocksForTransferResponse,
-	lockedAt time.Time, phase string, err error) {
+func (e *Engine) connect(ctx context.Context, st *fetchState) (rd reader, client pegadv1.PeerServiceClient, err error) {
 	e.hook(ctx, st, PhaseConnect)
-	phase = PhaseConnect
 	if client, err = e.peers(st.peer); err != nil {
-		return rd, client, resp, lockedAt, phase, err
+		return rd, client, err
 	}
 	rd, err = e.conns.Get(ctx, st.peer)
 	if err != nil && channelDown(err) && ctx.Err() == nil {
 		// The handshake found the peer's channel down (client's channel
 		// carried it). Repeating a handshake is safe (the holder keeps one
 		// connection per requester node), so ready the channel and try once
-		// more; the lock query below is never repeated.
+		// more; the lock query is never repeated.
 		if rerr := e.channelReady(ctx, client); rerr != nil {
 			e.log.Info().Err(err).AnErr("reconnect", rerr).Str("req_id", st.reqID).Str("remote", st.peer).
 				Msg("peer channel down at the handshake and not back within the reconnect wait")
-			return rd, client, resp, lockedAt, phase, err
+			return rd, client, err
 		}
 		e.log.Info().Err(err).Str("req_id", st.reqID).Str("remote", st.peer).
 			Msg("peer channel was down at the handshake; reconnected, handshaking once more")
 		rd, err = e.conns.Get(ctx, st.peer)
 	}
-	if err != nil {
-		return rd, client, resp, lockedAt, phase, err
-	}
-	e.hook(ctx, st, PhaseLock)
-	phase = PhaseLock
-	if rerr := e.channelReady(ctx, client); rerr != nil {
-		// A connection error, as the query would have had, not the
-		// fetch's deadline (the reconnect wait ended, not ctx).
-		return rd, client, resp, lockedAt, phase, status.Errorf(codes.Unavailable,
-			"peer channel not ready within %v, lock query not sent: %v", e.reconnectWait, rerr)
-	}
-	lockedAt = time.Now()
-	resp, err = e.lock(ctx, st, client, &pegadv1.QueryBlocksForTransferRequest{
-		Namespace: st.ns, Hashes: hashes, RequesterId: e.opts.NodeID, Requester: e.requester(),
-	})
-	return rd, client, resp, lockedAt, phase, err
+	return rd, client, err
+}
+
+// channelNotReady is the error of a lock query not sent because the peer's
+// channel did not come ready: a connection error, as the query would have
+// had, not the fetch's deadline (the reconnect wait ended, not ctx).
+func channelNotReady(wait time.Duration, err error) error {
+	return status.Errorf(codes.Unavailable, "peer channel not ready within %v, lock query not sent: %v", wait, err)
 }
 
 // channelReady makes client's channel, when it can be told to (peer.Clients'
@@ -514,12 +275,13 @@ func abortReason(ctx context.Context) string {
 	return "fetch left without releasing (panic)"
 }
 
-// plan checks the holder's answer against the request and lays out the
-// found blocks; blocks not found are marked missing in out.
-func (e *Engine) plan(keys []store.Key, resp *pegadv1.QueryBlocksForTransferResponse, out *fetchOut) ([]*planBlock, error) {
-	idx := make(map[string]int, len(keys))
-	for i, k := range keys {
-		idx[k.Hash] = i
+// plan checks the holder's answer to a query for the keys at asked and
+// lays out the found blocks; blocks neither found nor deferred to a later
+// window are marked missing in out.
+func (e *Engine) plan(keys []store.Key, asked []int, resp *pegadv1.QueryBlocksForTransferResponse, out *fetchOut) ([]*planBlock, error) {
+	idx := make(map[string]int, len(asked))
+	for _, i := range asked {
+		idx[keys[i].Hash] = i
 	}
 	seen := make(map[int]bool, len(resp.GetBlocks()))
 	plan := make([]*planBlock, 0, len(resp.GetBlocks()))
@@ -560,8 +322,12 @@ func (e *Engine) plan(keys []store.Key, resp *pegadv1.QueryBlocksForTransferResp
 		}
 		plan = append(plan, b)
 	}
-	for i := range keys {
-		if !seen[i] {
+	deferred := make(map[string]bool, len(resp.GetDeferred()))
+	for _, h := range resp.GetDeferred() {
+		deferred[string(h)] = true
+	}
+	for _, i := range asked {
+		if !seen[i] && !deferred[keys[i].Hash] {
 			out.status[i] = StatusMissingOnPeer
 		}
 	}

@@ -69,13 +69,6 @@ type Options struct {
 	// ReleaseTimeout bounds the release RPC, retries included; the release
 	// runs on a fresh context, never the fetch's (0: 5s).
 	ReleaseTimeout time.Duration
-	// Faults, when set, runs as each fetch enters each phase (PhaseConnect,
-	// PhaseLock, PhaseStage, PhaseRead, PhaseRelease, PhaseIndex) with the
-	// fetch's context and req_id. It exists for fault-injection tests: it
-	// may panic (the engine recovers at the Prefetch boundary and the
-	// release guard frees any lock taken), block, or cancel what ctx
-	// derives from. Nil in production.
-	Faults func(ctx context.Context, reqID, phase string)
 }
 
 // Status of one block in a fetch.
@@ -181,27 +174,14 @@ type Engine struct {
 	// wg counts running Prefetch calls; Close waits for it.
 	wg sync.WaitGroup
 
-	mu sync.Mutex // guards closed, flights, running
+	mu sync.Mutex // guards closed, running
 	// closed is set by Close; no Prefetch starts afterwards (wg.Add happens
 	// under mu only while !closed, so Close's Wait cannot race an Add).
 	closed bool
-	// flights maps each block being fetched to its one in-flight fetch;
-	// concurrent prefetches of the block wait on it instead of fetching.
-	flights map[store.Key]*flight
+	// flights: each block being fetched and its one in-flight fetch.
+	flights flightTable
 	// running is every Prefetch in progress, by req_id.
 	running map[string]*fetchState
-}
-
-// flight is one block's in-flight fetch. The owner sets status, err and
-// ownerGone and then closes done; joiners read them after done is closed.
-type flight struct {
-	peer   string // the peer it fetches from
-	done   chan struct{}
-	status Status
-	err    error
-	// ownerGone: the owner's own context ended (its cancel or deadline),
-	// which says nothing about a joiner's; a joiner fetches again.
-	ownerGone bool
 }
 
 // fetchState is the live view of one Prefetch, for InFlight and logs.
@@ -242,7 +222,7 @@ func New(opts Options) (*Engine, error) {
 	if opts.Store == nil || opts.Conns == nil || opts.Peers == nil {
 		return nil, errors.New("requester: Store, Conns and Peers are required")
 	}
-	return newEngine(opts, storeAdapter{opts.Store}, managerConns{opts.Conns}, hooks{phase: opts.Faults})
+	return newEngine(opts, storeAdapter{opts.Store}, managerConns{opts.Conns}, hooks{})
 }
 
 // newEngine builds an engine over any store and connector (tests use fakes).
@@ -263,7 +243,7 @@ func newEngine(opts Options, st blockStore, cs connector, h hooks) (*Engine, err
 		releaseTimeout: opts.ReleaseTimeout,
 		lockRPCTimeout: defaultLockRPCTimeout,
 		reconnectWait:  defaultReconnectWait,
-		flights:        make(map[store.Key]*flight),
+		flights:        flightTable{m: make(map[store.Key]*flight)},
 		running:        make(map[string]*fetchState),
 	}
 	if e.m == nil {
@@ -285,6 +265,18 @@ func newEngine(opts Options, st blockStore, cs connector, h hooks) (*Engine, err
 func (e *Engine) requester() *pegadv1.Requester {
 	return &pegadv1.Requester{NodeId: e.opts.NodeID, Incarnation: e.opts.Incarnation}
 }
+
+// PhaseHook runs as a fetch enters each phase (PhaseConnect, PhaseLock,
+// PhaseStage, PhaseRead, PhaseRelease, PhaseIndex) with the fetch's
+// context and req_id. It exists for fault-injection tests: it may panic
+// (the engine recovers at the Prefetch boundary and the release guard
+// frees any lock taken), block, or cancel what ctx derives from.
+type PhaseHook func(ctx context.Context, reqID, phase string)
+
+// SetFaultHook installs f as the engine's PhaseHook. Tests only (the
+// daemon's WithRequesterFaults); call it before the first Prefetch: the
+// hook is read without a lock. Production engines never have one.
+func (e *Engine) SetFaultHook(f PhaseHook) { e.hooks.phase = f }
 
 func (e *Engine) hook(ctx context.Context, st *fetchState, phase string) {
 	st.setPhase(phase)

@@ -61,7 +61,7 @@ type e2eOptions struct {
 	poolSize    uint64
 	serve       bool          // a holder on 127.0.0.1:0, with its lock sweeper
 	lockTimeout time.Duration // the holder's (0 = its default)
-	// faults is requester.Options.Faults.
+	// faults is the engine's fault hook (Engine.SetFaultHook).
 	faults func(ctx context.Context, reqID, phase string)
 	// intercept, when set, runs on the holder's gRPC server after recovery.
 	intercept grpc.UnaryServerInterceptor
@@ -151,10 +151,13 @@ func startE2ENode(t *testing.T, o e2eOptions) *e2eNode {
 
 	n.engine, err = requester.New(requester.Options{
 		NodeID: id, Incarnation: inc, Store: n.store, Conns: n.mgr,
-		Peers: n.peers.Get, Metrics: n.m, Log: zerolog.Nop(), Faults: o.faults,
+		Peers: n.peers.Get, Metrics: n.m, Log: zerolog.Nop(),
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if o.faults != nil {
+		n.engine.SetFaultHook(o.faults)
 	}
 	t.Cleanup(func() { _ = n.engine.Close() })
 	return n

@@ -2,8 +2,6 @@ package requester
 
 import (
 	"context"
-
-	"github.com/pegaflow/pegad/internal/store"
 )
 
 // prefetchRun is one Prefetch call's progress over its rounds. It belongs
@@ -18,11 +16,6 @@ type prefetchRun struct {
 	fetched bool                   // this call ran a fetch of its own
 }
 
-type joinedBlock struct {
-	key store.Key
-	f   *flight
-}
-
 // round sorts pending hashes into already local, owned (this call fetches
 // them) and joined (another call is fetching them from the same peer),
 // fetches the owned, waits for the joined, and returns the hashes to try
@@ -30,33 +23,11 @@ type joinedBlock struct {
 // deadline) while this call's ctx is still fine.
 func (r *prefetchRun) round(ctx context.Context, pending [][]byte) (retry [][]byte) {
 	e, st := r.e, r.st
-	var owned []store.Key
-	var ownedFlights []*flight // nil where the block is fetched unregistered
-	var joined []joinedBlock
-	e.mu.Lock()
-	for _, h := range pending {
-		key := store.Key{Namespace: st.ns, Hash: string(h)}
-		f, inFlight := e.flights[key]
-		switch {
-		case inFlight && f.peer == st.peer:
-			joined = append(joined, joinedBlock{key, f})
-		case inFlight:
-			// Being fetched from another peer, which may not have it:
-			// fetch it from ours too (Insert keeps the first copy).
-			owned = append(owned, key)
-			ownedFlights = append(ownedFlights, nil)
-		case e.store.Has(key):
-			// Checked under mu: an owner deletes its flight only after
-			// indexing, so a block is either in flight or visible here.
-			r.outcome[string(h)] = BlockResult{Status: StatusAlreadyLocal}
-		default:
-			f := &flight{peer: st.peer, done: make(chan struct{}), status: StatusFailed, err: ErrPanic}
-			e.flights[key] = f
-			owned = append(owned, key)
-			ownedFlights = append(ownedFlights, f)
-		}
+	c := e.flights.claim(st.peer, st.ns, pending, e.store.Has)
+	owned, ownedFlights, joined := c.owned, c.ownedFlights, c.joined
+	for _, key := range c.local {
+		r.outcome[key.Hash] = BlockResult{Status: StatusAlreadyLocal}
 	}
-	e.mu.Unlock()
 
 	if len(owned) > 0 {
 		r.fetched = true
@@ -65,23 +36,7 @@ func (r *prefetchRun) round(ctx context.Context, pending [][]byte) (retry [][]by
 		func() {
 			// Joiners must never wait forever: complete every owned flight
 			// whatever happens in the fetch.
-			defer func() {
-				gone := ctx.Err() != nil
-				e.mu.Lock()
-				for i, key := range owned {
-					f := ownedFlights[i]
-					if f == nil {
-						continue
-					}
-					if i < len(out.status) {
-						f.status, f.err = out.status[i], out.errs[i]
-					}
-					f.ownerGone = gone
-					delete(e.flights, key)
-					close(f.done)
-				}
-				e.mu.Unlock()
-			}()
+			defer func() { e.flights.complete(owned, ownedFlights, out, ctx.Err() != nil) }()
 			out, ferr = e.runFetch(ctx, st, owned)
 		}()
 		r.res.Bytes += out.bytes

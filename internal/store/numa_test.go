@@ -41,7 +41,9 @@ func TestAllocExtentOnNode(t *testing.T) {
 // boundary of the pool, so the evictor plans with that: an extent that
 // fits in no part even after evicting every unpinned block (one pinned
 // block per 4 MiB part leaves 3 MiB runs) fails with ErrNoSpace and
-// evicts nothing, as does one larger than a part.
+// evicts nothing, as does one larger than a part. Puts spread over the
+// parts (pool.Alloc: the part with the most free bytes), so blocks
+// 0,2,4,6 are on part 0 and 1,3,5,7 on part 1.
 func TestEvictionRespectsNUMAParts(t *testing.T) {
 	p, err := pool.New(pool.Options{Size: 8 << 20, Log: zerolog.Nop(), Nodes: []int{0, 1}, Policy: &testutil.FakeNUMA{}})
 	if err != nil {
@@ -58,8 +60,17 @@ func TestEvictionRespectsNUMAParts(t *testing.T) {
 		keys = append(keys, k)
 	}
 	// Pin the first block of part 0 and the last of part 1.
-	if pinned, missing := s.Pin([]Key{keys[0], keys[7]}); len(pinned) != 2 || len(missing) != 0 {
+	pinned, missing := s.Pin(keys)
+	if len(pinned) != 8 || len(missing) != 0 {
 		t.Fatalf("pin: %d pinned, %v missing", len(pinned), missing)
+	}
+	for i, b := range pinned {
+		if b.NUMA() != i%2 {
+			t.Fatalf("block %d on node %d, want %d (puts alternate between the parts)", i, b.NUMA(), i%2)
+		}
+		if i != 0 && i != 7 {
+			s.Unpin([]*Block{b})
+		}
 	}
 	for _, n := range []uint64{4 << 20, 5 << 20} {
 		_, err := s.AllocExtent(n)
@@ -77,8 +88,11 @@ func TestEvictionRespectsNUMAParts(t *testing.T) {
 	if err != nil {
 		t.Fatalf("AllocExtent(3 MiB): %v", err)
 	}
-	if st := s.Stats(); st.Evictions != 3 {
-		t.Fatalf("3 MiB evicted %d blocks, want 3 (one part's unpinned ones)", st.Evictions)
+	// LRU order 1..6 (0 is pinned): the prefix 1..5 is the shortest whose
+	// eviction makes a 3 MiB run (1,3,5 on part 1); the evictor takes that
+	// whole LRU prefix (TestEvictOnlyWhatIsNeeded), 2 and 4 included.
+	if st := s.Stats(); st.Evictions != 5 {
+		t.Fatalf("3 MiB evicted %d blocks, want the LRU prefix 1..5", st.Evictions)
 	}
 	s.ReleaseExtent(x)
 }

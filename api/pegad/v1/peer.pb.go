@@ -162,8 +162,15 @@ type QueryBlocksForTransferRequest struct {
 	// Block hashes, at most 4096 per request, each 1..64 bytes.
 	Hashes [][]byte `protobuf:"bytes,2,rep,name=hashes,proto3" json:"hashes,omitempty"`
 	// Deprecated single-string form kept for tools; requester wins when set.
-	RequesterId   string     `protobuf:"bytes,3,opt,name=requester_id,json=requesterId,proto3" json:"requester_id,omitempty"`
-	Requester     *Requester `protobuf:"bytes,4,opt,name=requester,proto3" json:"requester,omitempty"`
+	RequesterId string     `protobuf:"bytes,3,opt,name=requester_id,json=requesterId,proto3" json:"requester_id,omitempty"`
+	Requester   *Requester `protobuf:"bytes,4,opt,name=requester,proto3" json:"requester,omitempty"`
+	// A lock window: lock at most this many bytes, the longest prefix of the
+	// found blocks (request order) that fits, and at least one block; the
+	// other found blocks are named in the answer's deferred, not locked. The
+	// holder lowers it to half its per-peer pin cap, so that a requester can
+	// read one window while it locks the next. 0: lock every found block, or
+	// refuse the query at a pin limit (holders older than windows always do).
+	WindowBytes   uint64 `protobuf:"varint,5,opt,name=window_bytes,json=windowBytes,proto3" json:"window_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -224,6 +231,13 @@ func (x *QueryBlocksForTransferRequest) GetRequester() *Requester {
 		return x.Requester
 	}
 	return nil
+}
+
+func (x *QueryBlocksForTransferRequest) GetWindowBytes() uint64 {
+	if x != nil {
+		return x.WindowBytes
+	}
+	return 0
 }
 
 type Segment struct {
@@ -407,8 +421,15 @@ type QueryBlocksForTransferResponse struct {
 	// whose connection was handshaken with another incarnation holds a stale
 	// memory snapshot and dead QPs: it reconnects before reading.
 	HolderIncarnation string `protobuf:"bytes,6,opt,name=holder_incarnation,json=holderIncarnation,proto3" json:"holder_incarnation,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// Found blocks left out of this lock window (window_bytes), in request
+	// order: still there, not locked; ask for them again.
+	Deferred [][]byte `protobuf:"bytes,7,rep,name=deferred,proto3" json:"deferred,omitempty"`
+	// The holder's pin limits (0: none, or a holder too old to say): what
+	// the live sessions of one requester identity, and of all peers, may pin.
+	MaxPinnedBytesPerPeer uint64 `protobuf:"varint,8,opt,name=max_pinned_bytes_per_peer,json=maxPinnedBytesPerPeer,proto3" json:"max_pinned_bytes_per_peer,omitempty"`
+	MaxPinnedBytes        uint64 `protobuf:"varint,9,opt,name=max_pinned_bytes,json=maxPinnedBytes,proto3" json:"max_pinned_bytes,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *QueryBlocksForTransferResponse) Reset() {
@@ -481,6 +502,27 @@ func (x *QueryBlocksForTransferResponse) GetHolderIncarnation() string {
 		return x.HolderIncarnation
 	}
 	return ""
+}
+
+func (x *QueryBlocksForTransferResponse) GetDeferred() [][]byte {
+	if x != nil {
+		return x.Deferred
+	}
+	return nil
+}
+
+func (x *QueryBlocksForTransferResponse) GetMaxPinnedBytesPerPeer() uint64 {
+	if x != nil {
+		return x.MaxPinnedBytesPerPeer
+	}
+	return 0
+}
+
+func (x *QueryBlocksForTransferResponse) GetMaxPinnedBytes() uint64 {
+	if x != nil {
+		return x.MaxPinnedBytes
+	}
+	return 0
 }
 
 type ReleaseTransferLockRequest struct {
@@ -1207,12 +1249,13 @@ const file_pegad_v1_peer_proto_rawDesc = "" +
 	"\tRequester\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12 \n" +
 	"\vincarnation\x18\x02 \x01(\tR\vincarnation\x12\x1c\n" +
-	"\tadvertise\x18\x03 \x01(\tR\tadvertise\"\xab\x01\n" +
+	"\tadvertise\x18\x03 \x01(\tR\tadvertise\"\xce\x01\n" +
 	"\x1dQueryBlocksForTransferRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x16\n" +
 	"\x06hashes\x18\x02 \x03(\fR\x06hashes\x12!\n" +
 	"\frequester_id\x18\x03 \x01(\tR\vrequesterId\x121\n" +
-	"\trequester\x18\x04 \x01(\v2\x13.pegad.v1.RequesterR\trequester\"N\n" +
+	"\trequester\x18\x04 \x01(\v2\x13.pegad.v1.RequesterR\trequester\x12!\n" +
+	"\fwindow_bytes\x18\x05 \x01(\x04R\vwindowBytes\"N\n" +
 	"\aSegment\x12\x12\n" +
 	"\x04addr\x18\x01 \x01(\x04R\x04addr\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\x12\x1b\n" +
@@ -1222,7 +1265,7 @@ const file_pegad_v1_peer_proto_rawDesc = "" +
 	"\x01v\x18\x02 \x01(\v2\x11.pegad.v1.SegmentR\x01v\"I\n" +
 	"\rBlockLocation\x12\x12\n" +
 	"\x04hash\x18\x01 \x01(\fR\x04hash\x12$\n" +
-	"\x05slots\x18\x02 \x03(\v2\x0e.pegad.v1.SlotR\x05slots\"\xb2\x02\n" +
+	"\x05slots\x18\x02 \x03(\v2\x0e.pegad.v1.SlotR\x05slots\"\xb2\x03\n" +
 	"\x1eQueryBlocksForTransferResponse\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12<\n" +
@@ -1231,7 +1274,10 @@ const file_pegad_v1_peer_proto_rawDesc = "" +
 	"expires_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12/\n" +
 	"\x06blocks\x18\x04 \x03(\v2\x17.pegad.v1.BlockLocationR\x06blocks\x12\x18\n" +
 	"\amissing\x18\x05 \x03(\fR\amissing\x12-\n" +
-	"\x12holder_incarnation\x18\x06 \x01(\tR\x11holderIncarnation\"\x91\x01\n" +
+	"\x12holder_incarnation\x18\x06 \x01(\tR\x11holderIncarnation\x12\x1a\n" +
+	"\bdeferred\x18\a \x03(\fR\bdeferred\x128\n" +
+	"\x19max_pinned_bytes_per_peer\x18\b \x01(\x04R\x15maxPinnedBytesPerPeer\x12(\n" +
+	"\x10max_pinned_bytes\x18\t \x01(\x04R\x0emaxPinnedBytes\"\x91\x01\n" +
 	"\x1aReleaseTransferLockRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12!\n" +

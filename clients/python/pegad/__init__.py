@@ -12,7 +12,7 @@
 See clients/python/README.md and docs/local-protocol.md.
 """
 
-from .client import (DATA_SOCKET_SUFFIX, DEFAULT_SOCKET, AllocRequest, Client, PrefetchBlock,
+from .client import (DATA_SOCKET_SUFFIX, DEFAULT_SOCKET, AllocRequest, BlockStatus, Client, PrefetchBlock,
                      PrefetchResult, Reader, Slot, SlotSize, Writer)
 from .errors import (Aborted, ClientClosed, Exists, FailedPrecondition, InternalError, InvalidArgument, LeaseEnded,
                      LimitReached, NotFound, PegadError, PoolFull, ProtocolError, ShortBuffer,
@@ -21,7 +21,7 @@ from .errors import (Aborted, ClientClosed, Exists, FailedPrecondition, Internal
 __version__ = "0.1.0"
 
 __all__ = [
-    "Client", "Writer", "Reader", "Slot", "SlotSize", "AllocRequest", "PrefetchBlock",
+    "Client", "Writer", "Reader", "Slot", "SlotSize", "AllocRequest", "BlockStatus", "PrefetchBlock",
     "PrefetchResult", "DATA_SOCKET_SUFFIX", "DEFAULT_SOCKET",
     "PegadError", "NotFound", "PoolFull", "InvalidArgument", "WrongType", "Exists",
     "LeaseEnded", "LimitReached", "Unavailable", "ClientClosed", "ProtocolError",

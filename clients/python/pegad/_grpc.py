@@ -43,9 +43,10 @@ def delete(stub, ns, h, timeout):
 
 
 def _result(pr):
-    from .client import PrefetchBlock, PrefetchResult
-    blocks = [PrefetchBlock(b.hash, local_pb2.PrefetchBlockStatus.Name(b.status).removeprefix(_STATUS_PREFIX), b.error,
-                            b.node) for b in pr.blocks]
+    from .client import BlockStatus, PrefetchBlock, PrefetchResult
+    blocks = [PrefetchBlock(b.hash, BlockStatus(local_pb2.PrefetchBlockStatus.Name(b.status)
+                                                .removeprefix(_STATUS_PREFIX).lower()), b.error, b.node)
+              for b in pr.blocks]
     d = pr.duration.seconds + pr.duration.nanos / 1e9
     return PrefetchResult(blocks, pr.bytes, d, pr.session_id)
 

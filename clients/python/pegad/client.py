@@ -33,9 +33,29 @@ Slot.__doc__ = "A leased slot: read-only memoryviews of its K and V segments (v 
 AllocRequest = namedtuple("AllocRequest", ["namespace", "hash", "size", "slots"], defaults=[None])
 AllocRequest.__doc__ = "One block of alloc_batch: size bytes, or the shape given by slots."
 
+class BlockStatus(str):
+    """A block's prefetch status, lower-case as pegactl prints it: fetched, already_local,
+    missing_on_peer, failed, discarded, not_found. The upper-case names of 0.1.0 (FETCHED, ...)
+    are deprecated aliases: they still compare equal (BlockStatus("fetched") == "FETCHED"),
+    but as dict keys or set members only the lower-case names match."""
+
+    __slots__ = ()
+
+    def __eq__(self, other):
+        if isinstance(other, str):
+            return str.__eq__(self, other.lower())
+        return NotImplemented
+
+    def __ne__(self, other):
+        eq = self.__eq__(other)
+        return eq if eq is NotImplemented else not eq
+
+    __hash__ = str.__hash__
+
+
 PrefetchBlock = namedtuple("PrefetchBlock", ["hash", "status", "error", "node"], defaults=[""])
-PrefetchBlock.__doc__ = ("One block's prefetch outcome; status is the PrefetchBlockStatus name without its prefix "
-                         "(FETCHED, ALREADY_LOCAL, MISSING_ON_PEER, FAILED, DISCARDED, NOT_FOUND); node: the node "
+PrefetchBlock.__doc__ = ("One block's prefetch outcome; status is a BlockStatus, lower-case as pegactl prints it "
+                         "(fetched, already_local, missing_on_peer, failed, discarded, not_found); node: the node "
                          "that served it when no peer was given (cluster index).")
 
 PrefetchResult = namedtuple("PrefetchResult", ["blocks", "bytes", "duration", "session_id"])
@@ -309,6 +329,12 @@ class Client:
     def pool_size(self):
         """Bytes of the mapped pool."""
         return self._data.pool_size
+
+    @property
+    def protocol_version(self):
+        """The data socket's protocol version agreed with the daemon: 2 (put
+        in one round trip) unless the daemon is older and speaks only 1."""
+        return self._data.version
 
     @property
     def lease_timeout(self):

@@ -5,9 +5,12 @@ bytes in the same process (scripts/bench.sh's Python rows).
 
 Prints one line per run in go test's benchmark format, so bench.sh's table
 parses it: put-MB/s and get-MB/s beside numpyin-MB/s (copy the source array
-into another) and numpyout-MB/s (copy that one into a third). Each
-iteration puts a new block, gets it back into a numpy array, deletes it
-(untimed), then times the two numpy copies. Rates are of the median
+into another) and numpyout-MB/s (copy that one into a third), both between
+arrays the loop keeps in cache, and numpycold-MB/s: the source copied into
+one of COLD_BUFS arrays in turn, more than the L3 holds, so the destination
+is not in cache, as a put's room in the pool is not. Each iteration puts a
+new block, gets it back into a numpy array, deletes it (untimed), then
+times the numpy copies. Rates are of the median
 iteration of each step: on a shared machine a preempted iteration says
 nothing about the client, and the median drops it.
 """
@@ -28,12 +31,14 @@ import harness  # noqa: E402
 import pegad  # noqa: E402
 
 SIZE = 4 << 20
+COLD_BUFS = 32  # 128 MiB of destinations: several times a server's L3
 
 
 def run(c, benchtime):
     body = np.frombuffer(os.urandom(SIZE), dtype=np.uint8)
     dst, cp, cp2 = (np.empty(SIZE, dtype=np.uint8) for _ in range(3))
-    t = {"put": [], "get": [], "numpyin": [], "numpyout": []}
+    cold = [np.ones(SIZE, dtype=np.uint8) for _ in range(COLD_BUFS)]  # ones: pages faulted in now, not timed
+    t = {"put": [], "get": [], "numpyin": [], "numpyout": [], "numpycold": []}
     clock = time.perf_counter
 
     def iteration(i):
@@ -50,7 +55,9 @@ def run(c, benchtime):
         t4 = clock()
         np.copyto(cp2, cp)
         t5 = clock()
-        return t1 - t0, t2 - t1, t4 - t3, t5 - t4
+        np.copyto(cold[i % COLD_BUFS], body)
+        t6 = clock()
+        return t1 - t0, t2 - t1, t4 - t3, t5 - t4, t6 - t5
 
     for i in range(8):  # warm up: first touch of the pool's pages in this process
         iteration(-1 - i)

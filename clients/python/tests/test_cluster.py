@@ -67,16 +67,16 @@ def test_prefetch_from_the_cluster_index(bins, redis_url, ns):
                 hc.put(ns, h, bytes([i + 1]) * 50000)
         unknown = rand_hash()
         with pegad.Client(requester.socket, timeout=60) as c:
-            nodes = {}  # hash -> node that served it (a block fetched by an earlier try is ALREADY_LOCAL later)
+            nodes = {}  # hash -> node that served it (a block fetched by an earlier try is already_local later)
 
             def fetched():
                 res = c.prefetch(ns, hashes + [unknown], timeout=20)
                 got = {b.hash: b for b in res.blocks}
-                nodes.update((h, b.node) for h, b in got.items() if b.status == "FETCHED")
-                return got if all(got[h].status in ("FETCHED", "ALREADY_LOCAL") for h in hashes) else None
+                nodes.update((h, b.node) for h, b in got.items() if b.status == "fetched")
+                return got if all(got[h].status in ("fetched", "already_local") for h in hashes) else None
 
             got = wait_until("the holder's blocks in the index", fetched, timeout=30)
-            assert got[unknown].status == "NOT_FOUND"
+            assert got[unknown].status == "not_found"
             assert {nodes.get(h) for h in hashes} == {"py-holder"}
             for i, h in enumerate(hashes):
                 out = bytearray(50000)

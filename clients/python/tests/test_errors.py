@@ -118,3 +118,13 @@ def test_interrupted_call_breaks_the_connection_not_the_stream(daemon, ns, monke
     # The daemon ended the lease the interrupted call took.
     from harness import wait_until
     wait_until("the interrupted lease to end", lambda: daemon.stats()["pinned_blocks"] == 0)
+
+
+def test_block_status_names():
+    """Prefetch statuses are lower-case as pegactl prints them; the upper-case
+    names of 0.1.0 still compare equal (deprecated aliases)."""
+    s = pegad.BlockStatus("missing_on_peer")
+    assert str(s) == "missing_on_peer" and s == "missing_on_peer"
+    assert s == "MISSING_ON_PEER" and s != "FETCHED" and not (s != "MISSING_ON_PEER")
+    assert s in ("FETCHED", "MISSING_ON_PEER") and hash(s) == hash("missing_on_peer")
+    assert s != 3

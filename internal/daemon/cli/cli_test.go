@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/pegaflow/pegad/internal/ibv/verbs"
 	"github.com/pegaflow/pegad/internal/version"
 )
 
@@ -68,6 +69,16 @@ func TestConfigErrorsExit78(t *testing.T) {
 		{nil, map[string]string{"PEGAD_QPS_PER_PEER": "two"}, ExitConfig},
 		{[]string{"--listen", "0.0.0.0:0", "--advertise", "127.0.0.1:50055", "--transport", "tcp",
 			"--metrics-listen", "", "--pool-size", "4MiB"}, nil, ExitConfig},
+		// Issue 23: a pool larger than the host, refused before it is mapped.
+		{[]string{"--listen", "127.0.0.1:0", "--transport", "tcp", "--metrics-listen", "", "--pool-size", "65536TiB"}, nil, ExitConfig},
+	}
+	if ok, _ := verbs.Available(); !ok {
+		// Issue 23: verbs asked for on a host without it (this one).
+		tests = append(tests, struct {
+			args []string
+			env  map[string]string
+			want int
+		}{[]string{"--listen", "127.0.0.1:0", "--transport", "verbs", "--metrics-listen", "", "--pool-size", "4MiB"}, nil, ExitConfig})
 	}
 	for _, tc := range tests {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {

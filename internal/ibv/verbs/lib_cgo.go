@@ -222,7 +222,7 @@ func (l *lib) describe(ctx *C.struct_ibv_context, name string, want uint8, o Opt
 		return ibv.DeviceInfo{}, lim, portChoice{}, fmt.Errorf("P_Key index %d outside port %d's table of %d entries: %w",
 			o.PKeyIndex, c.Port, c.PKeys, ibv.ErrInvalidArgument)
 	}
-	info := deviceInfo(name, fs.numaNode(name), c, lim.maxQPWR, min(lim.maxInitRdAtom, lim.maxRdAtom))
+	info := deviceInfo(name, o.numaNode(fs, name), c, lim.maxQPWR, min(lim.maxInitRdAtom, lim.maxRdAtom))
 	return info, lim, c, nil
 }
 

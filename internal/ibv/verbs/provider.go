@@ -40,6 +40,18 @@ type Options struct {
 	// CQSpin is how long CQ.Wait busy-polls before it blocks on the CQ's
 	// completion channel (0: DefaultCQSpin; negative: block at once).
 	CQSpin time.Duration
+	// NUMANodes names the NUMA node of devices by name, replacing sysfs's
+	// numa_node (which virtual devices such as rxe lack): DeviceInfo's
+	// NUMANode. Devices not named keep sysfs's (-1 when it has none).
+	NUMANodes map[string]int
+}
+
+// numaNode is the NUMA node of device name: NUMANodes', else sysfs's.
+func (o Options) numaNode(fs sysfs, name string) int {
+	if n, ok := o.NUMANodes[name]; ok {
+		return n
+	}
+	return fs.numaNode(name)
 }
 
 // cqSpin is the busy-poll budget of CQ.Wait.

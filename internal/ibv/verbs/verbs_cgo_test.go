@@ -224,6 +224,32 @@ func TestFakeDevices(t *testing.T) {
 	}
 }
 
+// TestFakeDevicesNamedNUMA: Options.NUMANodes gives the named devices
+// their NUMA node where sysfs has none (rxe, fakeverbs), both in Devices
+// and in an opened device's Info; the others keep -1 (issue 27, finding b).
+func TestFakeDevicesNamedNUMA(t *testing.T) {
+	p := NewWithOptions(Options{SysfsRoot: "/nonexistent", NUMANodes: map[string]int{"pegadfake1": 1, "pegadfakeib0": 0}})
+	p.fake = true
+	devs, err := p.Devices()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]int{"pegadfake0": -1, "pegadfake1": 1, "pegadfakeib0": 0}
+	for _, d := range devs {
+		if w, ok := want[d.Name]; ok && d.NUMANode != w {
+			t.Errorf("Devices: %s NUMANode %d, want %d", d.Name, d.NUMANode, w)
+		}
+	}
+	d, err := p.Open("pegadfake1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Close() })
+	if got := d.Info().NUMANode; got != 1 {
+		t.Errorf("opened pegadfake1: NUMANode %d, want 1", got)
+	}
+}
+
 // TestConformanceFake runs the conformance suite over the loopback
 // stand-in: it checks this package's Go and C glue, not an HCA.
 func TestConformanceFake(t *testing.T) {

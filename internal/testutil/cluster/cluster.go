@@ -37,7 +37,7 @@ type Node struct {
 	LocalConn *grpc.ClientConn // the local socket: Local, Admin, Cluster, Health services
 	Local     pegadv1.LocalServiceClient
 	Admin     pegadv1.AdminServiceClient
-	Peer  pegadv1.PeerServiceClient // nil until the peer address is known
+	Peer      pegadv1.PeerServiceClient // nil until the peer address is known
 
 	socket, peerAddr, metricsAddr, incarnation string
 

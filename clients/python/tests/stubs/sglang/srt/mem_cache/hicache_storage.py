@@ -1,0 +1,87 @@
+"""Test stub of SGLang's HiCacheStorage (see ../../../README.md).
+
+Method names and parameter lists copied from sgl-project/sglang
+python/sglang/srt/mem_cache/hicache_storage.py at commit
+001067fffe33427bee0ed2f007fb7551a1d76b44 (the v2 pool-transfer calls are
+left out: pegad.sglang does not implement them). torch types are string
+annotations.
+"""
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, List, Optional
+
+UPSTREAM_COMMIT = "001067fffe33427bee0ed2f007fb7551a1d76b44"
+
+
+@dataclass
+class HiCacheStorageConfig:
+    tp_rank: int
+    tp_size: int
+    pp_rank: int
+    pp_size: int
+    attn_cp_rank: int
+    attn_cp_size: int
+    is_mla_model: bool
+    enable_storage_metrics: bool
+    is_page_first_layout: bool
+    model_name: Optional[str]
+    dp_rank: int = 0
+    dp_size: int = 1
+    tp_lcm_size: Optional[int] = None
+    should_split_heads: bool = False
+    extra_config: Optional[dict] = None
+
+
+@dataclass
+class HiCacheStorageExtraInfo:
+    prefix_keys: Optional[List[str]] = None
+    extra_info: Optional[dict] = None
+
+
+class HiCacheStorage(ABC):
+    def register_mem_pool_host(self, mem_pool_host: "HostKVCache"):
+        self.mem_pool_host = mem_pool_host
+
+    def batch_get_v1(self, keys: List[str], host_indices: "torch.Tensor",
+                     extra_info: Optional[HiCacheStorageExtraInfo] = None) -> List[bool]:
+        raise NotImplementedError()
+
+    def batch_set_v1(self, keys: List[str], host_indices: "torch.Tensor",
+                     extra_info: Optional[HiCacheStorageExtraInfo] = None) -> List[bool]:
+        raise NotImplementedError()
+
+    @abstractmethod
+    def get(self, key: str, target_location: Optional[Any] = None, target_sizes: Optional[Any] = None) -> "torch.Tensor | None":
+        pass
+
+    @abstractmethod
+    def batch_get(self, keys: List[str], target_locations: Optional[Any] = None,
+                  target_sizes: Optional[Any] = None) -> "List[torch.Tensor | None] | int":
+        pass
+
+    @abstractmethod
+    def set(self, key: str, value: Optional[Any] = None, target_location: Optional[Any] = None,
+            target_sizes: Optional[Any] = None) -> bool:
+        pass
+
+    @abstractmethod
+    def batch_set(self, keys: List[str], values: Optional[Any] = None, target_locations: Optional[Any] = None,
+                  target_sizes: Optional[Any] = None) -> bool:
+        pass
+
+    @abstractmethod
+    def exists(self, key: str) -> bool:
+        pass
+
+    def batch_exists(self, keys: List[str], extra_info: Optional[HiCacheStorageExtraInfo] = None) -> int:
+        for i in range(len(keys)):
+            if not self.exists(keys[i]):
+                return i
+        return len(keys)
+
+    def clear(self) -> None:
+        pass
+
+    def get_stats(self):
+        return None

@@ -1,0 +1,1 @@
+"""Test stub (see stubs/README.md): not vLLM or SGLang."""

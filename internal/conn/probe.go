@@ -1,0 +1,148 @@
+package conn
+
+import (
+	"context"
+	"fmt"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/pegaflow/pegad/internal/ibv"
+)
+
+// The requester's keepalive. A one-sided READ is the only traffic an RC
+// connection carries, so a holder that died while its requester was idle
+// goes unnoticed until the next fetch fails: the connection stays listed
+// as connected, with its QPs. The prober READs probeBytes from the start
+// of the holder's memory on one QP of every NIC of each idle connection.
+// A live holder's NIC answers without its CPU, in microseconds; a dead
+// one's QPs are gone, so the READ fails with RETRY_EXC_ERR once the QP's
+// retry budget is spent (ibv.ConnectAttr.RetryBudget). Not every provider
+// gives up: soft-RoCE (rxe) treats retry_cnt 7 as "retry forever", so a
+// probe also fails when it has not completed within the retry budget plus
+// probeSlack. Either failure invalidates the connection as a failed fetch
+// would: it leaves the listing, its QPs are destroyed (after the READ is
+// flushed), and the next Get handshakes afresh.
+
+// probeBytes is the length of one keepalive READ.
+const probeBytes = 8
+
+// probeSlack is added to the retry budget before an unanswered probe
+// counts as a dead holder: room for a loaded host, far above a live
+// NIC's answer.
+const probeSlack = 500 * time.Millisecond
+
+// registerProbe maps the scratch page keepalive READs land in and
+// registers it on every NIC (localNIC.probeMR). Never the pool: a probe
+// must not write where blocks live. Its contents are never read.
+func (m *Manager) registerProbe() error {
+	mem, err := unix.Mmap(-1, 0, unix.Getpagesize(), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		return fmt.Errorf("conn: map keepalive buffer: %w", err)
+	}
+	m.probeMem = mem
+	for _, n := range m.nics {
+		if n.probeMR, err = n.pd.RegMR(mem, ibv.AccessLocalWrite); err != nil {
+			return fmt.Errorf("conn: register keepalive buffer on %s: %w", n.info.Name, err)
+		}
+	}
+	return nil
+}
+
+// releaseProbe deregisters and unmaps the scratch page (Close, or a failed
+// NewManager), before the NICs' protection domains close.
+func (m *Manager) releaseProbe() {
+	for _, n := range m.nics {
+		if n.probeMR != nil {
+			_ = n.probeMR.Dereg()
+			n.probeMR = nil
+		}
+	}
+	if m.probeMem != nil {
+		_ = unix.Munmap(m.probeMem)
+		m.probeMem = nil
+	}
+}
+
+// prober probes idle requester connections every ProbeInterval. Owned by
+// the manager: started by NewManager when ProbeInterval > 0, stopped by
+// Close (m.ctx), counted in m.reaping.
+func (m *Manager) prober() {
+	defer m.reaping.Done()
+	t := time.NewTicker(m.opts.ProbeInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.ctx.Done():
+			return
+		case now := <-t.C:
+			m.probeIdle(now)
+		}
+	}
+}
+
+// probeIdle probes, one after the other, the connections that no Read has
+// used for ProbeInterval. A dead holder costs one retry budget here, so a
+// tick is at most that late per dead holder.
+func (m *Manager) probeIdle(now time.Time) {
+	m.mu.Lock()
+	idle := make([]*AddrConnection, 0, len(m.peers))
+	for _, c := range m.peers {
+		if c.idleFor(now, m.opts.ProbeInterval) {
+			idle = append(idle, c)
+		}
+	}
+	m.mu.Unlock()
+	for _, c := range idle {
+		ctx, cancel := context.WithTimeout(m.ctx, time.Duration(m.probeTimeout.Load()))
+		err := c.probe(ctx)
+		cancel()
+		if err != nil && m.ctx.Err() == nil {
+			c.log.Warn().Err(err).Msg("rdma keepalive failed: holder unreachable over RDMA, connection invalidated")
+		}
+	}
+}
+
+// idleFor reports whether no Read is in flight on c and none returned in
+// the last d.
+func (c *AddrConnection) idleFor(now time.Time, d time.Duration) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	last := c.lastUse
+	if last.IsZero() {
+		last = c.since
+	}
+	return !c.invalid && c.refs == 0 && now.Sub(last) >= d
+}
+
+// probe READs probeBytes from the start of the holder's first region on
+// one QP of every NIC (the QPs taking turns). nil when every READ
+// completed, or c was invalidated meanwhile; a failure has invalidated c.
+func (c *AddrConnection) probe(ctx context.Context) error {
+	if c.m.probeMem == nil {
+		return nil
+	}
+	local := uint64(uintptr(unsafe.Pointer(&c.m.probeMem[0])))
+	if c.acquire() != nil {
+		return nil // invalidated meanwhile: nothing left to watch
+	}
+	defer c.release()
+	var batches []*batch
+	for _, cn := range c.nics {
+		if len(cn.remote) == 0 || len(cn.sessions) == 0 || cn.nic.probeMR == nil {
+			continue
+		}
+		r := cn.remote[0]
+		s := cn.sessions[cn.rr.Add(1)%uint64(len(cn.sessions))]
+		batches = append(batches, &batch{s: s, ops: []int{0}, wrs: []ibv.SendWR{{
+			Op: ibv.OpRDMARead, Signaled: true,
+			LocalAddr: local, Length: uint32(min(probeBytes, r.Length)), LKey: cn.nic.probeMR.LKey(),
+			RemoteAddr: r.Base, RKey: r.RKey,
+		}}})
+	}
+	if len(batches) == 0 {
+		return nil
+	}
+	return c.runBatches(ctx, batches)
+}

@@ -1,0 +1,92 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+
+	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+)
+
+// TestKVEvents: with --kv-events-endpoint, a put and a delete through the
+// local API reach a ZMQ subscriber as vLLM KV events on the node's topic,
+// numbered from 0; /metrics counts them. A taken port fails start-up and
+// names the flag.
+func TestKVEvents(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.KVEventsEndpoint = "tcp://127.0.0.1:0"
+	n := startNode(t, cfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sub := zmq4.NewSub(ctx)
+	defer sub.Close()
+	if err := sub.Dial("tcp://" + n.d.KVEventsAddr()); err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.SetOption(zmq4.OptionSubscribe, "kv@"+cfg.NodeID+"@"); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); n.d.kv.Subscribers() == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("subscriber not seen in 10s")
+		}
+	}
+	hash := []byte("0123456789abcdef-block")
+	putBlock(t, n, "model-a", hash, []byte("kv bytes"), false)
+	if _, err := n.local.DeleteBlock(ctxT(t), &pegadv1.DeleteBlockRequest{Namespace: "model-a", Hash: hash}); err != nil {
+		t.Fatal(err)
+	}
+	for i, tag := range []string{"BlockStored", "BlockRemoved"} {
+		msg, err := sub.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(msg.Frames) != 3 {
+			t.Fatalf("message %d: %d frames", i, len(msg.Frames))
+		}
+		if got := string(msg.Frames[0]); got != "kv@"+cfg.NodeID+"@model-a" {
+			t.Errorf("message %d: topic %q", i, got)
+		}
+		if seq := binary.BigEndian.Uint64(msg.Frames[1]); seq != uint64(i) {
+			t.Errorf("message %d: sequence %d", i, seq)
+		}
+		// The payload holds the tag, the hash as msgpack bin 8 and "cpu".
+		p := msg.Frames[2]
+		for _, want := range [][]byte{[]byte(tag), append([]byte{0xc4, byte(len(hash))}, hash...), []byte("\xa3cpu")} {
+			if !bytes.Contains(p, want) {
+				t.Errorf("message %d: payload %x lacks %q", i, p, want)
+			}
+		}
+	}
+	m := scrape(t, n.d.MetricsAddr())
+	for k, want := range map[string]float64{
+		`pegaflow_kv_events_published_total{kind="stored"}`:  1,
+		`pegaflow_kv_events_published_total{kind="deleted"}`: 1,
+		`pegaflow_kv_events_subscribers`:                     1,
+	} {
+		if m[k] != want {
+			t.Errorf("%s = %v, want %v", k, m[k], want)
+		}
+	}
+
+	// Port in use.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	cfg2 := testConfig(t)
+	cfg2.KVEventsEndpoint = "tcp://" + l.Addr().String()
+	if d, err := Start(context.Background(), cfg2, WithLogger(n.d.log)); err == nil {
+		_ = d.Close()
+		t.Fatal("started with the KV-events port in use")
+	} else if !strings.Contains(err.Error(), "--kv-events-endpoint") {
+		t.Fatalf("error %q does not name --kv-events-endpoint", err)
+	}
+}

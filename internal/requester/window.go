@@ -1,0 +1,188 @@
+package requester
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+	"github.com/pegaflow/pegad/api/pegaderr"
+	"github.com/pegaflow/pegad/internal/store"
+)
+
+// defaultWindowBytes is the lock window a fetch asks for; a holder lowers
+// it to half its per-peer pin cap (QueryBlocksForTransferRequest.window_bytes).
+const defaultWindowBytes = 128 << 20
+
+// window is one lock window of a fetch: the holder's answer to one query
+// for some of the fetch's keys.
+type window struct {
+	resp     *pegadv1.QueryBlocksForTransferResponse
+	lockedAt time.Time
+	asked    []int // indices (into the fetch's keys) this query named
+	rest     []int // indices still to lock after it: deferred by the holder, or not asked
+	err      error // the query's error (nothing was locked then)
+}
+
+// pipeline is one fetch from one peer: connect, then a pipeline of lock
+// windows, each locked while the one before it is read, and each released
+// behind its reads, its blocks indexed only after its release answered
+// (lesson 10). Each window fits the pin cap the holder states; a holder
+// that states none (older) is asked for fewer hashes when it refuses at a
+// limit. It belongs to the goroutine running fetch.
+type pipeline struct {
+	e      *Engine
+	ctx    context.Context
+	st     *fetchState
+	keys   []store.Key
+	idx    map[string]int // hash → index into keys
+	out    *fetchOut
+	client pegadv1.PeerServiceClient
+	rd     reader
+	// maxHashes: the most hashes a query names; halved when a holder
+	// refuses a window at a pin limit.
+	maxHashes int
+	sessions  []string
+}
+
+// fetch runs connect → (lock window → transfer → release → index)… for
+// keys, writing per-block outcomes into out.
+func (e *Engine) fetch(ctx context.Context, st *fetchState, keys []store.Key, out *fetchOut) error {
+	p := &pipeline{e: e, ctx: ctx, st: st, keys: keys, out: out, maxHashes: len(keys),
+		idx: make(map[string]int, len(keys))}
+	for i, k := range keys {
+		p.idx[k.Hash] = i
+	}
+	var err error
+	p.rd, p.client, err = e.connect(ctx, st)
+	if err != nil {
+		return p.fail(PhaseConnect, err, ErrConnection)
+	}
+	all := make([]int, len(keys))
+	for i := range all {
+		all[i] = i
+	}
+	e.hook(ctx, st, PhaseLock)
+	if rerr := e.channelReady(ctx, p.client); rerr != nil {
+		return p.fail(PhaseLock, channelNotReady(e.reconnectWait, rerr), ErrRemote)
+	}
+	return p.run(p.lockWindow(all, true))
+}
+
+// run transfers w and every window after it. The next window's query runs
+// in a goroutine of this fetch while w is read; it is always received,
+// also on a panic, and its session released when the fetch stops early.
+func (p *pipeline) run(w window) (err error) {
+	var next chan window
+	defer func() {
+		if next != nil {
+			p.drop(<-next)
+		}
+	}()
+	for {
+		if w.err != nil {
+			return p.fail(PhaseLock, w.err, ErrRemote)
+		}
+		if sid := w.resp.GetSessionId(); sid != "" {
+			p.sessions = append(p.sessions, sid)
+			p.out.session = strings.Join(p.sessions, ",")
+		}
+		if len(w.rest) > 0 {
+			next = make(chan window, 1)
+			rest := w.rest
+			go func() { next <- p.lockWindow(rest, false) }()
+		}
+		if err := p.transfer(w); err != nil {
+			return err
+		}
+		if next == nil {
+			return nil
+		}
+		nw := <-next
+		next = nil
+		if nw.err != nil && limitRefused(nw.err) && p.ctx.Err() == nil {
+			// Refused while this fetch held the window before it (other
+			// sessions of this node share the cap): ask again now that it
+			// is released, for fewer hashes if need be.
+			nw = p.lockWindow(w.rest, true)
+		}
+		w = nw
+	}
+}
+
+// lockWindow queries the holder for the keys at todo, at most maxHashes of
+// them, asking for a window of defaultWindowBytes. With halve, a refusal
+// at a pin limit (nothing was locked) is asked again for half as many
+// hashes, down to one: an older holder states no cap and windows nothing.
+func (p *pipeline) lockWindow(todo []int, halve bool) window {
+	for {
+		n := min(len(todo), p.maxHashes)
+		w := p.query(todo[:n])
+		w.rest = append(w.rest, todo[n:]...)
+		if w.err == nil || !halve || n == 1 || !limitRefused(w.err) || p.ctx.Err() != nil {
+			return w
+		}
+		p.maxHashes = (n + 1) / 2
+		p.e.log.Info().Err(w.err).Str("req_id", p.st.reqID).Str("remote", p.st.peer).Int("hashes", p.maxHashes).
+			Msg("lock window refused at the holder's pin limit; asking for fewer blocks")
+	}
+}
+
+// query sends one lock query for the keys at asked.
+func (p *pipeline) query(asked []int) window {
+	hashes := make([][]byte, len(asked))
+	for i, k := range asked {
+		hashes[i] = []byte(p.keys[k].Hash)
+	}
+	w := window{asked: asked, lockedAt: time.Now()}
+	w.resp, w.err = p.e.lock(p.ctx, p.st, p.client, &pegadv1.QueryBlocksForTransferRequest{
+		Namespace: p.st.ns, Hashes: hashes, RequesterId: p.e.opts.NodeID, Requester: p.e.requester(),
+		WindowBytes: defaultWindowBytes,
+	})
+	if w.err != nil {
+		return w
+	}
+	for _, h := range w.resp.GetDeferred() {
+		i, ok := p.idx[string(h)]
+		if !ok {
+			continue // plan refuses the answer's unrequested blocks; a deferred one is simply not asked again
+		}
+		w.rest = append(w.rest, i)
+	}
+	return w
+}
+
+// drop releases the session of a window the fetch will not read.
+func (p *pipeline) drop(w window) {
+	sid := w.resp.GetSessionId()
+	if w.err != nil || sid == "" {
+		return
+	}
+	g := p.e.newGuard(p.client, p.st, sid)
+	if p.ctx.Err() != nil {
+		g.Abort(abortReason(p.ctx))
+		return
+	}
+	_, _ = g.Release()
+}
+
+// fail wraps cause as the fetch's error in phase.
+func (p *pipeline) fail(phase string, cause, fallback error) error {
+	if p.ctx.Err() != nil {
+		cause = fmt.Errorf("%w (%w)", ctxErr(p.ctx), cause)
+	}
+	return &FetchError{Peer: p.st.peer, Phase: phase, Class: classify(cause, fallback), Err: cause}
+}
+
+// limitRefused reports whether a lock query was refused at a pin limit
+// (ResourceExhausted, reason LIMIT): nothing was locked, so asking again is
+// safe.
+func limitRefused(err error) bool {
+	_, reason := pegaderr.FromStatus(err)
+	return reason == pegaderr.Limit
+}
+
+// errNoSession: the holder returned blocks but no session to release them.
+var errNoSession = errors.New("holder returned blocks without a session")
