@@ -149,6 +149,36 @@ func TestSSDSpillAndPromote(t *testing.T) {
 	if err != nil || !bytes.Equal(got, ssdBody(0)) {
 		t.Fatalf("block 0 on b after prefetch: err %v, right bytes %v", err, bytes.Equal(got, ssdBody(0)))
 	}
+
+	// A prefetch on a of a block on its own SSD reads it back from there
+	// (already local), not from the peer, which lacks it.
+	onlySSD := -1
+	list, err := a.Local.ListBlocks(ctx, &pegadv1.ListBlocksRequest{Namespace: ssdNS, Limit: 4096})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, bl := range list.GetBlocks() {
+		if bl.GetTier() == "ssd" {
+			if _, err := fmt.Sscanf(string(bl.GetHash()), "blk-%04d", &onlySSD); err != nil {
+				t.Fatal(err)
+			}
+			break
+		}
+	}
+	if onlySSD < 0 {
+		t.Fatal("no SSD-only block on a")
+	}
+	before := a.Scrape(t)["pegaflow_ssd_promotions_total"]
+	res, err := a.Local.Prefetch(ctx, &pegadv1.PrefetchRequest{Peer: b.PeerAddr(), Namespace: ssdNS, Hashes: [][]byte{ssdHash(onlySSD)}})
+	if err != nil {
+		t.Fatalf("prefetch on a: %v", err)
+	}
+	if st := res.GetBlocks()[0].GetStatus(); st != pegadv1.PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_ALREADY_LOCAL {
+		t.Fatalf("prefetch of an SSD block: %v, want already local", st)
+	}
+	if after := a.Scrape(t)["pegaflow_ssd_promotions_total"]; after != before+1 {
+		t.Fatalf("promotions %v -> %v, want one more", before, after)
+	}
 }
 
 // TestSSDWarmRestart: what was written to the SSD tier is served again
