@@ -66,6 +66,8 @@ const (
 
 // Bounds enforced by Validate.
 const (
+	// MinSSDSize is the smallest --ssd-size: four segments of 1 MiB.
+	MinSSDSize ByteSize = 4 << 20
 	// MinPoolSize is the smallest pool pegad starts with: below it not even
 	// one typical block plus a staging chunk fits.
 	MinPoolSize   ByteSize = 1 << 20
@@ -208,6 +210,13 @@ type Config struct {
 	// members may use it: mode 0660).
 	SocketGroup string `mapstructure:"socket-group"`
 
+	// SSDPath is the SSD tier (docs/tiering.md): a comma list of
+	// directories, one per device, each holding one log of SSDSize bytes.
+	// Empty: no SSD tier (evicted blocks are gone).
+	SSDPath string `mapstructure:"ssd-path"`
+	// SSDSize is the log size per SSDPath entry (preallocated at start).
+	SSDSize ByteSize `mapstructure:"ssd-size"`
+
 	// File is the config file that was read ("" when none); not a key.
 	File string `mapstructure:"-"`
 }
@@ -348,6 +357,8 @@ func RegisterFlags(fs *pflag.FlagSet, d Config) {
 	fs.String("max-pinned-bytes-per-peer", d.MaxPinnedBytesPerPeer.String(), "bytes one peer's sessions may pin (0: pool-size/2)")
 	fs.String("max-pinned-bytes", d.MaxPinnedBytes.String(), "bytes all peers' sessions may pin together (0: 75% of pool-size)")
 	fs.String("socket-group", d.SocketGroup, "group (name or numeric gid) owning the local socket (mode 0660); empty: pegad's group")
+	fs.String("ssd-path", d.SSDPath, "SSD tier: comma list of directories, one per device (empty: no SSD tier)")
+	fs.String("ssd-size", d.SSDSize.String(), "SSD tier: log size per --ssd-path directory, preallocated (e.g. 100GiB)")
 }
 
 // Load builds the Config from fs (already parsed, registered with
@@ -582,6 +593,7 @@ func (c *Config) problems() []Problem {
 	if c.PoolSize < MinPoolSize {
 		bad("pool-size", "%s is below the minimum %s", c.PoolSize, MinPoolSize)
 	}
+	c.validateSSD(bad)
 	switch c.PoolHugePages {
 	case "none", "thp", "2M", "1G":
 	default:
@@ -892,4 +904,38 @@ func checkRedisURLs(s string) error {
 		}
 	}
 	return nil
+}
+
+// SSDPaths is --ssd-path split into its directories.
+func (c *Config) SSDPaths() []string {
+	if strings.TrimSpace(c.SSDPath) == "" {
+		return nil
+	}
+	parts := strings.Split(c.SSDPath, ",")
+	for i := range parts {
+		parts[i] = strings.TrimSpace(parts[i])
+	}
+	return parts
+}
+
+func (c *Config) validateSSD(bad func(key, format string, args ...any)) {
+	paths := c.SSDPaths()
+	if paths == nil {
+		return
+	}
+	seen := map[string]bool{}
+	for _, p := range paths {
+		switch {
+		case p == "":
+			bad("ssd-path", "empty entry in %q", c.SSDPath)
+		case !filepath.IsAbs(p):
+			bad("ssd-path", "%q is not an absolute path", p)
+		case seen[filepath.Clean(p)]:
+			bad("ssd-path", "%q is listed twice", p)
+		}
+		seen[filepath.Clean(p)] = true
+	}
+	if c.SSDSize < MinSSDSize {
+		bad("ssd-size", "%s is below the minimum %s (required with ssd-path)", c.SSDSize, MinSSDSize)
+	}
 }

@@ -69,6 +69,7 @@ type blockJSON struct {
 	Slots      []slotJSON `json:"slots"`
 	Pins       uint32     `json:"pins"`
 	NumaNode   int32      `json:"numa_node"`
+	Tier       string     `json:"tier"`
 	CreatedAt  string     `json:"created_at"`
 	LastAccess string     `json:"last_access"`
 
@@ -93,10 +94,20 @@ func blockOf(b *pegadv1.BlockInfo) blockJSON {
 		Slots:      slotsOf(b.GetSlots()),
 		Pins:       b.GetPins(),
 		NumaNode:   b.GetNumaNode(),
+		Tier:       tierOf(b),
 		CreatedAt:  timestamp(b.GetCreatedAt()),
 		LastAccess: timestamp(b.GetLastAccess()),
 		lastAccess: b.GetLastAccess().AsTime(),
 	}
+}
+
+// tierOf is the block's tier; a pegad from before tiers lists the pool
+// only.
+func tierOf(b *pegadv1.BlockInfo) string {
+	if t := b.GetTier(); t != "" {
+		return t
+	}
+	return "dram"
 }
 
 type listBlocksResult struct {
@@ -107,14 +118,14 @@ type listBlocksResult struct {
 }
 
 func (r *listBlocksResult) writeTable(w io.Writer) error {
-	fmt.Fprintln(w, "NAMESPACE\tHASH\tBYTES\tSLOTS\tPINS\tNUMA\tIDLE")
+	fmt.Fprintln(w, "NAMESPACE\tHASH\tBYTES\tSLOTS\tPINS\tNUMA\tTIER\tIDLE")
 	for _, b := range r.Blocks {
 		last := "-"
-		if b.LastAccess != "" {
+		if b.LastAccess != "" && b.Tier != "ssd" {
 			last = humanDur(max(r.now.Sub(b.lastAccess), 0).Truncate(time.Second))
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%d\t%s\n",
-			b.Namespace, b.Hash, humanBytes(b.Bytes), slotsSummary(b.Slots), b.Pins, b.NumaNode, last)
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n",
+			b.Namespace, b.Hash, humanBytes(b.Bytes), slotsSummary(b.Slots), b.Pins, b.NumaNode, b.Tier, last)
 	}
 	if r.Truncated {
 		fmt.Fprintf(w, "(truncated after %d blocks: raise --limit)\n", len(r.Blocks))

@@ -45,6 +45,7 @@ import (
 	"github.com/pegaflow/pegad/internal/peertls"
 	"github.com/pegaflow/pegad/internal/pool"
 	"github.com/pegaflow/pegad/internal/requester"
+	"github.com/pegaflow/pegad/internal/ssd"
 	"github.com/pegaflow/pegad/internal/store"
 	"github.com/pegaflow/pegad/internal/version"
 )
@@ -99,6 +100,7 @@ type Daemon struct {
 
 	pool   *pool.Pool
 	store  *store.Store
+	tier   *ssd.Tier // nil without --ssd-path
 	tr     *transport
 	tls    *peertls.Source // nil: plaintext peer port (security.go)
 	peers  *peer.Clients
@@ -232,6 +234,9 @@ func Start(ctx context.Context, cfg config.Config, opts ...Option) (d *Daemon, e
 		return d, err
 	}
 	d.store = store.New(d.pool, d.metrics)
+	if err := d.openTier(); err != nil {
+		return d, err
+	}
 	pl := d.pool
 	d.metrics.SetPoolParts(func() []metrics.PoolPart {
 		var out []metrics.PoolPart
@@ -585,6 +590,9 @@ func (d *Daemon) shutdown() error {
 		// A hard Stop (graceful stop timed out) does not wait for
 		// handlers: one may still be copying pool memory.
 		d.local.Wait()
+	}
+	if err := d.closeTier(time.Now().Add(stopBy())); err != nil {
+		errs = append(errs, err)
 	}
 	if d.pool != nil {
 		if err := d.pool.Close(); err != nil {

@@ -11,6 +11,7 @@ package localapi
 import (
 	"context"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -228,6 +229,15 @@ func (l *Local) ListBlocks(_ context.Context, req *pegadv1.ListBlocksRequest) (*
 	if len(req.GetNamespace()) > store.MaxNSLen {
 		return nil, invalidf("namespace is more than %d bytes", store.MaxNSLen)
 	}
+	if strings.HasPrefix(req.GetCursor(), lowerCursor) {
+		before, err := parseLowerCursor(req.GetCursor())
+		if err != nil {
+			return nil, err
+		}
+		resp := &pegadv1.ListBlocksResponse{}
+		l.appendLower(resp, req.GetNamespace(), before, listLimit(req.GetLimit()), MaxListSlots)
+		return resp, nil
+	}
 	cursor, err := parseCursor(req.GetCursor())
 	if err != nil {
 		return nil, err
@@ -237,6 +247,20 @@ func (l *Local) ListBlocks(_ context.Context, req *pegadv1.ListBlocksRequest) (*
 		Truncated: next != 0, NextCursor: formatCursor(next),
 		Blocks: make([]*pegadv1.BlockInfo, 0, len(infos)),
 	}
+	defer func() {
+		// The pool's blocks are listed first, then the lower tier's.
+		if next == 0 && l.store.HasLower() {
+			slots := 0
+			for _, in := range infos {
+				slots += len(in.Slots)
+			}
+			if room := listLimit(req.GetLimit()) - len(infos); room > 0 && slots < MaxListSlots {
+				l.appendLower(resp, req.GetNamespace(), 0, room, MaxListSlots-slots)
+			} else {
+				resp.Truncated, resp.NextCursor = true, lowerCursor
+			}
+		}
+	}()
 	for _, in := range infos {
 		bi := &pegadv1.BlockInfo{
 			Namespace:  in.Key.Namespace,
@@ -246,6 +270,10 @@ func (l *Local) ListBlocks(_ context.Context, req *pegadv1.ListBlocksRequest) (*
 			CreatedAt:  timestamppb.New(in.CreatedAt),
 			LastAccess: timestamppb.New(in.LastAccess),
 			NumaNode:   int32(in.NUMA),
+			Tier:       tierDRAM,
+		}
+		if l.store.OnLower(in.Key) {
+			bi.Tier = tierDRAMSSD
 		}
 		for _, s := range in.Slots {
 			bi.Slots = append(bi.Slots, &pegadv1.SlotSize{KSize: s.KSize, VSize: s.VSize})
@@ -253,6 +281,52 @@ func (l *Local) ListBlocks(_ context.Context, req *pegadv1.ListBlocksRequest) (*
 		resp.Blocks = append(resp.Blocks, bi)
 	}
 	return resp, nil
+}
+
+// Tier values of BlockInfo.tier.
+const (
+	tierDRAM    = "dram"
+	tierDRAMSSD = "dram+ssd"
+	tierSSD     = "ssd"
+)
+
+// lowerCursor starts the cursors of the lower tier's pages: "ssd" (from
+// its newest block) or "ssd:SEQ" (before SEQ).
+const lowerCursor = "ssd"
+
+func parseLowerCursor(c string) (uint64, error) {
+	rest := strings.TrimPrefix(c, lowerCursor)
+	if rest == "" {
+		return 0, nil
+	}
+	n, err := strconv.ParseUint(strings.TrimPrefix(rest, ":"), 10, 64)
+	if err != nil || n == 0 || !strings.HasPrefix(rest, ":") {
+		return 0, status.Errorf(codes.InvalidArgument, "malformed cursor %q: pass next_cursor of an earlier page", c)
+	}
+	return n, nil
+}
+
+// appendLower adds a page of the blocks only on the lower tier (up to
+// limit blocks and maxSlots slots, one block always) to resp, and sets
+// its cursor.
+func (l *Local) appendLower(resp *pegadv1.ListBlocksResponse, ns string, before uint64, limit, maxSlots int) {
+	entries, next := l.store.LowerPage(ns, before, limit)
+	resp.Truncated, resp.NextCursor = false, ""
+	slots := 0
+	for i, e := range entries {
+		if slots += len(e.Slots); i > 0 && slots > maxSlots {
+			next = entries[i-1].Seq
+			break
+		}
+		bi := &pegadv1.BlockInfo{Namespace: e.Key.Namespace, Hash: []byte(e.Key.Hash), Bytes: e.Size, Tier: tierSSD}
+		for _, s := range e.Slots {
+			bi.Slots = append(bi.Slots, &pegadv1.SlotSize{KSize: s.KSize, VSize: s.VSize})
+		}
+		resp.Blocks = append(resp.Blocks, bi)
+	}
+	if next != 0 {
+		resp.Truncated, resp.NextCursor = true, lowerCursor+":"+strconv.FormatUint(next, 10)
+	}
 }
 
 // listLimit applies the default and the cap to a listing's page size.
@@ -324,6 +398,13 @@ func (l *Local) Prefetch(ctx context.Context, req *pegadv1.PrefetchRequest) (*pe
 		ctx, cancel = context.WithTimeout(ctx, t.AsDuration())
 		defer cancel()
 	}
+	// Blocks on this node's SSD tier come back from it, not from a peer:
+	// the engine then finds them local.
+	keys := make([]store.Key, len(hashes))
+	for i, h := range hashes {
+		keys[i] = store.Key{Namespace: req.GetNamespace(), Hash: string(h)}
+	}
+	l.store.Promote(keys)
 	res, err := l.fetcher.Prefetch(ctx, req.GetPeer(), req.GetNamespace(), hashes)
 	if err != nil {
 		// The per-block outcomes travel as a detail of the error status,

@@ -61,6 +61,7 @@ func (s *Store) AllocExtentOn(node int, n uint64) (*Extent, error) {
 			return nil, fmt.Errorf("store: %d bytes do not fit even after evicting every unpinned block: %w", n, err)
 		}
 		for _, b := range victims {
+			s.spillLocked(b) // before removeLocked frees its memory
 			s.removeLocked(b, Evicted)
 			s.evictions++
 			if s.m != nil {

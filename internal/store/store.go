@@ -1,7 +1,9 @@
 // Package store is pegad's block index: (namespace, hash) → block, where a
 // block is a list of slots (one per tensor-parallel rank), each a K segment
 // and an optional V segment, living in pool memory. It evicts unpinned
-// blocks in LRU order when an allocation needs room.
+// blocks in LRU order when an allocation needs room, offering them to a
+// lower tier first when one is set (lower.go: the SSD tier), and reads a
+// block back from that tier when a lookup misses the pool.
 //
 // Memory is held through extents: a refcounted pool allocation that one or
 // many blocks' segments live in (a local put makes one extent per block; a
@@ -196,8 +198,11 @@ type Store struct {
 	underflows uint64
 	changed    []Change // keys indexed or removed since mu was taken (events.go)
 
-	onChange atomic.Pointer[func(Key)]      // key subscriber, called after unlock (events.go)
-	onEvents atomic.Pointer[func([]Change)] // ordered subscriber, called under mu (events.go)
+	onChange atomic.Pointer[func(Key)] // key subscriber, called after unlock (events.go)
+
+	lower       Lower                          // set by SetLower before use, then immutable; nil: none (lower.go)
+	tierMetrics *metrics.Tier                  // set with lower; may be nil
+	onEvents    atomic.Pointer[func([]Change)] // ordered subscriber, called under mu (events.go)
 }
 
 // New creates a store over p. m may be nil (no metrics).
@@ -422,9 +427,40 @@ func (s *Store) Has(key Key) bool {
 // reported missing, as if the lookup had come after the removal; a block
 // found in the second pass is indexed, so its memory cannot be freed.
 func (s *Store) Pin(keys []Key) (pinned []*Block, missing []int) {
-	found := make([]*Block, len(keys))
+	found, n := s.pinFound(keys)
+	if s.lower != nil {
+		s.countHit(metrics.TierDRAM, n)
+		// Keys only on the lower tier are read back and pinned; a key
+		// the pool cannot take now (pinned full) stays missing.
+		for i, b := range found {
+			if b != nil || !s.promote(keys[i]) {
+				continue
+			}
+			if p, m := s.pinFound(keys[i : i+1]); m == 1 {
+				found[i] = p[0]
+				n++
+				s.countHit(metrics.TierSSD, 1)
+			}
+		}
+	}
+	if n > 0 {
+		pinned = make([]*Block, 0, n)
+	}
+	for i, b := range found {
+		if b == nil {
+			missing = append(missing, i)
+		} else {
+			pinned = append(pinned, b)
+		}
+	}
+	return pinned, missing
+}
+
+// pinFound is Pin's work on the pool alone: found[i] is keys[i]'s block,
+// pinned, or nil; n counts the non-nil ones.
+func (s *Store) pinFound(keys []Key) (found []*Block, n int) {
+	found = make([]*Block, len(keys))
 	s.idxMu.RLock()
-	n := 0
 	for i, k := range keys {
 		if b := s.index[k]; b != nil {
 			found[i] = b
@@ -460,17 +496,7 @@ func (s *Store) Pin(keys []Key) (pinned []*Block, missing []int) {
 		}
 		s.mu.Unlock()
 	}
-	if n > 0 {
-		pinned = make([]*Block, 0, n)
-	}
-	for i, b := range found {
-		if b == nil {
-			missing = append(missing, i)
-		} else {
-			pinned = append(pinned, b)
-		}
-	}
-	return pinned, missing
+	return found, n
 }
 
 // Unpin drops one pin of each block; a block out of the index frees its
@@ -522,12 +548,17 @@ func (s *Store) removeLocked(b *Block, why ChangeKind) (freed bool) {
 	return freed
 }
 
-// Delete removes key from the index. deferred: pinned, memory freed later.
+// Delete removes key from the index, and from the lower tier. deferred:
+// pinned, memory freed later.
 func (s *Store) Delete(key Key) (deferred bool, err error) {
 	s.mu.Lock()
 	defer s.unlockNotify()
+	onLower := s.lower != nil && s.lower.Forget(key) // a leaf lock (lower.go)
 	b, ok := s.index[key]
 	if !ok {
+		if onLower {
+			return false, nil
+		}
 		return false, fmt.Errorf("%w: namespace=%s hash=%x", ErrNotFound, key.Namespace, key.Hash)
 	}
 	s.removeLocked(b, Deleted)

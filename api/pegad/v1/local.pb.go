@@ -477,10 +477,15 @@ type BlockInfo struct {
 	Slots     []*SlotSize            `protobuf:"bytes,3,rep,name=slots,proto3" json:"slots,omitempty"`
 	Bytes     uint64                 `protobuf:"varint,4,opt,name=bytes,proto3" json:"bytes,omitempty"`
 	// Transfer sessions pinning the block now.
-	Pins          uint32                 `protobuf:"varint,5,opt,name=pins,proto3" json:"pins,omitempty"`
-	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
-	LastAccess    *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=last_access,json=lastAccess,proto3" json:"last_access,omitempty"`
-	NumaNode      int32                  `protobuf:"varint,8,opt,name=numa_node,json=numaNode,proto3" json:"numa_node,omitempty"`
+	Pins       uint32                 `protobuf:"varint,5,opt,name=pins,proto3" json:"pins,omitempty"`
+	CreatedAt  *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	LastAccess *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=last_access,json=lastAccess,proto3" json:"last_access,omitempty"`
+	NumaNode   int32                  `protobuf:"varint,8,opt,name=numa_node,json=numaNode,proto3" json:"numa_node,omitempty"`
+	// Where the block is: "dram" (the pool), "dram+ssd" (the pool, with a
+	// copy on the SSD tier) or "ssd" (the SSD tier only: read back into the
+	// pool on lookup; pins, numa_node and the times are then 0). Pool blocks
+	// are listed first, then SSD-only ones (docs/tiering.md).
+	Tier          string `protobuf:"bytes,9,opt,name=tier,proto3" json:"tier,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -569,6 +574,13 @@ func (x *BlockInfo) GetNumaNode() int32 {
 		return x.NumaNode
 	}
 	return 0
+}
+
+func (x *BlockInfo) GetTier() string {
+	if x != nil {
+		return x.Tier
+	}
+	return ""
 }
 
 // Blocks are listed newest first (by when they were stored), a page at a
@@ -1031,7 +1043,7 @@ const file_pegad_v1_local_proto_rawDesc = "" +
 	"\x10GetBlockResponse\x12-\n" +
 	"\x06header\x18\x01 \x01(\v2\x13.pegad.v1.BlockInfoH\x00R\x06header\x12\x14\n" +
 	"\x04data\x18\x02 \x01(\fH\x00R\x04dataB\x05\n" +
-	"\x03msg\"\xa6\x02\n" +
+	"\x03msg\"\xba\x02\n" +
 	"\tBlockInfo\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04hash\x18\x02 \x01(\fR\x04hash\x12(\n" +
@@ -1042,7 +1054,8 @@ const file_pegad_v1_local_proto_rawDesc = "" +
 	"created_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12;\n" +
 	"\vlast_access\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"lastAccess\x12\x1b\n" +
-	"\tnuma_node\x18\b \x01(\x05R\bnumaNode\"_\n" +
+	"\tnuma_node\x18\b \x01(\x05R\bnumaNode\x12\x12\n" +
+	"\x04tier\x18\t \x01(\tR\x04tier\"_\n" +
 	"\x11ListBlocksRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\rR\x05limit\x12\x16\n" +

@@ -15,7 +15,7 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14pegad/v1/local.proto\x12\x08pegad.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"*\n\x08SlotSize\x12\x0e\n\x06k_size\x18\x01 \x01(\x04\x12\x0e\n\x06v_size\x18\x02 \x01(\x04\"T\n\x0ePutBlockHeader\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04hash\x18\x02 \x01(\x0c\x12!\n\x05slots\x18\x03 \x03(\x0b\x32\x12.pegad.v1.SlotSize\"T\n\x0fPutBlockRequest\x12*\n\x06header\x18\x01 \x01(\x0b\x32\x18.pegad.v1.PutBlockHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\x05\n\x03msg\"2\n\x10PutBlockResponse\x12\r\n\x05\x62ytes\x18\x01 \x01(\x04\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"2\n\x0fGetBlockRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04hash\x18\x02 \x01(\x0c\"P\n\x10GetBlockResponse\x12%\n\x06header\x18\x01 \x01(\x0b\x32\x13.pegad.v1.BlockInfoH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\x05\n\x03msg\"\xe0\x01\n\tBlockInfo\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04hash\x18\x02 \x01(\x0c\x12!\n\x05slots\x18\x03 \x03(\x0b\x32\x12.pegad.v1.SlotSize\x12\r\n\x05\x62ytes\x18\x04 \x01(\x04\x12\x0c\n\x04pins\x18\x05 \x01(\r\x12.\n\ncreated_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0blast_access\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tnuma_node\x18\x08 \x01(\x05\"E\n\x11ListBlocksRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\r\x12\x0e\n\x06\x63ursor\x18\x03 \x01(\t\"a\n\x12ListBlocksResponse\x12#\n\x06\x62locks\x18\x01 \x03(\x0b\x32\x13.pegad.v1.BlockInfo\x12\x11\n\ttruncated\x18\x02 \x01(\x08\x12\x13\n\x0bnext_cursor\x18\x03 \x01(\t\"5\n\x12\x44\x65leteBlockRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04hash\x18\x02 \x01(\x0c\"\'\n\x13\x44\x65leteBlockResponse\x12\x10\n\x08\x64\x65\x66\x65rred\x18\x01 \x01(\x08\"n\n\x0fPrefetchRequest\x12\x0c\n\x04peer\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12\x0e\n\x06hashes\x18\x03 \x03(\x0c\x12*\n\x07timeout\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\"o\n\x13PrefetchBlockResult\x12\x0c\n\x04hash\x18\x01 \x01(\x0c\x12-\n\x06status\x18\x02 \x01(\x0e\x32\x1d.pegad.v1.PrefetchBlockStatus\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\x0c\n\x04node\x18\x04 \x01(\t\"\x91\x01\n\x10PrefetchResponse\x12-\n\x06\x62locks\x18\x01 \x03(\x0b\x32\x1d.pegad.v1.PrefetchBlockResult\x12\r\n\x05\x62ytes\x18\x02 \x01(\x04\x12+\n\x08\x64uration\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x12\n\nsession_id\x18\x04 \x01(\t*\x9f\x02\n\x13PrefetchBlockStatus\x12%\n!PREFETCH_BLOCK_STATUS_UNSPECIFIED\x10\x00\x12!\n\x1dPREFETCH_BLOCK_STATUS_FETCHED\x10\x01\x12\'\n#PREFETCH_BLOCK_STATUS_ALREADY_LOCAL\x10\x02\x12)\n%PREFETCH_BLOCK_STATUS_MISSING_ON_PEER\x10\x03\x12 \n\x1cPREFETCH_BLOCK_STATUS_FAILED\x10\x04\x12#\n\x1fPREFETCH_BLOCK_STATUS_DISCARDED\x10\x05\x12#\n\x1fPREFETCH_BLOCK_STATUS_NOT_FOUND\x10\x06\x32\xf0\x02\n\x0cLocalService\x12\x43\n\x08PutBlock\x12\x19.pegad.v1.PutBlockRequest\x1a\x1a.pegad.v1.PutBlockResponse(\x01\x12\x43\n\x08GetBlock\x12\x19.pegad.v1.GetBlockRequest\x1a\x1a.pegad.v1.GetBlockResponse0\x01\x12G\n\nListBlocks\x12\x1b.pegad.v1.ListBlocksRequest\x1a\x1c.pegad.v1.ListBlocksResponse\x12J\n\x0b\x44\x65leteBlock\x12\x1c.pegad.v1.DeleteBlockRequest\x1a\x1d.pegad.v1.DeleteBlockResponse\x12\x41\n\x08Prefetch\x12\x19.pegad.v1.PrefetchRequest\x1a\x1a.pegad.v1.PrefetchResponseB0Z.github.com/pegaflow/pegad/api/pegad/v1;pegadv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14pegad/v1/local.proto\x12\x08pegad.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"*\n\x08SlotSize\x12\x0e\n\x06k_size\x18\x01 \x01(\x04\x12\x0e\n\x06v_size\x18\x02 \x01(\x04\"T\n\x0ePutBlockHeader\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04hash\x18\x02 \x01(\x0c\x12!\n\x05slots\x18\x03 \x03(\x0b\x32\x12.pegad.v1.SlotSize\"T\n\x0fPutBlockRequest\x12*\n\x06header\x18\x01 \x01(\x0b\x32\x18.pegad.v1.PutBlockHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\x05\n\x03msg\"2\n\x10PutBlockResponse\x12\r\n\x05\x62ytes\x18\x01 \x01(\x04\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"2\n\x0fGetBlockRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04hash\x18\x02 \x01(\x0c\"P\n\x10GetBlockResponse\x12%\n\x06header\x18\x01 \x01(\x0b\x32\x13.pegad.v1.BlockInfoH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\x05\n\x03msg\"\xee\x01\n\tBlockInfo\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04hash\x18\x02 \x01(\x0c\x12!\n\x05slots\x18\x03 \x03(\x0b\x32\x12.pegad.v1.SlotSize\x12\r\n\x05\x62ytes\x18\x04 \x01(\x04\x12\x0c\n\x04pins\x18\x05 \x01(\r\x12.\n\ncreated_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0blast_access\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tnuma_node\x18\x08 \x01(\x05\x12\x0c\n\x04tier\x18\t \x01(\t\"E\n\x11ListBlocksRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\r\x12\x0e\n\x06\x63ursor\x18\x03 \x01(\t\"a\n\x12ListBlocksResponse\x12#\n\x06\x62locks\x18\x01 \x03(\x0b\x32\x13.pegad.v1.BlockInfo\x12\x11\n\ttruncated\x18\x02 \x01(\x08\x12\x13\n\x0bnext_cursor\x18\x03 \x01(\t\"5\n\x12\x44\x65leteBlockRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04hash\x18\x02 \x01(\x0c\"\'\n\x13\x44\x65leteBlockResponse\x12\x10\n\x08\x64\x65\x66\x65rred\x18\x01 \x01(\x08\"n\n\x0fPrefetchRequest\x12\x0c\n\x04peer\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12\x0e\n\x06hashes\x18\x03 \x03(\x0c\x12*\n\x07timeout\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\"o\n\x13PrefetchBlockResult\x12\x0c\n\x04hash\x18\x01 \x01(\x0c\x12-\n\x06status\x18\x02 \x01(\x0e\x32\x1d.pegad.v1.PrefetchBlockStatus\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\x0c\n\x04node\x18\x04 \x01(\t\"\x91\x01\n\x10PrefetchResponse\x12-\n\x06\x62locks\x18\x01 \x03(\x0b\x32\x1d.pegad.v1.PrefetchBlockResult\x12\r\n\x05\x62ytes\x18\x02 \x01(\x04\x12+\n\x08\x64uration\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x12\n\nsession_id\x18\x04 \x01(\t*\x9f\x02\n\x13PrefetchBlockStatus\x12%\n!PREFETCH_BLOCK_STATUS_UNSPECIFIED\x10\x00\x12!\n\x1dPREFETCH_BLOCK_STATUS_FETCHED\x10\x01\x12\'\n#PREFETCH_BLOCK_STATUS_ALREADY_LOCAL\x10\x02\x12)\n%PREFETCH_BLOCK_STATUS_MISSING_ON_PEER\x10\x03\x12 \n\x1cPREFETCH_BLOCK_STATUS_FAILED\x10\x04\x12#\n\x1fPREFETCH_BLOCK_STATUS_DISCARDED\x10\x05\x12#\n\x1fPREFETCH_BLOCK_STATUS_NOT_FOUND\x10\x06\x32\xf0\x02\n\x0cLocalService\x12\x43\n\x08PutBlock\x12\x19.pegad.v1.PutBlockRequest\x1a\x1a.pegad.v1.PutBlockResponse(\x01\x12\x43\n\x08GetBlock\x12\x19.pegad.v1.GetBlockRequest\x1a\x1a.pegad.v1.GetBlockResponse0\x01\x12G\n\nListBlocks\x12\x1b.pegad.v1.ListBlocksRequest\x1a\x1c.pegad.v1.ListBlocksResponse\x12J\n\x0b\x44\x65leteBlock\x12\x1c.pegad.v1.DeleteBlockRequest\x1a\x1d.pegad.v1.DeleteBlockResponse\x12\x41\n\x08Prefetch\x12\x19.pegad.v1.PrefetchRequest\x1a\x1a.pegad.v1.PrefetchResponseB0Z.github.com/pegaflow/pegad/api/pegad/v1;pegadv1b\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pegad.v1.local_pb2', globals())
@@ -23,8 +23,8 @@ if _descriptor._USE_C_DESCRIPTORS == False:
 
   DESCRIPTOR._options = None
   DESCRIPTOR._serialized_options = b'Z.github.com/pegaflow/pegad/api/pegad/v1;pegadv1'
-  _PREFETCHBLOCKSTATUS._serialized_start=1368
-  _PREFETCHBLOCKSTATUS._serialized_end=1655
+  _PREFETCHBLOCKSTATUS._serialized_start=1382
+  _PREFETCHBLOCKSTATUS._serialized_end=1669
   _SLOTSIZE._serialized_start=99
   _SLOTSIZE._serialized_end=141
   _PUTBLOCKHEADER._serialized_start=143
@@ -38,21 +38,21 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _GETBLOCKRESPONSE._serialized_start=419
   _GETBLOCKRESPONSE._serialized_end=499
   _BLOCKINFO._serialized_start=502
-  _BLOCKINFO._serialized_end=726
-  _LISTBLOCKSREQUEST._serialized_start=728
-  _LISTBLOCKSREQUEST._serialized_end=797
-  _LISTBLOCKSRESPONSE._serialized_start=799
-  _LISTBLOCKSRESPONSE._serialized_end=896
-  _DELETEBLOCKREQUEST._serialized_start=898
-  _DELETEBLOCKREQUEST._serialized_end=951
-  _DELETEBLOCKRESPONSE._serialized_start=953
-  _DELETEBLOCKRESPONSE._serialized_end=992
-  _PREFETCHREQUEST._serialized_start=994
-  _PREFETCHREQUEST._serialized_end=1104
-  _PREFETCHBLOCKRESULT._serialized_start=1106
-  _PREFETCHBLOCKRESULT._serialized_end=1217
-  _PREFETCHRESPONSE._serialized_start=1220
-  _PREFETCHRESPONSE._serialized_end=1365
-  _LOCALSERVICE._serialized_start=1658
-  _LOCALSERVICE._serialized_end=2026
+  _BLOCKINFO._serialized_end=740
+  _LISTBLOCKSREQUEST._serialized_start=742
+  _LISTBLOCKSREQUEST._serialized_end=811
+  _LISTBLOCKSRESPONSE._serialized_start=813
+  _LISTBLOCKSRESPONSE._serialized_end=910
+  _DELETEBLOCKREQUEST._serialized_start=912
+  _DELETEBLOCKREQUEST._serialized_end=965
+  _DELETEBLOCKRESPONSE._serialized_start=967
+  _DELETEBLOCKRESPONSE._serialized_end=1006
+  _PREFETCHREQUEST._serialized_start=1008
+  _PREFETCHREQUEST._serialized_end=1118
+  _PREFETCHBLOCKRESULT._serialized_start=1120
+  _PREFETCHBLOCKRESULT._serialized_end=1231
+  _PREFETCHRESPONSE._serialized_start=1234
+  _PREFETCHRESPONSE._serialized_end=1379
+  _LOCALSERVICE._serialized_start=1672
+  _LOCALSERVICE._serialized_end=2040
 # @@protoc_insertion_point(module_scope)
