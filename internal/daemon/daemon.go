@@ -323,7 +323,7 @@ func Start(ctx context.Context, cfg config.Config, opts ...Option) (d *Daemon, e
 	d.wg.Add(1)
 	go func() { // local lease sweeper; stops with d.cancel
 		defer d.wg.Done()
-		gc.Run(bg, cfg.GCInterval, d.data.Leases(), nil)
+		gc.Run(bg, cfg.GCInterval, d.data, nil) // leases and unadopted pins
 	}()
 	// READY=1 promises systemd that every endpoint serves: prove it.
 	if err := d.checkServing(ctx); err != nil {
@@ -392,7 +392,9 @@ func (d *Daemon) listen() error {
 		Log:     d.log.With().Str("component", "localapi").Logger(),
 	})
 	pegadv1.RegisterLocalServiceServer(d.localSrv, d.local)
+	engine := metrics.NewEngine(d.reg) // the data socket's lookups, shown by Stats too
 	pegadv1.RegisterAdminServiceServer(d.localSrv, localapi.NewAdmin(localapi.AdminOptions{
+		Engine:  engine,
 		Store:   d.store,
 		Locks:   d.holder.Locks(),
 		Conns:   d.conns,
@@ -420,6 +422,9 @@ func (d *Daemon) listen() error {
 		Store:        d.store,
 		LeaseTimeout: cfg.LockTimeout,
 		Metrics:      d.reg,
+		Engine:       engine,
+		Locator:      d.locator(),
+		Self:         d.cfg.NodeID,
 		Log:          d.log.With().Str("component", "localdata").Logger(),
 	})
 	d.serve("data", func() error { return d.data.Serve(dataLis) })
