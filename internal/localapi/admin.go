@@ -53,8 +53,8 @@ type AdminOptions struct {
 	// Engine has the data socket's lookup counters; nil: none.
 	Engine *metrics.Engine
 	Node   NodeInfo
-	Log     zerolog.Logger
-	Now     func() time.Time // nil: time.Now
+	Log    zerolog.Logger
+	Now    func() time.Time // nil: time.Now
 }
 
 // Admin implements pegadv1.AdminServiceServer.
