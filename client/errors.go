@@ -24,6 +24,8 @@ var (
 	ErrClosed      = errors.New("pegad: client closed")
 	ErrProtocol    = errors.New("pegad: protocol error")
 	ErrInternal    = errors.New("pegad: internal error")
+	// ErrDenied: a pin token of another user's pin (Adopt, Pin.Release).
+	ErrDenied = errors.New("pegad: denied")
 	// ErrShortBuffer: Get's dst is smaller than the block (the returned
 	// count is the size needed).
 	ErrShortBuffer = errors.New("pegad: buffer shorter than the block")
@@ -55,6 +57,8 @@ func fromWire(op localwire.Op, st localwire.Status, msg string) error {
 		sentinel = ErrLimit
 	case localwire.StatusClosed:
 		sentinel = ErrUnavailable
+	case localwire.StatusDenied:
+		sentinel = ErrDenied
 	default:
 		sentinel = ErrInternal
 	}

@@ -3,6 +3,7 @@ package client_test
 import (
 	"bufio"
 	"context"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"os/exec"
@@ -17,6 +18,10 @@ import (
 // helperEnv makes the test binary act as a client process holding leases
 // (see helperMain) instead of running tests.
 const helperEnv = "PEGAD_CLIENT_TEST_HELPER_SOCKET"
+
+// helperAdoptEnv, beside helperEnv, makes the helper adopt the pin whose
+// token it holds instead, say "ready <blocks>" and wait to be killed.
+const helperAdoptEnv = "PEGAD_CLIENT_TEST_HELPER_ADOPT"
 
 // helperMain, in a re-executed test binary, dials the socket named in
 // helperEnv, leases block "k", allocates 8192 bytes for block "w", writes
@@ -36,6 +41,19 @@ func helperMain() bool {
 	c, err := client.Dial(ctx, socket)
 	if err != nil {
 		fail(err)
+	}
+	if tok := os.Getenv(helperAdoptEnv); tok != "" {
+		raw, err := hex.DecodeString(tok)
+		if err != nil {
+			fail(err)
+		}
+		rs, err := c.Adopt(ctx, raw)
+		if err != nil {
+			fail(err)
+		}
+		fmt.Println("ready", len(rs))
+		time.Sleep(time.Minute)
+		os.Exit(3)
 	}
 	if _, err := c.Lease(ctx, "ns", []byte("k")); err != nil {
 		fail(err)

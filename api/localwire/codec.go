@@ -262,12 +262,9 @@ func AppendResult(b []byte, op Op, res *Result) []byte {
 		b = binary.LittleEndian.AppendUint64(b, n)
 	case OpLease:
 		b = binary.LittleEndian.AppendUint64(b, res.Lease)
-		b = binary.LittleEndian.AppendUint16(b, uint16(len(res.Slots)))
-		for _, s := range res.Slots {
-			for _, v := range [4]uint64{s.K.Off, s.K.Len, s.V.Off, s.V.Len} {
-				b = binary.LittleEndian.AppendUint64(b, v)
-			}
-		}
+		b = appendSlots(b, res.Slots)
+	case OpLookup, OpLookupPin, OpAdopt, OpLookupCluster:
+		b = appendLookupResult(b, op, res)
 	}
 	return b
 }
@@ -315,23 +312,15 @@ func DecodeResults(op Op, body []byte, count int) ([]Result, error) {
 			}
 		case OpLease:
 			res.Lease = r.u64("lease")
-			n := int(r.u16("slot count"))
-			if r.err == nil && (n == 0 || n > MaxSlots || len(r.b) < 32*n) {
-				return nil, fmt.Errorf("%w: lease result of %d slots", ErrMalformed, n)
-			}
-			if r.err != nil {
-				return nil, r.err
-			}
-			res.Slots = make([]SlotPlace, n)
-			for j := range res.Slots {
-				res.Slots[j] = SlotPlace{
-					K: Segment{r.u64("K offset"), r.u64("K length")},
-					V: Segment{r.u64("V offset"), r.u64("V length")},
-				}
-			}
+			res.Slots = r.slots()
+		case OpLookup, OpLookupPin, OpAdopt, OpLookupCluster, OpUnpin:
+			r.lookupResult(op, res)
 		case OpAbort, OpRelease, OpRenew:
 		default:
 			return nil, fmt.Errorf("%w: results of %v", ErrMalformed, op)
+		}
+		if r.err != nil {
+			return nil, r.err
 		}
 	}
 	if err := r.done(); err != nil {

@@ -17,9 +17,10 @@ import (
 
 // Version is the newest protocol version, the one a HELLO from this
 // package's users carries. Version 2 adds RESERVE and PUT (a Put in one
-// round trip); a daemon answers HELLO with the version the client asked
-// for, from MinVersion up to Version.
-const Version = 2
+// round trip); version 3 the prefix lookups (LOOKUP, LOOKUP_PIN, ADOPT,
+// UNPIN, LOOKUP_CLUSTER). A daemon answers HELLO with the version the
+// client asked for, from MinVersion up to Version.
+const Version = 3
 
 // MinVersion is the oldest version a daemon still speaks.
 const MinVersion = 1
@@ -51,7 +52,24 @@ const (
 	OpRenew   Op = 7 // lease ids (either kind)… → deadline pushed back
 	OpReserve Op = 8 // sizes… → reservations: write leases on room not yet named (version 2)
 	OpPut     Op = 9 // (reservation, namespace, hash, slot sizes, next size)… → block indexed, next reservation (version 2)
+
+	OpLookup        Op = 10 // one chain → n present from its start; nothing pinned or touched (version 3)
+	OpLookupPin     Op = 11 // one chain → n and a token naming a pin of those n blocks (version 3)
+	OpAdopt         Op = 12 // one token → its pin's blocks as read leases of this connection (version 3)
+	OpUnpin         Op = 13 // one token → its pin dropped (version 3)
+	OpLookupCluster Op = 14 // one chain → n local, and the node the cluster index says holds the longest prefix (version 3)
 )
+
+// MinVersionOf is the protocol version that brought op.
+func MinVersionOf(op Op) uint32 {
+	switch {
+	case op >= OpLookup:
+		return 3
+	case op >= OpReserve:
+		return 2
+	}
+	return 1
+}
 
 func (o Op) String() string {
 	switch o {
@@ -73,6 +91,16 @@ func (o Op) String() string {
 		return "reserve"
 	case OpPut:
 		return "put"
+	case OpLookup:
+		return "lookup"
+	case OpLookupPin:
+		return "lookup_pin"
+	case OpAdopt:
+		return "adopt"
+	case OpUnpin:
+		return "unpin"
+	case OpLookupCluster:
+		return "lookup_cluster"
 	}
 	return fmt.Sprintf("op(%d)", uint8(o))
 }
@@ -92,6 +120,7 @@ const (
 	StatusLimit    Status = 6 // per-connection lease limit or response size reached
 	StatusInternal Status = 7
 	StatusClosed   Status = 8 // daemon shutting down
+	StatusDenied   Status = 9 // the pin token belongs to another user (version 3)
 )
 
 func (s Status) String() string {
@@ -114,6 +143,8 @@ func (s Status) String() string {
 		return "internal error"
 	case StatusClosed:
 		return "closed"
+	case StatusDenied:
+		return "denied"
 	}
 	return fmt.Sprintf("status(%d)", uint8(s))
 }
@@ -217,8 +248,9 @@ type HelloReply struct {
 // Result is one item of a response. Which fields are set depends on the op:
 // Alloc and Reserve: Lease, Seg; Commit: Created; Lease: Lease, Slots;
 // Put: Created, Next, and Lease, Seg of the next reservation when Next is
-// OK (Lease 0: none asked for); others: none. Msg is set when Status is
-// not OK.
+// OK (Lease 0: none asked for); Lookup: N; LookupPin: N, Token; Adopt:
+// Adopted; LookupCluster: Cluster; others: none. Msg is set when Status
+// is not OK.
 type Result struct {
 	Status  Status
 	Msg     string
@@ -227,4 +259,8 @@ type Result struct {
 	Created bool
 	Slots   []SlotPlace
 	Next    Status
+	N       uint32
+	Token   []byte
+	Adopted []LeasePlace
+	Cluster ClusterHit
 }

@@ -46,6 +46,13 @@ func TestRoundTrip(t *testing.T) {
 		{OpReserve, []Result{{Lease: 9, Seg: Segment{128, 4096}}, {Status: StatusPoolFull, Msg: "full"}}},
 		{OpPut, []Result{{Created: true, Lease: 10, Seg: Segment{0, 4096}}, {Next: StatusPoolFull},
 			{Created: true}, {Status: StatusInvalid, Msg: "size"}}},
+		{OpLookup, []Result{{N: 4096}}},
+		{OpLookupPin, []Result{{N: 3, Token: []byte("0123456789abcdef01234567")}}},
+		{OpAdopt, []Result{{Adopted: []LeasePlace{{Lease: 1, Slots: []SlotPlace{{K: Segment{0, 8}}}},
+			{Lease: 2, Slots: []SlotPlace{{K: Segment{8, 8}, V: Segment{16, 8}}, {K: Segment{24, 1}}}}}}}},
+		{OpAdopt, []Result{{Status: StatusDenied, Msg: "another user's pin"}}},
+		{OpUnpin, []Result{{}}},
+		{OpLookupCluster, []Result{{Cluster: ClusterHit{Local: 1, N: 7, PeerID: "node-b", PeerAddr: "10.0.0.2:7000"}}}},
 	}
 	for _, tc := range tests {
 		var b []byte
@@ -67,6 +74,40 @@ func TestRoundTrip(t *testing.T) {
 		}
 	}
 }
+
+func TestChainAndToken(t *testing.T) {
+	c := Chain{Namespace: "m@tp1", Hashes: [][]byte{{1}, {2, 3}, make([]byte, MaxHash)}}
+	got, err := DecodeChain(AppendChain(nil, c), 1)
+	if err != nil || !reflect.DeepEqual(got, c) {
+		t.Fatalf("chain %+v, %v", got, err)
+	}
+	tok := []byte("token")
+	if got, err := DecodeToken(AppendToken(nil, tok), 1); err != nil || !bytes.Equal(got, tok) {
+		t.Fatalf("token %q, %v", got, err)
+	}
+	long := Chain{Namespace: "ns", Hashes: make([][]byte, MaxBatch+1)}
+	bad := []struct {
+		name  string
+		body  []byte
+		count int
+		dec   func([]byte, int) error
+	}{
+		{"two chains", AppendChain(nil, c), 2, chainErr},
+		{"too many hashes", AppendChain(nil, long), 1, chainErr},
+		{"hash too long", AppendChain(nil, Chain{Namespace: "ns", Hashes: [][]byte{make([]byte, MaxHash+1)}}), 1, chainErr},
+		{"truncated chain", AppendChain(nil, c)[:10], 1, chainErr},
+		{"token too long", AppendToken(nil, make([]byte, MaxToken+1)), 1, tokenErr},
+		{"trailing bytes", append(AppendToken(nil, tok), 0), 1, tokenErr},
+	}
+	for _, tc := range bad {
+		if err := tc.dec(tc.body, tc.count); !errors.Is(err, ErrMalformed) {
+			t.Errorf("%s: %v, want ErrMalformed", tc.name, err)
+		}
+	}
+}
+
+func chainErr(b []byte, n int) error { _, err := DecodeChain(b, n); return err }
+func tokenErr(b []byte, n int) error { _, err := DecodeToken(b, n); return err }
 
 func TestParseHeaderRejects(t *testing.T) {
 	tests := []struct {
@@ -115,10 +156,28 @@ func FuzzDecodeRequests(f *testing.F) {
 	f.Add(uint8(OpRelease), uint16(2), AppendID(AppendID(nil, 1), 2))
 	f.Add(uint8(OpHello), uint16(0), AppendHello(nil, Hello{Version}))
 	f.Add(uint8(OpPut), uint16(1), AppendPutItem(nil, PutItem{ID: 1, Key: Key{"ns", []byte{1}}, Slots: []SlotSize{{1, 2}}, Next: 3}))
+	f.Add(uint8(OpLookup), uint16(1), AppendChain(nil, Chain{Namespace: "ns", Hashes: [][]byte{{1}, {2, 3}}}))
+	f.Add(uint8(OpLookupCluster), uint16(1), AppendChain(nil, Chain{Namespace: "ns@tp0", Hashes: [][]byte{{9}}}))
+	f.Add(uint8(OpAdopt), uint16(1), AppendToken(nil, []byte("0123456789abcdef01234567")))
 	f.Fuzz(func(t *testing.T, op uint8, count uint16, body []byte) {
 		n := int(count % (MaxBatch + 1))
 		var re []byte
 		switch Op(op) {
+		case OpLookup, OpLookupPin, OpLookupCluster:
+			c, err := DecodeChain(body, n)
+			if err != nil {
+				return
+			}
+			if len(c.Hashes) > MaxBatch || len(c.Namespace) > MaxNamespace {
+				t.Fatalf("accepted a chain of %d hashes", len(c.Hashes))
+			}
+			re = AppendChain(nil, c)
+		case OpAdopt, OpUnpin:
+			tok, err := DecodeToken(body, n)
+			if err != nil {
+				return
+			}
+			re = AppendToken(nil, tok)
 		case OpAlloc:
 			items, err := DecodeAllocItems(body, n)
 			if err != nil {
@@ -176,6 +235,11 @@ func FuzzDecodeResults(f *testing.F) {
 	f.Add(uint8(OpCommit), uint16(2), AppendError(AppendResult(nil, OpCommit, &Result{Created: true}), StatusNoLease, "gone"))
 	f.Add(uint8(OpHello), uint16(0), AppendHelloReply(nil, HelloReply{Version, 1 << 20, 1000}))
 	f.Add(uint8(OpPut), uint16(2), AppendResult(AppendResult(nil, OpPut, &Result{Created: true, Lease: 2, Seg: Segment{0, 9}}), OpPut, &Result{Next: StatusPoolFull}))
+	f.Add(uint8(OpLookup), uint16(1), AppendResult(nil, OpLookup, &Result{N: 12}))
+	f.Add(uint8(OpLookupPin), uint16(1), AppendResult(nil, OpLookupPin, &Result{N: 2, Token: []byte("tok")}))
+	f.Add(uint8(OpAdopt), uint16(1), AppendResult(nil, OpAdopt, &Result{Adopted: []LeasePlace{{Lease: 1, Slots: []SlotPlace{{K: Segment{0, 1}}}}}}))
+	f.Add(uint8(OpUnpin), uint16(1), AppendError(nil, StatusNotFound, "no such pin"))
+	f.Add(uint8(OpLookupCluster), uint16(1), AppendResult(nil, OpLookupCluster, &Result{Cluster: ClusterHit{Local: 1, N: 3, PeerID: "b", PeerAddr: "h:1"}}))
 	f.Fuzz(func(t *testing.T, op uint8, count uint16, body []byte) {
 		n := int(count % (MaxBatch + 1))
 		if Op(op) == OpHello {

@@ -10,6 +10,7 @@ import (
 	"github.com/pegaflow/pegad/internal/index"
 	"github.com/pegaflow/pegad/internal/index/redisindex"
 	"github.com/pegaflow/pegad/internal/localapi"
+	"github.com/pegaflow/pegad/internal/localdata"
 	"github.com/pegaflow/pegad/internal/metrics"
 	"github.com/pegaflow/pegad/internal/requester"
 )
@@ -64,6 +65,15 @@ func (d *Daemon) fetcher() localapi.Fetcher {
 		loc = d.cluster.idx
 	}
 	return requester.NewCluster(d.engine, requester.ClusterOptions{Locator: loc, Self: d.cfg.NodeID})
+}
+
+// locator is the index LOOKUP_CLUSTER asks; nil when standalone (a nil
+// *redisindex.Index must not become a non-nil interface).
+func (d *Daemon) locator() localdata.Locator {
+	if d.cluster.idx == nil {
+		return nil
+	}
+	return d.cluster.idx
 }
 
 // registerCluster serves ClusterService on the local socket.

@@ -318,7 +318,7 @@ func Start(ctx context.Context, cfg config.Config, opts ...Option) (d *Daemon, e
 	d.wg.Add(1)
 	go func() { // local lease sweeper; stops with d.cancel
 		defer d.wg.Done()
-		gc.Run(bg, cfg.GCInterval, d.data.Leases(), nil)
+		gc.Run(bg, cfg.GCInterval, d.data, nil) // leases and unadopted pins
 	}()
 	// READY=1 promises systemd that every endpoint serves: prove it.
 	if err := d.checkServing(ctx); err != nil {
@@ -415,6 +415,8 @@ func (d *Daemon) listen() error {
 		Store:        d.store,
 		LeaseTimeout: cfg.LockTimeout,
 		Metrics:      d.reg,
+		Locator:      d.locator(),
+		Self:         d.cfg.NodeID,
 		Log:          d.log.With().Str("component", "localdata").Logger(),
 	})
 	d.serve("data", func() error { return d.data.Serve(dataLis) })

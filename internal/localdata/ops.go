@@ -166,6 +166,9 @@ func (cn *conn) lease(b []byte, keys []localwire.Key) []byte {
 				V: localwire.Segment{Off: s.V.Off, Len: s.V.Len},
 			})
 		}
+		if cn.s.engine != nil {
+			cn.s.engine.Load(blk.Key().Namespace, blk.Size())
+		}
 		res := localwire.Result{Lease: uint64(id), Slots: cn.slots}
 		n := len(b)
 		b = localwire.AppendResult(b, localwire.OpLease, &res)
@@ -203,6 +206,9 @@ func (cn *conn) finish(b []byte, op localwire.Op, id lease.ID) []byte {
 	case localwire.OpCommit:
 		if res.Created, err = cn.insert(h, h.key, h.layout); err != nil {
 			return localwire.AppendError(b, localwire.StatusInternal, err.Error())
+		}
+		if res.Created {
+			cn.s.saved(h.key.Namespace, layoutSize(h.layout))
 		}
 	case localwire.OpAbort:
 		st.ReleaseExtent(h.ext)
@@ -307,6 +313,9 @@ func (cn *conn) put(b []byte, it *localwire.PutItem) []byte {
 	if res.Created, err = cn.insert(h, k, lay); err != nil {
 		return localwire.AppendError(b, localwire.StatusInternal, err.Error())
 	}
+	if res.Created {
+		cn.s.saved(k.Namespace, total)
+	}
 	if it.Next > 0 {
 		next, ext, err := cn.reserve(it.Next)
 		if err != nil {
@@ -327,3 +336,20 @@ func (e sizeMismatch) Error() string {
 }
 
 func (e sizeMismatch) Unwrap() error { return store.ErrInvalid }
+
+// saved counts a new block's bytes on the engine metrics.
+func (s *Server) saved(ns string, n uint64) {
+	if s.engine != nil {
+		s.engine.Save(ns, n)
+	}
+}
+
+// layoutSize is the bytes a block of this layout takes (slots lie
+// contiguously from 0).
+func layoutSize(lay []store.SlotLayout) uint64 {
+	var n uint64
+	for _, l := range lay {
+		n = max(n, l.KOff+l.KLen, l.VOff+l.VLen)
+	}
+	return n
+}

@@ -67,9 +67,15 @@ type Options struct {
 	// MaxVersion is the newest protocol version served; 0:
 	// localwire.Version. Tests set it to play an older daemon.
 	MaxVersion uint32
-	// Metrics registers the lease metrics; nil: none.
+	// Metrics registers the lease and engine metrics; nil: none.
 	Metrics prometheus.Registerer
-	Log     zerolog.Logger
+	// Locator answers LOOKUP_CLUSTER (the cluster index); nil: standalone,
+	// LOOKUP_CLUSTER is refused.
+	Locator Locator
+	// Self is this node's id in the cluster index (LOOKUP_CLUSTER names
+	// another node).
+	Self string
+	Log  zerolog.Logger
 }
 
 // held is what a lease holds: a write allocation (ext and layout), a
@@ -117,9 +123,17 @@ type Server struct {
 	store  *store.Store         // immutable
 	leases *lease.Table[held]   // immutable pointer
 	met    *metrics.LocalLeases // immutable; nil without Options.Metrics
-	hello  time.Duration        // immutable
-	maxVer uint32               // immutable
-	log    zerolog.Logger
+	engine *metrics.Engine      // immutable; nil without Options.Metrics
+	// pins are the unadopted LOOKUP_PIN pins, all owned by pinOwner (the
+	// daemon); both immutable pointers.
+	pins      *lease.Table[pinned]
+	pinOwner  *lease.Owner[pinned]
+	maxLeases int           // immutable
+	locator   Locator       // immutable; nil: standalone
+	self      string        // immutable
+	hello     time.Duration // immutable
+	maxVer    uint32        // immutable
+	log       zerolog.Logger
 	// insert is store.Insert (immutable); tests make it fail after a
 	// lease was taken, which the checks before make a daemon bug.
 	insert func(store.Key, *store.Extent, []store.SlotLayout) (bool, error)
@@ -143,17 +157,21 @@ func New(o Options) *Server {
 	if o.MaxVersion == 0 || o.MaxVersion > localwire.Version {
 		o.MaxVersion = localwire.Version
 	}
-	s := &Server{store: o.Store, log: o.Log, hello: o.HelloTimeout, maxVer: o.MaxVersion, conns: make(map[net.Conn]struct{})}
+	s := &Server{store: o.Store, log: o.Log, hello: o.HelloTimeout, maxVer: o.MaxVersion, conns: make(map[net.Conn]struct{}),
+		maxLeases: o.MaxLeases, locator: o.Locator, self: o.Self}
 	s.insert = s.store.Insert
 	s.leases = lease.New(o.LeaseTimeout, o.MaxLeases, s.end, nil)
+	s.pins = lease.New(o.LeaseTimeout, o.MaxLeases, s.endPin, nil) // at most MaxLeases unadopted pins in all
+	s.pinOwner = s.pins.NewOwner()
 	if o.Metrics != nil {
 		s.met = metrics.NewLocalLeases(o.Metrics, func() float64 { return float64(s.leases.Len()) })
+		s.engine = metrics.NewEngine(o.Metrics)
 	}
 	return s
 }
 
-// Leases is the lease table, for the gc sweeper (it is a gc.Expirer) and
-// for tests.
+// Leases is the lease table, for tests (the gc sweeper runs the server's
+// ExpireBefore, which also ends unadopted pins).
 func (s *Server) Leases() *lease.Table[held] { return s.leases }
 
 // end gives back what a lease held when it ends without Commit, Abort or
@@ -261,6 +279,9 @@ func (s *Server) Close() error {
 	if n := s.leases.Close(); n > 0 {
 		s.log.Info().Int("leases", n).Msg("Ended local leases at shutdown")
 	}
+	if n := s.pins.Close(); n > 0 {
+		s.log.Info().Int("pins", n).Msg("Ended unadopted local pins at shutdown")
+	}
 	return nil
 }
 
@@ -272,6 +293,7 @@ type conn struct {
 	owner   *lease.Owner[held]
 	slots   []localwire.SlotPlace // scratch of lease, reused
 	version uint32                // what HELLO agreed
+	uid     uint32                // the client's (SO_PEERCRED); pins are adopted by the same user only
 	log     zerolog.Logger
 	hdr     [localwire.HeaderLen]byte
 	body    []byte
@@ -279,8 +301,16 @@ type conn struct {
 }
 
 func (s *Server) handle(c *net.UnixConn) {
+	cred := peerCred(c)
 	cn := &conn{s: s, c: c, r: bufio.NewReaderSize(c, 64<<10), owner: s.leases.NewOwner(),
-		log: s.log.With().Str("remote", peerOf(c)).Logger()}
+		log: s.log.With().Str("remote", credString(cred)).Logger()}
+	if cred == nil {
+		// Without credentials the connection can adopt no pin (and its
+		// own pins none but another such connection's): an impossible uid.
+		cn.uid = ^uint32(0)
+	} else {
+		cn.uid = cred.Uid
+	}
 	defer func() {
 		c.Close()
 		if n := cn.owner.Close(); n > 0 {
@@ -323,14 +353,19 @@ func (s *Server) handle(c *net.UnixConn) {
 	}
 }
 
-// peerOf is the client's SO_PEERCRED for logs.
-func peerOf(c *net.UnixConn) string {
+// peerCred is the client's SO_PEERCRED; nil when unknown.
+func peerCred(c *net.UnixConn) *unix.Ucred {
 	raw, err := c.SyscallConn()
 	if err != nil {
-		return ""
+		return nil
 	}
 	var cred *unix.Ucred
 	_ = raw.Control(func(fd uintptr) { cred, _ = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) })
+	return cred
+}
+
+// credString is a peer's credentials for logs.
+func credString(cred *unix.Ucred) string {
 	if cred == nil {
 		return ""
 	}
@@ -443,8 +478,8 @@ func (cn *conn) serve(h localwire.Header) error {
 	if h.Status != localwire.StatusOK {
 		return fmt.Errorf("%w: request with status %v", localwire.ErrMalformed, h.Status)
 	}
-	if (h.Op == localwire.OpReserve || h.Op == localwire.OpPut) && cn.version < 2 {
-		return fmt.Errorf("%w: %v needs protocol version 2, the connection speaks %d", localwire.ErrMalformed, h.Op, cn.version)
+	if v := localwire.MinVersionOf(h.Op); v > cn.version {
+		return fmt.Errorf("%w: %v needs protocol version %d, the connection speaks %d", localwire.ErrMalformed, h.Op, v, cn.version)
 	}
 	count := int(h.Count)
 	b := localwire.Begin(cn.out, h.Op, localwire.StatusOK, count, h.Seq)
@@ -476,6 +511,29 @@ func (cn *conn) serve(h localwire.Header) error {
 		}
 		for i := range items {
 			b = cn.put(b, &items[i])
+		}
+	case localwire.OpLookup, localwire.OpLookupPin, localwire.OpLookupCluster:
+		c, err := localwire.DecodeChain(cn.body, count)
+		if err != nil {
+			return err
+		}
+		switch h.Op {
+		case localwire.OpLookup:
+			b = cn.lookup(b, c)
+		case localwire.OpLookupPin:
+			b = cn.lookupPin(b, c)
+		default:
+			b = cn.lookupCluster(b, c)
+		}
+	case localwire.OpAdopt, localwire.OpUnpin:
+		tok, err := localwire.DecodeToken(cn.body, count)
+		if err != nil {
+			return err
+		}
+		if h.Op == localwire.OpAdopt {
+			b = cn.adopt(b, tok)
+		} else {
+			b = cn.unpin(b, tok)
 		}
 	case localwire.OpCommit, localwire.OpAbort, localwire.OpRelease, localwire.OpRenew:
 		ids, err := localwire.DecodeIDs(cn.body, count)

@@ -1,9 +1,11 @@
 package metrics
 
 import (
+	"fmt"
 	"strconv"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -33,5 +35,31 @@ func TestRequesterLabelsBounded(t *testing.T) {
 	}
 	if n := testutil.CollectAndCount(m.sessionsByReq); n != MaxRequesterLabels+1 {
 		t.Fatalf("%d series after forget, want %d", n, MaxRequesterLabels+1)
+	}
+}
+
+func TestEngineLabelsBounded(t *testing.T) {
+	m := NewEngine(prometheus.NewRegistry())
+	if got := m.Label("llama@tp3"); got != "llama" {
+		t.Fatalf("rank namespace labelled %q, want its base", got)
+	}
+	for i := range DefaultNamespaceLabels + 10 {
+		m.Lookup(fmt.Sprintf("ns%d@tp0", i), 10, 4)
+	}
+	if got := m.Label("llama@tp1"); got != "llama" {
+		t.Fatalf("a namespace seen before the limit labelled %q", got)
+	}
+	if got := m.Label("late"); got != NamespaceOther {
+		t.Fatalf("a namespace past the limit labelled %q", got)
+	}
+	n := testutil.CollectAndCount(m.Lookups)
+	if n != DefaultNamespaceLabels { // llama (only labelled) has none: 31 namespaces and other
+		t.Fatalf("%d lookup series, want %d", n, DefaultNamespaceLabels)
+	}
+	if l, h, mi := m.Totals(); l != DefaultNamespaceLabels+10 || h != 4*l || mi != 6*l {
+		t.Fatalf("totals %d %d %d", l, h, mi)
+	}
+	if v := testutil.ToFloat64(m.HitBlocks.WithLabelValues(NamespaceOther)); v != 4*11 {
+		t.Fatalf("other's hit blocks %v, want 44 (11 namespaces past the first 31 and llama)", v)
 	}
 }
