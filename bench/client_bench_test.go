@@ -182,3 +182,34 @@ func (e *unixEcho) roundTrip(b *testing.B, p []byte) {
 		b.Fatal(err)
 	}
 }
+
+// BenchmarkLookupChainVsEmpty: a LOOKUP of a 1,000-hash chain, every block
+// stored (the daemon walks the whole chain), against an empty round trip:
+// a LOOKUP of no hash on the same connection (same framing, daemon and
+// socket, nothing to look up). Issue 24 asks for a ratio of at most 2.
+func BenchmarkLookupChainVsEmpty(b *testing.B) {
+	const blocks = 1000
+	n := startNode(b, "lookup", 64<<20)
+	c := dialClient(b, n)
+	ctx := context.Background()
+	hashes := make([][]byte, blocks)
+	for i := range hashes {
+		hashes[i] = fmt.Appendf(nil, "%032x", i) // 32 bytes, as a sha256-derived chain hash halved
+		if err := c.Put(ctx, "bench@tp0", hashes[i], []byte{byte(i)}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	var chain, empty clock
+	lookup := func(hs [][]byte, want int) {
+		got, err := c.Lookup(ctx, "bench@tp0", hs)
+		if err != nil || got != want {
+			b.Fatalf("Lookup of %d hashes = %d, %v; want %d", len(hs), got, err, want)
+		}
+	}
+	lookup(hashes, blocks) // warm
+	for b.Loop() {
+		chain.time(func() { lookup(hashes, blocks) })
+		empty.time(func() { lookup(nil, 0) })
+	}
+	reportLatency(b, "lookup1000", "empty", &chain, &empty)
+}

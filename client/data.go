@@ -41,12 +41,13 @@ var errRefusedHello = errors.New("daemon refused hello")
 
 // dialData connects to path, says hello and maps the memfd it receives. A
 // daemon that refuses this package's protocol version is dialled again
-// with the oldest one (Put then takes two round trips, as before RESERVE
-// and PUT).
+// with the next older one, down to the oldest (the lookups need 3; before
+// 2, Put takes two round trips).
 func dialData(ctx context.Context, path string) (*dataConn, error) {
 	dc, err := dialVersion(ctx, path, localwire.Version)
-	if errors.Is(err, errRefusedHello) {
-		dc, err = dialVersion(ctx, path, localwire.MinVersion)
+	// One version down at a time: a version-2 daemon keeps PUT.
+	for v := uint32(localwire.Version) - 1; errors.Is(err, errRefusedHello) && v >= localwire.MinVersion; v-- {
+		dc, err = dialVersion(ctx, path, v)
 	}
 	return dc, err
 }

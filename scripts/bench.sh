@@ -50,6 +50,7 @@ PAIRS=(
 	"client.Get 4MiB vs memcpy out|./bench|BenchmarkClientPutGetVsMemcpy|get-MB/s|memcpyout-MB/s|higher"
 	"AllocBatch+CommitBatch per block vs echo|./bench|BenchmarkClientBatchLeases|alloccommit-ns/op|echo-ns/op|lower"
 	"LeaseBatch+ReleaseBatch per block vs echo|./bench|BenchmarkClientBatchLeases|leaserelease-ns/op|echo-ns/op|lower"
+	"lookup of a 1,000-hash chain vs an empty round trip|./bench|BenchmarkLookupChainVsEmpty|lookup1000-ns/op|empty-ns/op|lower"
 	"verbs READ latency (fake HCA, completions 50us late) vs that delay|./internal/ibv/verbs|BenchmarkReadLatencyVsDelay|read-us|delay-us|lower"
 	"pool start-up (map + parallel populate) s/GiB vs one-thread memset|./internal/pool|BenchmarkPoolStartVsMemset|start-s/GiB|memset-s/GiB|lower"
 	"python put 4MiB vs numpy copy in|clients/python|BenchmarkPythonPutGetVsNumpy|put-MB/s|numpyin-MB/s|higher"

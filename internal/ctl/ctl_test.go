@@ -372,11 +372,12 @@ func TestStatsAndVersion(t *testing.T) {
 	var st statsResult
 	decodeJSON(t, r.stdout, &st)
 	if r.code != 0 || st.PoolUsed != 16<<20 || st.PoolSize != 64<<20 || st.LockTimeouts != 2 || st.UptimeSeconds != 180.5 ||
-		st.NodeID != "node-a" || !st.PoolLocked || st.FetchBytes != 1<<30 {
+		st.NodeID != "node-a" || !st.PoolLocked || st.FetchBytes != 1<<30 || st.Lookups != 4 || st.LookupHits != 30 {
 		t.Errorf("stats = %+v (%+v)", st, r)
 	}
 	r = run(t, f, "stats")
-	if !strings.Contains(r.stdout, "16.0 MiB (25.0%)") || !strings.Contains(r.stdout, "LOCK TIMEOUTS") {
+	if !strings.Contains(r.stdout, "16.0 MiB (25.0%)") || !strings.Contains(r.stdout, "LOCK TIMEOUTS") ||
+		!strings.Contains(r.stdout, "LOOKUP HIT RATIO  75.0% (30 of 40 blocks)") {
 		t.Errorf("stats table = %q", r.stdout)
 	}
 

@@ -52,6 +52,9 @@ type statsResult struct {
 	FetchesOK      uint64  `json:"fetches_ok"`
 	FetchesFailed  uint64  `json:"fetches_failed"`
 	FetchBytes     uint64  `json:"fetch_bytes"`
+	Lookups        uint64  `json:"lookups"`
+	LookupHits     uint64  `json:"lookup_hit_blocks"`
+	LookupMisses   uint64  `json:"lookup_miss_blocks"`
 }
 
 func statsOf(s *pegadv1.StatsResponse) *statsResult {
@@ -75,7 +78,18 @@ func statsOf(s *pegadv1.StatsResponse) *statsResult {
 		FetchesOK:      s.GetFetchesOk(),
 		FetchesFailed:  s.GetFetchesFailed(),
 		FetchBytes:     s.GetFetchBytes(),
+		Lookups:        s.GetLookups(),
+		LookupHits:     s.GetLookupHitBlocks(),
+		LookupMisses:   s.GetLookupMissBlocks(),
 	}
+}
+
+// hitRatio is the share of looked-up blocks found, with the counts.
+func hitRatio(hits, misses uint64) string {
+	if hits+misses == 0 {
+		return "" // no lookup yet: a dash
+	}
+	return fmt.Sprintf("%.1f%% (%d of %d blocks)", 100*float64(hits)/float64(hits+misses), hits, hits+misses)
 }
 
 func (r *statsResult) writeTable(w io.Writer) error {
@@ -107,6 +121,8 @@ func (r *statsResult) writeTable(w io.Writer) error {
 		{"FETCHES OK", fmt.Sprint(r.FetchesOK)},
 		{"FETCHES FAILED", fmt.Sprint(r.FetchesFailed)},
 		{"FETCH BYTES", humanBytes(r.FetchBytes)},
+		{"LOOKUPS", fmt.Sprint(r.Lookups)},
+		{"LOOKUP HIT RATIO", hitRatio(r.LookupHits, r.LookupMisses)},
 	}
 	for _, kv := range rows {
 		if _, err := fmt.Fprintf(w, "%s\t%s\n", kv[0], dash(kv[1])); err != nil {

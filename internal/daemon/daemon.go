@@ -387,7 +387,9 @@ func (d *Daemon) listen() error {
 		Log:     d.log.With().Str("component", "localapi").Logger(),
 	})
 	pegadv1.RegisterLocalServiceServer(d.localSrv, d.local)
+	engine := metrics.NewEngine(d.reg) // the data socket's lookups, shown by Stats too
 	pegadv1.RegisterAdminServiceServer(d.localSrv, localapi.NewAdmin(localapi.AdminOptions{
+		Engine:  engine,
 		Store:   d.store,
 		Locks:   d.holder.Locks(),
 		Conns:   d.conns,
@@ -415,6 +417,7 @@ func (d *Daemon) listen() error {
 		Store:        d.store,
 		LeaseTimeout: cfg.LockTimeout,
 		Metrics:      d.reg,
+		Engine:       engine,
 		Locator:      d.locator(),
 		Self:         d.cfg.NodeID,
 		Log:          d.log.With().Str("component", "localdata").Logger(),

@@ -50,9 +50,11 @@ type AdminOptions struct {
 	Conns   Conns
 	Fetcher Fetcher
 	Metrics *metrics.Metrics
-	Node    NodeInfo
-	Log     zerolog.Logger
-	Now     func() time.Time // nil: time.Now
+	// Engine has the data socket's lookup counters; nil: none.
+	Engine *metrics.Engine
+	Node   NodeInfo
+	Log    zerolog.Logger
+	Now    func() time.Time // nil: time.Now
 }
 
 // Admin implements pegadv1.AdminServiceServer.
@@ -198,6 +200,9 @@ func (a *Admin) Stats(context.Context, *pegadv1.StatsRequest) (*pegadv1.StatsRes
 		PinnedBlocks: st.Pinned,
 		Evictions:    st.Evictions,
 		Uptime:       durationpb.New(max(a.o.Now().Sub(a.o.Node.Started), 0)),
+	}
+	if a.o.Engine != nil {
+		resp.Lookups, resp.LookupHitBlocks, resp.LookupMissBlocks = a.o.Engine.Totals()
 	}
 	if a.o.Locks != nil {
 		resp.SessionsActive = uint64(a.o.Locks.Len())

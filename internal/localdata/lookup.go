@@ -73,14 +73,27 @@ func chainKeys(c localwire.Chain) ([]store.Key, error) {
 	return keys, nil
 }
 
+// checkChain checks a chain against the store's limits (chainKeys without
+// the keys).
+func checkChain(c localwire.Chain) error {
+	if c.Namespace == "" || len(c.Namespace) > store.MaxNSLen {
+		return fmt.Errorf("namespace of %d bytes (want 1..%d)", len(c.Namespace), store.MaxNSLen)
+	}
+	for i, h := range c.Hashes {
+		if len(h) == 0 || len(h) > store.MaxHashLen {
+			return fmt.Errorf("hash %d: hash of %d bytes (want 1..%d)", i, len(h), store.MaxHashLen)
+		}
+	}
+	return nil
+}
+
 // lookup answers LOOKUP: the stored prefix's length; nothing changes.
 func (cn *conn) lookup(b []byte, c localwire.Chain) []byte {
-	keys, err := chainKeys(c)
-	if err != nil {
+	if err := checkChain(c); err != nil {
 		return localwire.AppendError(b, localwire.StatusInvalid, err.Error())
 	}
-	n := cn.s.store.Prefix(keys)
-	cn.s.countLookup(c.Namespace, len(keys), n)
+	n := cn.s.store.PrefixOf(c.Namespace, c.Hashes)
+	cn.s.countLookup(c.Namespace, len(c.Hashes), n)
 	return localwire.AppendResult(b, localwire.OpLookup, &localwire.Result{N: uint32(n)})
 }
 

@@ -67,8 +67,11 @@ type Options struct {
 	// MaxVersion is the newest protocol version served; 0:
 	// localwire.Version. Tests set it to play an older daemon.
 	MaxVersion uint32
-	// Metrics registers the lease and engine metrics; nil: none.
+	// Metrics registers the lease metrics; nil: none.
 	Metrics prometheus.Registerer
+	// Engine counts lookups and bytes per namespace; nil: a new one on
+	// Metrics (none without Metrics).
+	Engine *metrics.Engine
 	// Locator answers LOOKUP_CLUSTER (the cluster index); nil: standalone,
 	// LOOKUP_CLUSTER is refused.
 	Locator Locator
@@ -165,7 +168,10 @@ func New(o Options) *Server {
 	s.pinOwner = s.pins.NewOwner()
 	if o.Metrics != nil {
 		s.met = metrics.NewLocalLeases(o.Metrics, func() float64 { return float64(s.leases.Len()) })
-		s.engine = metrics.NewEngine(o.Metrics)
+		s.engine = o.Engine
+		if s.engine == nil {
+			s.engine = metrics.NewEngine(o.Metrics)
+		}
 	}
 	return s
 }

@@ -326,8 +326,14 @@ func TestLRUEvictionOrder(t *testing.T) {
 			s.Unpin(b)
 		}
 	}
-	// Has must not touch.
+	// Has and the prefix lookups must not touch.
 	s.Has(key(4))
+	if n := s.Prefix([]Key{key(4), key(5), key(6)}); n != 3 {
+		t.Fatalf("Prefix = %d, want 3", n)
+	}
+	if n := s.PrefixOf("ns", [][]byte{[]byte(key(4).Hash), []byte(key(5).Hash), []byte("none"), []byte(key(6).Hash)}); n != 2 {
+		t.Fatalf("PrefixOf = %d, want 2", n)
+	}
 	for i := 16; i < 22; i++ {
 		mustPut(t, s, key(i), i, SlotSize{KSize: bs})
 		gone := key(i - 12) // 4, 5, 6, ...

@@ -843,8 +843,14 @@ type StatsResponse struct {
 	FetchesOk      uint64                 `protobuf:"varint,17,opt,name=fetches_ok,json=fetchesOk,proto3" json:"fetches_ok,omitempty"`
 	FetchesFailed  uint64                 `protobuf:"varint,18,opt,name=fetches_failed,json=fetchesFailed,proto3" json:"fetches_failed,omitempty"`
 	FetchBytes     uint64                 `protobuf:"varint,19,opt,name=fetch_bytes,json=fetchBytes,proto3" json:"fetch_bytes,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Prefix lookups on the data socket (LOOKUP, LOOKUP_PIN, LOOKUP_CLUSTER)
+	// and the blocks of their chains found (hit) and not (miss), over every
+	// namespace; per namespace: the pegaflow_lookup_* metrics.
+	Lookups          uint64 `protobuf:"varint,20,opt,name=lookups,proto3" json:"lookups,omitempty"`
+	LookupHitBlocks  uint64 `protobuf:"varint,21,opt,name=lookup_hit_blocks,json=lookupHitBlocks,proto3" json:"lookup_hit_blocks,omitempty"`
+	LookupMissBlocks uint64 `protobuf:"varint,22,opt,name=lookup_miss_blocks,json=lookupMissBlocks,proto3" json:"lookup_miss_blocks,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *StatsResponse) Reset() {
@@ -1006,6 +1012,27 @@ func (x *StatsResponse) GetFetchesFailed() uint64 {
 func (x *StatsResponse) GetFetchBytes() uint64 {
 	if x != nil {
 		return x.FetchBytes
+	}
+	return 0
+}
+
+func (x *StatsResponse) GetLookups() uint64 {
+	if x != nil {
+		return x.Lookups
+	}
+	return 0
+}
+
+func (x *StatsResponse) GetLookupHitBlocks() uint64 {
+	if x != nil {
+		return x.LookupHitBlocks
+	}
+	return 0
+}
+
+func (x *StatsResponse) GetLookupMissBlocks() uint64 {
+	if x != nil {
+		return x.LookupMissBlocks
 	}
 	return 0
 }
@@ -1190,7 +1217,7 @@ const file_pegad_v1_admin_proto_rawDesc = "" +
 	"\x10remote_advertise\x18\b \x01(\tR\x0fremoteAdvertise\"9\n" +
 	"\x11ListConnsResponse\x12$\n" +
 	"\x05conns\x18\x01 \x03(\v2\x0e.pegad.v1.ConnR\x05conns\"\x0e\n" +
-	"\fStatsRequest\"\xf0\x04\n" +
+	"\fStatsRequest\"\xe4\x05\n" +
 	"\rStatsResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12 \n" +
 	"\vincarnation\x18\x02 \x01(\tR\vincarnation\x12\x1c\n" +
@@ -1214,7 +1241,10 @@ const file_pegad_v1_admin_proto_rawDesc = "" +
 	"fetches_ok\x18\x11 \x01(\x04R\tfetchesOk\x12%\n" +
 	"\x0efetches_failed\x18\x12 \x01(\x04R\rfetchesFailed\x12\x1f\n" +
 	"\vfetch_bytes\x18\x13 \x01(\x04R\n" +
-	"fetchBytes\"\x10\n" +
+	"fetchBytes\x12\x18\n" +
+	"\alookups\x18\x14 \x01(\x04R\alookups\x12*\n" +
+	"\x11lookup_hit_blocks\x18\x15 \x01(\x04R\x0flookupHitBlocks\x12,\n" +
+	"\x12lookup_miss_blocks\x18\x16 \x01(\x04R\x10lookupMissBlocks\"\x10\n" +
 	"\x0eVersionRequest\"\xa9\x01\n" +
 	"\x0fVersionResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x16\n" +

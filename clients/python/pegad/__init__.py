@@ -12,16 +12,18 @@
 See clients/python/README.md and docs/local-protocol.md.
 """
 
-from .client import (DATA_SOCKET_SUFFIX, DEFAULT_SOCKET, AllocRequest, BlockStatus, Client, PrefetchBlock,
+from .client import (DATA_SOCKET_SUFFIX, DEFAULT_SOCKET, AllocRequest, BlockStatus, Client, ClusterHit, Pin,
+                     PrefetchBlock,
                      PrefetchResult, Reader, Slot, SlotSize, Writer)
-from .errors import (Aborted, ClientClosed, Exists, FailedPrecondition, InternalError, InvalidArgument, LeaseEnded,
+from .errors import (Aborted, ClientClosed, Denied, Exists, FailedPrecondition, InternalError, InvalidArgument, LeaseEnded,
                      LimitReached, NotFound, PegadError, PoolFull, ProtocolError, ShortBuffer,
                      Unavailable, WrongType)
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Client", "Writer", "Reader", "Slot", "SlotSize", "AllocRequest", "BlockStatus", "PrefetchBlock",
+    "Client", "Writer", "Reader", "Slot", "SlotSize", "AllocRequest", "BlockStatus", "PrefetchBlock", "Pin",
+    "ClusterHit", "Denied",
     "PrefetchResult", "DATA_SOCKET_SUFFIX", "DEFAULT_SOCKET",
     "PegadError", "NotFound", "PoolFull", "InvalidArgument", "WrongType", "Exists",
     "LeaseEnded", "LimitReached", "Unavailable", "ClientClosed", "ProtocolError",

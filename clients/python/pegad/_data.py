@@ -26,13 +26,20 @@ class DataConn:
     """One data-socket connection: one request in flight at a time."""
 
     def __init__(self, path, timeout=None):
-        try:
-            self._open(path, timeout, wire.VERSION)
-        except _RefusedHello as refused:
+        # A daemon older than this client refuses its newest version:
+        # step down one version at a time (a version-2 daemon keeps PUT).
+        refused = None
+        for version in range(wire.VERSION, wire.MIN_VERSION - 1, -1):
             try:
-                self._open(path, timeout, wire.MIN_VERSION)
+                self._open(path, timeout, version)
+                return
+            except _RefusedHello as e:
+                refused = refused or e
             except errors.Unavailable:
+                if refused is None:
+                    raise
                 raise refused from None
+        raise refused
 
     def _open(self, path, timeout, version):
         self._lock = threading.Lock()  # guards the socket, seq, buffers, broken, closed

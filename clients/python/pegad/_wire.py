@@ -7,8 +7,9 @@ import struct
 
 from . import errors
 
-VERSION = 2  # the newest: adds RESERVE and PUT (a put in one round trip)
-MIN_VERSION = 1  # what a daemon older than RESERVE and PUT speaks
+VERSION = 3  # the newest: adds the prefix lookups (LOOKUP, LOOKUP_PIN, ADOPT, UNPIN, LOOKUP_CLUSTER)
+MIN_VERSION = 1  # what a daemon older than RESERVE and PUT (version 2) speaks
+MAX_TOKEN = 64
 HEADER = struct.Struct("<IBBHI")  # len, op, status, count, seq
 HEADER_LEN = HEADER.size
 MAX_FRAME = 16 << 20  # most bytes after the length field
@@ -19,10 +20,11 @@ MAX_SLOTS = 1024
 MAX_MESSAGE = 1024
 
 OP_HELLO, OP_ALLOC, OP_COMMIT, OP_ABORT, OP_LEASE, OP_RELEASE, OP_RENEW, OP_RESERVE, OP_PUT = range(1, 10)
+OP_LOOKUP, OP_LOOKUP_PIN, OP_ADOPT, OP_UNPIN, OP_LOOKUP_CLUSTER = range(10, 15)
 OP_NAMES = {1: "hello", 2: "alloc", 3: "commit", 4: "abort", 5: "lease", 6: "release", 7: "renew",
-            8: "reserve", 9: "put"}
+            8: "reserve", 9: "put", 10: "lookup", 11: "lookup_pin", 12: "adopt", 13: "unpin", 14: "lookup_cluster"}
 
-ST_OK, ST_NOT_FOUND, ST_POOL_FULL, ST_INVALID, ST_EXISTS, ST_NO_LEASE, ST_LIMIT, ST_INTERNAL, ST_CLOSED = range(9)
+ST_OK, ST_NOT_FOUND, ST_POOL_FULL, ST_INVALID, ST_EXISTS, ST_NO_LEASE, ST_LIMIT, ST_INTERNAL, ST_CLOSED, ST_DENIED = range(10)
 STATUS_ERRORS = {
     ST_NOT_FOUND: errors.NotFound,
     ST_POOL_FULL: errors.PoolFull,
@@ -32,6 +34,7 @@ STATUS_ERRORS = {
     ST_LIMIT: errors.LimitReached,
     ST_INTERNAL: errors.InternalError,
     ST_CLOSED: errors.Unavailable,
+    ST_DENIED: errors.Denied,
 }
 
 _U8 = struct.Struct("<B")
@@ -73,6 +76,65 @@ def put_item(lease, ns, h, slots, nxt):
     """A PUT item: commit reservation lease as the block (ns, h) laid out
     as slots, and reserve nxt bytes for the next put (0: none)."""
     return _U64.pack(lease) + alloc_item(ns, h, slots) + _U64.pack(nxt)
+
+
+def chain_item(ns, hashes):
+    """A LOOKUP, LOOKUP_PIN or LOOKUP_CLUSTER item; ns and hashes are
+    already checked bytes, at most MAX_BATCH hashes."""
+    parts = [_U16.pack(len(ns)), ns, _U16.pack(len(hashes))]
+    for h in hashes:
+        parts.append(_U8.pack(len(h)))
+        parts.append(h)
+    return b"".join(parts)
+
+
+def token_item(tok):
+    """An ADOPT or UNPIN item."""
+    if len(tok) > MAX_TOKEN:
+        raise errors.InvalidArgument(f"token of {len(tok)} bytes (max {MAX_TOKEN})")
+    return _U8.pack(len(tok)) + tok
+
+
+def _lookup_result(op, body, pos, n):
+    """The ok payload of a version-3 result at pos: (payload, new pos).
+    lookup: n; lookup_pin: (n, token); adopt: [(lease, places), ...];
+    lookup_cluster: (local, n, peer_id, peer_addr); unpin: None."""
+    if op == OP_LOOKUP:
+        return _U32.unpack_from(body, pos)[0], pos + 4
+    if op == OP_LOOKUP_PIN:
+        (cnt,) = _U32.unpack_from(body, pos)
+        tl = body[pos + 4]
+        pos += 5
+        if tl > MAX_TOKEN or pos + tl > n:
+            raise errors.ProtocolError(f"lookup_pin: token of {tl} bytes")
+        return (cnt, bytes(body[pos:pos + tl])), pos + tl
+    if op == OP_ADOPT:
+        (cnt,) = _U32.unpack_from(body, pos)
+        pos += 4
+        if cnt > MAX_BATCH:
+            raise errors.ProtocolError(f"adopt: {cnt} leases")
+        leases = []
+        for _ in range(cnt):
+            lease, ns = _LEASE_HEAD.unpack_from(body, pos)
+            pos += _LEASE_HEAD.size
+            if ns == 0 or ns > MAX_SLOTS or pos + _PLACE.size * ns > n:
+                raise errors.ProtocolError(f"adopt: lease of {ns} slots")
+            leases.append((lease, [_PLACE.unpack_from(body, pos + _PLACE.size * j) for j in range(ns)]))
+            pos += _PLACE.size * ns
+        return leases, pos
+    if op == OP_LOOKUP_CLUSTER:
+        local, cnt = struct.unpack_from("<II", body, pos)
+        pos += 8
+        strs = []
+        for _ in range(2):
+            (ln,) = _U16.unpack_from(body, pos)
+            pos += 2
+            if ln > 1024 or pos + ln > n:
+                raise errors.ProtocolError(f"lookup_cluster: name of {ln} bytes")
+            strs.append(bytes(body[pos:pos + ln]).decode("utf-8", "replace"))
+            pos += ln
+        return (local, cnt, strs[0], strs[1]), pos
+    return None, pos  # unpin
 
 
 def item_error(op, status, msg):
@@ -128,6 +190,9 @@ def decode_results(op, body, count):
                 places = [_PLACE.unpack_from(body, pos + _PLACE.size * j) for j in range(ns)]
                 pos += _PLACE.size * ns
                 out.append((lease, places))
+            elif op in (OP_LOOKUP, OP_LOOKUP_PIN, OP_ADOPT, OP_UNPIN, OP_LOOKUP_CLUSTER):
+                r, pos = _lookup_result(op, body, pos, n)
+                out.append(r)
             elif op in (OP_ABORT, OP_RELEASE, OP_RENEW):
                 out.append(None)
             else:

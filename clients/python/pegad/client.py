@@ -7,6 +7,7 @@ connections and leases; it must never copy block bytes through protobuf or
 the socket on the put, get, alloc and lease paths.
 """
 
+import concurrent.futures
 import os
 import time
 import threading
@@ -18,8 +19,17 @@ from . import errors
 
 __all__ = [
     "Client", "Writer", "Reader", "Slot", "SlotSize", "AllocRequest",
-    "PrefetchBlock", "PrefetchResult", "DATA_SOCKET_SUFFIX", "DEFAULT_SOCKET",
+    "PrefetchBlock", "PrefetchResult", "DATA_SOCKET_SUFFIX", "DEFAULT_SOCKET", "Pin", "ClusterHit",
 ]
+
+# Threads of a client's executor (the *_async calls). Data-socket calls
+# are serialized on the connection anyway; prefetches (gRPC) overlap.
+ASYNC_WORKERS = 4
+
+ClusterHit = namedtuple("ClusterHit", ["peer", "n", "local", "peer_id"], defaults=[""])
+ClusterHit.__doc__ = ("lookup_cluster's answer: local blocks of the chain are on this node; the node at peer (its "
+                      "peer address; None: no other node holds the first block) holds the first n. When n > local, "
+                      "prefetch(namespace, hashes[local:n], peer=peer) brings the rest here.")
 
 DATA_SOCKET_SUFFIX = ".data"
 DEFAULT_SOCKET = "/run/pegad/pegad.sock"
@@ -301,14 +311,48 @@ def _renew(d, lease):
         raise r
 
 
+class Pin:
+    """A pinned stored prefix (lookup_pin): its first n blocks stay in the
+    pool until a client of the same user adopts token (Client.adopt), the
+    pin is released, or the daemon's lease timeout passes. As a context
+    manager it is released on exit unless adopted meanwhile."""
+
+    def __init__(self, conn, n, token):
+        self._d = conn
+        self.n = n
+        self.token = token
+
+    def release(self):
+        """Drop the pin at once; NotFound when it was adopted, released or
+        expired already."""
+        (r,) = self._d.call(wire.OP_UNPIN, [wire.token_item(self.token)])
+        if isinstance(r, Exception):
+            raise r
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        try:
+            self.release()
+        except errors.NotFound:
+            pass  # adopted (or expired): nothing left to drop
+        return False
+
+    def __repr__(self):
+        return f"Pin(n={self.n}, token={self.token.hex()})"
+
+
 class Client:
     """A client of the local pegad listening on socket (its --socket).
 
     Zero-copy calls go over the data socket (socket + ".data"); delete and
     prefetch over gRPC on socket, dialled on first use. Safe for use from
-    several threads; calls on one client are serialized on its data
-    connection (make one client per thread for parallel calls). Closing
-    it (or leaving its with block) ends every lease it still holds.
+    several threads at once (a connector's scheduler, worker and save
+    threads): calls on one client are serialized on its data connection,
+    gRPC calls are not. The *_async calls run on the client's own threads
+    and return concurrent.futures.Future. Closing it (or leaving its with
+    block) ends every lease it still holds.
     """
 
     def __init__(self, socket=DEFAULT_SOCKET, data_socket=None, timeout=None):
@@ -321,9 +365,10 @@ class Client:
         self.socket = socket
         self._timeout = timeout
         self._data = _data.DataConn(data_socket or socket + DATA_SOCKET_SUFFIX, timeout)
-        self._grpc_lock = threading.Lock()  # guards _channel, _stub
+        self._grpc_lock = threading.Lock()  # guards _channel, _stub, _pool
         self._channel = None
         self._stub = None
+        self._pool = None  # the executor of the *_async calls, made on first use
 
     @property
     def pool_size(self):
@@ -350,6 +395,10 @@ class Client:
     def close(self):
         """Close the connections; the daemon ends every lease still held and
         every buffer handed out becomes invalid."""
+        with self._grpc_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)  # started calls finish; their futures resolve
         self._data.close()
         with self._grpc_lock:
             if self._channel is not None:
@@ -706,6 +755,119 @@ class Client:
         if peer is not None and not isinstance(peer, str):
             raise errors.WrongType(f"peer must be str, not {type(peer).__name__}")
         return _grpc.prefetch(self._local(), ns, hs, peer or "", timeout, self._timeout)
+
+
+    # --- prefix lookups (data protocol version 3) ------------------------
+
+    def _chain_call(self, op, namespace, hashes):
+        ns = _namespace(namespace)
+        hs = [_hash(h) for h in hashes]
+        if len(hs) > wire.MAX_BATCH:
+            raise errors.InvalidArgument(f"{len(hs)} hashes in one call (max {wire.MAX_BATCH})")
+        return self._v3_call(op, wire.chain_item(ns, hs))
+
+    def _v3_call(self, op, item):
+        d = self._data
+        if d.version < 3:
+            raise errors.ProtocolError(f"{wire.OP_NAMES[op]} needs data protocol 3, the daemon speaks "
+                                       f"{d.version} (upgrade pegad)")
+        (r,) = d.call(op, [item])
+        if isinstance(r, Exception):
+            raise r
+        return r
+
+    def lookup(self, namespace, hashes):
+        """The number of blocks of the chain hashes (in chain order), from
+        the first, stored one after another in namespace. Pins nothing and
+        changes nothing (not even LRU places): ask as often as you like.
+        One round trip per 4096 hashes (the next only when the chain is
+        stored that far)."""
+        hashes = list(hashes)
+        n = 0
+        while True:
+            chunk = hashes[n:n + wire.MAX_BATCH]
+            got = self._chain_call(wire.OP_LOOKUP, namespace, chunk)
+            if got > len(chunk):
+                raise errors.ProtocolError(f"lookup of {len(chunk)} hashes answered {got}")
+            n += got
+            if got < len(chunk) or n == len(hashes):
+                return n
+
+    def lookup_ranks(self, base, tp, hashes):
+        """The prefix every one of tp tensor-parallel ranks can load: the
+        minimum over ranks r of lookup(f"{base}@tp{r}", hashes) (one round
+        trip per rank; stops early at 0). docs/local-protocol.md "Tensor
+        parallel"."""
+        if not isinstance(tp, int) or tp < 1:
+            raise errors.InvalidArgument(f"tp must be a positive int, not {tp!r}")
+        base = _namespace(base).decode("utf-8")
+        hashes = list(hashes)
+        n = len(hashes)
+        for r in range(tp):
+            if n == 0:
+                break
+            n = min(n, self.lookup(f"{base}@tp{r}", hashes[:n]))
+        return n
+
+    def lookup_pin(self, namespace, hashes):
+        """lookup of up to 4096 hashes that also pins the stored prefix
+        under a token another client of this user (a worker process) can
+        adopt: a Pin. Unadopted, it ends at the lease timeout or on
+        release. Pin.n may be less than lookup's answer when the blocks'
+        places would not fit one ADOPT answer (16 MiB)."""
+        n, tok = self._chain_call(wire.OP_LOOKUP_PIN, namespace, list(hashes))
+        return Pin(self._data, n, tok)
+
+    def adopt(self, token):
+        """Take over the pin token names: its blocks become Readers of this
+        client, in chain order, ended by release, by this client's close or
+        by its process's death. NotFound: unknown, expired, adopted or
+        released; Denied: another user's pin. On an error nothing changes."""
+        if isinstance(token, Pin):
+            token = token.token
+        if not isinstance(token, (bytes, bytearray, memoryview)):
+            raise errors.WrongType(f"token must be bytes, not {type(token).__name__}")
+        leases = self._v3_call(wire.OP_ADOPT, wire.token_item(bytes(token)))
+        out = []
+        try:
+            for lease, places in leases:
+                out.append(self._reader(lease, places))
+        except errors.ProtocolError:
+            _finish_quietly(self._data, wire.OP_RELEASE, [lease for lease, _ in leases])
+            raise
+        return out
+
+    def lookup_cluster(self, namespace, hashes):
+        """The stored prefix of the chain (up to 4096 hashes) here, and the
+        other node the cluster index says holds the longest prefix: a
+        ClusterHit. InvalidArgument when the daemon has no --cluster-redis."""
+        local, n, peer_id, peer = self._chain_call(wire.OP_LOOKUP_CLUSTER, namespace, list(hashes))
+        return ClusterHit(peer or None, n, local, peer_id)
+
+    # --- asynchronous calls -------------------------------------------------
+
+    def _submit(self, fn, *args):
+        with self._grpc_lock:
+            if self._data._closed:
+                raise errors.ClientClosed("pegad client closed")
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(ASYNC_WORKERS, thread_name_prefix="pegad")
+            return self._pool.submit(fn, *args)
+
+    def prefetch_async(self, namespace, hashes, peer=None, timeout=None):
+        """prefetch without blocking: a concurrent.futures.Future of its
+        PrefetchResult (.done(), .result(timeout))."""
+        return self._submit(self.prefetch, namespace, list(hashes), peer, timeout)
+
+    def get_batch_async(self, namespace, hashes, outs):
+        """get_batch without blocking: a Future of its results. outs must
+        stay untouched until it is done."""
+        return self._submit(self.get_batch, namespace, list(hashes), list(outs))
+
+    def put_batch_async(self, namespace, blocks):
+        """put_batch without blocking: a Future of its results. The
+        blocks' buffers must stay untouched until it is done."""
+        return self._submit(self.put_batch, namespace, list(blocks))
 
 
 def _finish_quietly(d, op, ids):

@@ -7,7 +7,7 @@ subclasses (the Python form of the Go client's errors.Is sentinels).
 __all__ = [
     "PegadError", "NotFound", "PoolFull", "InvalidArgument", "WrongType", "Exists",
     "LeaseEnded", "LimitReached", "Unavailable", "ClientClosed", "ProtocolError",
-    "InternalError", "ShortBuffer", "Aborted", "FailedPrecondition",
+    "InternalError", "ShortBuffer", "Aborted", "FailedPrecondition", "Denied",
 ]
 
 
@@ -71,6 +71,10 @@ class ShortBuffer(PegadError, ValueError):
     def __init__(self, msg, needed):
         super().__init__(msg)
         self.needed = needed
+
+
+class Denied(PegadError, PermissionError):
+    """A pin token of another user's pin (adopt, Pin.release)."""
 
 
 class Aborted(PegadError):

@@ -386,7 +386,8 @@ class PegadConnector(KVConnectorBase_V1):
             return None
         try:
             readers = client.adopt(token)
-        except (errors.NotFound, errors.InvalidArgument, errors.LeaseEnded, errors.FailedPrecondition) as e:
+        except (errors.NotFound, errors.Denied, errors.InvalidArgument, errors.LeaseEnded,
+                errors.FailedPrecondition) as e:
             log.info("pin of %d blocks not adopted (%s): leasing them", len(run.hashes), e)
             return None
         missing = [errors.NotFound("not pinned by the scheduler")] * (len(run.hashes) - len(readers))

@@ -84,3 +84,27 @@ def test_prefetch_from_the_cluster_index(bins, redis_url, ns):
     finally:
         requester.stop()
         holder.stop()
+
+
+def test_lookup_cluster_then_prefetch_async(bins, redis_url, ns):
+    """B finds A's longer prefix through the index (lookup_cluster), fetches
+    the tail it lacks with prefetch_async, then holds the whole prefix."""
+    a = Daemon(bins, "py-lk-a", extra=("--cluster-redis", redis_url))
+    b = Daemon(bins, "py-lk-b", extra=("--cluster-redis", redis_url))
+    try:
+        hashes = [rand_hash() for _ in range(6)]
+        with pegad.Client(a.socket) as ca:
+            for i, h in enumerate(hashes[:5]):
+                ca.put(ns, h, bytes([i + 1]) * 4096)
+        with pegad.Client(b.socket, timeout=60) as cb:
+            cb.put(ns, hashes[0], bytes([1]) * 4096)
+            hit = wait_until("A's prefix in the index",
+                             lambda: (lambda h: h if h.n == 5 else None)(cb.lookup_cluster(ns, hashes)), timeout=30)
+            assert hit.local == 1 and hit.peer_id == "py-lk-a" and hit.peer
+            fut = cb.prefetch_async(ns, hashes[hit.local:hit.n], peer=hit.peer, timeout=20)
+            res = fut.result(timeout=60)
+            assert fut.done() and res.bytes == 4 * 4096
+            assert cb.lookup(ns, hashes) == 5
+    finally:
+        b.stop()
+        a.stop()
