@@ -13,8 +13,9 @@ What it does:
   LRU touch) how many of the request's chained block hashes every TP/PP rank
   holds (the minimum over the ranks' namespaces, pegad.keys), so it is free
   of side effects and never reports a prefix some rank cannot load. With
-  "cluster": true, a prefix another node holds is prefetched into this node
-  first; meanwhile it answers None (ask again later). Loads are synchronous
+  "cluster": true, a longer prefix the cluster index says another node
+  holds (LOOKUP_CLUSTER) is prefetched into this node first; meanwhile it
+  answers None (ask again later). Loads are synchronous
   within the step (second value False).
 - update_state_after_alloc pins the blocks to load for every rank
   (LOOKUP_PIN, when the daemon has it; "pin": false turns it off) and hands
@@ -198,11 +199,24 @@ class PegadConnector(KVConnectorBase_V1):
                 self.link.failed(client, e)
                 n = 0
         self._count(lookups=1, hit_blocks=n)
-        if self.cluster and client is not None and n < len(hashes) and fut is None:
+        if self.cluster and client is not None and n < len(hashes) and fut is None and \
+                self._elsewhere(client, hashes, n):
             self._prefetch[rid] = self._start_prefetch(client, hashes[n:])
             return None, False
         self._matched[rid] = (start, n)
         return max(0, (start + n) * bs - num_computed_tokens), False
+
+    def _elsewhere(self, client, hashes, n):
+        """Whether the cluster index names a node holding more than the n
+        blocks here (LOOKUP_CLUSTER; a daemon without it: assume so)."""
+        if not hasattr(client, "lookup_cluster"):
+            return True
+        try:
+            hit = client.lookup_cluster(self.namespaces[0], hashes)
+        except _engine.FAILURES as e:
+            log.info("cluster lookup: %s", e)
+            return False
+        return hit.peer is not None and hit.n > n
 
     def _start_prefetch(self, client, hashes):
         """Fetch hashes from whichever nodes the cluster index names, for every
@@ -386,7 +400,8 @@ class PegadConnector(KVConnectorBase_V1):
             return None
         try:
             readers = client.adopt(token)
-        except (errors.NotFound, errors.InvalidArgument, errors.LeaseEnded, errors.FailedPrecondition) as e:
+        except (errors.NotFound, errors.Denied, errors.InvalidArgument, errors.LeaseEnded,
+                errors.FailedPrecondition) as e:
             log.info("pin of %d blocks not adopted (%s): leasing them", len(run.hashes), e)
             return None
         missing = [errors.NotFound("not pinned by the scheduler")] * (len(run.hashes) - len(readers))
