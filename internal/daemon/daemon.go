@@ -225,84 +225,10 @@ func Start(ctx context.Context, cfg config.Config, opts ...Option) (d *Daemon, e
 		}
 	}
 
-	// One part of the pool per NUMA node that has NICs, bound to it.
-	var nodes []int
-	for _, dev := range d.tr.devices {
-		nodes = append(nodes, dev.Info().NUMANode)
-	}
-	if d.pool, err = newPool(cfg.PoolSize, cfg.PoolHugePages, nodes, d.log); err != nil {
+	if err := d.openPool(&cfg); err != nil {
 		return d, err
 	}
-	d.store = store.New(d.pool, d.metrics)
-	if err := d.openTier(); err != nil {
-		return d, err
-	}
-	pl := d.pool
-	d.metrics.SetPoolParts(func() []metrics.PoolPart {
-		var out []metrics.PoolPart
-		for _, pt := range pl.PartStats() {
-			out = append(out, metrics.PoolPart{Node: pt.Node, Size: pt.Size, Used: pt.Used})
-		}
-		return out
-	})
-
-	if err := d.setupPeerTLS(); err != nil {
-		return d, err
-	}
-	d.peers = peer.NewClientsWithOptions(d.peerClientOptions()...)
-	d.conns, err = conn.NewManager(conn.Options{
-		NodeID:      cfg.NodeID,
-		Incarnation: d.incarnation,
-		Advertise:   d.advertise,
-		Transport:   d.tr.name,
-		Devices:     d.tr.devices,
-		Memory:      d.pool.Bytes(),
-		QPsPerPeer:  cfg.QPsPerPeer,
-		ConnectAttr: connectAttr(d.tr.name, &cfg),
-		IdleTimeout: cfg.RDMAIdleTimeout,
-		Dial:        d.peers.Get,
-		// verbs: a holder that died while idle is found by a keepalive
-		// READ (tcp sees its data connections close).
-		ProbeInterval: probeInterval(d.tr.name),
-
-		NoRelaxedOrdering: !cfg.RelaxedOrdering,
-		Placement:         d.pool,
-		Rails:             cfg.NICRails(), // same order as the devices (openTransport opens names in order)
-		Metrics:           d.metrics,
-		Log:               d.log.With().Str("component", "conn").Logger(),
-	})
-	if err != nil {
-		return d, fmt.Errorf("connections: %w", err)
-	}
-	d.holder = holder.New(holder.Options{
-		Store:       d.store,
-		Acceptor:    d.conns,
-		Metrics:     d.metrics,
-		Log:         d.log.With().Str("component", "holder").Logger(),
-		NodeID:      cfg.NodeID,
-		Incarnation: d.incarnation,
-		LockTimeout: cfg.LockTimeout,
-		MaxLifetime: cfg.EffectiveLockMaxLifetime(),
-
-		Limits:       d.holderLimits(),
-		Authenticate: d.authenticator(),
-	})
-	d.engine, err = requester.New(requester.Options{
-		NodeID:      cfg.NodeID,
-		Incarnation: d.incarnation,
-		Store:       d.store,
-		Conns:       d.conns,
-		Peers:       d.peers.Get,
-		Metrics:     d.metrics,
-		Log:         d.log.With().Str("component", "requester").Logger(),
-	})
-	if err != nil {
-		return d, fmt.Errorf("prefetch engine: %w", err)
-	}
-	if o.faults != nil {
-		d.engine.SetFaultHook(o.faults)
-	}
-	if err := d.openCluster(); err != nil {
+	if err := d.openComponents(&cfg); err != nil {
 		return d, err
 	}
 
@@ -344,6 +270,98 @@ func Start(ctx context.Context, cfg config.Config, opts ...Option) (d *Daemon, e
 		Bool("pool_locked", d.pool.Locked()).Stringer("lock_timeout", cfg.LockTimeout).
 		Msg("pegad ready")
 	return d, nil
+}
+
+// openPool maps the pool (one part per NUMA node that has NICs, bound to
+// it), puts the store on it and, with --ssd-path, the SSD tier under it.
+func (d *Daemon) openPool(cfg *config.Config) (err error) {
+	// One part of the pool per NUMA node that has NICs, bound to it.
+	var nodes []int
+	for _, dev := range d.tr.devices {
+		nodes = append(nodes, dev.Info().NUMANode)
+	}
+	if d.pool, err = newPool(cfg.PoolSize, cfg.PoolHugePages, nodes, d.log); err != nil {
+		return err
+	}
+	d.store = store.New(d.pool, d.metrics)
+	if err := d.openTier(); err != nil {
+		return err
+	}
+	pl := d.pool
+	d.metrics.SetPoolParts(func() []metrics.PoolPart {
+		var out []metrics.PoolPart
+		for _, pt := range pl.PartStats() {
+			out = append(out, metrics.PoolPart{Node: pt.Node, Size: pt.Size, Used: pt.Used})
+		}
+		return out
+	})
+	return nil
+}
+
+// openComponents builds what serves and fetches blocks over the pool: the
+// peer clients (with TLS), the connection manager, the holder, the
+// prefetch engine and, with --cluster-redis, the cluster index.
+func (d *Daemon) openComponents(cfg *config.Config) (err error) {
+	if err := d.setupPeerTLS(); err != nil {
+		return err
+	}
+	d.peers = peer.NewClientsWithOptions(d.peerClientOptions()...)
+	d.conns, err = conn.NewManager(conn.Options{
+		NodeID:      cfg.NodeID,
+		Incarnation: d.incarnation,
+		Advertise:   d.advertise,
+		Transport:   d.tr.name,
+		Devices:     d.tr.devices,
+		Memory:      d.pool.Bytes(),
+		QPsPerPeer:  cfg.QPsPerPeer,
+		ConnectAttr: connectAttr(d.tr.name, cfg),
+		IdleTimeout: cfg.RDMAIdleTimeout,
+		Dial:        d.peers.Get,
+		// verbs: a holder that died while idle is found by a keepalive
+		// READ (tcp sees its data connections close).
+		ProbeInterval: probeInterval(d.tr.name),
+
+		NoRelaxedOrdering: !cfg.RelaxedOrdering,
+		Placement:         d.pool,
+		Rails:             cfg.NICRails(), // same order as the devices (openTransport opens names in order)
+		Metrics:           d.metrics,
+		Log:               d.log.With().Str("component", "conn").Logger(),
+	})
+	if err != nil {
+		return fmt.Errorf("connections: %w", err)
+	}
+	d.holder = holder.New(holder.Options{
+		Store:       d.store,
+		Acceptor:    d.conns,
+		Metrics:     d.metrics,
+		Log:         d.log.With().Str("component", "holder").Logger(),
+		NodeID:      cfg.NodeID,
+		Incarnation: d.incarnation,
+		LockTimeout: cfg.LockTimeout,
+		MaxLifetime: cfg.EffectiveLockMaxLifetime(),
+
+		Limits:       d.holderLimits(),
+		Authenticate: d.authenticator(),
+	})
+	d.engine, err = requester.New(requester.Options{
+		NodeID:      cfg.NodeID,
+		Incarnation: d.incarnation,
+		Store:       d.store,
+		Conns:       d.conns,
+		Peers:       d.peers.Get,
+		Metrics:     d.metrics,
+		Log:         d.log.With().Str("component", "requester").Logger(),
+	})
+	if err != nil {
+		return fmt.Errorf("prefetch engine: %w", err)
+	}
+	if d.opts.faults != nil {
+		d.engine.SetFaultHook(d.opts.faults)
+	}
+	if err := d.openCluster(); err != nil {
+		return err
+	}
+	return nil
 }
 
 // listen opens and serves the peer port, the local socket and the metrics
