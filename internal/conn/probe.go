@@ -68,19 +68,7 @@ func (m *Manager) releaseProbe() {
 // prober probes idle requester connections every ProbeInterval. Owned by
 // the manager: started by NewManager when ProbeInterval > 0, stopped by
 // Close (m.ctx), counted in m.reaping.
-func (m *Manager) prober() {
-	defer m.reaping.Done()
-	t := time.NewTicker(m.opts.ProbeInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-m.ctx.Done():
-			return
-		case now := <-t.C:
-			m.probeIdle(now)
-		}
-	}
-}
+func (m *Manager) prober() { m.tick(m.opts.ProbeInterval, m.probeIdle) }
 
 // probeIdle probes, one after the other, the connections that no Read has
 // used for ProbeInterval. A dead holder costs one retry budget here, so a

@@ -152,16 +152,20 @@ func (m *Manager) reapEvery() time.Duration {
 // reaper tears down accepted connections whose requester is gone (idle)
 // and retired generations past their drain time. Owned by the manager:
 // started by NewManager, stopped by Close (m.ctx), counted in m.reaping.
-func (m *Manager) reaper() {
+func (m *Manager) reaper() { m.tick(m.reapEvery(), m.reap) }
+
+// tick runs f every interval until Close (m.ctx); it is the body of the
+// manager's background goroutines, counted in m.reaping.
+func (m *Manager) tick(every time.Duration, f func(now time.Time)) {
 	defer m.reaping.Done()
-	t := time.NewTicker(m.reapEvery())
+	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
 		select {
 		case <-m.ctx.Done():
 			return
 		case now := <-t.C:
-			m.reap(now)
+			f(now)
 		}
 	}
 }
