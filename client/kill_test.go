@@ -28,6 +28,27 @@ const helperAdoptEnv = "PEGAD_CLIENT_TEST_HELPER_ADOPT"
 // half of them, puts block "p" of 4096 bytes (which leaves 4096 bytes
 // reserved for its next Put), says "ready" and waits to be killed. It reports whether it
 // ran (the process then exits without running tests).
+// startHelper runs this test binary as a client process (helperMain, with
+// env) and waits for its first line to be ready; it is killed at cleanup.
+func startHelper(t *testing.T, ready string, env ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if strings.TrimSpace(line) != ready {
+		t.Fatalf("helper said %q (%v), want %q", line, err, ready)
+	}
+	return cmd
+}
+
 func helperMain() bool {
 	socket := os.Getenv(helperEnv)
 	if socket == "" {
@@ -92,20 +113,7 @@ func TestKilledClientLeavesNothing(t *testing.T) {
 	}
 	c = n.dial(t)
 
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), helperEnv+"="+n.socket)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	line, err := bufio.NewReader(out).ReadString('\n')
-	if strings.TrimSpace(line) != "ready" {
-		t.Fatalf("helper said %q (%v)", line, err)
-	}
+	cmd := startHelper(t, "ready", helperEnv+"="+n.socket)
 	if st := n.stats(t); st.GetPinnedBlocks() != 1 || st.GetPoolUsed() != base+8192+2*4096 {
 		t.Fatalf("with the helper's leases: %+v, want 1 pinned and %d used", st, base+8192+2*4096)
 	}

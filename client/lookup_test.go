@@ -1,15 +1,12 @@
 package client_test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
-	"strings"
 	"testing"
 	"time"
 
@@ -182,20 +179,7 @@ func TestKilledAdopterEndsPin(t *testing.T) {
 	if err != nil || pin.N != 4 {
 		t.Fatalf("LookupPin = %+v, %v", pin, err)
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), helperEnv+"="+n.socket, helperAdoptEnv+"="+hex.EncodeToString(pin.Token))
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	line, err := bufio.NewReader(out).ReadString('\n')
-	if strings.TrimSpace(line) != "ready 4" {
-		t.Fatalf("helper said %q (%v)", line, err)
-	}
+	cmd := startHelper(t, "ready 4", helperEnv+"="+n.socket, helperAdoptEnv+"="+hex.EncodeToString(pin.Token))
 	if st := n.stats(t); st.GetPinnedBlocks() != 4 {
 		t.Fatalf("adopted: pinned %d, want 4", st.GetPinnedBlocks())
 	}
