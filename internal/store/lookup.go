@@ -18,8 +18,9 @@ func (s *Store) Prefix(keys []Key) int {
 }
 
 // PrefixOf is Prefix of the chain hashes in namespace ns, without building
-// a key per hash: a scheduler's lookup of a 1,000-hash chain costs about
-// one empty round trip more, not 1,000 allocations.
+// a key per hash: a scheduler's lookup of a 1,000-hash chain makes no
+// allocation per hash (it measured 3.6 × an empty round trip after this,
+// 5.4 × before; docs/performance.md).
 func (s *Store) PrefixOf(ns string, hashes [][]byte) int {
 	s.idxMu.RLock()
 	defer s.idxMu.RUnlock()
