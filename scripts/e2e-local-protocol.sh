@@ -4,7 +4,8 @@
 # client (clients/python, package pegad, written from the document; driven
 # by scripts/localproto.py) against a real pegad (tcp transport, loopback,
 # temp socket):
-#   0. the Python client agrees version 2 of the data socket (api/localwire);
+#   0. the Python client agrees the newest version of the data socket
+#      (api/localwire.Version, 3);
 #   1. puts a 3 MiB block through the data socket with version 2's RESERVE +
 #      PUT, and another with ALLOC, an in-place write and COMMIT; pegactl
 #      (the Go client) reads both back byte-identical;
@@ -26,9 +27,10 @@ ctl() { "$PEGACTL" --socket "$SOCK" --timeout 20s "$@"; }
 D=$WORK/data
 mkdir -p "$D"
 
-# --- 0. version 2 --------------------------------------------------------
-[[ $($PY "$SOCK" version) == 2 ]] || fail "the python client did not agree version 2 of the data socket"
-pass "python client speaks version 2 of the data socket"
+# --- 0. newest version ---------------------------------------------------
+WANT=$(sed -n 's/^const Version = \([0-9]*\)$/\1/p' "$ROOT/api/localwire/wire.go")
+[[ -n $WANT && $($PY "$SOCK" version) == "$WANT" ]] || fail "the python client did not agree version $WANT (api/localwire.Version) of the data socket"
+pass "python client speaks version $WANT of the data socket"
 
 # --- 1. Python put, Go get ------------------------------------------------
 random_file "$D/py.bin" $((3 << 20))

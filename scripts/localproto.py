@@ -2,10 +2,11 @@
 """The e2e scripts' Python side of pegad's local data socket: the real
 client package (clients/python, import name pegad), used from the source
 tree so that it needs no install (the zero-copy calls import neither grpc
-nor protobuf). It speaks the protocol's version 2, as api/localwire does,
-and fails when a daemon answers with an older one.
+nor protobuf). It speaks the protocol's newest version, as api/localwire
+does (pegad._wire.VERSION, 3), and fails when a daemon answers with an
+older one.
 
-    localproto.py SOCKET version                 # prints the version agreed (2)
+    localproto.py SOCKET version                 # prints the version agreed (3)
     localproto.py SOCKET put NS HASHHEX FILE     # RESERVE + PUT (one round trip once warm): prints created|exists
     localproto.py SOCKET write NS HASHHEX FILE   # ALLOC, write in place, COMMIT: prints created|exists
     localproto.py SOCKET get NS HASHHEX OUT      # LEASE, read in place, RELEASE
@@ -20,7 +21,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "clients", "python"))
 import pegad  # noqa: E402
 
-VERSION = 2  # api/localwire.Version
+VERSION = pegad._wire.VERSION  # api/localwire.Version
 
 
 def main():
