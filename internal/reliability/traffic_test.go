@@ -11,6 +11,8 @@ import (
 	"sync"
 	"time"
 
+	grpcstatus "google.golang.org/grpc/status"
+
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	"github.com/pegaflow/pegad/internal/testutil"
 )
@@ -81,11 +83,25 @@ type op struct {
 // history records every client operation of a scenario, and the bytes the
 // traffic compared while it ran.
 type history struct {
-	mu       sync.Mutex // guards ops, verified, wrong, problems
+	mu       sync.Mutex // guards ops, verified, wrong, problems, partial
 	ops      []op
 	verified int64
 	wrong    int
 	problems []string
+	// partial: per node, the bytes asked for by prefetches that failed
+	// yet kept some blocks (read and confirmed under a live lock before
+	// the cut). Their staging extents are shared with the blocks not
+	// kept, so that much pool stays allocated until the kept blocks go:
+	// bounded, not a leak (validate's pool check allows it).
+	partial map[string]float64
+}
+
+// partialBytes is what partial prefetches on node may hold beyond their
+// kept blocks.
+func (h *history) partialBytes(node string) float64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.partial[node]
 }
 
 func (h *history) record(o op) {
@@ -152,9 +168,12 @@ type fetchResult struct {
 
 // prefetch runs n.Prefetch(peer, blocks), then checks the history's
 // promises at once: every block reported fetched is served byte-identical
-// by n; every block reported failed or discarded (or all of them, when the
-// call failed as a whole) is not indexed on n. blocks must be fresh (no
-// other operation fetches them concurrently).
+// by n; every block reported failed or discarded is not indexed on n. A
+// call that fails carries its per-block outcomes in the error's
+// PrefetchResponse detail (a fetch of several lock windows can index the
+// windows before the one that failed); without that detail every block
+// counts as failed. blocks must be fresh (no other operation fetches them
+// concurrently).
 func (h *history) prefetch(ctx context.Context, n, peer *node, timeout time.Duration, blocks ...block) fetchResult {
 	o := op{kind: "prefetch", node: n.spec.name, peer: peer.spec.name, blocks: len(blocks), start: time.Now(),
 		statuses: map[pegadv1.PrefetchBlockStatus]int{}}
@@ -171,8 +190,19 @@ func (h *history) prefetch(ctx context.Context, n, peer *node, timeout time.Dura
 	o.err = err
 	res := fetchResult{resp: resp, err: err, took: o.end.Sub(o.start)}
 	status := make([]pegadv1.PrefetchBlockStatus, len(blocks))
-	if err == nil {
-		for i, r := range resp.GetBlocks() {
+	outcomes := resp
+	if err != nil {
+		outcomes = nil
+		if st, ok := grpcstatus.FromError(err); ok {
+			for _, d := range st.Details() {
+				if pr, ok := d.(*pegadv1.PrefetchResponse); ok {
+					outcomes = pr
+				}
+			}
+		}
+	}
+	if outcomes != nil {
+		for i, r := range outcomes.GetBlocks() {
 			if i < len(status) {
 				status[i] = r.GetStatus()
 			}
@@ -180,6 +210,18 @@ func (h *history) prefetch(ctx context.Context, n, peer *node, timeout time.Dura
 		}
 	}
 	h.record(o)
+	if err != nil && o.statuses[pegadv1.PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_FETCHED] > 0 {
+		var asked float64
+		for _, b := range blocks {
+			asked += float64(b.size)
+		}
+		h.mu.Lock()
+		if h.partial == nil {
+			h.partial = map[string]float64{}
+		}
+		h.partial[n.spec.name] += asked
+		h.mu.Unlock()
+	}
 	if !n.serving() {
 		return res // a killed or stopping requester serves nothing to check
 	}
