@@ -27,6 +27,7 @@ import (
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
 
+	"github.com/pegaflow/pegad/api/limits"
 	"github.com/pegaflow/pegad/internal/peertls"
 )
 
@@ -69,8 +70,8 @@ const (
 	// MinPoolSize is the smallest pool pegad starts with: below it not even
 	// one typical block plus a staging chunk fits.
 	MinPoolSize   ByteSize = 1 << 20
-	MaxQPsPerPeer          = 64
-	MaxNICs                = 64
+	MaxQPsPerPeer          = limits.MaxQPsPerPeer
+	MaxNICs                = limits.MaxNICs
 	// MaxQPN is the largest 24-bit queue pair number; the tcp provider needs
 	// room above the start for the QPs it allocates.
 	MaxQPN = 0xFFFFFF

@@ -20,6 +20,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/pegaflow/pegad/api/limits"
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	pegaclient "github.com/pegaflow/pegad/client"
 	"github.com/pegaflow/pegad/internal/config"
@@ -51,8 +52,8 @@ func (s *benchSpec) parse(sizes string) error {
 	if s.namespace == "" {
 		return usageErrorf("--namespace must not be empty")
 	}
-	if s.blocks < 1 || s.blocks > 4096 {
-		return usageErrorf("--blocks %d is outside 1..4096", s.blocks)
+	if s.blocks < 1 || s.blocks > limits.MaxBlocksPerRequest {
+		return usageErrorf("--blocks %d is outside 1..%d", s.blocks, limits.MaxBlocksPerRequest)
 	}
 	s.sizes = nil
 	for _, f := range strings.Split(sizes, ",") {
