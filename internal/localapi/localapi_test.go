@@ -469,6 +469,7 @@ func TestPrefetch(t *testing.T) {
 	}{
 		{fmt.Errorf("fetch: %w", conn.ErrConnectionBroken), codes.Unavailable},
 		{fmt.Errorf("stage: %w", store.ErrNoSpace), codes.ResourceExhausted},
+		{fmt.Errorf("alloc: %w", pool.ErrNoSpace), codes.ResourceExhausted},
 		{context.DeadlineExceeded, codes.DeadlineExceeded},
 		{conn.ErrRemoteMemory, codes.FailedPrecondition},
 		{errors.New("other"), codes.Internal},

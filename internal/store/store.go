@@ -38,8 +38,9 @@ import (
 
 var (
 	ErrNotFound = errors.New("block not found")
-	// ErrNoSpace wraps pool.ErrNoSpace: even after evicting every unpinned
-	// block the allocation does not fit.
+	// ErrNoSpace is pool.ErrNoSpace itself (not a second sentinel): even
+	// after evicting every unpinned block the allocation does not fit.
+	// Code above the store names this one; errors.Is matches either name.
 	ErrNoSpace = pool.ErrNoSpace
 	ErrInvalid = errors.New("store: invalid block")
 )
