@@ -28,6 +28,7 @@ import (
 	"github.com/spf13/viper"
 
 	"github.com/pegaflow/pegad/api/limits"
+	"github.com/pegaflow/pegad/internal/localsock"
 	"github.com/pegaflow/pegad/internal/peertls"
 )
 
@@ -245,23 +246,13 @@ func Default() Config {
 	}
 }
 
-// SystemSocket is the socket of a pegad run as a system service (root,
-// systemd); pegactl run by another user falls back to it.
-const SystemSocket = "/run/pegad/pegad.sock"
+// SystemSocket is the socket of a pegad run as a system service (see
+// localsock.SystemSocket).
+const SystemSocket = localsock.SystemSocket
 
-// DefaultSocket is the default --socket: /run/pegad/pegad.sock for root
-// (systemd's RuntimeDirectory=pegad creates /run/pegad; pegad creates it
-// otherwise), else $XDG_RUNTIME_DIR/pegad.sock, else /tmp/pegad-$UID.sock.
-// pegactl uses the same rule, so both agree without flags.
-func DefaultSocket() string {
-	if os.Geteuid() == 0 {
-		return SystemSocket
-	}
-	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
-		return filepath.Join(d, "pegad.sock")
-	}
-	return filepath.Join(os.TempDir(), "pegad-"+strconv.Itoa(os.Getuid())+".sock")
-}
+// DefaultSocket is the default --socket (see localsock.Default); pegactl
+// uses the same rule, so both agree without flags.
+func DefaultSocket() string { return localsock.Default() }
 
 // FlagConfig is the flag (and PEGAD_CONFIG env) naming the YAML file.
 const FlagConfig = "config"

@@ -23,7 +23,7 @@ import (
 	"github.com/pegaflow/pegad/api/limits"
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	pegaclient "github.com/pegaflow/pegad/client"
-	"github.com/pegaflow/pegad/internal/config"
+	"github.com/pegaflow/pegad/internal/bytesize"
 )
 
 // The acceptance bench (docs/rdma-acceptance.md): `bench seed` on the
@@ -57,7 +57,7 @@ func (s *benchSpec) parse(sizes string) error {
 	}
 	s.sizes = nil
 	for _, f := range strings.Split(sizes, ",") {
-		b, err := config.ParseByteSize(strings.TrimSpace(f))
+		b, err := bytesize.Parse(strings.TrimSpace(f))
 		if err != nil || b == 0 || b > 1<<30 {
 			return usageErrorf("--sizes: %q is not a size of 1 B..1 GiB", f)
 		}
