@@ -13,6 +13,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+
+	"github.com/pegaflow/pegad/api/limits"
 )
 
 // Version is the newest protocol version, the one a HELLO from this
@@ -27,11 +29,11 @@ const MinVersion = 1
 
 // Limits every frame obeys. A peer that breaks one is closed.
 const (
-	HeaderLen    = 12       // u32 length, u8 op, u8 status, u16 count, u32 seq
-	MaxFrame     = 16 << 20 // most bytes after the length field
-	MaxBatch     = 4096     // most items in one frame
-	MaxNamespace = 256
-	MaxHash      = 64
+	HeaderLen    = 12                         // u32 length, u8 op, u8 status, u16 count, u32 seq
+	MaxFrame     = 16 << 20                   // most bytes after the length field
+	MaxBatch     = limits.MaxBlocksPerRequest // most items in one frame
+	MaxNamespace = limits.MaxNamespaceLen
+	MaxHash      = limits.MaxHashLen
 	MaxSlots     = 1024
 	MaxMessage   = 1024 // longest error message in a result
 )

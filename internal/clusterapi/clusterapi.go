@@ -13,14 +13,14 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/pegaflow/pegad/api/limits"
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	"github.com/pegaflow/pegad/api/pegaderr"
 	"github.com/pegaflow/pegad/internal/index"
-	"github.com/pegaflow/pegad/internal/store"
 )
 
 // MaxHashes caps one LocateBlocks (as a prefetch).
-const MaxHashes = 4096
+const MaxHashes = limits.MaxBlocksPerRequest
 
 // lookupTimeout bounds one answer when the caller's deadline is later:
 // a down Redis must fail fast.
@@ -85,15 +85,15 @@ func (s *Server) ListNodes(ctx context.Context, _ *pegadv1.ListNodesRequest) (*p
 // LocateBlocks says which live nodes hold each hash.
 func (s *Server) LocateBlocks(ctx context.Context, req *pegadv1.LocateBlocksRequest) (*pegadv1.LocateBlocksResponse, error) {
 	ns, hashes := req.GetNamespace(), req.GetHashes()
-	switch {
-	case ns == "" || len(ns) > store.MaxNSLen:
-		return nil, status.Errorf(codes.InvalidArgument, "namespace of %d bytes (want 1..%d)", len(ns), store.MaxNSLen)
-	case len(hashes) == 0 || len(hashes) > MaxHashes:
+	if err := limits.ValidNamespace(ns); err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	if len(hashes) == 0 || len(hashes) > MaxHashes {
 		return nil, status.Errorf(codes.InvalidArgument, "%d hashes (want 1..%d)", len(hashes), MaxHashes)
 	}
 	for i, h := range hashes {
-		if len(h) == 0 || len(h) > store.MaxHashLen {
-			return nil, status.Errorf(codes.InvalidArgument, "hash %d is %d bytes (want 1..%d)", i, len(h), store.MaxHashLen)
+		if err := limits.ValidHash(h); err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "hash %d: %v", i, err)
 		}
 	}
 	ctx, cancel, err := s.ready(ctx)

@@ -27,6 +27,8 @@ import (
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
 
+	"github.com/pegaflow/pegad/api/limits"
+	"github.com/pegaflow/pegad/internal/localsock"
 	"github.com/pegaflow/pegad/internal/peertls"
 )
 
@@ -71,8 +73,8 @@ const (
 	// MinPoolSize is the smallest pool pegad starts with: below it not even
 	// one typical block plus a staging chunk fits.
 	MinPoolSize   ByteSize = 1 << 20
-	MaxQPsPerPeer          = 64
-	MaxNICs                = 64
+	MaxQPsPerPeer          = limits.MaxQPsPerPeer
+	MaxNICs                = limits.MaxNICs
 	// MaxQPN is the largest 24-bit queue pair number; the tcp provider needs
 	// room above the start for the QPs it allocates.
 	MaxQPN = 0xFFFFFF
@@ -254,23 +256,13 @@ func Default() Config {
 	}
 }
 
-// SystemSocket is the socket of a pegad run as a system service (root,
-// systemd); pegactl run by another user falls back to it.
-const SystemSocket = "/run/pegad/pegad.sock"
+// SystemSocket is the socket of a pegad run as a system service (see
+// localsock.SystemSocket).
+const SystemSocket = localsock.SystemSocket
 
-// DefaultSocket is the default --socket: /run/pegad/pegad.sock for root
-// (systemd's RuntimeDirectory=pegad creates /run/pegad; pegad creates it
-// otherwise), else $XDG_RUNTIME_DIR/pegad.sock, else /tmp/pegad-$UID.sock.
-// pegactl uses the same rule, so both agree without flags.
-func DefaultSocket() string {
-	if os.Geteuid() == 0 {
-		return SystemSocket
-	}
-	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
-		return filepath.Join(d, "pegad.sock")
-	}
-	return filepath.Join(os.TempDir(), "pegad-"+strconv.Itoa(os.Getuid())+".sock")
-}
+// DefaultSocket is the default --socket (see localsock.Default); pegactl
+// uses the same rule, so both agree without flags.
+func DefaultSocket() string { return localsock.Default() }
 
 // FlagConfig is the flag (and PEGAD_CONFIG env) naming the YAML file.
 const FlagConfig = "config"

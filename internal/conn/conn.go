@@ -41,6 +41,7 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/sync/singleflight"
 
+	"github.com/pegaflow/pegad/api/limits"
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	"github.com/pegaflow/pegad/internal/ibv"
 	"github.com/pegaflow/pegad/internal/metrics"
@@ -157,7 +158,7 @@ const (
 	defaultHandshakeTimeout  = 10 * time.Second
 	defaultDisconnectTimeout = 2 * time.Second
 	// maxQPsPerPeer bounds what a handshake may ask a holder to create.
-	maxQPsPerPeer = 64
+	maxQPsPerPeer = limits.MaxQPsPerPeer
 	// maxWRBytes splits large ops so one segment spreads across QPs.
 	maxWRBytes = 8 << 20
 	// drainTimeout bounds waiting for a QP in ERROR to flush; past it the

@@ -12,6 +12,7 @@ import (
 	grpcpeer "google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
+	"github.com/pegaflow/pegad/api/limits"
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	"github.com/pegaflow/pegad/api/pegaderr"
 	"github.com/pegaflow/pegad/internal/ibv"
@@ -20,7 +21,7 @@ import (
 // Limits on handshake metadata from the network.
 const (
 	maxNodeIDLen   = 256
-	maxNICs        = 64
+	maxNICs        = limits.MaxNICs
 	maxRegions     = 1024
 	maxNICNameLen  = 256
 	maxAddrLen     = 512

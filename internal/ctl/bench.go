@@ -20,9 +20,10 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/pegaflow/pegad/api/limits"
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	pegaclient "github.com/pegaflow/pegad/client"
-	"github.com/pegaflow/pegad/internal/config"
+	"github.com/pegaflow/pegad/internal/bytesize"
 )
 
 // The acceptance bench (docs/rdma-acceptance.md): `bench seed` on the
@@ -51,12 +52,12 @@ func (s *benchSpec) parse(sizes string) error {
 	if s.namespace == "" {
 		return usageErrorf("--namespace must not be empty")
 	}
-	if s.blocks < 1 || s.blocks > 4096 {
-		return usageErrorf("--blocks %d is outside 1..4096", s.blocks)
+	if s.blocks < 1 || s.blocks > limits.MaxBlocksPerRequest {
+		return usageErrorf("--blocks %d is outside 1..%d", s.blocks, limits.MaxBlocksPerRequest)
 	}
 	s.sizes = nil
 	for _, f := range strings.Split(sizes, ",") {
-		b, err := config.ParseByteSize(strings.TrimSpace(f))
+		b, err := bytesize.Parse(strings.TrimSpace(f))
 		if err != nil || b == 0 || b > 1<<30 {
 			return usageErrorf("--sizes: %q is not a size of 1 B..1 GiB", f)
 		}

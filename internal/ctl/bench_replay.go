@@ -12,7 +12,7 @@ import (
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	pegaclient "github.com/pegaflow/pegad/client"
-	"github.com/pegaflow/pegad/internal/config"
+	"github.com/pegaflow/pegad/internal/bytesize"
 	"github.com/pegaflow/pegad/internal/replay"
 )
 
@@ -41,7 +41,7 @@ Trace lines: {"timestamp": ms, "input_length": n, "output_length": n,
 daemon or a namespace of its own: blocks already stored count as hits.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			bs, err := config.ParseByteSize(blockSize)
+			bs, err := bytesize.Parse(blockSize)
 			if err != nil || bs < 8 || bs > 64<<20 {
 				return usageErrorf("--block-size %q is not a size of 8 B..64 MiB", blockSize)
 			}

@@ -178,7 +178,7 @@ func TestBlocksPutUsageErrors(t *testing.T) {
 		{"no hash", []string{"--namespace", "n", "--file", k}, "--hash is required"},
 		{"non-hex hash", []string{"--namespace", "n", "--hash", "xyz1", "--file", k}, `invalid block hash "xyz1": not hex`},
 		{"odd-length hash", []string{"--namespace", "n", "--hash", "abc", "--file", k}, `invalid block hash "abc": not hex`},
-		{"hash too long", []string{"--namespace", "n", "--hash", strings.Repeat("ab", 65), "--file", k}, "65 bytes, at most 64"},
+		{"hash too long", []string{"--namespace", "n", "--hash", strings.Repeat("ab", 65), "--file", k}, "hash is 65 bytes, more than 64"},
 		{"missing file", []string{"--namespace", "n", "--hash", "ab", "--file", filepath.Join(dir, "nope")}, "no such file or directory"},
 		{"empty file", []string{"--namespace", "n", "--hash", "ab", "--file", empty}, "empty (a segment needs at least one byte)"},
 		{"directory as file", []string{"--namespace", "n", "--hash", "ab", "--file", dir}, "not a regular file"},

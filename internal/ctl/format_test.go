@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pegaflow/pegad/api/limits"
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 )
 
@@ -98,7 +99,7 @@ func FuzzParseHash(f *testing.F) {
 			}
 			return
 		}
-		if len(b) == 0 || len(b) > maxHashLen {
+		if len(b) == 0 || len(b) > limits.MaxHashLen {
 			t.Fatalf("parseHash(%q) accepted %d bytes", s, len(b))
 		}
 		if hexOf(b) != strings.ToLower(s) {

@@ -1,10 +1,8 @@
 package ctl
 
 import (
-	"context"
 	"fmt"
 	"io"
-	"time"
 
 	"github.com/spf13/cobra"
 
@@ -23,32 +21,12 @@ var lockSort = sortKeys[lockSessionJSON]{
 }
 
 func newLocksListCommand(g *globalFlags) *cobra.Command {
-	var (
-		watch time.Duration
-		order string
-	)
-	cmd := &cobra.Command{
-		Use:   "list",
-		Short: "List the blocks peers have locked here, per holder session",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := lockSort.check(order); err != nil {
-				return err
-			}
-			return g.repeat(cmd, watch, func(ctx context.Context, c *client) (result, error) {
-				res, err := listSessions(ctx, c, true)
-				if err != nil {
-					return nil, err
-				}
-				out := locksOf(res)
-				lockSort.apply(out.Sessions, order)
-				return out, nil
-			})
-		},
-	}
-	addWatchFlag(cmd, &watch)
-	addSortFlag(cmd, &order, lockSort)
-	return cmd
+	return newSessionsViewCommand(g, "List the blocks peers have locked here, per holder session",
+		true, lockSort, func(res *pegadv1.ListSessionsResponse, order string) result {
+			out := locksOf(res)
+			lockSort.apply(out.Sessions, order)
+			return out
+		})
 }
 
 type lockedBlockJSON struct {

@@ -11,6 +11,8 @@ import (
 
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/pegaflow/pegad/api/limits"
 )
 
 // result is what a command prints: an explicit struct whose json tags are
@@ -99,9 +101,6 @@ func humanBytes(n uint64) string {
 
 func hexOf(b []byte) string { return hex.EncodeToString(b) }
 
-// maxHashLen is the peer protocol's bound on a block hash (1..64 bytes).
-const maxHashLen = 64
-
 // parseHash parses a block hash given in hex on the command line.
 func parseHash(s string) ([]byte, error) {
 	if s == "" {
@@ -111,8 +110,8 @@ func parseHash(s string) ([]byte, error) {
 	if err != nil {
 		return nil, usageErrorf("invalid block hash %q: not hex (%v)", s, err)
 	}
-	if len(b) > maxHashLen {
-		return nil, usageErrorf("invalid block hash %q: %d bytes, at most %d", s, len(b), maxHashLen)
+	if err := limits.ValidHash(b); err != nil {
+		return nil, usageErrorf("invalid block hash %q: %v", s, err)
 	}
 	return b, nil
 }

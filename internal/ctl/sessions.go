@@ -60,32 +60,44 @@ var (
 )
 
 func newSessionsListCommand(g *globalFlags) *cobra.Command {
+	return newSessionsViewCommand(g, "List holder sessions (blocks peers have locked here) and this node's in-flight fetches",
+		false, sessionSort, func(res *pegadv1.ListSessionsResponse, order string) result {
+			out := sessionsOf(res)
+			sessionSort.apply(out.Sessions, order)
+			fetchSort.apply(out.Fetches, order)
+			return out
+		})
+}
+
+// newSessionsViewCommand is the shape `sessions list` and `locks list`
+// share: check --sort against keys, read every page of ListSessions (with
+// each session's blocks when includeBlocks), and print view's result of
+// it, once or every --watch.
+func newSessionsViewCommand[T any](g *globalFlags, short string, includeBlocks bool, keys sortKeys[T],
+	view func(res *pegadv1.ListSessionsResponse, order string) result) *cobra.Command {
 	var (
 		watch time.Duration
 		order string
 	)
 	cmd := &cobra.Command{
 		Use:   "list",
-		Short: "List holder sessions (blocks peers have locked here) and this node's in-flight fetches",
+		Short: short,
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := sessionSort.check(order); err != nil {
+			if err := keys.check(order); err != nil {
 				return err
 			}
 			return g.repeat(cmd, watch, func(ctx context.Context, c *client) (result, error) {
-				res, err := listSessions(ctx, c, false)
+				res, err := listSessions(ctx, c, includeBlocks)
 				if err != nil {
 					return nil, err
 				}
-				out := sessionsOf(res)
-				sessionSort.apply(out.Sessions, order)
-				fetchSort.apply(out.Fetches, order)
-				return out, nil
+				return view(res, order), nil
 			})
 		},
 	}
 	addWatchFlag(cmd, &watch)
-	addSortFlag(cmd, &order, sessionSort)
+	addSortFlag(cmd, &order, keys)
 	return cmd
 }
 

@@ -10,12 +10,12 @@ import (
 	"strconv"
 	"syscall"
 
-	"github.com/pegaflow/pegad/internal/config"
+	"github.com/pegaflow/pegad/internal/localsock"
 )
 
 // socketDefaults are pegactl's own default socket (the daemon's rule for
 // this user) and the node's system socket; tests replace them.
-var socketDefaults = func() (own, system string) { return config.DefaultSocket(), config.SystemSocket }
+var socketDefaults = func() (own, system string) { return localsock.Default(), localsock.SystemSocket }
 
 // resolveSocket picks the socket when neither --socket nor PEGACTL_SOCKET
 // named one: the user's own default, unless it is absent and the system

@@ -44,7 +44,7 @@ func (d *Daemon) setupPeerTLS() error {
 		Files:   cfg.PeerTLSFiles(),
 		Allow:   allow,
 		Log:     d.log.With().Str("component", "peertls").Logger(),
-		Metrics: d.metrics,
+		Metrics: d.metrics.PeerTLS(),
 		// A new certificate (or an operator's SIGHUP) may cure a refusal:
 		// peers that refused are dialled again at once.
 		OnReload: func() {

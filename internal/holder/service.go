@@ -70,6 +70,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/pegaflow/pegad/api/limits"
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	"github.com/pegaflow/pegad/api/pegaderr"
 	"github.com/pegaflow/pegad/internal/metrics"
@@ -100,7 +101,7 @@ type Disconnector interface {
 // Defaults and bounds.
 const (
 	DefaultLockTimeout      = 120 * time.Second
-	DefaultMaxHashes        = 4096
+	DefaultMaxHashes        = limits.MaxBlocksPerRequest
 	DefaultTombstones       = 1 << 16
 	DefaultMaxRequesters    = 1 << 14
 	DefaultMaxResponseSlots = 1 << 16 // ~2 MiB of slots, under gRPC's 4 MiB client default
@@ -254,11 +255,8 @@ func invalid(format string, a ...any) error {
 // store keys in request order.
 func (s *Service) validateQuery(req *pegadv1.QueryBlocksForTransferRequest) (keys []store.Key, node, inc string, err error) {
 	ns := req.GetNamespace()
-	switch {
-	case ns == "":
-		return nil, "", "", invalid("namespace is required")
-	case len(ns) > store.MaxNSLen:
-		return nil, "", "", invalid("namespace is %d bytes, at most %d", len(ns), store.MaxNSLen)
+	if err := limits.ValidNamespace(ns); err != nil {
+		return nil, "", "", invalid("%v", err)
 	}
 	hashes := req.GetHashes()
 	switch {
@@ -274,8 +272,8 @@ func (s *Service) validateQuery(req *pegadv1.QueryBlocksForTransferRequest) (key
 	keys = make([]store.Key, len(hashes))
 	seen := make(map[string]int, len(hashes))
 	for i, h := range hashes {
-		if len(h) == 0 || len(h) > store.MaxHashLen {
-			return nil, "", "", invalid("hash %d is %d bytes: want 1..%d", i, len(h), store.MaxHashLen)
+		if err := limits.ValidHash(h); err != nil {
+			return nil, "", "", invalid("hash %d: %v", i, err)
 		}
 		k := string(h)
 		if j, dup := seen[k]; dup {

@@ -49,8 +49,9 @@ var statusKinds = slices.Concat([]pegaderr.Kind{
 	{Err: context.DeadlineExceeded, Code: codes.DeadlineExceeded, Reason: pegaderr.Deadline},
 	{Err: context.Canceled, Code: codes.Canceled, Reason: pegaderr.Canceled},
 	{Err: store.ErrNotFound, Code: codes.NotFound, Reason: pegaderr.NotFound},
+	// store.ErrNoSpace is pool.ErrNoSpace: one row covers a full pool
+	// reported by either layer.
 	{Err: store.ErrNoSpace, Code: codes.ResourceExhausted, Reason: pegaderr.NoSpace},
-	{Err: pool.ErrNoSpace, Code: codes.ResourceExhausted, Reason: pegaderr.NoSpace},
 	{Err: store.ErrInvalid, Code: codes.InvalidArgument, Reason: pegaderr.Invalid},
 	{Err: pool.ErrInvalid, Code: codes.InvalidArgument, Reason: pegaderr.Invalid},
 }, holder.StatusKinds, []pegaderr.Kind{

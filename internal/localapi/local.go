@@ -21,6 +21,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/pegaflow/pegad/api/limits"
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	"github.com/pegaflow/pegad/api/pegaderr"
 	"github.com/pegaflow/pegad/internal/requester"
@@ -43,10 +44,10 @@ const (
 	// ListSessions; MaxListSlots bounds the slots of a ListBlocks page.
 	// Together they keep a page well under gRPC's 4 MiB default.
 	DefaultListLimit = 1000
-	MaxListLimit     = 4096
+	MaxListLimit     = limits.MaxBlocksPerRequest
 	MaxListSlots     = 32768
 	// MaxPrefetchHashes caps one Prefetch (the peer protocol's cap).
-	MaxPrefetchHashes = 4096
+	MaxPrefetchHashes = limits.MaxBlocksPerRequest
 )
 
 // Fetcher is the prefetch engine as the APIs use it (*requester.Engine).
@@ -139,17 +140,11 @@ func (g *gate) closeAndWait() {
 
 var errShuttingDown = statusf(codes.Unavailable, pegaderr.Draining, "pegad is shutting down")
 
-// validKey checks a namespace and hash against the store's limits.
+// validKey checks a namespace and hash against limits.ValidKey, as an
+// InvalidArgument status.
 func validKey(ns string, hash []byte) error {
-	switch {
-	case ns == "":
-		return invalidf("namespace is empty")
-	case len(ns) > store.MaxNSLen:
-		return invalidf("namespace is %d bytes, more than %d", len(ns), store.MaxNSLen)
-	case len(hash) == 0:
-		return invalidf("hash is empty")
-	case len(hash) > store.MaxHashLen:
-		return invalidf("hash is %d bytes, more than %d", len(hash), store.MaxHashLen)
+	if err := limits.ValidKey(ns, hash); err != nil {
+		return invalidf("%v", err)
 	}
 	return nil
 }
@@ -226,8 +221,9 @@ func blockHeader(b *store.Block, now time.Time) *pegadv1.BlockInfo {
 // ListBlocks lists a page of blocks, newest first. The store is locked
 // only to find the page; rows are built after.
 func (l *Local) ListBlocks(_ context.Context, req *pegadv1.ListBlocksRequest) (*pegadv1.ListBlocksResponse, error) {
-	if len(req.GetNamespace()) > store.MaxNSLen {
-		return nil, invalidf("namespace is more than %d bytes", store.MaxNSLen)
+	// An empty namespace lists every namespace.
+	if len(req.GetNamespace()) > limits.MaxNamespaceLen {
+		return nil, invalidf("namespace is more than %d bytes", limits.MaxNamespaceLen)
 	}
 	if strings.HasPrefix(req.GetCursor(), lowerCursor) {
 		before, err := parseLowerCursor(req.GetCursor())

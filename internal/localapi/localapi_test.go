@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/pegaflow/pegad/api/limits"
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	"github.com/pegaflow/pegad/api/pegaderr"
 	"github.com/pegaflow/pegad/internal/conn"
@@ -299,7 +300,7 @@ func TestPutRejected(t *testing.T) {
 		{"data first", []*pegadv1.PutBlockRequest{data([]byte("x"))}, codes.InvalidArgument},
 		{"empty namespace", []*pegadv1.PutBlockRequest{hdr("", h, 1, 0), data([]byte("x"))}, codes.InvalidArgument},
 		{"empty hash", []*pegadv1.PutBlockRequest{hdr("ns", nil, 1, 0), data([]byte("x"))}, codes.InvalidArgument},
-		{"hash too long", []*pegadv1.PutBlockRequest{hdr("ns", make([]byte, store.MaxHashLen+1), 1, 0)}, codes.InvalidArgument},
+		{"hash too long", []*pegadv1.PutBlockRequest{hdr("ns", make([]byte, limits.MaxHashLen+1), 1, 0)}, codes.InvalidArgument},
 		{"no slots", []*pegadv1.PutBlockRequest{hdr("ns", h)}, codes.InvalidArgument},
 		{"empty K", []*pegadv1.PutBlockRequest{hdr("ns", h, 0, 4), data([]byte("abcd"))}, codes.InvalidArgument},
 		{"short data", []*pegadv1.PutBlockRequest{hdr("ns", h, 8, 0), data([]byte("abcd"))}, codes.InvalidArgument},
@@ -381,7 +382,7 @@ func TestBadRequests(t *testing.T) {
 			return err
 		}, codes.InvalidArgument},
 		{"list long ns", func() error {
-			_, err := e.local.ListBlocks(ctx, &pegadv1.ListBlocksRequest{Namespace: string(make([]byte, store.MaxNSLen+1))})
+			_, err := e.local.ListBlocks(ctx, &pegadv1.ListBlocksRequest{Namespace: string(make([]byte, limits.MaxNamespaceLen+1))})
 			return err
 		}, codes.InvalidArgument},
 		{"prefetch no hashes", func() error {
@@ -469,6 +470,7 @@ func TestPrefetch(t *testing.T) {
 	}{
 		{fmt.Errorf("fetch: %w", conn.ErrConnectionBroken), codes.Unavailable},
 		{fmt.Errorf("stage: %w", store.ErrNoSpace), codes.ResourceExhausted},
+		{fmt.Errorf("alloc: %w", pool.ErrNoSpace), codes.ResourceExhausted},
 		{context.DeadlineExceeded, codes.DeadlineExceeded},
 		{conn.ErrRemoteMemory, codes.FailedPrecondition},
 		{errors.New("other"), codes.Internal},

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/pegaflow/pegad/api/limits"
 	"github.com/pegaflow/pegad/api/localwire"
 	"github.com/pegaflow/pegad/internal/index"
 	"github.com/pegaflow/pegad/internal/lease"
@@ -76,12 +77,12 @@ func chainKeys(c localwire.Chain) ([]store.Key, error) {
 // checkChain checks a chain against the store's limits (chainKeys without
 // the keys).
 func checkChain(c localwire.Chain) error {
-	if c.Namespace == "" || len(c.Namespace) > store.MaxNSLen {
-		return fmt.Errorf("namespace of %d bytes (want 1..%d)", len(c.Namespace), store.MaxNSLen)
+	if err := limits.ValidNamespace(c.Namespace); err != nil {
+		return err
 	}
 	for i, h := range c.Hashes {
-		if len(h) == 0 || len(h) > store.MaxHashLen {
-			return fmt.Errorf("hash %d: hash of %d bytes (want 1..%d)", i, len(h), store.MaxHashLen)
+		if err := limits.ValidHash(h); err != nil {
+			return fmt.Errorf("hash %d: %w", i, err)
 		}
 	}
 	return nil

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/pegaflow/pegad/api/limits"
 	"github.com/pegaflow/pegad/api/localwire"
 	"github.com/pegaflow/pegad/internal/lease"
 	"github.com/pegaflow/pegad/internal/store"
@@ -11,11 +12,8 @@ import (
 
 // key checks a wire key against the store's limits.
 func key(k localwire.Key) (store.Key, error) {
-	switch {
-	case k.Namespace == "" || len(k.Namespace) > store.MaxNSLen:
-		return store.Key{}, fmt.Errorf("namespace of %d bytes (want 1..%d)", len(k.Namespace), store.MaxNSLen)
-	case len(k.Hash) == 0 || len(k.Hash) > store.MaxHashLen:
-		return store.Key{}, fmt.Errorf("hash of %d bytes (want 1..%d)", len(k.Hash), store.MaxHashLen)
+	if err := limits.ValidKey(k.Namespace, k.Hash); err != nil {
+		return store.Key{}, err
 	}
 	return store.Key{Namespace: k.Namespace, Hash: string(k.Hash)}, nil
 }

@@ -1,6 +1,10 @@
 package metrics
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // Reasons of PeerAuthRefused.
 const (
@@ -63,3 +67,27 @@ func newSecurity(reg prometheus.Registerer) Security {
 	}
 	return s
 }
+
+// PeerTLS is the recorder the peer port's TLS source (peertls.Recorder)
+// counts into: the certificate's expiry, reloads and refusals.
+func (s *Security) PeerTLS() PeerTLS { return PeerTLS{s: s} }
+
+// PeerTLS records peertls's events into Security's metrics.
+type PeerTLS struct{ s *Security }
+
+// CertInstalled sets the node certificate's expiry gauge.
+func (p PeerTLS) CertInstalled(notAfter time.Time) {
+	p.s.PeerCertExpiry.Set(float64(notAfter.Unix()))
+}
+
+// Reloaded counts a reload of the TLS files by result.
+func (p PeerTLS) Reloaded(ok bool) {
+	r := "error"
+	if ok {
+		r = "ok"
+	}
+	p.s.PeerTLSReloads.WithLabelValues(r).Inc()
+}
+
+// Refused counts a refused peer by reason.
+func (p PeerTLS) Refused(reason string) { p.s.PeerAuthRefused.WithLabelValues(reason).Inc() }

@@ -7,8 +7,6 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
-
-	"github.com/pegaflow/pegad/internal/metrics"
 )
 
 // NewUnchecked is New without checking that the certificate chains to
@@ -19,7 +17,7 @@ func NewUnchecked(f Files) (*Source, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Source{files: f, log: zerolog.Nop(), m: metrics.NewForTest(), now: time.Now}
+	s := &Source{files: f, log: zerolog.Nop(), m: nopRecorder{}, now: time.Now}
 	s.failLog = s.log
 	s.cur.Store(m)
 	return s, nil

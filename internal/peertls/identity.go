@@ -12,7 +12,6 @@ import (
 	"google.golang.org/grpc/peer"
 
 	"github.com/pegaflow/pegad/api/pegaderr"
-	"github.com/pegaflow/pegad/internal/metrics"
 )
 
 // Names are the identities a certificate proves: its URI SANs (SPIFFE
@@ -162,13 +161,13 @@ func (s *Source) authorize(ctx context.Context, method string) (context.Context,
 	if !ok {
 		// Unreachable behind ServerCredentials (the handshake requires a
 		// verified certificate); refuse rather than trust.
-		s.m.PeerAuthRefused.WithLabelValues(metrics.AuthTLSHandshake).Inc()
+		s.m.Refused(ReasonTLSHandshake)
 		return nil, pegaderr.Status(codes.Unauthenticated, pegaderr.Authentication, "peer port requires a client certificate").Err()
 	}
 	if !s.allow.Allows(p.Names) {
-		s.m.PeerAuthRefused.WithLabelValues(metrics.AuthNotAllowed).Inc()
+		s.m.Refused(ReasonNotAllowed)
 		s.log.Warn().Str("peer", p.Identity).Strs("names", p.Names).Str("remote", remote).
-			Str("method", method).Str("reason", metrics.AuthNotAllowed).
+			Str("method", method).Str("reason", ReasonNotAllowed).
 			Msg("Peer refused: certificate identity not on --peer-allow")
 		return nil, pegaderr.Status(codes.PermissionDenied, pegaderr.Authentication,
 			fmt.Sprintf("identity %q is not allowed on this peer port (--peer-allow)", p.Identity)).Err()

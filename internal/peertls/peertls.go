@@ -29,8 +29,6 @@ import (
 
 	"github.com/rs/zerolog"
 	"google.golang.org/grpc/credentials"
-
-	"github.com/pegaflow/pegad/internal/metrics"
 )
 
 // ExpiryWarning is how long before its NotAfter the node certificate is
@@ -76,7 +74,7 @@ type Source struct {
 	files Files
 	allow AllowList
 	log   zerolog.Logger
-	m     *metrics.Metrics
+	m     Recorder
 	now   func() time.Time
 
 	onReload func() // Options.OnReload; nil: none
@@ -95,7 +93,7 @@ type Options struct {
 	Files   Files
 	Allow   AllowList // empty: every certificate the CA signed
 	Log     zerolog.Logger
-	Metrics *metrics.Metrics // nil: private metrics
+	Metrics Recorder         // nil: nothing counted
 	Now     func() time.Time // nil: time.Now
 	// OnReload, when set, runs after each successful Reload (the daemon
 	// forgets which peers refused its certificate: it may have changed).
@@ -111,7 +109,7 @@ func New(o Options) (*Source, error) {
 		return nil, fmt.Errorf("%w: no files named", ErrIncomplete)
 	}
 	if o.Metrics == nil {
-		o.Metrics = metrics.NewForTest()
+		o.Metrics = nopRecorder{}
 	}
 	if o.Now == nil {
 		o.Now = time.Now
@@ -180,7 +178,7 @@ func verify(c *tls.Certificate, roots *x509.CertPool, now time.Time, usage x509.
 
 func (s *Source) install(m *material) {
 	s.cur.Store(m)
-	s.m.PeerCertExpiry.Set(float64(m.leaf.NotAfter.Unix()))
+	s.m.CertInstalled(m.leaf.NotAfter)
 }
 
 // Reload reads the files again. On error the material in use stays and the
@@ -190,13 +188,13 @@ func (s *Source) Reload() error {
 	defer s.reloadMu.Unlock()
 	m, err := load(s.files, s.now())
 	if err != nil {
-		s.m.PeerTLSReloads.WithLabelValues("error").Inc()
+		s.m.Reloaded(false)
 		s.log.Error().Err(err).Time("not_after", s.NotAfter()).
 			Msg("Peer TLS reload failed: keeping the certificate and CA in use")
 		return err
 	}
 	s.install(m)
-	s.m.PeerTLSReloads.WithLabelValues("ok").Inc()
+	s.m.Reloaded(true)
 	s.log.Info().Str("identity", Identity(m.leaf)).Time("not_after", m.leaf.NotAfter).
 		Str("serial", m.leaf.SerialNumber.Text(16)).Msg("Peer TLS files reloaded")
 	s.WarnExpiry()
@@ -327,9 +325,9 @@ type serverCreds struct {
 func (c *serverCreds) ServerHandshake(conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
 	nc, ai, err := c.TransportCredentials.ServerHandshake(conn)
 	if err != nil {
-		c.s.m.PeerAuthRefused.WithLabelValues(metrics.AuthTLSHandshake).Inc()
+		c.s.m.Refused(ReasonTLSHandshake)
 		c.s.failLog.Warn().Err(err).Str("remote", conn.RemoteAddr().String()).
-			Str("reason", metrics.AuthTLSHandshake).Msg("Peer refused: TLS handshake failed")
+			Str("reason", ReasonTLSHandshake).Msg("Peer refused: TLS handshake failed")
 	}
 	return nc, ai, err
 }

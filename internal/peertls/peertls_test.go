@@ -155,7 +155,11 @@ func source(t *testing.T, f peertls.Files, allow string, m *metrics.Metrics, log
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := peertls.New(peertls.Options{Files: f, Allow: a, Metrics: m, Log: log})
+	o := peertls.Options{Files: f, Allow: a, Log: log}
+	if m != nil {
+		o.Metrics = m.PeerTLS()
+	}
+	s, err := peertls.New(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -331,3 +335,17 @@ func TestWarnExpiry(t *testing.T) {
 type tlsState = tls.ConnectionState
 
 var credentialsNewTLS = credentials.NewTLS
+
+// TestReasonsAreMetricLabels: the reasons peertls counts are the reason
+// label values the metrics pre-create, so a refusal adds to a series that
+// dashboards already see.
+func TestReasonsAreMetricLabels(t *testing.T) {
+	for _, tc := range []struct{ peertls, metric string }{
+		{peertls.ReasonTLSHandshake, metrics.AuthTLSHandshake},
+		{peertls.ReasonNotAllowed, metrics.AuthNotAllowed},
+	} {
+		if tc.peertls != tc.metric {
+			t.Errorf("peertls reason %q, metrics label %q", tc.peertls, tc.metric)
+		}
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/pegaflow/pegad/api/limits"
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	"github.com/pegaflow/pegad/internal/conn"
 	"github.com/pegaflow/pegad/internal/metrics"
@@ -105,7 +106,7 @@ func TestErrorClasses(t *testing.T) {
 
 func TestInvalidInput(t *testing.T) {
 	hs := newHarness(t)
-	long := strings.Repeat("n", store.MaxNSLen+1)
+	long := strings.Repeat("n", limits.MaxNamespaceLen+1)
 	cases := []struct {
 		name, peer, ns string
 		hashes         [][]byte
@@ -115,7 +116,7 @@ func TestInvalidInput(t *testing.T) {
 		{"long namespace", "p:1", long, hashes("a", 1)},
 		{"no hashes", "p:1", "ns", nil},
 		{"empty hash", "p:1", "ns", [][]byte{{}}},
-		{"long hash", "p:1", "ns", [][]byte{make([]byte, store.MaxHashLen+1)}},
+		{"long hash", "p:1", "ns", [][]byte{make([]byte, limits.MaxHashLen+1)}},
 		{"too many", "p:1", "ns", hashes("a", MaxHashes+1)},
 	}
 	for _, c := range cases {

@@ -15,7 +15,6 @@ import (
 	"github.com/pegaflow/pegad/internal/ibv"
 	"github.com/pegaflow/pegad/internal/peertls"
 	"github.com/pegaflow/pegad/internal/pool"
-	"github.com/pegaflow/pegad/internal/store"
 )
 
 // Error classes of a failed fetch (lesson 7). Every error Prefetch returns
@@ -170,7 +169,7 @@ func classify(err, fallback error) error {
 		return ErrDeadline
 	case errors.Is(err, context.Canceled), errors.Is(err, ErrClosed):
 		return nil
-	case errors.Is(err, store.ErrNoSpace), errors.Is(err, pool.ErrNoSpace), errors.Is(err, pool.ErrInvalid),
+	case errors.Is(err, pool.ErrNoSpace), errors.Is(err, pool.ErrInvalid), // store.ErrNoSpace is pool.ErrNoSpace
 		errors.Is(err, conn.ErrInvalidOp): // staging outside registered memory: ours, not the link's
 		return ErrLocalResource
 	case errors.Is(err, conn.ErrConnectionBroken), errors.Is(err, conn.ErrSessionInvalidated),

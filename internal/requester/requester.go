@@ -31,6 +31,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/pegaflow/pegad/api/limits"
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	"github.com/pegaflow/pegad/internal/conn"
 	"github.com/pegaflow/pegad/internal/metrics"
@@ -42,7 +43,7 @@ const MaxChunk = 256 << 20
 
 // MaxHashes is the most hashes one Prefetch (one QueryBlocksForTransfer)
 // may name.
-const MaxHashes = 4096
+const MaxHashes = limits.MaxBlocksPerRequest
 
 // Defaults of timeouts the Options leave zero.
 const (
@@ -302,18 +303,17 @@ func validate(peer, ns string, hashes [][]byte) error {
 	switch {
 	case peer == "":
 		return errors.New("empty peer address")
-	case ns == "":
-		return errors.New("empty namespace")
-	case len(ns) > store.MaxNSLen:
-		return fmt.Errorf("namespace is %d bytes (max %d)", len(ns), store.MaxNSLen)
 	case len(hashes) == 0:
 		return errors.New("no hashes")
 	case len(hashes) > MaxHashes:
 		return fmt.Errorf("%d hashes (max %d per prefetch)", len(hashes), MaxHashes)
 	}
+	if err := limits.ValidNamespace(ns); err != nil {
+		return err
+	}
 	for i, h := range hashes {
-		if len(h) == 0 || len(h) > store.MaxHashLen {
-			return fmt.Errorf("hash %d is %d bytes (want 1..%d)", i, len(h), store.MaxHashLen)
+		if err := limits.ValidHash(h); err != nil {
+			return fmt.Errorf("hash %d: %w", i, err)
 		}
 	}
 	return nil

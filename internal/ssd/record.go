@@ -29,6 +29,7 @@ import (
 	"fmt"
 	"hash/crc32"
 
+	"github.com/pegaflow/pegad/api/limits"
 	"github.com/pegaflow/pegad/internal/store"
 )
 
@@ -118,7 +119,7 @@ func decodeHeader(b []byte) (h header, need int, err error) {
 	h.epoch = le.Uint64(b[8:])
 	h.hdrLen = le.Uint32(b[16:])
 	nsLen, hashLen, nslots := int(le.Uint16(b[20:])), int(le.Uint16(b[22:])), int(le.Uint32(b[24:]))
-	if nsLen < 1 || nsLen > store.MaxNSLen || hashLen < 1 || hashLen > store.MaxHashLen ||
+	if nsLen < 1 || nsLen > limits.MaxNamespaceLen || hashLen < 1 || hashLen > limits.MaxHashLen ||
 		nslots < 1 || nslots > store.MaxSlots {
 		return h, 0, errNoRecord
 	}

@@ -33,22 +33,22 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/pegaflow/pegad/api/limits"
 	"github.com/pegaflow/pegad/internal/metrics"
 	"github.com/pegaflow/pegad/internal/pool"
 )
 
 var (
 	ErrNotFound = errors.New("block not found")
-	// ErrNoSpace wraps pool.ErrNoSpace: even after evicting every unpinned
-	// block the allocation does not fit.
+	// ErrNoSpace is pool.ErrNoSpace itself (not a second sentinel): even
+	// after evicting every unpinned block the allocation does not fit.
+	// Code above the store names this one; errors.Is matches either name.
 	ErrNoSpace = pool.ErrNoSpace
 	ErrInvalid = errors.New("store: invalid block")
 )
 
 // Limits on what a block may be.
 const (
-	MaxHashLen  = 64
-	MaxNSLen    = 256
 	MaxSlots    = 1024
 	MaxBlockLen = 1 << 40
 )
@@ -278,17 +278,11 @@ func (s *Store) indexMetricsLocked() {
 	}
 }
 
-// validKey checks the key's limits.
+// validKey checks the key's limits; the error wraps both ErrInvalid and
+// limits.ErrInvalidKey.
 func validKey(k Key) error {
-	switch {
-	case k.Namespace == "":
-		return fmt.Errorf("%w: empty namespace", ErrInvalid)
-	case len(k.Namespace) > MaxNSLen:
-		return fmt.Errorf("%w: namespace of %d bytes (max %d)", ErrInvalid, len(k.Namespace), MaxNSLen)
-	case k.Hash == "":
-		return fmt.Errorf("%w: empty hash", ErrInvalid)
-	case len(k.Hash) > MaxHashLen:
-		return fmt.Errorf("%w: hash of %d bytes (max %d)", ErrInvalid, len(k.Hash), MaxHashLen)
+	if err := limits.ValidKey(k.Namespace, k.Hash); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	return nil
 }

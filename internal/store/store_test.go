@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/pegaflow/pegad/api/limits"
 	"github.com/pegaflow/pegad/internal/metrics"
 	"github.com/pegaflow/pegad/internal/pool"
 	"github.com/rs/zerolog"
@@ -173,17 +174,17 @@ func TestPutReadByteIdentical(t *testing.T) {
 
 func TestPutValidation(t *testing.T) {
 	s, _ := newStore(t, 1<<20)
-	long := strings.Repeat("x", MaxNSLen+1)
+	long := strings.Repeat("x", limits.MaxNamespaceLen+1)
 	tests := []struct {
 		name  string
 		k     Key
 		sizes []SlotSize
 		want  error
 	}{
-		{"empty namespace", Key{Hash: "h"}, []SlotSize{{KSize: 1}}, ErrInvalid},
-		{"long namespace", Key{Namespace: long, Hash: "h"}, []SlotSize{{KSize: 1}}, ErrInvalid},
-		{"empty hash", Key{Namespace: "ns"}, []SlotSize{{KSize: 1}}, ErrInvalid},
-		{"long hash", Key{Namespace: "ns", Hash: strings.Repeat("h", MaxHashLen+1)}, []SlotSize{{KSize: 1}}, ErrInvalid},
+		{"empty namespace", Key{Hash: "h"}, []SlotSize{{KSize: 1}}, limits.ErrInvalidKey},
+		{"long namespace", Key{Namespace: long, Hash: "h"}, []SlotSize{{KSize: 1}}, limits.ErrInvalidKey},
+		{"empty hash", Key{Namespace: "ns"}, []SlotSize{{KSize: 1}}, limits.ErrInvalidKey},
+		{"long hash", Key{Namespace: "ns", Hash: strings.Repeat("h", limits.MaxHashLen+1)}, []SlotSize{{KSize: 1}}, limits.ErrInvalidKey},
 		{"no slots", key(1), nil, ErrInvalid},
 		{"too many slots", key(1), make([]SlotSize, MaxSlots+1), ErrInvalid},
 		{"zero K", key(1), []SlotSize{{KSize: 0, VSize: 10}}, ErrInvalid},
@@ -194,7 +195,7 @@ func TestPutValidation(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			before := s.Stats()
 			_, err := s.Put(tt.k, tt.sizes, func([]byte) error { t.Fatal("fill called"); return nil })
-			if !errors.Is(err, tt.want) {
+			if !errors.Is(err, tt.want) || (errors.Is(tt.want, limits.ErrInvalidKey) && !errors.Is(err, ErrInvalid)) {
 				t.Fatalf("err %v, want %v", err, tt.want)
 			}
 			if after := s.Stats(); after != before {
@@ -230,8 +231,8 @@ func TestInsertValidation(t *testing.T) {
 		layout []SlotLayout
 		reason string
 	}{
-		{"empty namespace", Key{Hash: "h"}, e, ok, "empty namespace"},
-		{"long hash", Key{Namespace: "ns", Hash: strings.Repeat("h", 65)}, e, ok, "hash of 65"},
+		{"empty namespace", Key{Hash: "h"}, e, ok, "namespace is empty"},
+		{"long hash", Key{Namespace: "ns", Hash: strings.Repeat("h", 65)}, e, ok, "hash is 65 bytes"},
 		{"nil extent", key(1), nil, ok, "extent"},
 		{"foreign extent", key(1), foreign, ok, "extent"},
 		{"released extent", key(1), released, ok, "released"},

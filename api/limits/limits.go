@@ -1,0 +1,67 @@
+// Package limits owns the bounds pegad's protocols share: how many blocks
+// one request may name, how long a block key's namespace and hash may be,
+// and how many QPs and NICs one peer connection may use. Every layer that
+// checks one of them (the wire codecs, the gRPC servers, the store, the
+// config and pegactl) takes it from here, so a limit changes in one place.
+//
+// It holds constants and one key validator only: it must never import
+// anything of pegad's, so api/ and client/ can depend on it, and it must
+// never decide what a caller does with a refusal (a gRPC code, an exit
+// status); callers wrap ErrInvalidKey in their own error.
+package limits
+
+import (
+	"errors"
+	"fmt"
+)
+
+const (
+	// MaxBlocksPerRequest is the most blocks (hashes) one request names:
+	// a prefetch, a peer query, a cluster lookup, one local-protocol frame,
+	// one page of a list.
+	MaxBlocksPerRequest = 4096
+	// MaxNamespaceLen and MaxHashLen bound a block key: a namespace is
+	// 1..256 bytes and a hash 1..64 bytes.
+	MaxNamespaceLen = 256
+	MaxHashLen      = 64
+	// MaxQPsPerPeer bounds the queue pairs one peer connection uses, and
+	// so what a handshake may ask a holder to create.
+	MaxQPsPerPeer = 64
+	// MaxNICs bounds the NICs one node uses and one handshake names.
+	MaxNICs = 64
+)
+
+// ErrInvalidKey is what ValidKey's errors wrap.
+var ErrInvalidKey = errors.New("invalid block key")
+
+// ValidKey checks a namespace and a hash against the key bounds. Its error
+// wraps ErrInvalidKey and says which part is wrong and how long it was.
+func ValidKey[H ~string | ~[]byte](ns string, hash H) error {
+	if err := ValidNamespace(ns); err != nil {
+		return err
+	}
+	return ValidHash(hash)
+}
+
+// ValidNamespace is ValidKey's namespace half, for a request that names
+// one namespace and many hashes.
+func ValidNamespace(ns string) error {
+	switch {
+	case ns == "":
+		return fmt.Errorf("%w: namespace is empty", ErrInvalidKey)
+	case len(ns) > MaxNamespaceLen:
+		return fmt.Errorf("%w: namespace is %d bytes, more than %d", ErrInvalidKey, len(ns), MaxNamespaceLen)
+	}
+	return nil
+}
+
+// ValidHash is ValidKey's hash half.
+func ValidHash[H ~string | ~[]byte](hash H) error {
+	switch {
+	case len(hash) == 0:
+		return fmt.Errorf("%w: hash is empty", ErrInvalidKey)
+	case len(hash) > MaxHashLen:
+		return fmt.Errorf("%w: hash is %d bytes, more than %d", ErrInvalidKey, len(hash), MaxHashLen)
+	}
+	return nil
+}
