@@ -545,6 +545,25 @@ func (c *Config) problems() []Problem {
 	bad := func(key, format string, a ...any) {
 		probs = append(probs, Problem{Key: key, Reason: fmt.Sprintf(format, a...)})
 	}
+	c.validateEndpoints(bad)
+	if c.PoolSize < MinPoolSize {
+		bad("pool-size", "%s is below the minimum %s", c.PoolSize, MinPoolSize)
+	}
+	c.validateSSD(bad)
+	switch c.PoolHugePages {
+	case "none", "thp", "2M", "1G":
+	default:
+		bad("pool-hugepages", "%q is not one of none, thp, 2M, 1G", c.PoolHugePages)
+	}
+	c.validateTransport(bad)
+	c.validateTimeouts(bad)
+	probs = append(probs, c.securityProblems()...)
+	return probs
+}
+
+// validateEndpoints checks the node's identity and the addresses it listens
+// on or publishes to.
+func (c *Config) validateEndpoints(bad badFunc) {
 	if strings.TrimSpace(c.NodeID) == "" {
 		bad("node-id", "must not be empty")
 	}
@@ -582,15 +601,11 @@ func (c *Config) problems() []Problem {
 	if c.KVEventsReplayEndpoint != "" && c.KVEventsEndpoint == "" {
 		bad("kv-events-replay-endpoint", "needs kv-events-endpoint")
 	}
-	if c.PoolSize < MinPoolSize {
-		bad("pool-size", "%s is below the minimum %s", c.PoolSize, MinPoolSize)
-	}
-	c.validateSSD(bad)
-	switch c.PoolHugePages {
-	case "none", "thp", "2M", "1G":
-	default:
-		bad("pool-hugepages", "%q is not one of none, thp, 2M, 1G", c.PoolHugePages)
-	}
+}
+
+// validateTransport checks the data transport's keys: NICs, QPs, RoCE
+// addressing and the tcp provider's.
+func (c *Config) validateTransport(bad badFunc) {
 	switch c.Transport {
 	case TransportAuto, TransportVerbs, TransportTCP:
 	default:
@@ -625,6 +640,11 @@ func (c *Config) problems() []Problem {
 	if c.TCPQPNStart < 1 || c.TCPQPNStart > MaxQPN/2 {
 		bad("tcp-qpn-start", "%#x is outside 0x1..%#x", c.TCPQPNStart, MaxQPN/2)
 	}
+}
+
+// validateTimeouts checks the lock, GC and shutdown times, the cluster
+// index and logging.
+func (c *Config) validateTimeouts(bad badFunc) {
 	if c.RDMAIdleTimeout <= 0 {
 		bad("rdma-idle-timeout", "%s must be positive", c.RDMAIdleTimeout)
 	}
@@ -658,9 +678,10 @@ func (c *Config) problems() []Problem {
 	default:
 		bad("log-format", "%q is not one of json, console, auto", c.LogFormat)
 	}
-	probs = append(probs, c.securityProblems()...)
-	return probs
 }
+
+// badFunc records one problem with a key.
+type badFunc = func(key, format string, a ...any)
 
 // securityProblems checks the peer-protection keys.
 func (c *Config) securityProblems() []Problem {

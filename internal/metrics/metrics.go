@@ -164,164 +164,195 @@ type Metrics struct {
 // New creates and registers the metrics on reg. Go runtime and process
 // collectors are registered too when runtime is true (daemon registries).
 func New(reg prometheus.Registerer, runtime bool) *Metrics {
-	m := &Metrics{
-		HolderRPC: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "pegaflow_holder_rpc_total", Help: "Holder-side peer RPCs by rpc and gRPC status code.",
-		}, []string{"rpc", "code"}),
-		SessionsActive: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "pegaflow_transfer_sessions_active", Help: "Live transfer sessions (locks) held on this node as holder.",
-		}),
-		LockActive: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "pegaflow_transfer_lock_active", Help: "Locked blocks: block pins held by live transfer sessions (a block locked by two sessions counts twice); not a count of locks, see pegaflow_transfer_sessions_active.",
-		}),
-		LockTimeouts: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "pegaflow_transfer_lock_timeouts_total", Help: "Transfer sessions expired (by the GC sweeper, or at a release or renewal after their deadline) before being released.",
-		}),
-		LockForceReleases: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "pegaflow_transfer_lock_force_releases_total", Help: "Transfer sessions force-released by an operator.",
-		}),
-		LockRenewals: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "pegaflow_transfer_lock_renewals_total", Help: "Successful transfer lock renewals.",
-		}),
-		IncarnationReclaim: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "pegaflow_transfer_lock_incarnation_reclaims_total", Help: "Transfer sessions released at once because their requester restarted.",
-		}),
-		LockEndedNotLive: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "pegaflow_transfer_lock_release_not_live_total", Help: "Releases that found their session already expired or reclaimed.",
-		}),
-		SessionsGranted: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "pegaflow_holder_sessions_granted_total", Help: "Transfer sessions (locks) granted by this holder; granted minus ended is the live count.",
-		}),
-		SessionEnds: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "pegaflow_holder_session_ends_total", Help: "Transfer sessions ended, by outcome (released, expired, reclaimed, forced, abandoned).",
-		}, []string{"outcome"}),
-		EmptyQueries: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "pegaflow_holder_empty_queries_total", Help: "Block queries that locked nothing (no block found); no session was granted.",
-		}),
-		sessionsByReq: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "pegaflow_holder_sessions_live_by_requester", Help: "Live transfer sessions held here, by requester node (at most 256 nodes; more share requester=\"_other\").",
-		}, []string{"requester"}),
-		reqLabels:   make(map[string]struct{}),
-		reqOverflow: make(map[string]struct{}),
-		buildInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "pegad_build_info", Help: "Always 1; the labels say which build runs.",
-		}, []string{"version", "commit", "goversion"}),
-		transportInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "pegad_transport_info", Help: "Always 1; the labels say which data transport runs and why (requested, auto, fallback: verbs unavailable).",
-		}, []string{"transport", "reason"}),
-		FetchTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "pegaflow_rdma_fetch_total", Help: "Prefetches run as requester, by outcome.",
-		}, []string{"status"}),
-		FetchBytes: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "pegaflow_rdma_fetch_bytes_total", Help: "Bytes read from peers by RDMA READ as requester, counted as each READ completes (reads a fetch later discards included).",
-		}),
-		FetchDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "pegaflow_rdma_fetch_duration_seconds", Help: "Prefetch duration, connect to release.",
-			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
-		}),
-		FetchErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "pegaflow_rdma_fetch_errors_total", Help: "Failed prefetches by error class.",
-		}, []string{"class"}),
-		GuardAborts: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "pegaflow_transfer_lock_guard_aborts_total", Help: "Transfer locks released by the guard on an abnormal exit (panic, cancellation, shutdown).",
-		}),
-		GuardReleaseFails: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "pegaflow_transfer_lock_guard_release_failures_total", Help: "Guard release RPCs that failed (the holder's GC reclaims those).",
-		}),
-		RenewFailures: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "pegaflow_transfer_lock_renew_failures_total", Help: "Lock renewals the requester sent that the holder refused or that failed.",
-		}),
-		FetchesInFlight: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "pegaflow_rdma_fetches_in_flight", Help: "Prefetches running now.",
-		}),
-		StagingQuarantine: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "pegaflow_rdma_staging_quarantined_bytes", Help: "Staging bytes held until the QPs that could write them are flushed.",
-		}),
-		RDMAQPs: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "pegaflow_rdma_qps", Help: "Active RC queue pairs (peers x NICs x qps_per_peer).",
-		}),
-		SessionWorkers: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "pegaflow_session_workers", Help: "Live QP session worker goroutines.",
-		}),
-		Conns: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "pegaflow_rdma_connections", Help: "Peer connections by role and state.",
-		}, []string{"role", "state"}),
-		Handshakes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "pegaflow_rdma_handshakes_total", Help: "RDMA handshakes by role and result.",
-		}, []string{"role", "result"}),
-		Invalidations: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "pegaflow_rdma_connection_invalidations_total", Help: "Connections invalidated, by reason.",
-		}, []string{"reason"}),
-		NICReadBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "pegaflow_rdma_nic_read_bytes_total", Help: "Bytes of RDMA READs issued through each local NIC.",
-		}, []string{"nic"}),
-		NICEvents: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "pegaflow_rdma_nic_events_total", Help: "Asynchronous port events of each local NIC (port_down, port_up, address_change).",
-		}, []string{"nic", "event"}),
-		WorkCompletions: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "pegaflow_rdma_work_completions_total", Help: "Work completions polled, by ibv_wc_status.",
-		}, []string{"status"}),
-		BatchesInvalidated: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "pegaflow_session_batches_invalidated_total", Help: "READ batches accepted by a QP session but answered 'session invalidated before batch execution'.",
-		}),
-		QPDrainFailures: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "pegaflow_rdma_qp_drain_failures_total", Help: "QPs destroyed because their work requests did not drain after ERROR.",
-		}),
-		TCPDataRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "pegaflow_tcp_data_conns_refused_total", Help: "tcp provider data connections dropped before or at their hello, by reason.",
-		}, []string{"reason"}),
-		AcceptedReaped: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "pegaflow_rdma_accepted_reaped_total", Help: "Holder-side connections torn down without a disconnect from their requester, by reason (idle, drained).",
-		}, []string{"reason"}),
-		PoolSize: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "pegaflow_pool_size_bytes", Help: "Size of the pinned host memory pool.",
-		}),
-		PoolUsed: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "pegaflow_pool_used_bytes", Help: "Pool bytes allocated (blocks, staging, pinned-but-evicted).",
-		}),
-		PoolLocked: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "pegaflow_pool_locked", Help: "1 when the pool is mlock'ed, 0 when mlock was not allowed.",
-		}),
-		Blocks: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "pegaflow_blocks", Help: "Blocks in the index.",
-		}),
-		BlockBytes: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "pegaflow_block_bytes", Help: "Bytes of blocks in the index.",
-		}),
-		Evictions: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "pegaflow_block_evictions_total", Help: "Blocks evicted from the index by the LRU.",
-		}),
-		PinnedDeferred: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "pegaflow_blocks_deferred_free", Help: "Blocks out of the index whose memory waits for their last pin.",
-		}),
-		PoolPinned: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "pegaflow_pool_pinned_bytes", Help: "Bytes of blocks pinned by a transfer lock or a local read: pool memory eviction cannot free.",
-		}),
-		poolParts: newPoolParts(),
-	}
+	m := &Metrics{poolParts: newPoolParts()}
 	reg.MustRegister(m.poolParts)
-	reg.MustRegister(
-		m.HolderRPC, m.SessionsActive, m.LockActive, m.LockTimeouts, m.LockForceReleases,
-		m.LockRenewals, m.IncarnationReclaim, m.LockEndedNotLive,
-		m.SessionsGranted, m.SessionEnds, m.EmptyQueries, m.sessionsByReq,
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "pegaflow_holder_oldest_session_age_seconds",
-			Help: "Age of the oldest live transfer session held here (0 when none): a leaked lock shows as a steady rise.",
-		}, m.oldestSessionAge),
-		m.buildInfo, m.transportInfo,
-		m.FetchTotal, m.FetchBytes, m.FetchDuration, m.FetchErrors, m.GuardAborts,
-		m.GuardReleaseFails, m.RenewFailures, m.FetchesInFlight, m.StagingQuarantine,
-		m.RDMAQPs, m.SessionWorkers, m.Conns, m.Handshakes, m.Invalidations, m.WorkCompletions,
-		m.BatchesInvalidated, m.QPDrainFailures, m.TCPDataRefused, m.AcceptedReaped, m.NICReadBytes, m.NICEvents,
-		m.PoolSize, m.PoolUsed, m.PoolLocked, m.Blocks, m.BlockBytes, m.Evictions, m.PinnedDeferred,
-		m.PoolPinned,
-	)
+	m.registerHolder(reg)
+	m.registerRequester(reg)
+	m.registerConns(reg)
+	m.registerPool(reg)
+	m.registerProcess(reg)
 	m.Security = newSecurity(reg)
 	m.initSeries()
 	if runtime {
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
 	return m
+}
+
+// registerHolder creates and registers the metrics of the holder side: transfer sessions (locks) and peer RPCs.
+func (m *Metrics) registerHolder(reg prometheus.Registerer) {
+	m.HolderRPC = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "pegaflow_holder_rpc_total", Help: "Holder-side peer RPCs by rpc and gRPC status code.",
+	}, []string{"rpc", "code"})
+	m.SessionsActive = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "pegaflow_transfer_sessions_active", Help: "Live transfer sessions (locks) held on this node as holder.",
+	})
+	m.LockActive = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "pegaflow_transfer_lock_active", Help: "Locked blocks: block pins held by live transfer sessions (a block locked by two sessions counts twice); not a count of locks, see pegaflow_transfer_sessions_active.",
+	})
+	m.LockTimeouts = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "pegaflow_transfer_lock_timeouts_total", Help: "Transfer sessions expired (by the GC sweeper, or at a release or renewal after their deadline) before being released.",
+	})
+	m.LockForceReleases = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "pegaflow_transfer_lock_force_releases_total", Help: "Transfer sessions force-released by an operator.",
+	})
+	m.LockRenewals = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "pegaflow_transfer_lock_renewals_total", Help: "Successful transfer lock renewals.",
+	})
+	m.IncarnationReclaim = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "pegaflow_transfer_lock_incarnation_reclaims_total", Help: "Transfer sessions released at once because their requester restarted.",
+	})
+	m.LockEndedNotLive = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "pegaflow_transfer_lock_release_not_live_total", Help: "Releases that found their session already expired or reclaimed.",
+	})
+	m.SessionsGranted = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "pegaflow_holder_sessions_granted_total", Help: "Transfer sessions (locks) granted by this holder; granted minus ended is the live count.",
+	})
+	m.SessionEnds = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "pegaflow_holder_session_ends_total", Help: "Transfer sessions ended, by outcome (released, expired, reclaimed, forced, abandoned).",
+	}, []string{"outcome"})
+	m.EmptyQueries = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "pegaflow_holder_empty_queries_total", Help: "Block queries that locked nothing (no block found); no session was granted.",
+	})
+	m.sessionsByReq = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "pegaflow_holder_sessions_live_by_requester", Help: "Live transfer sessions held here, by requester node (at most 256 nodes; more share requester=\"_other\").",
+	}, []string{"requester"})
+	m.reqLabels = make(map[string]struct{})
+	m.reqOverflow = make(map[string]struct{})
+	reg.MustRegister(
+		m.HolderRPC, m.SessionsActive, m.LockActive, m.LockTimeouts, m.LockForceReleases, m.LockRenewals,
+		m.IncarnationReclaim, m.LockEndedNotLive, m.SessionsGranted, m.SessionEnds, m.EmptyQueries,
+		m.sessionsByReq,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "pegaflow_holder_oldest_session_age_seconds",
+			Help: "Age of the oldest live transfer session held here (0 when none): a leaked lock shows as a steady rise.",
+		}, m.oldestSessionAge),
+	)
+}
+
+// registerRequester creates and registers the metrics of the requester side: prefetches and their locks.
+func (m *Metrics) registerRequester(reg prometheus.Registerer) {
+	m.FetchTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "pegaflow_rdma_fetch_total", Help: "Prefetches run as requester, by outcome.",
+	}, []string{"status"})
+	m.FetchBytes = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "pegaflow_rdma_fetch_bytes_total", Help: "Bytes read from peers by RDMA READ as requester, counted as each READ completes (reads a fetch later discards included).",
+	})
+	m.FetchDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "pegaflow_rdma_fetch_duration_seconds", Help: "Prefetch duration, connect to release.",
+		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+	})
+	m.FetchErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "pegaflow_rdma_fetch_errors_total", Help: "Failed prefetches by error class.",
+	}, []string{"class"})
+	m.GuardAborts = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "pegaflow_transfer_lock_guard_aborts_total", Help: "Transfer locks released by the guard on an abnormal exit (panic, cancellation, shutdown).",
+	})
+	m.GuardReleaseFails = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "pegaflow_transfer_lock_guard_release_failures_total", Help: "Guard release RPCs that failed (the holder's GC reclaims those).",
+	})
+	m.RenewFailures = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "pegaflow_transfer_lock_renew_failures_total", Help: "Lock renewals the requester sent that the holder refused or that failed.",
+	})
+	m.FetchesInFlight = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "pegaflow_rdma_fetches_in_flight", Help: "Prefetches running now.",
+	})
+	m.StagingQuarantine = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "pegaflow_rdma_staging_quarantined_bytes", Help: "Staging bytes held until the QPs that could write them are flushed.",
+	})
+	reg.MustRegister(
+		m.FetchTotal, m.FetchBytes, m.FetchDuration, m.FetchErrors, m.GuardAborts, m.GuardReleaseFails,
+		m.RenewFailures, m.FetchesInFlight, m.StagingQuarantine,
+	)
+}
+
+// registerConns creates and registers the metrics of peer connections and the data plane.
+func (m *Metrics) registerConns(reg prometheus.Registerer) {
+	m.RDMAQPs = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "pegaflow_rdma_qps", Help: "Active RC queue pairs (peers x NICs x qps_per_peer).",
+	})
+	m.SessionWorkers = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "pegaflow_session_workers", Help: "Live QP session worker goroutines.",
+	})
+	m.Conns = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "pegaflow_rdma_connections", Help: "Peer connections by role and state.",
+	}, []string{"role", "state"})
+	m.Handshakes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "pegaflow_rdma_handshakes_total", Help: "RDMA handshakes by role and result.",
+	}, []string{"role", "result"})
+	m.Invalidations = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "pegaflow_rdma_connection_invalidations_total", Help: "Connections invalidated, by reason.",
+	}, []string{"reason"})
+	m.NICReadBytes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "pegaflow_rdma_nic_read_bytes_total", Help: "Bytes of RDMA READs issued through each local NIC.",
+	}, []string{"nic"})
+	m.NICEvents = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "pegaflow_rdma_nic_events_total", Help: "Asynchronous port events of each local NIC (port_down, port_up, address_change).",
+	}, []string{"nic", "event"})
+	m.WorkCompletions = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "pegaflow_rdma_work_completions_total", Help: "Work completions polled, by ibv_wc_status.",
+	}, []string{"status"})
+	m.BatchesInvalidated = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "pegaflow_session_batches_invalidated_total", Help: "READ batches accepted by a QP session but answered 'session invalidated before batch execution'.",
+	})
+	m.QPDrainFailures = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "pegaflow_rdma_qp_drain_failures_total", Help: "QPs destroyed because their work requests did not drain after ERROR.",
+	})
+	m.TCPDataRefused = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "pegaflow_tcp_data_conns_refused_total", Help: "tcp provider data connections dropped before or at their hello, by reason.",
+	}, []string{"reason"})
+	m.AcceptedReaped = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "pegaflow_rdma_accepted_reaped_total", Help: "Holder-side connections torn down without a disconnect from their requester, by reason (idle, drained).",
+	}, []string{"reason"})
+	reg.MustRegister(
+		m.RDMAQPs, m.SessionWorkers, m.Conns, m.Handshakes, m.Invalidations, m.NICReadBytes, m.NICEvents,
+		m.WorkCompletions, m.BatchesInvalidated, m.QPDrainFailures, m.TCPDataRefused, m.AcceptedReaped,
+	)
+}
+
+// registerPool creates and registers the metrics of the pool and the block store.
+func (m *Metrics) registerPool(reg prometheus.Registerer) {
+	m.PoolSize = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "pegaflow_pool_size_bytes", Help: "Size of the pinned host memory pool.",
+	})
+	m.PoolUsed = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "pegaflow_pool_used_bytes", Help: "Pool bytes allocated (blocks, staging, pinned-but-evicted).",
+	})
+	m.PoolLocked = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "pegaflow_pool_locked", Help: "1 when the pool is mlock'ed, 0 when mlock was not allowed.",
+	})
+	m.Blocks = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "pegaflow_blocks", Help: "Blocks in the index.",
+	})
+	m.BlockBytes = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "pegaflow_block_bytes", Help: "Bytes of blocks in the index.",
+	})
+	m.Evictions = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "pegaflow_block_evictions_total", Help: "Blocks evicted from the index by the LRU.",
+	})
+	m.PinnedDeferred = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "pegaflow_blocks_deferred_free", Help: "Blocks out of the index whose memory waits for their last pin.",
+	})
+	m.PoolPinned = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "pegaflow_pool_pinned_bytes", Help: "Bytes of blocks pinned by a transfer lock or a local read: pool memory eviction cannot free.",
+	})
+	reg.MustRegister(
+		m.PoolSize, m.PoolUsed, m.PoolLocked, m.Blocks, m.BlockBytes, m.Evictions, m.PinnedDeferred,
+		m.PoolPinned,
+	)
+}
+
+// registerProcess creates and registers the metrics of which build and transport run.
+func (m *Metrics) registerProcess(reg prometheus.Registerer) {
+	m.buildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "pegad_build_info", Help: "Always 1; the labels say which build runs.",
+	}, []string{"version", "commit", "goversion"})
+	m.transportInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "pegad_transport_info", Help: "Always 1; the labels say which data transport runs and why (requested, auto, fallback: verbs unavailable).",
+	}, []string{"transport", "reason"})
+	reg.MustRegister(
+		m.buildInfo, m.transportInfo,
+	)
 }
 
 // initSeries creates every known labelled series at zero.
