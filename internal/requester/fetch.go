@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"runtime/debug"
 	"sort"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -483,10 +484,11 @@ func buildOps(plan []*planBlock) (ops []conn.ReadOp, opBlock []int) {
 // deadline minus a safety margin passes without a renewal. A failed
 // renewal is counted (pegaflow_transfer_lock_renew_failures_total), logged
 // and retried at the next tick; the fetch goes on. A renewal that succeeds
-// confirms the blocks that landed before it was sent (tr); the release's
-// was_live confirms the rest.
+// confirms the blocks that landed before it was sent (the tracker in tr,
+// set once the window's plan is made: until then no block has landed); the
+// release's was_live confirms the rest.
 func (e *Engine) startRenewer(ctx context.Context, cancelRead context.CancelCauseFunc, g *lockGuard,
-	tr *readTracker, lockedAt time.Time, lockTimeout time.Duration) <-chan struct{} {
+	tr *atomic.Pointer[readTracker], lockedAt time.Time, lockTimeout time.Duration) <-chan struct{} {
 	done := make(chan struct{})
 	margin := min(5*time.Second, lockTimeout/10)
 	deadline := lockedAt.Add(lockTimeout - margin)
@@ -512,7 +514,11 @@ func (e *Engine) startRenewer(ctx context.Context, cancelRead context.CancelCaus
 				next = next.Add(interval)
 				tick.Reset(time.Until(next))
 				sent := time.Now()
-				stamp := tr.renewalSent()
+				t := tr.Load()
+				var stamp uint64
+				if t != nil {
+					stamp = t.renewalSent()
+				}
 				rctx, cancel := context.WithTimeout(ctx, interval)
 				resp, err := g.client.RenewTransferLock(rctx, req)
 				cancel()
@@ -527,7 +533,9 @@ func (e *Engine) startRenewer(ctx context.Context, cancelRead context.CancelCaus
 				}
 				// The lock was live when this renewal was sent: the blocks
 				// that landed before it are confirmed.
-				tr.confirm(stamp)
+				if t != nil {
+					t.confirm(stamp)
+				}
 				// Durations only: the holder's clock is not ours.
 				ext := lockTimeout
 				if ll := resp.GetLifetimeLeft(); ll != nil && ll.AsDuration() < ext {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/pegaflow/pegad/internal/conn"
 )
@@ -33,15 +34,20 @@ func (l *lease) pastDeadline(p *pipeline, err error) error {
 func (p *pipeline) transfer(w window) error {
 	e, st, resp := p.e, p.st, w.resp
 	var g *lockGuard
-	if sid := resp.GetSessionId(); sid != "" {
-		g = e.newGuard(p.client, st, sid)
+	l := w.lease // started when the lock was granted (query)
+	if l != nil {
+		g = l.g
 		// Runs on every exit; a no-op when the normal path released.
 		defer func() { g.Abort(abortReason(p.ctx)) }()
+		defer l.stop() // before the abort: the renewer stops first
 	}
 	// handled releases the lock on a handled error. A cancelled fetch
 	// leaves that to the guard's abort path.
 	handled := func(phase string, cause, fallback error) error {
 		ferr := p.fail(phase, cause, fallback)
+		if l != nil {
+			l.stop() // no renewal races the release
+		}
 		if g != nil && p.ctx.Err() == nil {
 			_, _ = g.Release()
 		}
@@ -53,6 +59,7 @@ func (p *pipeline) transfer(w window) error {
 	}
 	if len(plan) == 0 {
 		if g != nil {
+			l.stop()
 			_, _ = g.Release()
 		}
 		return nil // every block of this window missing on the peer
@@ -63,9 +70,8 @@ func (p *pipeline) transfer(w window) error {
 	if p.ctx.Err() != nil {
 		return p.fail(PhaseLock, ctxErr(p.ctx), ErrDeadline)
 	}
-	l := p.startLease(g, w, plan)
-	defer l.stop()
-	tr := l.tracker
+	tr := newReadTracker(plan)
+	l.tracker.Store(tr)
 	// A holder that restarted since our handshake answers with another
 	// incarnation: our QPs and its memory snapshot are stale. Reconnect now
 	// instead of learning it from a failed READ or a retry budget of silence.
@@ -86,22 +92,25 @@ func (p *pipeline) transfer(w window) error {
 	return p.release(g, plan, tr)
 }
 
-// trackedLease is a lease and the tracker its renewals confirm.
+// trackedLease is a lease and the tracker its renewals confirm, set once
+// the window's plan is made.
 type trackedLease struct {
 	lease
-	tracker *readTracker
+	tracker *atomic.Pointer[readTracker]
 }
 
-// startLease starts the renewer of w's lock. The lease counts from the
-// lock, so renewals do too, through the reconnect and the staging as well
-// as the read.
-func (p *pipeline) startLease(g *lockGuard, w window, plan []*planBlock) *trackedLease {
+// startLease starts the renewer of w's lock as soon as it is granted: the
+// lease counts from the lock, so renewals do too, while the window before
+// it is still read, and through the reconnect and the staging as well as
+// the read. Without it a next window locked behind a slow read lapses
+// before its own read starts (review F1).
+func (p *pipeline) startLease(g *lockGuard, w window) *trackedLease {
 	lockTimeout := w.resp.GetLockTimeout().AsDuration()
 	if lockTimeout <= 0 {
 		lockTimeout = defaultLockTimeout
 	}
 	ctx, cancel := context.WithCancelCause(p.ctx)
-	tr := newReadTracker(plan)
+	tr := new(atomic.Pointer[readTracker])
 	done := p.e.startRenewer(ctx, cancel, g, tr, w.lockedAt, lockTimeout)
 	var once sync.Once
 	return &trackedLease{tracker: tr, lease: lease{g: g, ctx: ctx, stop: func() {

@@ -24,6 +24,9 @@ type window struct {
 	asked    []int // indices (into the fetch's keys) this query named
 	rest     []int // indices still to lock after it: deferred by the holder, or not asked
 	err      error // the query's error (nothing was locked then)
+	// lease: the lock's guard and renewer, started when it was granted;
+	// nil without a session. transfer or drop stops it.
+	lease *trackedLease
 }
 
 // pipeline is one fetch from one peer: connect, then a pipeline of lock
@@ -144,6 +147,9 @@ func (p *pipeline) query(asked []int) window {
 	if w.err != nil {
 		return w
 	}
+	if sid := w.resp.GetSessionId(); sid != "" {
+		w.lease = p.startLease(p.e.newGuard(p.client, p.st, sid), w)
+	}
 	for _, h := range w.resp.GetDeferred() {
 		i, ok := p.idx[string(h)]
 		if !ok {
@@ -156,11 +162,11 @@ func (p *pipeline) query(asked []int) window {
 
 // drop releases the session of a window the fetch will not read.
 func (p *pipeline) drop(w window) {
-	sid := w.resp.GetSessionId()
-	if w.err != nil || sid == "" {
+	if w.err != nil || w.lease == nil {
 		return
 	}
-	g := p.e.newGuard(p.client, p.st, sid)
+	w.lease.stop()
+	g := w.lease.g
 	if p.ctx.Err() != nil {
 		g.Abort(abortReason(p.ctx))
 		return

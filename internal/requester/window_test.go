@@ -142,3 +142,61 @@ func TestFailedWindowReleasesTheNext(t *testing.T) {
 }
 
 var errLocalTest = fmt.Errorf("test: read failed")
+
+// TestNextWindowRenewedDuringSlowRead (review F1): the window locked
+// behind a slow read is renewed from its lock on, not only once its own
+// transfer starts, so its lock does not lapse while the window before it
+// is read. On the old code its renewer started only at its transfer: no
+// renewal of the second session during a first read of 3 lock timeouts.
+func TestNextWindowRenewedDuringSlowRead(t *testing.T) {
+	const blocks, blockBytes = 16, 16 << 10 // two windows of 8
+	const lockTimeout = 150 * time.Millisecond
+	hs := newHarness(t)
+	hs.h.pinCap, hs.h.windows, hs.h.lockTimeout = 256<<10, true, lockTimeout
+	var reads atomic.Int64
+	hs.cs.r.read = func(ctx context.Context, _ []conn.ReadOp) error {
+		if reads.Add(1) != 1 {
+			return nil
+		}
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			hs.h.mu.Lock()
+			n := len(hs.h.sessions)
+			hs.h.mu.Unlock()
+			if n == 2 {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("second window never locked")
+			}
+			time.Sleep(time.Millisecond)
+		}
+		select {
+		case <-time.After(3 * lockTimeout):
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+		hs.h.mu.Lock()
+		defer hs.h.mu.Unlock()
+		for sid, s := range hs.h.sessions {
+			if s.renewals == 0 {
+				return fmt.Errorf("session %s (query %d) not renewed during a read of 3 lock timeouts", sid, s.query)
+			}
+		}
+		return nil
+	}
+	res, err := hs.e.Prefetch(context.Background(), "peer:1", "ns", hashes("slow", blocks))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, b := range res.Blocks {
+		if b.Status != StatusFetched {
+			t.Fatalf("block %d: %v %v", i, b.Status, b.Err)
+		}
+	}
+	if res.Bytes != blocks*blockBytes {
+		t.Fatalf("bytes %d, want %d", res.Bytes, blocks*blockBytes)
+	}
+	hs.h.checkReleasedOnce(t)
+	hs.st.check(t)
+}
