@@ -71,14 +71,7 @@ func TestPrefetchInLockWindows(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			for i, b := range res.Blocks {
-				if b.Status != StatusFetched {
-					t.Fatalf("block %d: %v %v", i, b.Status, b.Err)
-				}
-			}
-			if res.Bytes != blocks*blockBytes {
-				t.Fatalf("bytes %d, want %d", res.Bytes, blocks*blockBytes)
-			}
+			checkAllFetched(t, res, blocks*blockBytes)
 			hs.h.checkReleasedOnce(t)
 			hs.st.check(t)
 			hs.h.mu.Lock()
@@ -189,14 +182,21 @@ func TestNextWindowRenewedDuringSlowRead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	checkAllFetched(t, res, blocks*blockBytes)
+	hs.h.checkReleasedOnce(t)
+	hs.st.check(t)
+}
+
+// checkAllFetched fails t unless every block of res was fetched and the
+// bytes add up to want.
+func checkAllFetched(t *testing.T, res *Result, want uint64) {
+	t.Helper()
 	for i, b := range res.Blocks {
 		if b.Status != StatusFetched {
 			t.Fatalf("block %d: %v %v", i, b.Status, b.Err)
 		}
 	}
-	if res.Bytes != blocks*blockBytes {
-		t.Fatalf("bytes %d, want %d", res.Bytes, blocks*blockBytes)
+	if res.Bytes != want {
+		t.Fatalf("bytes %d, want %d", res.Bytes, want)
 	}
-	hs.h.checkReleasedOnce(t)
-	hs.st.check(t)
 }
