@@ -33,7 +33,6 @@ import (
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	"github.com/pegaflow/pegad/internal/config"
 	"github.com/pegaflow/pegad/internal/conn"
-	"github.com/pegaflow/pegad/internal/gc"
 	"github.com/pegaflow/pegad/internal/holder"
 	"github.com/pegaflow/pegad/internal/ibv/tcp"
 	"github.com/pegaflow/pegad/internal/kvevents"
@@ -234,23 +233,12 @@ func Start(ctx context.Context, cfg config.Config, opts ...Option) (d *Daemon, e
 
 	bg, cancel := context.WithCancel(context.Background())
 	d.cancel = cancel
-	d.sweeps.Expirer = d.holder.Locks()
-	d.sweeps.last.Store(time.Now().UnixNano())
-	d.wg.Add(1)
-	go func() { // lock sweeper; stops with d.cancel
-		defer d.wg.Done()
-		gc.Run(bg, cfg.GCInterval, &d.sweeps, nil)
-	}()
 	d.startReloader(bg)
 
 	if err := d.listen(); err != nil {
 		return d, err
 	}
-	d.wg.Add(1)
-	go func() { // local lease sweeper; stops with d.cancel
-		defer d.wg.Done()
-		gc.Run(bg, cfg.GCInterval, d.data, nil) // leases and unadopted pins
-	}()
+	d.startSweeper(bg)
 	// READY=1 promises systemd that every endpoint serves: prove it.
 	if err := d.checkServing(ctx); err != nil {
 		return d, fmt.Errorf("self-check before READY: %w", err)

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/pegaflow/pegad/internal/lease"
 	"github.com/pegaflow/pegad/internal/metrics"
 	"github.com/pegaflow/pegad/internal/store"
 )
@@ -96,7 +97,7 @@ type SessionInfo struct {
 type shard struct {
 	mu     sync.Mutex // guards live, expiry, tomb, ring, ringAt and the mutable fields of its sessions
 	live   idTable
-	expiry expiryHeap
+	expiry lease.Queue[*session]
 	tomb   map[sessionID]tombstone
 	ring   []sessionID // FIFO of tombstoned ids (zero: empty slot), bounds tomb
 	ringAt int
@@ -144,14 +145,14 @@ func (n *nodeState) incarnationLocked(inc string) *incarnation {
 // removes the session from its shard first (removal happens under the
 // shard lock; the unpin after it, outside any lock).
 //
-// It never scans all sessions on the expiry path: each shard keeps a
-// deadline heap, so ExpireBefore costs O(shards + k log n).
+// Its leases are internal/lease's: each shard keeps a lease.Queue of its
+// sessions by deadline, so ExpireBefore never scans all sessions and costs
+// O(shards + k log n); the daemon's one lease.Sweep drives it.
 type LockTable struct {
 	pins        Pinner
 	m           *metrics.Metrics
 	log         zerolog.Logger
-	now         func() time.Time
-	epoch       time.Time // now() when made; sessions' stamps count from it
+	clock       lease.Clock // sessions' stamps count from its epoch
 	timeout     time.Duration
 	maxLifetime time.Duration
 	tombPerShd  int
@@ -175,8 +176,7 @@ func newLockTable(opts Options) *LockTable {
 		pins:        opts.Store,
 		m:           opts.Metrics,
 		log:         opts.Log,
-		now:         opts.Now,
-		epoch:       opts.Now(),
+		clock:       lease.NewClock(opts.Now),
 		timeout:     opts.LockTimeout,
 		maxLifetime: opts.MaxLifetime,
 		tombPerShd:  (opts.Tombstones + numShards - 1) / numShards,
@@ -293,7 +293,7 @@ func (t *LockTable) ObserveIncarnation(nodeID, inc string) (reclaimed int, err e
 	if nodeID == "" || inc == "" {
 		return 0, nil
 	}
-	n := t.lockNode(nodeID, t.now())
+	n := t.lockNode(nodeID, t.clock.Now())
 	prev := n.current
 	victims, err := n.observeLocked(inc)
 	n.mu.Unlock()
@@ -363,7 +363,7 @@ func (t *LockTable) open(owner, inc string, blocks []*store.Block, bytes uint64)
 
 // openQuery is open for the query with the requester's id query (0: none).
 func (t *LockTable) openQuery(owner, inc string, query uint64, blocks []*store.Block, bytes uint64) (*session, error) {
-	now := t.now()
+	now := t.clock.Now()
 	n := t.lockNode(owner, now)
 	prev := n.current
 	victims, err := n.observeLocked(inc)
@@ -378,11 +378,12 @@ func (t *LockTable) openQuery(owner, inc string, query uint64, blocks []*store.B
 		t.reclaim(owner, prev, inc, victims)
 		return nil, err
 	}
-	created := t.stamp(now)
+	created := t.clock.Stamp(now)
 	s := &session{
 		who: n.incarnationLocked(inc), blocks: blocks, bytes: bytes, query: query,
-		created: created, deadline: created + stamp(min(t.timeout, t.maxLifetime)), seq: t.openSeq.Add(1),
+		created: created, seq: t.openSeq.Add(1),
 	}
+	deadline := created + lease.Stamp(min(t.timeout, t.maxLifetime))
 	for {
 		s.id = newID()
 		sh := t.shardOf(s.id)
@@ -390,7 +391,7 @@ func (t *LockTable) openQuery(owner, inc string, query uint64, blocks []*store.B
 		_, dupTomb := sh.tomb[s.id]
 		if sh.live.get(s.id) == nil && !dupTomb {
 			sh.live.put(s)
-			heap.Push(&sh.expiry, s)
+			sh.expiry.Add(s, deadline)
 			sh.mu.Unlock()
 			break
 		}
@@ -413,9 +414,7 @@ func (t *LockTable) openQuery(owner, inc string, query uint64, blocks []*store.B
 func (t *LockTable) removeLocked(sh *shard, s *session, why EndReason) {
 	sh.live.del(s.id)
 	t.m.SessionEnds.WithLabelValues(why.outcome()).Inc()
-	if s.heapIdx >= 0 {
-		heap.Remove(&sh.expiry, int(s.heapIdx))
-	}
+	sh.expiry.Remove(s) // false when the sweep took it out (Expire)
 	if t.tombPerShd > 0 {
 		if old := sh.ring[sh.ringAt]; old != (sessionID{}) {
 			delete(sh.tomb, old)
@@ -444,17 +443,11 @@ func (t *LockTable) finish(s *session) {
 	n.mu.Unlock()
 }
 
-// lapsed is the one rule of when a lease is over: at its deadline,
-// whether or not the sweeper has ticked since. Every path that finds a
-// session (release, renew, force-release, end, listings, the sweeper)
-// asks this, so none treats a lapsed lease as live.
-func (s *session) lapsed(nowS stamp) bool { return s.deadline <= nowS }
-
 // liveLocked returns id's session if its lease still runs at nowS. A
 // session whose lease has lapsed is removed here as expired and returned
 // in lapsed instead: the caller hands it to t.expired once sh.mu is
 // unlocked (gone does both). sh.mu held.
-func (t *LockTable) liveLocked(sh *shard, id sessionID, nowS stamp) (s, lapsed *session) {
+func (t *LockTable) liveLocked(sh *shard, id sessionID, nowS lease.Stamp) (s, lapsed *session) {
 	s = sh.live.get(id)
 	if s != nil && s.lapsed(nowS) {
 		t.removeLocked(sh, s, EndExpired)
@@ -481,10 +474,10 @@ func (t *LockTable) gone(sh *shard, id sessionID, lapsed *session, now time.Time
 // so unpinned it) for why. A session whose lease had lapsed ends as
 // expired instead, and end reports false.
 func (t *LockTable) end(s *session, why EndReason) bool {
-	now := t.now()
+	now := t.clock.Now()
 	sh := t.shardOf(s.id)
 	sh.mu.Lock()
-	live, lapsed := t.liveLocked(sh, s.id, t.stamp(now))
+	live, lapsed := t.liveLocked(sh, s.id, t.clock.Stamp(now))
 	if live != s {
 		t.gone(sh, s.id, lapsed, now)
 		return false
@@ -537,10 +530,10 @@ func (t *LockTable) Release(wireID, owner, inc string) (ReleaseResult, error) {
 	if err := t.checkIncarnation(owner, inc); err != nil {
 		return ReleaseResult{}, err
 	}
-	now := t.now()
+	now := t.clock.Now()
 	sh := t.shardOf(id)
 	sh.mu.Lock()
-	s, lapsed := t.liveLocked(sh, id, t.stamp(now))
+	s, lapsed := t.liveLocked(sh, id, t.clock.Stamp(now))
 	if s != nil {
 		if s.owner() != owner {
 			sh.mu.Unlock()
@@ -549,7 +542,7 @@ func (t *LockTable) Release(wireID, owner, inc string) (ReleaseResult, error) {
 		t.removeLocked(sh, s, EndReleased)
 		sh.mu.Unlock()
 		t.finish(s)
-		return ReleaseResult{Released: len(s.blocks), WasLive: true, End: EndReleased, Age: now.Sub(t.at(s.created))}, nil
+		return ReleaseResult{Released: len(s.blocks), WasLive: true, End: EndReleased, Age: now.Sub(t.clock.At(s.created))}, nil
 	}
 	ts, ok := t.gone(sh, id, lapsed, now)
 	if !ok {
@@ -561,7 +554,7 @@ func (t *LockTable) Release(wireID, owner, inc string) (ReleaseResult, error) {
 	r := ReleaseResult{End: ts.end}
 	if lapsed != nil {
 		// What was read under it may be stale: the answer says EXPIRED.
-		r.Age = now.Sub(t.at(lapsed.created))
+		r.Age = now.Sub(t.clock.At(lapsed.created))
 	}
 	return r, nil
 }
@@ -591,8 +584,8 @@ func (t *LockTable) Renew(wireID, owner, inc string) (expires time.Time, lifetim
 	if err := t.checkIncarnation(owner, inc); err != nil {
 		return time.Time{}, 0, err
 	}
-	now := t.now()
-	nowS := t.stamp(now)
+	now := t.clock.Now()
+	nowS := t.clock.Stamp(now)
 	sh := t.shardOf(id)
 	sh.mu.Lock()
 	s, lapsed := t.liveLocked(sh, id, nowS)
@@ -611,20 +604,15 @@ func (t *LockTable) Renew(wireID, owner, inc string) (expires time.Time, lifetim
 	if s.owner() != owner {
 		return time.Time{}, 0, fmt.Errorf("%w: session %s", ErrNotOwner, id)
 	}
-	limit := s.created + stamp(t.maxLifetime)
-	if nowS >= limit || s.deadline >= limit {
+	limit := s.created + lease.Stamp(t.maxLifetime)
+	if nowS >= limit || s.deadline() >= limit {
 		return time.Time{}, 0, fmt.Errorf("%w: session %s created %s ago, maximum %s; live until %s",
 			ErrLifetimeExhausted, id, time.Duration(nowS-s.created).Round(time.Millisecond), t.maxLifetime,
-			t.at(s.deadline).UTC().Format(time.RFC3339Nano))
+			t.clock.At(s.deadline()).UTC().Format(time.RFC3339Nano))
 	}
-	nd := min(nowS+stamp(t.timeout), limit)
-	if nd > s.deadline {
-		s.deadline = nd
-		heap.Fix(&sh.expiry, int(s.heapIdx))
-	}
-	s.renewed()
+	sh.expiry.Renew(s, min(nowS+lease.Stamp(t.timeout), limit)) // never shortens it
 	t.m.LockRenewals.Inc()
-	return t.at(s.deadline), time.Duration(limit - nowS), nil
+	return t.clock.At(s.deadline()), time.Duration(limit - nowS), nil
 }
 
 // ExpireBefore ends every session whose deadline is not after now and
@@ -632,15 +620,14 @@ func (t *LockTable) Renew(wireID, owner, inc string) (expires time.Time, lifetim
 // entries: O(shards + k log n) for k expired of n live.
 func (t *LockTable) ExpireBefore(now time.Time) int {
 	var expired []*session
-	nowS := t.stamp(now)
+	nowS := t.clock.Stamp(now)
 	for i := range t.shards {
 		sh := &t.shards[i]
 		sh.mu.Lock()
-		for len(sh.expiry) > 0 && sh.expiry[0].lapsed(nowS) {
-			s := sh.expiry[0]
+		sh.expiry.Expire(nowS, func(s *session) {
 			t.removeLocked(sh, s, EndExpired)
 			expired = append(expired, s)
-		}
+		})
 		sh.mu.Unlock()
 	}
 	for _, s := range expired {
@@ -655,8 +642,8 @@ func (t *LockTable) expired(s *session, now time.Time) {
 	t.finish(s)
 	t.m.LockTimeouts.Inc()
 	t.log.Warn().Stringer("session", s.id).Str("requester", s.owner()).Str("incarnation", s.incarnation()).
-		Int("blocks", len(s.blocks)).Uint64("bytes", s.bytes).Dur("age", now.Sub(t.at(s.created))).
-		Int32("renewals", s.renewals).Msg("Transfer lock expired")
+		Int("blocks", len(s.blocks)).Uint64("bytes", s.bytes).Dur("age", now.Sub(t.clock.At(s.created))).
+		Int32("renewals", s.lease.Renewals()).Msg("Transfer lock expired")
 }
 
 // ForceRelease ends live session id for an operator; logged with who.
@@ -671,10 +658,10 @@ func (t *LockTable) ForceRelease(wireID, operator string) (released int, err err
 		code = "InvalidArgument"
 		return 0, err
 	}
-	now := t.now()
+	now := t.clock.Now()
 	sh := t.shardOf(id)
 	sh.mu.Lock()
-	s, lapsed := t.liveLocked(sh, id, t.stamp(now))
+	s, lapsed := t.liveLocked(sh, id, t.clock.Stamp(now))
 	if s == nil {
 		ts, ok := t.gone(sh, id, lapsed, now)
 		code = "NotFound"
@@ -688,7 +675,7 @@ func (t *LockTable) ForceRelease(wireID, operator string) (released int, err err
 	t.finish(s)
 	t.m.LockForceReleases.Inc()
 	t.log.Warn().Stringer("session", id).Str("operator", operator).Str("requester", s.owner()).
-		Int("blocks", len(s.blocks)).Dur("age", now.Sub(t.at(s.created))).Msg("Transfer lock force-released")
+		Int("blocks", len(s.blocks)).Dur("age", now.Sub(t.clock.At(s.created))).Msg("Transfer lock force-released")
 	return len(s.blocks), nil
 }
 
@@ -721,7 +708,7 @@ func (t *LockTable) ReleaseAll(reason string) int {
 // yet to end), oldest first.
 func (t *LockTable) Sessions() []SessionInfo {
 	out := make([]SessionInfo, 0, t.Len())
-	nowS := t.stamp(t.now())
+	nowS := t.clock.Stamp(t.clock.Now())
 	for i := range t.shards {
 		sh := &t.shards[i]
 		sh.mu.Lock()
@@ -750,7 +737,7 @@ func (t *LockTable) Sessions() []SessionInfo {
 func (t *LockTable) SessionsPage(cursor uint64, limit int) (page []SessionInfo, next uint64) {
 	limit = max(limit, 1)
 	h := make(pageHeap, 0, limit+1)
-	nowS := t.stamp(t.now())
+	nowS := t.clock.Stamp(t.clock.Now())
 	for i := range t.shards {
 		sh := &t.shards[i]
 		sh.mu.Lock()
@@ -784,8 +771,8 @@ func (t *LockTable) SessionsPage(cursor uint64, limit int) (page []SessionInfo, 
 func (t *LockTable) infoLocked(s *session) SessionInfo {
 	return SessionInfo{
 		ID: s.id.String(), RequesterID: s.owner(), Incarnation: s.incarnation(),
-		Blocks: len(s.blocks), Bytes: s.bytes, CreatedAt: t.at(s.created),
-		ExpiresAt: t.at(s.deadline), Renewals: int(s.renewals), blocks: s.blocks,
+		Blocks: len(s.blocks), Bytes: s.bytes, CreatedAt: t.clock.At(s.created),
+		ExpiresAt: t.clock.At(s.deadline()), Renewals: int(s.lease.Renewals()), blocks: s.blocks,
 	}
 }
 
