@@ -113,10 +113,11 @@ func (t *LockTable) ExpireBefore(now time.Time) int {
 	for i := range t.shards {
 		sh := &t.shards[i]
 		sh.mu.Lock()
-		sh.expiry.Expire(nowS, func(s *session) {
+		for sh.expiry.Due(nowS) {
+			s, _ := sh.expiry.PopLapsed(nowS)
 			t.removeLocked(sh, s, EndExpired)
 			expired = append(expired, s)
-		})
+		}
 		sh.mu.Unlock()
 	}
 	for _, s := range expired {

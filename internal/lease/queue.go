@@ -71,7 +71,14 @@ type Leased interface {
 // guards it.
 type Queue[E Leased] struct {
 	h []E
+	// first is h[0]'s deadline (when h is not empty), kept here so that a
+	// sweep of a queue where nothing lapsed reads one field, not a record.
+	first Stamp
 }
+
+// Due says whether the earliest lease has lapsed at now: a sweep's O(1)
+// check before PopLapsed.
+func (q *Queue[E]) Due(now Stamp) bool { return len(q.h) > 0 && q.first <= now }
 
 // Len is the number of queued records.
 func (q *Queue[E]) Len() int { return len(q.h) }
@@ -86,6 +93,7 @@ func (q *Queue[E]) Add(e E, deadline Stamp) {
 	q.h = append(q.h, e)
 	it.pos = int32(len(q.h))
 	q.up(len(q.h) - 1)
+	q.first = q.h[0].LeaseItem().deadline
 }
 
 // Remove takes e out of the queue; false when it was not queued (another
@@ -113,6 +121,7 @@ func (q *Queue[E]) Renew(e E, deadline Stamp) bool {
 	if deadline > it.deadline {
 		it.deadline = deadline
 		q.down(int(it.pos - 1))
+		q.first = q.h[0].LeaseItem().deadline
 	}
 	return true
 }
@@ -122,13 +131,24 @@ func (q *Queue[E]) Renew(e E, deadline Stamp) bool {
 // held: ended must only collect). It returns how many.
 func (q *Queue[E]) Expire(now Stamp, ended func(E)) int {
 	n := 0
-	for len(q.h) > 0 && q.h[0].LeaseItem().Lapsed(now) {
-		e := q.h[0]
-		q.removeAt(0)
+	for e, ok := q.PopLapsed(now); ok; e, ok = q.PopLapsed(now) {
 		ended(e)
 		n++
 	}
 	return n
+}
+
+// PopLapsed removes and returns the record with the earliest deadline if
+// its lease has lapsed at now; false when none has. A sweep calls it until
+// false: it costs O(1) when nothing lapsed, and needs no callback.
+func (q *Queue[E]) PopLapsed(now Stamp) (E, bool) {
+	if !q.Due(now) {
+		var zero E
+		return zero, false
+	}
+	e := q.h[0]
+	q.removeAt(0)
+	return e, true
 }
 
 // Each calls f for every queued record, in no order; f must not change
@@ -152,6 +172,9 @@ func (q *Queue[E]) removeAt(i int) {
 	if i != last {
 		q.down(i)
 		q.up(i)
+	}
+	if len(q.h) > 0 {
+		q.first = q.h[0].LeaseItem().deadline
 	}
 }
 

@@ -16,7 +16,8 @@ func (r *rec) LeaseItem() *Item { return &r.Item }
 // TestQueueAgainstModel drives a Queue with random adds, removes, renewals
 // and expiries and checks each against a plain map of deadlines: every
 // record leaves exactly once, expiry takes exactly the lapsed ones,
-// earliest first, and a renewal never shortens a lease or revives one.
+// earliest first, Due agrees with the earliest deadline, and a renewal
+// never shortens a lease or revives one.
 func TestQueueAgainstModel(t *testing.T) {
 	rng := rand.New(rand.NewSource(1))
 	var q Queue[*rec]
@@ -71,6 +72,13 @@ func TestQueueAgainstModel(t *testing.T) {
 		}
 		if q.Len() != len(model) {
 			t.Fatalf("step %d: queue holds %d, model %d", step, q.Len(), len(model))
+		}
+		due := false
+		for _, d := range model {
+			due = due || d <= now+10
+		}
+		if q.Due(now+10) != due {
+			t.Fatalf("step %d: Due = %v, model says %v", step, !due, due)
 		}
 	}
 	for r, d := range model {
