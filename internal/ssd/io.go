@@ -143,6 +143,7 @@ func (t *Tier) Forget(key store.Key) bool {
 	if l, ok := t.index[key]; ok && t.forgetLocked(key, l) {
 		had = true
 		t.tombLocked(l.dev, key)
+		t.emitLocked(store.Deleted, key)
 		t.gaugesLocked()
 	}
 	return had
@@ -216,6 +217,7 @@ func (t *Tier) load(key store.Key) (sizes []store.SlotSize, data, buf []byte, er
 	if rerr != nil {
 		if t.forgetLocked(key, l) {
 			t.tombLocked(l.dev, key)
+			t.emitLocked(store.Evicted, key)
 		}
 		t.gaugesLocked()
 		if t.m != nil {
@@ -234,6 +236,7 @@ func (t *Tier) load(key store.Key) (sizes []store.SlotSize, data, buf []byte, er
 	if err != nil {
 		if t.forgetLocked(key, l) {
 			t.tombLocked(l.dev, key)
+			t.emitLocked(store.Evicted, key)
 		}
 		t.gaugesLocked()
 		if t.m != nil {
@@ -303,6 +306,7 @@ func (t *Tier) write(d *device, j *job) {
 		t.tombLocked(d, j.key)
 	default:
 		t.indexLocked(j.key, l)
+		t.emitLocked(store.Stored, j.key)
 		if t.m != nil {
 			t.m.Written.Inc()
 			t.m.WrittenBytes.Add(float64(rl))
@@ -322,16 +326,17 @@ func (t *Tier) advance(d *device) {
 	d.nextEpoch++
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	aged := 0
+	var aged []store.Key
 	for _, k := range d.segKeys[d.cur] {
 		if l, ok := t.index[k]; ok && l.dev == d && l.seg == d.cur && t.forgetLocked(k, l) {
-			aged++
+			aged = append(aged, k)
 		}
 	}
+	t.emitLocked(store.Evicted, aged...)
 	d.segKeys[d.cur] = nil
 	d.segEpoch[d.cur] = epoch
 	if t.m != nil {
-		t.m.AgedOut.Add(float64(aged))
+		t.m.AgedOut.Add(float64(len(aged)))
 	}
 }
 

@@ -112,6 +112,9 @@ type Tier struct {
 	seq     uint64             // last loc.seq given out
 	queued  int                // jobs queued over all devices
 	closed  bool
+	// Subscribers (hooks.go), called under mu.
+	onChange func(store.Key)
+	onEvents func([]store.Change)
 
 	wg sync.WaitGroup // writer goroutines; they end when Close closes the queues
 }
