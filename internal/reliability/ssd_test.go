@@ -183,17 +183,19 @@ func runSSDKillSpills(c *cluster) {
 	c.expect(m[mSSDRecovered] >= m0[mSSDWrites]-8,
 		"recovered %.0f, but %.0f were written before the kill and 8 deleted", m[mSSDRecovered], m0[mSSDWrites])
 	tl := c.ssdReadAll(a, put)
+	asked := len(deleted)
 	for _, b := range tl.missing {
 		delete(deleted, b.key())
 	}
 	c.expect(len(deleted) == 0, "%d deleted blocks came back after the restart", len(deleted))
+	gone := asked - len(deleted)
 	m, err = a.scrape()
 	c.require(err, "scrape")
 	// Every block found again is served or dropped and counted.
 	c.expect(float64(tl.found)+m[mSSDChecksum]+m[mSSDReadErrors] == m[mSSDRecovered],
 		"found %d + checksum failures %.0f + read errors %.0f != recovered %.0f", tl.found, m[mSSDChecksum], m[mSSDReadErrors], m[mSSDRecovered])
-	c.note("%d blocks put before the kill: %d served after restart (recovered %.0f, torn %.0f), 8 deleted stayed gone, %d lost with the pool and queue",
-		len(put), tl.found, m[mSSDRecovered], m[mSSDChecksum], len(put)-tl.found-8)
+	c.note("%d blocks put before the kill: %d served after restart (recovered %.0f, torn %.0f), %d of %d deleted stayed gone, %d lost with the pool and queue",
+		len(put), tl.found, m[mSSDRecovered], m[mSSDChecksum], gone, asked, len(tl.missing)-gone)
 	c.ssdReadAll(a, c.ssdPutMany(a, 4)) // serves new puts
 }
 
