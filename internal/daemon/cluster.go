@@ -40,12 +40,19 @@ func (d *Daemon) openCluster() error {
 		return fmt.Errorf("cluster index: %w", err)
 	}
 	d.cluster.idx = idx
+	src := index.StoreSource{S: d.store}
+	if d.tier != nil {
+		src.Lower = d.tier // SSD-held blocks are announced with their medium
+	}
 	d.cluster.pub = index.NewPublisher(index.PublisherOptions{
-		Index: idx, Source: index.StoreSource{S: d.store}, TTL: d.cfg.ClusterTTL, Metrics: m,
+		Index: idx, Source: src, TTL: d.cfg.ClusterTTL, Metrics: m,
 		Log:  d.log.With().Str("component", "cluster").Logger(),
 		Self: d.clusterSelf,
 	})
 	d.store.OnChange(d.cluster.pub.Notify)
+	if d.tier != nil {
+		d.tier.OnChange(d.cluster.pub.Notify)
+	}
 	return nil
 }
 
@@ -114,6 +121,9 @@ func (d *Daemon) leaveCluster() {
 // closeCluster closes the index client after the publisher stopped.
 func (d *Daemon) closeCluster() {
 	d.store.OnChange(nil)
+	if d.tier != nil {
+		d.tier.OnChange(nil)
+	}
 	if d.cluster.idx != nil {
 		_ = d.cluster.idx.Close()
 	}

@@ -35,6 +35,9 @@ func (d *Daemon) startKVEvents(bg context.Context) {
 		return
 	}
 	d.store.OnEvents(d.kv.Enqueue)
+	if d.tier != nil {
+		d.tier.OnEvents(d.kv.Enqueue) // the SSD copies, medium "ssd"
+	}
 	d.wg.Go(func() { d.kv.Run(bg) })
 	d.log.Info().Str("endpoint", d.kv.Addr()).Str("replay", d.kv.ReplayAddr()).
 		Str("topic", d.cfg.KVEventsTopic).Msg("KV events enabled")
@@ -47,6 +50,9 @@ func (d *Daemon) closeKVEvents() {
 	}
 	if d.store != nil {
 		d.store.OnEvents(nil)
+	}
+	if d.tier != nil {
+		d.tier.OnEvents(nil)
 	}
 	d.kv.Close()
 }

@@ -40,11 +40,45 @@ type Node struct {
 	Expires time.Time `json:"expires"`
 }
 
+// Medium is where a holder keeps a block. A requester that finds several
+// holders prefers a DRAM copy: an SSD copy is read back into the holder's
+// pool before the transfer (docs/tiering.md).
+type Medium string
+
+// Media a node announces.
+const (
+	MediumDRAM Medium = "dram" // in the pinned pool
+	MediumSSD  Medium = "ssd"  // only on the SSD tier (--ssd-path)
+)
+
 // Holder is a live node that the index says holds a block.
 type Holder struct {
 	NodeID      string
 	Addr        string
 	Incarnation string
+	Medium      Medium // MediumDRAM unless the node announced an SSD copy
+}
+
+// PreferDRAM returns the holders of hs with the best medium: the DRAM
+// ones when there are any, else all of them (SSD copies). It keeps the
+// order of hs and may share its backing array.
+func PreferDRAM(hs []Holder) []Holder {
+	n := 0
+	for _, h := range hs {
+		if h.Medium != MediumSSD {
+			n++
+		}
+	}
+	if n == 0 || n == len(hs) {
+		return hs
+	}
+	out := make([]Holder, 0, n)
+	for _, h := range hs {
+		if h.Medium != MediumSSD {
+			out = append(out, h)
+		}
+	}
+	return out
 }
 
 // Index is a cluster index seen from one node (the one it was opened
@@ -61,9 +95,9 @@ type Index interface {
 	// Reset removes every block entry this node announced, under any of
 	// its incarnations.
 	Reset(ctx context.Context) error
-	// Announce records that this node holds keys; Withdraw that it no
-	// longer does.
-	Announce(ctx context.Context, keys []store.Key) error
+	// Announce records that this node holds keys on medium (replacing
+	// what it announced of them before); Withdraw that it no longer does.
+	Announce(ctx context.Context, medium Medium, keys []store.Key) error
 	Withdraw(ctx context.Context, keys []store.Key) error
 	// Locate returns, per hash (same order), the live holders the index
 	// knows of: nodes whose record has not lapsed and whose current

@@ -16,17 +16,56 @@ import (
 // Source is what the publisher reads of the local store: the truth it
 // publishes. *store.Store satisfies it through StoreSource.
 type Source interface {
-	Has(store.Key) bool
+	Has(store.Key) bool // held, in any tier
+	Keys() []store.Key  // every key held (a full republication)
+}
+
+// MediumSource is a Source that says where it holds a key; the publisher
+// announces each key with its medium. Without it every key is announced
+// as MediumDRAM.
+type MediumSource interface {
+	Source
+	Medium(store.Key) Medium // of a key Has reports held
+}
+
+// KeyLister lists what a lower tier holds (ssd.Tier).
+type KeyLister interface {
 	Keys() []store.Key
 }
 
-// StoreSource adapts a store to Source.
-type StoreSource struct{ S *store.Store }
+// StoreSource adapts a store, and the SSD tier under it when Lower is
+// set, to MediumSource: a key in the pool is announced as DRAM, one only
+// on the tier as SSD.
+type StoreSource struct {
+	S     *store.Store
+	Lower KeyLister // nil without an SSD tier
+}
 
-func (s StoreSource) Has(k store.Key) bool { return s.S.Has(k) }
+var _ MediumSource = StoreSource{}
 
-// Keys lists every indexed key (for a full republication).
-func (s StoreSource) Keys() []store.Key { return s.S.Keys() }
+// Has reports whether the pool or the SSD tier holds k.
+func (s StoreSource) Has(k store.Key) bool { return s.S.Has(k) || s.S.OnLower(k) }
+
+// Medium says where k is: the pool first.
+func (s StoreSource) Medium(k store.Key) Medium {
+	if s.S.Has(k) {
+		return MediumDRAM
+	}
+	return MediumSSD
+}
+
+// Keys lists every key of the pool, then those only on the SSD tier.
+func (s StoreSource) Keys() []store.Key {
+	keys := s.S.Keys()
+	if s.Lower != nil {
+		for _, k := range s.Lower.Keys() {
+			if !s.S.Has(k) {
+				keys = append(keys, k)
+			}
+		}
+	}
+	return keys
+}
 
 // Defaults of PublisherOptions left zero.
 const (
@@ -301,7 +340,7 @@ func (p *Publisher) republish(ctx context.Context) error {
 	err := p.o.Index.Reset(ctx)
 	if err == nil {
 		keys := p.o.Source.Keys()
-		err = p.write(ctx, keys, nil)
+		err = p.write(ctx, p.byMedium(keys), nil)
 		if err == nil {
 			p.o.Metrics.Resyncs.Inc()
 			p.o.Log.Debug().Int("blocks", len(keys)).Dur("took", time.Since(start)).Msg("Cluster index: republished this node's blocks")
@@ -338,7 +377,7 @@ func (p *Publisher) flush(ctx context.Context) {
 			del = append(del, k)
 		}
 	}
-	if err := p.write(ctx, add, del); errors.Is(err, errLeaving) {
+	if err := p.write(ctx, p.byMedium(add), del); errors.Is(err, errLeaving) {
 		return
 	} else if err != nil {
 		p.o.Metrics.PublishErrors.Inc()
@@ -351,15 +390,40 @@ func (p *Publisher) flush(ctx context.Context) {
 // errLeaving: a write stopped because Leave was called.
 var errLeaving = errors.New("leaving the cluster index")
 
-// write announces add and withdraws del in pipelines of MaxBatch; it
-// stops between pipelines once Leave was called (a republication of a
-// million blocks would otherwise outlast Leave's wait).
-func (p *Publisher) write(ctx context.Context, add, del []store.Key) error {
+// byMedium splits keys by where the source holds them (DRAM first).
+func (p *Publisher) byMedium(keys []store.Key) [2][]store.Key {
+	ms, ok := p.o.Source.(MediumSource)
+	if !ok {
+		return [2][]store.Key{keys, nil}
+	}
+	var out [2][]store.Key
+	for _, k := range keys {
+		if ms.Medium(k) == MediumSSD {
+			out[1] = append(out[1], k)
+		} else {
+			out[0] = append(out[0], k)
+		}
+	}
+	return out
+}
+
+// write announces add (DRAM, then SSD) and withdraws del in pipelines of
+// MaxBatch; it stops between pipelines once Leave was called (a
+// republication of a million blocks would otherwise outlast Leave's
+// wait).
+func (p *Publisher) write(ctx context.Context, add [2][]store.Key, del []store.Key) error {
+	announce := func(m Medium) func(context.Context, []store.Key) error {
+		return func(ctx context.Context, keys []store.Key) error { return p.o.Index.Announce(ctx, m, keys) }
+	}
 	for _, job := range []struct {
 		keys []store.Key
 		op   string
 		fn   func(context.Context, []store.Key) error
-	}{{add, metrics.PublishAnnounce, p.o.Index.Announce}, {del, metrics.PublishWithdraw, p.o.Index.Withdraw}} {
+	}{
+		{add[0], metrics.PublishAnnounce, announce(MediumDRAM)},
+		{add[1], metrics.PublishAnnounce, announce(MediumSSD)},
+		{del, metrics.PublishWithdraw, p.o.Index.Withdraw},
+	} {
 		for len(job.keys) > 0 {
 			if p.leaving.Load() {
 				return errLeaving

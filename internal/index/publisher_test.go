@@ -227,9 +227,9 @@ type slowIndex struct {
 	delay time.Duration
 }
 
-func (s slowIndex) Announce(ctx context.Context, keys []store.Key) error {
+func (s slowIndex) Announce(ctx context.Context, m index.Medium, keys []store.Key) error {
 	time.Sleep(s.delay)
-	return s.Index.Announce(ctx, keys)
+	return s.Index.Announce(ctx, m, keys)
 }
 
 type oneKey struct{}

@@ -294,7 +294,7 @@ func corruptDataPages(t *testing.T, path string) {
 		if _, err := f.ReadAt(page, off); err != nil {
 			break
 		}
-		if string(page[:4]) == "GPSD" || bytes.Count(page, []byte{0}) == len(page) {
+		if string(page[:4]) == "PGSD" || bytes.Count(page, []byte{0}) == len(page) {
 			continue // a header ("PGSD" little endian), or never written
 		}
 		page[0] ^= 0xff

@@ -31,9 +31,21 @@ const (
 	TagAllBlocksCleared = "AllBlocksCleared"
 )
 
-// Medium is the value of every event's medium field: the blocks live in
-// pegad's host-memory pool.
+// Medium is the value of the medium field of events of the pool's
+// blocks: they live in pegad's host-memory pool.
 const Medium = "cpu"
+
+// MediumSSD is the medium of events of the SSD tier's copies
+// (--ssd-path): BlockStored when a block's record is written, BlockRemoved
+// when it ages out, fails its read or is deleted (store.Change.Lower).
+const MediumSSD = "ssd"
+
+func mediumOf(c store.Change) string {
+	if c.Lower {
+		return MediumSSD
+	}
+	return Medium
+}
 
 // DefaultTopic: llm-d parses "kv@<pod>@<model>" topics (exactly two
 // '@') into a pod and a model name; the model part is the connectors'
@@ -58,21 +70,22 @@ func seqBytes(seq uint64) []byte {
 var endSeq = []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
 
 // encodeBatch encodes changes of one namespace as a KVEventBatch payload:
-// consecutive changes of the same kind share one event, so the events
-// keep the store's order.
+// consecutive changes of the same kind and medium share one event, so
+// the events keep the store's order.
 func encodeBatch(ts time.Time, changes []store.Change) []byte {
 	type run struct {
 		stored bool
+		medium string
 		hashes []string
 	}
 	var runs []run
 	for _, c := range changes {
-		st := c.Kind == store.Stored
-		if n := len(runs); n > 0 && runs[n-1].stored == st {
+		st, med := c.Kind == store.Stored, mediumOf(c)
+		if n := len(runs); n > 0 && runs[n-1].stored == st && runs[n-1].medium == med {
 			runs[n-1].hashes = append(runs[n-1].hashes, c.Key.Hash)
 			continue
 		}
-		runs = append(runs, run{stored: st, hashes: []string{c.Key.Hash}})
+		runs = append(runs, run{stored: st, medium: med, hashes: []string{c.Key.Hash}})
 	}
 	b := appendArray(nil, 2)
 	b = appendFloat64(b, float64(ts.UnixNano())/1e9)
@@ -86,13 +99,13 @@ func encodeBatch(ts time.Time, changes []store.Change) []byte {
 			b = appendArray(b, 0) // token_ids: pegad never sees tokens
 			b = appendUint(b, 0)  // block_size in tokens: unknown to pegad
 			b = append(b, mpNil)  // lora_id
-			b = appendStr(b, Medium)
+			b = appendStr(b, r.medium)
 			continue
 		}
 		b = appendArray(b, 3)
 		b = appendStr(b, TagBlockRemoved)
 		b = appendHashes(b, r.hashes)
-		b = appendStr(b, Medium)
+		b = appendStr(b, r.medium)
 	}
 	return b
 }

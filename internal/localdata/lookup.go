@@ -1,12 +1,14 @@
 package localdata
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/subtle"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/pegaflow/pegad/api/limits"
@@ -247,8 +249,16 @@ func (cn *conn) lookupCluster(b []byte, c localwire.Chain) []byte {
 }
 
 // bestHolder is the node (other than self) holding the longest prefix of
-// the chain, by the index's answer per hash; ties go to the node listed
-// first for the chain's first hash.
+// the chain, by the index's answer per hash; ties go to a node holding
+// the first hash in DRAM rather than on its SSD tier, then to the node
+// listed first for it.
+func onSSD(h index.Holder) int {
+	if h.Medium == index.MediumSSD {
+		return 1
+	}
+	return 0
+}
+
 func bestHolder(holders [][]index.Holder, self string) localwire.ClusterHit {
 	if len(holders) == 0 {
 		return localwire.ClusterHit{}
@@ -257,12 +267,13 @@ func bestHolder(holders [][]index.Holder, self string) localwire.ClusterHit {
 		h index.Holder
 		n int
 	}
-	var runs []run // nodes still holding every hash so far, in first-hash order
+	var runs []run // nodes still holding every hash so far: DRAM copies of the first hash first, then in its order
 	for _, h := range holders[0] {
 		if h.NodeID != self {
 			runs = append(runs, run{h: h, n: 1})
 		}
 	}
+	slices.SortStableFunc(runs, func(x, y run) int { return cmp.Compare(onSSD(x.h), onSSD(y.h)) })
 	best := run{}
 	for i := 1; i <= len(holders) && len(runs) > 0; i++ {
 		if runs[0].n > best.n {

@@ -32,9 +32,16 @@ type Tier struct {
 	Drops            *prometheus.CounterVec // reason
 	ChecksumFailures prometheus.Counter
 	ReadErrors       prometheus.Counter
-	AgedOut          prometheus.Counter // blocks dropped when their segment was reclaimed
-	Recovered        prometheus.Counter // blocks found again at start
+	AgedOut          prometheus.Counter     // blocks dropped when their segment was reclaimed
+	Recovered        prometheus.Counter     // blocks found again at start
+	Tombstones       *prometheus.CounterVec // result: written, lost (deletes recorded in the log)
 }
+
+// Results of Tier.Tombstones.
+const (
+	TombstoneWritten = "written" // the delete is in the log: a restart does not find the block
+	TombstoneLost    = "lost"    // queue full, write failed or closing: a restart may find the block again
+)
 
 // NewTier creates and registers the tier metrics on reg.
 func NewTier(reg prometheus.Registerer) *Tier {
@@ -79,8 +86,15 @@ func NewTier(reg prometheus.Registerer) *Tier {
 			Name: "pegaflow_ssd_recovered_blocks_total", Help: "SSD blocks found again from the segments' headers at start.",
 		}),
 	}
+	m.Tombstones = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "pegaflow_ssd_tombstones_total",
+		Help: "Deletes of SSD blocks (delete, failed checksum or read) recorded in the log so that a restart does not find the block again, by result (written, lost).",
+	}, []string{"result"})
 	reg.MustRegister(m.Hits, m.Promotions, m.Blocks, m.Bytes, m.Capacity, m.QueueDepth, m.Written,
-		m.WrittenBytes, m.Drops, m.ChecksumFailures, m.ReadErrors, m.AgedOut, m.Recovered)
+		m.WrittenBytes, m.Drops, m.ChecksumFailures, m.ReadErrors, m.AgedOut, m.Recovered, m.Tombstones)
+	for _, r := range []string{TombstoneWritten, TombstoneLost} {
+		m.Tombstones.WithLabelValues(r)
+	}
 	for _, t := range []string{TierDRAM, TierSSD} {
 		m.Hits.WithLabelValues(t)
 	}

@@ -82,6 +82,11 @@ type nodeSpec struct {
 	lifetime    time.Duration // lock-max-lifetime; 0: pegad's default
 	pool        string        // default 192MiB
 	extra       []string
+	// ssdSize turns on the SSD tier: --ssd-path <dir>/ssd, --ssd-size.
+	ssdSize string
+	// ssdMount mounts a tmpfs of this size (mount's size= value) at the
+	// SSD path first (a small disk that fills up; root only).
+	ssdMount string
 }
 
 // node is one real pegad process and the clients that talk to it.
@@ -96,6 +101,7 @@ type node struct {
 	dataAddrs []string
 	args      []string
 	logPath   string
+	ssdDir    string // --ssd-path ("" without the SSD tier)
 
 	mu      sync.Mutex // guards cmd, done, exitErr, starts
 	cmd     *exec.Cmd
@@ -188,6 +194,13 @@ func newNode(t testing.TB, spec nodeSpec, h *netns) *node {
 		n.args = append(n.args, "--lock-max-lifetime", spec.lifetime.String())
 	}
 	n.args = append(n.args, spec.extra...)
+	if spec.ssdSize != "" {
+		n.ssdDir = filepath.Join(dir, "ssd")
+		n.args = append(n.args, "--ssd-path", n.ssdDir, "--ssd-size", spec.ssdSize)
+		if spec.ssdMount != "" {
+			mountTmpfs(t, n.ssdDir, "size="+spec.ssdMount, 0)
+		}
+	}
 	conn, err := grpc.NewClient("passthrough:///pegad",
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {

@@ -166,15 +166,18 @@ func (r *clusterRun) locate(ctx context.Context) error {
 	return nil
 }
 
-// round fetches every want not done from one of its candidates, the
-// holders in parallel (at most MaxHolders at once); false when no want
-// has a candidate left.
+// round fetches every want not done from one of its candidates (those
+// holding it in DRAM while any is left), the holders in parallel (at
+// most MaxHolders at once); false when no want has a candidate left.
 func (r *clusterRun) round(ctx context.Context) bool {
 	groups := plan(r.wants, func(w *want) []index.Holder {
 		if w.done {
 			return nil
 		}
-		return w.cands
+		// A DRAM copy first: an SSD holder reads the block back before
+		// it can answer. SSD holders get their turn once every DRAM
+		// holder of the block was tried.
+		return index.PreferDRAM(w.cands)
 	})
 	if len(groups) == 0 {
 		return false

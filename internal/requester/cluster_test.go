@@ -18,7 +18,8 @@ import (
 	"github.com/pegaflow/pegad/internal/store"
 )
 
-// fakeLocator answers from a fixed table: hash → holder node ids.
+// fakeLocator answers from a fixed table: hash → holder node ids, each
+// with ":ssd" after it when the node holds the block on its SSD tier.
 type fakeLocator struct {
 	table map[string][]string
 	err   error
@@ -32,8 +33,13 @@ func (l *fakeLocator) Locate(_ context.Context, _ string, hashes [][]byte) ([][]
 	}
 	out := make([][]index.Holder, len(hashes))
 	for i, h := range hashes {
-		for _, id := range l.table[string(h)] {
-			out[i] = append(out[i], index.Holder{NodeID: id, Addr: id + ":1", Incarnation: "i"})
+		for _, e := range l.table[string(h)] {
+			id, onSSD := strings.CutSuffix(e, ":ssd")
+			m := index.MediumDRAM
+			if onSSD {
+				m = index.MediumSSD
+			}
+			out[i] = append(out[i], index.Holder{NodeID: id, Addr: id + ":1", Incarnation: "i", Medium: m})
 		}
 	}
 	return out, nil
@@ -147,6 +153,35 @@ func TestClusterPrefetch(t *testing.T) {
 		if id == "n3" && fh.queryOK != 1 {
 			t.Errorf("n3 queried %d times, want 1 (for h10 after n2 missed it)", fh.queryOK)
 		}
+	}
+}
+
+// TestClusterPrefetchPrefersDRAM: n1 holds all four blocks on its SSD
+// tier, n2 two of them in DRAM (one of the two a stale entry). The DRAM
+// copies are asked for first, although n1 alone could serve all four;
+// the block n2 turns out to lack comes from n1's SSD next.
+func TestClusterPrefetchPrefersDRAM(t *testing.T) {
+	table := map[string][]string{
+		"h0": {"n1:ssd", "n2"},
+		"h1": {"n1:ssd", "n2"}, // stale on n2
+		"h2": {"n1:ssd"},
+		"h3": {"n1:ssd"},
+	}
+	holders := holderSet(map[string][]string{"n1": {"h0", "h1", "h2", "h3"}, "n2": {"h0"}})
+	c, _ := newClusterHarness(t, holders, &fakeLocator{table: table})
+	req := [][]byte{[]byte("h0"), []byte("h1"), []byte("h2"), []byte("h3")}
+	res, err := c.Prefetch(context.Background(), "", "ns", req)
+	if err != nil {
+		t.Fatalf("Prefetch: %v", err)
+	}
+	want := map[string]string{"h0": "fetched@n2", "h1": "fetched@n1", "h2": "fetched@n1", "h3": "fetched@n1"}
+	for _, b := range res.Blocks {
+		if got := b.Status.String() + "@" + b.Node; got != want[string(b.Hash)] {
+			t.Errorf("%s: %s (err %v), want %s", b.Hash, got, b.Err, want[string(b.Hash)])
+		}
+	}
+	for _, fh := range holders {
+		fh.checkReleasedOnce(t)
 	}
 }
 

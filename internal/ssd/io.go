@@ -128,8 +128,9 @@ func (t *Tier) Has(key store.Key) bool {
 }
 
 // Forget drops key and cancels its queued write (store.Delete). The
-// record stays on disk until its segment is reclaimed, so a restart may
-// find it again (docs/tiering.md).
+// record stays on disk until its segment is reclaimed, so a tombstone is
+// queued after it: a restart does not find the block again. A write
+// already under way when Forget runs gets its tombstone from the writer.
 func (t *Tier) Forget(key store.Key) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -139,11 +140,41 @@ func (t *Tier) Forget(key store.Key) bool {
 		delete(t.pending, key)
 		had = true
 	}
-	if l, ok := t.index[key]; ok {
-		had = t.forgetLocked(key, l) || had
+	if l, ok := t.index[key]; ok && t.forgetLocked(key, l) {
+		had = true
+		t.tombLocked(l.dev, key)
+		t.emitLocked(store.Deleted, key)
 		t.gaugesLocked()
 	}
 	return had
+}
+
+// tombLocked queues a tombstone of key on d, whose log holds a record of
+// it. It never waits (callers hold the store's lock): with d's queue
+// full, or the tier closing, the tombstone is lost and counted.
+func (t *Tier) tombLocked(d *device, key store.Key) {
+	if t.closed {
+		t.tombLost(d, key, "tier closing")
+		return
+	}
+	rl := headerLen(key, 0)
+	j := &job{key: key, tomb: true, rec: getBuf(rl)}
+	select {
+	case d.queue <- j:
+		d.queuedBytes += rl
+		t.queued++
+	default:
+		putBuf(j.rec)
+		t.tombLost(d, key, "write queue full")
+	}
+}
+
+func (t *Tier) tombLost(d *device, key store.Key, why string) {
+	if t.m != nil {
+		t.m.Tombstones.WithLabelValues(metrics.TombstoneLost).Inc()
+	}
+	t.log.Warn().Str("path", d.path).Str("namespace", key.Namespace).Hex("hash", []byte(key.Hash)).Str("why", why).
+		Msg("SSD tombstone not written: a restart may find the dropped block again")
 }
 
 // Load reads key's record back, checks it, and hands its slot sizes and
@@ -184,7 +215,10 @@ func (t *Tier) load(key store.Key) (sizes []store.SlotSize, data, buf []byte, er
 		return fail(ErrNotFound) // aged out while we read: not corruption
 	}
 	if rerr != nil {
-		t.forgetLocked(key, l)
+		if t.forgetLocked(key, l) {
+			t.tombLocked(l.dev, key)
+			t.emitLocked(store.Evicted, key)
+		}
 		t.gaugesLocked()
 		if t.m != nil {
 			t.m.ReadErrors.Inc()
@@ -200,7 +234,10 @@ func (t *Tier) load(key store.Key) (sizes []store.SlotSize, data, buf []byte, er
 		data, err = verify(buf, h)
 	}
 	if err != nil {
-		t.forgetLocked(key, l)
+		if t.forgetLocked(key, l) {
+			t.tombLocked(l.dev, key)
+			t.emitLocked(store.Evicted, key)
+		}
 		t.gaugesLocked()
 		if t.m != nil {
 			t.m.ChecksumFailures.Inc()
@@ -227,13 +264,17 @@ func (t *Tier) write(d *device, j *job) {
 	t.mu.Unlock()
 	var err error
 	var l loc
-	if !forgotten {
+	if j.tomb || !forgotten {
 		if d.wpos+rl > d.segSize {
 			t.advance(d)
 		}
 		l = loc{dev: d, seg: d.cur, epoch: d.nextEpoch - 1, off: int64(uint64(d.cur)*d.segSize + d.wpos),
 			hdrLen: uint32(headerLen(j.key, len(j.sizes))), dataLen: j.dataLen, sizes: j.sizes}
-		encodeHeader(j.rec, l.epoch, j.key, j.sizes, j.dataLen)
+		if j.tomb {
+			encodeTombstone(j.rec, l.epoch, j.key)
+		} else {
+			encodeHeader(j.rec, l.epoch, j.key, j.sizes, j.dataLen)
+		}
 		_, err = d.f.WriteAt(j.rec, l.off)
 		// Even a failed write used the space: the next record goes after
 		// it, never over a half-written one.
@@ -250,13 +291,22 @@ func (t *Tier) write(d *device, j *job) {
 		delete(t.pending, j.key)
 	}
 	switch {
+	case j.tomb && err != nil:
+		t.log.Error().Err(err).Str("path", d.path).Int64("offset", l.off).Msg("SSD tombstone write failed")
+		t.tombLost(d, j.key, "write failed")
+	case j.tomb:
+		if t.m != nil {
+			t.m.Tombstones.WithLabelValues(metrics.TombstoneWritten).Inc()
+		}
 	case forgotten:
 	case err != nil:
 		t.drop(metrics.SSDDropWriteError)
 		t.log.Error().Err(err).Str("path", d.path).Int64("offset", l.off).Msg("SSD write failed: block dropped")
-	case j.forgotten: // deleted during the write
+	case j.forgotten: // deleted during the write: its record is on disk now
+		t.tombLocked(d, j.key)
 	default:
 		t.indexLocked(j.key, l)
+		t.emitLocked(store.Stored, j.key)
 		if t.m != nil {
 			t.m.Written.Inc()
 			t.m.WrittenBytes.Add(float64(rl))
@@ -276,16 +326,17 @@ func (t *Tier) advance(d *device) {
 	d.nextEpoch++
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	aged := 0
+	var aged []store.Key
 	for _, k := range d.segKeys[d.cur] {
 		if l, ok := t.index[k]; ok && l.dev == d && l.seg == d.cur && t.forgetLocked(k, l) {
-			aged++
+			aged = append(aged, k)
 		}
 	}
+	t.emitLocked(store.Evicted, aged...)
 	d.segKeys[d.cur] = nil
 	d.segEpoch[d.cur] = epoch
 	if t.m != nil {
-		t.m.AgedOut.Add(float64(aged))
+		t.m.AgedOut.Add(float64(len(aged)))
 	}
 }
 

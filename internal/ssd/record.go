@@ -6,7 +6,7 @@ package ssd
 //	off  size  field
 //	  0     4  magic "PGSD" (0x44534750 little endian)
 //	  4     2  version (1)
-//	  6     2  flags (0)
+//	  6     2  flags: 1 = tombstone (no slots, no data: the key is deleted)
 //	  8     8  epoch: the segment's generation (a record of another epoch
 //	           in the same segment is left from before the segment was reused)
 //	 16     4  header length (padded, a multiple of Align)
@@ -18,6 +18,11 @@ package ssd
 //	 40     4  record CRC32C (header as above, then the data)
 //	 44     4  reserved (0)
 //	 48        namespace, hash, then per slot K size and V size (8+8)
+//
+// A tombstone is a header alone (flags 1, slot count 0, data length 0):
+// written when a block the log holds is deleted or dropped (Forget, a
+// failed checksum or read), so that a restart does not find the block
+// again. At start it removes the key's earlier record on the same path.
 //
 // The header CRC lets start-up trust a header (and so find the next
 // record) reading headers alone; the record CRC is checked on every read
@@ -43,6 +48,8 @@ const (
 	fixedHdr   = 48
 	offHdrCRC  = 28
 	offDataCRC = 40
+
+	flagTombstone = 1
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -63,6 +70,7 @@ type header struct {
 	sizes   []store.SlotSize
 	dataLen uint64
 	crc     uint32
+	tomb    bool // a tombstone: key deleted, no slots or data
 }
 
 func alignUp(n uint64) uint64 { return (n + Align - 1) &^ (Align - 1) }
@@ -81,12 +89,23 @@ func recordLen(key store.Key, nslots int, dataLen uint64) uint64 {
 // the header then data at rec[headerLen:]) and sets both CRCs; data must
 // already be in place.
 func encodeHeader(rec []byte, epoch uint64, key store.Key, sizes []store.SlotSize, dataLen uint64) {
+	encodeRecord(rec, epoch, key, sizes, dataLen, 0)
+}
+
+// encodeTombstone writes a tombstone of key into rec (headerLen(key, 0)
+// bytes).
+func encodeTombstone(rec []byte, epoch uint64, key store.Key) {
+	encodeRecord(rec, epoch, key, nil, 0, flagTombstone)
+}
+
+func encodeRecord(rec []byte, epoch uint64, key store.Key, sizes []store.SlotSize, dataLen uint64, flags uint16) {
 	hl := headerLen(key, len(sizes))
 	h := rec[:hl]
 	clear(h)
 	le := binary.LittleEndian
 	le.PutUint32(h[0:], magic)
 	le.PutUint16(h[4:], version)
+	le.PutUint16(h[6:], flags)
 	le.PutUint64(h[8:], epoch)
 	le.PutUint32(h[16:], uint32(hl))
 	le.PutUint16(h[20:], uint16(len(key.Namespace)))
@@ -118,9 +137,11 @@ func decodeHeader(b []byte) (h header, need int, err error) {
 	}
 	h.epoch = le.Uint64(b[8:])
 	h.hdrLen = le.Uint32(b[16:])
+	flags := le.Uint16(b[6:])
+	h.tomb = flags == flagTombstone
 	nsLen, hashLen, nslots := int(le.Uint16(b[20:])), int(le.Uint16(b[22:])), int(le.Uint32(b[24:]))
 	if nsLen < 1 || nsLen > limits.MaxNamespaceLen || hashLen < 1 || hashLen > limits.MaxHashLen ||
-		nslots < 1 || nslots > store.MaxSlots {
+		nslots > store.MaxSlots || (flags != 0 && !h.tomb) || (nslots < 1) != h.tomb {
 		return h, 0, errNoRecord
 	}
 	used := fixedHdr + nsLen + hashLen + 16*nslots
@@ -145,6 +166,12 @@ func decodeHeader(b []byte) (h header, need int, err error) {
 	p += nsLen
 	h.key.Hash = string(b[p : p+hashLen])
 	p += hashLen
+	if h.tomb {
+		if h.dataLen != 0 {
+			return h, 0, errNoRecord
+		}
+		return h, 0, nil
+	}
 	h.sizes = make([]store.SlotSize, nslots)
 	var total uint64
 	for i := range h.sizes {

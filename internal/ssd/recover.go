@@ -13,6 +13,7 @@ type segScan struct {
 	epoch uint64
 	recs  []loc
 	keys  []store.Key
+	tombs []bool // recs[i] is a tombstone of keys[i]
 }
 
 // recover rebuilds d's part of the index from its records' headers,
@@ -21,8 +22,11 @@ type segScan struct {
 // records end at the first header that is missing, fails its own CRC, or
 // has another epoch (left from before the segment was reused). Segments
 // are applied oldest epoch first, so a block written twice ends at its
-// newest copy. The writer resumes after the newest segment; the first
-// write reclaims the segment after it.
+// newest copy, and a tombstone removes the records of its key before it.
+// A tombstone speaks only for its own path (it follows the record it
+// deletes on the same log, and epochs order one log only), so each path's
+// survivors are found first and then indexed. The writer resumes after
+// the newest segment; the first write reclaims the segment after it.
 func (t *Tier) recover(d *device) error {
 	var scans []segScan
 	buf := alignedBuf(Align)
@@ -37,21 +41,35 @@ func (t *Tier) recover(d *device) error {
 	}
 	sort.Slice(scans, func(i, j int) bool { return scans[i].epoch < scans[j].epoch })
 	d.cur, d.wpos, d.nextEpoch = d.nseg-1, d.segSize, 1 // the first write takes segment 0
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	n := 0
+	live := map[store.Key]loc{}                         // this path's newest record of each key, less the deleted
+	tombs := 0
 	for _, sc := range scans {
 		d.segEpoch[sc.seg] = sc.epoch
 		for i, l := range sc.recs {
-			t.indexLocked(sc.keys[i], l)
-			n++
+			if sc.tombs[i] {
+				delete(live, sc.keys[i])
+				tombs++
+			} else {
+				live[sc.keys[i]] = l
+			}
 		}
 		d.cur, d.wpos, d.nextEpoch = sc.seg, d.segSize, sc.epoch+1
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := 0
+	for _, sc := range scans { // in write order, so listings keep it
+		for i, l := range sc.recs {
+			if cur, ok := live[sc.keys[i]]; ok && !sc.tombs[i] && cur.same(l) {
+				t.indexLocked(sc.keys[i], l)
+				n++
+			}
+		}
 	}
 	if t.m != nil {
 		t.m.Recovered.Add(float64(n))
 	}
-	t.log.Info().Str("path", d.path).Int("blocks", n).Int("segments", len(scans)).Int("ring", d.nseg).
+	t.log.Info().Str("path", d.path).Int("blocks", n).Int("tombstones", tombs).Int("segments", len(scans)).Int("ring", d.nseg).
 		Uint64("segment_size", d.segSize).Bool("direct_io", d.direct).Msg("SSD log opened")
 	return nil
 }
@@ -85,6 +103,7 @@ func (t *Tier) scanSegment(d *device, s int, buf []byte) (segScan, error) {
 		}
 		sc.recs = append(sc.recs, loc{dev: d, seg: s, epoch: h.epoch, off: off, hdrLen: h.hdrLen, dataLen: h.dataLen, sizes: h.sizes})
 		sc.keys = append(sc.keys, h.key)
+		sc.tombs = append(sc.tombs, h.tomb)
 		pos += rl
 	}
 	return sc, nil

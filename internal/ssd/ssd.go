@@ -9,7 +9,8 @@
 // wraps, the oldest segment is reclaimed whole and the blocks in it are
 // forgotten (aged out, in write order: FIFO over evictions). At start the
 // index is rebuilt from the records' headers (recover.go), so blocks
-// survive a restart, clean or kill -9.
+// survive a restart, clean or kill -9. A block deleted or dropped from
+// the tier gets a tombstone record after it, so it stays gone.
 //
 // It must never make the store wait: Spill (under the store's lock) only
 // copies the block into a queue buffer, or drops it and counts why when
@@ -90,6 +91,7 @@ type job struct {
 	rec       []byte // aligned record: header room, then the data
 	dataLen   uint64
 	forgotten bool // guarded by Tier.mu: deleted while queued
+	tomb      bool // a tombstone of key (rec is its header room)
 }
 
 // Tier is safe for concurrent use.
@@ -110,6 +112,9 @@ type Tier struct {
 	seq     uint64             // last loc.seq given out
 	queued  int                // jobs queued over all devices
 	closed  bool
+	// Subscribers (hooks.go), called under mu.
+	onChange func(store.Key)
+	onEvents func([]store.Change)
 
 	wg sync.WaitGroup // writer goroutines; they end when Close closes the queues
 }

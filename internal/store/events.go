@@ -45,6 +45,9 @@ func (k ChangeKind) String() string {
 type Change struct {
 	Key  Key
 	Kind ChangeKind
+	// Lower: the change is of the lower tier's copy (the SSD tier wrote,
+	// aged out, dropped or forgot the block; internal/ssd), not the pool's.
+	Lower bool
 }
 
 // OnChange installs f as the change subscriber (nil removes it). f runs

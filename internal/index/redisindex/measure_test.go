@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pegaflow/pegad/internal/index"
 	"github.com/pegaflow/pegad/internal/store"
 	"github.com/pegaflow/pegad/internal/testutil"
 )
@@ -56,7 +57,7 @@ func BenchmarkAnnounce(b *testing.B) {
 			}
 			start := time.Now()
 			for i := 0; i < n; i += 1024 {
-				if err := x.Announce(ctx, keys[i:min(i+1024, n)]); err != nil {
+				if err := x.Announce(ctx, index.MediumDRAM, keys[i:min(i+1024, n)]); err != nil {
 					b.Fatal(err)
 				}
 			}

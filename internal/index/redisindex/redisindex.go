@@ -6,7 +6,8 @@
 //
 //	<prefix>n:<node>         string, JSON index.Node, EX ttl (membership)
 //	<prefix>members          sorted set, node → record expiry (unix ms)
-//	<prefix>b:<ns>/<hexhash> hash, node → incarnation that announced it
+//	<prefix>b:<ns>/<hexhash> hash, node → incarnation that announced it,
+//	                         with ";ssd" after it for a copy on the SSD tier only
 //	<prefix>nb:<node>        set of the b: keys <node> announced (for Reset)
 //
 // Every key is addressed alone or in pipelines, never in one multi-key
@@ -225,10 +226,32 @@ func (x *Index) Reset(ctx context.Context) error {
 	return nil
 }
 
-// Announce records this node (and incarnation) as a holder of keys.
-func (x *Index) Announce(ctx context.Context, keys []store.Key) error {
+// mediumSep separates the incarnation from the medium in a block entry.
+const mediumSep = ";"
+
+// entryValue is the value of this node's field in a block entry.
+func (x *Index) entryValue(m index.Medium) string {
+	if m == index.MediumSSD {
+		return x.o.Incarnation + mediumSep + string(index.MediumSSD)
+	}
+	return x.o.Incarnation
+}
+
+// parseEntry splits an entry value into incarnation and medium.
+func parseEntry(v string) (inc string, m index.Medium) {
+	inc, med, ok := strings.Cut(v, mediumSep)
+	if !ok || med == "" {
+		return inc, index.MediumDRAM
+	}
+	return inc, index.Medium(med)
+}
+
+// Announce records this node (and incarnation) as a holder of keys on
+// medium.
+func (x *Index) Announce(ctx context.Context, medium index.Medium, keys []store.Key) error {
+	v := x.entryValue(medium)
 	return x.publish(ctx, "announce", keys, func(p redis.Pipeliner, bk string) {
-		p.HSet(ctx, bk, x.o.NodeID, x.o.Incarnation)
+		p.HSet(ctx, bk, x.o.NodeID, v)
 	}, func(p redis.Pipeliner, set string, members []any) {
 		p.SAdd(ctx, set, members...)
 	})
@@ -382,15 +405,16 @@ func (x *Index) Locate(ctx context.Context, ns string, hashes [][]byte) (_ [][]i
 	var gone []stale
 	found := 0
 	for i, e := range entries {
-		for id, inc := range e {
+		for id, v := range e {
+			inc, medium := parseEntry(v)
 			n, ok := recs[id]
 			if !ok || n.Incarnation != inc {
 				if (ok && n.Incarnation != inc) || dead[id] {
-					gone = append(gone, stale{x.BlockKey(ns, hashes[i]), id, inc})
+					gone = append(gone, stale{x.BlockKey(ns, hashes[i]), id, v})
 				}
 				continue
 			}
-			out[i] = append(out[i], index.Holder{NodeID: id, Addr: n.Addr, Incarnation: inc})
+			out[i] = append(out[i], index.Holder{NodeID: id, Addr: n.Addr, Incarnation: inc, Medium: medium})
 		}
 		if len(out[i]) > 0 {
 			found++

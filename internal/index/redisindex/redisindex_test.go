@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -99,9 +101,9 @@ func TestAnnounceLocateWithdraw(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	must(a.Announce(ctx, keys("ns", "h1", "h2")))
-	must(b.Announce(ctx, keys("ns", "h2", "h3")))
-	must(b.Announce(ctx, keys("other", "h1")))
+	must(a.Announce(ctx, index.MediumDRAM, keys("ns", "h1", "h2")))
+	must(b.Announce(ctx, index.MediumDRAM, keys("ns", "h2", "h3")))
+	must(b.Announce(ctx, index.MediumDRAM, keys("other", "h1")))
 	if got, want := holders(t, a, "ns", "h1", "h2", "h3", "h4"), "a|a,b|b|"; got != want {
 		t.Fatalf("Locate = %q, want %q", got, want)
 	}
@@ -139,7 +141,7 @@ func TestNewIncarnation(t *testing.T) {
 	ctx := context.Background()
 	old := open(t, r, "a", "inc-1", 10*time.Second)
 	register(t, old, "x:1")
-	if err := old.Announce(ctx, keys("ns", "h1", "h2")); err != nil {
+	if err := old.Announce(ctx, index.MediumDRAM, keys("ns", "h1", "h2")); err != nil {
 		t.Fatal(err)
 	}
 	restarted := open(t, r, "a", "inc-2", 10*time.Second)
@@ -155,7 +157,7 @@ func TestNewIncarnation(t *testing.T) {
 	if n, err := r.Client(t).Exists(ctx, restarted.BlockKey("ns", []byte("h1")), restarted.nodeBlocksKey("a")).Result(); err != nil || n != 0 {
 		t.Fatalf("keys left after Reset: %d, %v", n, err)
 	}
-	if err := restarted.Announce(ctx, keys("ns", "h2")); err != nil {
+	if err := restarted.Announce(ctx, index.MediumDRAM, keys("ns", "h2")); err != nil {
 		t.Fatal(err)
 	}
 	if got := holders(t, restarted, "ns", "h1", "h2"); got != "|a" {
@@ -172,7 +174,7 @@ func TestExpiry(t *testing.T) {
 	b := open(t, r, "b", "inc", 10*time.Second)
 	register(t, a, "x:1")
 	register(t, b, "y:1")
-	if err := a.Announce(ctx, keys("ns", "h1")); err != nil {
+	if err := a.Announce(ctx, index.MediumDRAM, keys("ns", "h1")); err != nil {
 		t.Fatal(err)
 	}
 	if got := holders(t, b, "ns", "h1"); got != "a" {
@@ -207,7 +209,7 @@ func TestRedisDown(t *testing.T) {
 		t.Fatalf("Locate took %v with Redis down: want a fast failure", d)
 	}
 	for name, err := range map[string]error{
-		"announce": a.Announce(ctx, keys("ns", "h")),
+		"announce": a.Announce(ctx, index.MediumDRAM, keys("ns", "h")),
 		"reset":    a.Reset(ctx),
 	} {
 		if !errors.Is(err, index.ErrUnavailable) {
@@ -232,7 +234,7 @@ func TestLookupMetrics(t *testing.T) {
 	}
 	defer x.Close()
 	register(t, x, "x:1")
-	if err := x.Announce(context.Background(), keys("ns", "h1")); err != nil {
+	if err := x.Announce(context.Background(), index.MediumDRAM, keys("ns", "h1")); err != nil {
 		t.Fatal(err)
 	}
 	holders(t, x, "ns", "h1")
@@ -303,10 +305,10 @@ func TestRedisCluster(t *testing.T) {
 	for i := range 200 { // spread over every shard
 		hs = append(hs, fmt.Sprintf("h%03d", i))
 	}
-	if err := a.Announce(ctx, keys("ns", hs...)); err != nil {
+	if err := a.Announce(ctx, index.MediumDRAM, keys("ns", hs...)); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.Announce(ctx, keys("ns", hs[:100]...)); err != nil {
+	if err := b.Announce(ctx, index.MediumDRAM, keys("ns", hs[:100]...)); err != nil {
 		t.Fatal(err)
 	}
 	if got := holders(t, b, "ns", hs[0], hs[150]); got != "a,b|a" {
@@ -329,5 +331,57 @@ func TestRedisCluster(t *testing.T) {
 	}
 	if err := a2.Withdraw(ctx, keys("ns", hs[:10]...)); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// mediaOf renders Locate's answer for one hash as "node=medium,..." sorted.
+func mediaOf(t *testing.T, x *Index, ns, h string) string {
+	t.Helper()
+	got, err := x.Locate(context.Background(), ns, [][]byte{[]byte(h)})
+	if err != nil {
+		t.Fatalf("Locate: %v", err)
+	}
+	var out []string
+	for _, hd := range got[0] {
+		out = append(out, hd.NodeID+"="+string(hd.Medium))
+	}
+	slices.Sort(out)
+	return strings.Join(out, ",")
+}
+
+// TestAnnounceMedium: a holder's medium travels with its entry; a later
+// announcement replaces it (spilled to SSD, promoted back), and an SSD
+// entry of an old incarnation is as stale as a DRAM one.
+func TestAnnounceMedium(t *testing.T) {
+	r := testutil.StartRedis(t)
+	ctx := context.Background()
+	a := open(t, r, "a", "inc-a", 10*time.Second)
+	b := open(t, r, "b", "inc-b", 10*time.Second)
+	register(t, a, "10.0.0.1:1")
+	register(t, b, "10.0.0.2:1")
+	for _, step := range []struct {
+		x      *Index
+		medium index.Medium
+		want   string
+	}{
+		{a, index.MediumDRAM, "a=dram"},
+		{b, index.MediumSSD, "a=dram,b=ssd"},
+		{a, index.MediumSSD, "a=ssd,b=ssd"},
+		{b, index.MediumDRAM, "a=ssd,b=dram"},
+	} {
+		if err := step.x.Announce(ctx, step.medium, keys("ns", "h1")); err != nil {
+			t.Fatal(err)
+		}
+		if got := mediaOf(t, a, "ns", "h1"); got != step.want {
+			t.Fatalf("after %s announced %s: %q, want %q", step.x.o.NodeID, step.medium, got, step.want)
+		}
+	}
+	restarted := open(t, r, "a", "inc-a2", 10*time.Second)
+	register(t, restarted, "10.0.0.1:1")
+	if got := mediaOf(t, b, "ns", "h1"); got != "b=dram" {
+		t.Fatalf("after a restarted: %q, want only b", got)
+	}
+	if v, err := r.Client(t).HGet(ctx, a.BlockKey("ns", []byte("h1")), "a").Result(); err == nil {
+		t.Fatalf("the old incarnation's SSD entry %q was not removed", v)
 	}
 }
