@@ -33,6 +33,7 @@ import (
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	"github.com/pegaflow/pegad/internal/config"
 	"github.com/pegaflow/pegad/internal/conn"
+	"github.com/pegaflow/pegad/internal/evict"
 	"github.com/pegaflow/pegad/internal/gc"
 	"github.com/pegaflow/pegad/internal/holder"
 	"github.com/pegaflow/pegad/internal/ibv/tcp"
@@ -283,7 +284,12 @@ func (d *Daemon) openPool(cfg *config.Config) (err error) {
 	if d.pool, err = newPool(cfg.PoolSize, cfg.PoolHugePages, nodes, d.log); err != nil {
 		return err
 	}
-	d.store = store.New(d.pool, d.metrics)
+	kind, err := evict.ParseKind(cfg.Eviction)
+	if err != nil {
+		return err // config validation refuses it first
+	}
+	d.store = store.NewWithPolicy(d.pool, d.metrics, store.NewPolicy(kind))
+	d.log.Info().Str("policy", string(kind)).Msg("Eviction policy")
 	if err := d.openTier(); err != nil {
 		return err
 	}

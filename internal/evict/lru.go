@@ -73,3 +73,12 @@ func (l *LRU) unlist(n *Node) {
 	n.next.prev = n.prev
 	n.prev, n.next = nil, nil
 }
+
+// Demote moves n to the least recently used end, next to be evicted.
+func (l *LRU) Demote(n *Node) {
+	if n.next == nil {
+		return
+	}
+	l.unlist(n)
+	l.insertAfter(n, l.root.prev)
+}
