@@ -126,8 +126,8 @@ func (p *Prefix) touch(n *Node) {
 	p.clock++
 	f := p.freq.add(n.ID)
 	r := rank{class: 1, score: p.clock + p.weight*float64(len(p.heap))*math.Log2(float64(f)), seq: p.nextSeq()}
-	if n.fetched {
-		r.class = 0
+	if n.fetched && n.kids == 0 {
+		r.class = 0 // a fetched parent of own blocks ranks with them
 	}
 	n.rank = r
 	p.fix(n.idx)
@@ -176,11 +176,51 @@ func (p *Prefix) climb(ratio float64) {
 	p.weight = min(max(p.weight+p.step, 0), maxWeight)
 }
 
-// Walk yields blocks lowest rank first, without changing anything, until
-// yield says stop. It reads the heap in order with a side heap of the
-// frontier, O(k log k) for k blocks yielded. It must not be called back
-// into from yield.
+// Walk yields blocks lowest rank first, except that a block waits until
+// every live child of it was yielded (ranks keep parents above children
+// as touches go, but a parent's own touch, a moved weight or a sketch
+// estimate can put it below a child; the walk holds the rule anyway).
+// It changes nothing and stops when yield says so. It must not be
+// called back into from yield.
 func (p *Prefix) Walk(yield func(*Node) bool) {
+	var (
+		given   map[*Node]int // children yielded, per parent
+		waiting map[*Node]bool
+	)
+	var give func(n *Node) bool
+	give = func(n *Node) bool {
+		if !yield(n) {
+			return false
+		}
+		par := n.liveParent()
+		if par == nil {
+			return true
+		}
+		if given == nil {
+			given = make(map[*Node]int)
+		}
+		given[par]++
+		if waiting[par] && given[par] >= par.kids {
+			delete(waiting, par)
+			return give(par)
+		}
+		return true
+	}
+	p.inRankOrder(func(n *Node) bool {
+		if n.kids > given[n] {
+			if waiting == nil {
+				waiting = make(map[*Node]bool)
+			}
+			waiting[n] = true
+			return true
+		}
+		return give(n)
+	})
+}
+
+// inRankOrder yields the heap's nodes lowest rank first: a side heap of
+// the frontier, O(k log k) for k nodes yielded.
+func (p *Prefix) inRankOrder(yield func(*Node) bool) {
 	if len(p.heap) == 0 {
 		return
 	}
