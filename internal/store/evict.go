@@ -61,13 +61,19 @@ func (s *Store) AllocExtentOn(node int, n uint64) (*Extent, error) {
 		if len(victims) == 0 {
 			return nil, fmt.Errorf("store: %d bytes do not fit even after evicting every unpinned block: %w", n, err)
 		}
+		s.evictNeed += need
 		for _, b := range victims {
 			s.spillLocked(b) // before removeLocked frees its memory
 			s.removeLocked(b, Evicted)
 			s.evictions++
+			s.evictedBytes += b.size
 			if s.m != nil {
 				s.m.Evictions.Inc()
+				s.m.EvictedBytes.Add(float64(b.size))
 			}
+		}
+		if s.m != nil {
+			s.m.EvictionWeight.Set(s.policy.Stats().Weight)
 		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"github.com/pegaflow/pegad/internal/evict"
 	"github.com/pegaflow/pegad/internal/metrics"
 	"github.com/pegaflow/pegad/internal/pool"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/rs/zerolog"
 )
 
@@ -13,12 +14,19 @@ import (
 // eviction policy is kind.
 func newPolicyStore(t *testing.T, kind evict.Kind, n int) *Store {
 	t.Helper()
+	s, _ := newPolicyStoreMetrics(t, kind, n)
+	return s
+}
+
+func newPolicyStoreMetrics(t *testing.T, kind evict.Kind, n int) (*Store, *metrics.Metrics) {
+	t.Helper()
 	p, err := pool.New(pool.Options{Size: uint64(n) * 64 * kib, Log: zerolog.Nop()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = p.Close() })
-	return NewWithPolicy(p, metrics.NewForTest(), NewPolicy(kind))
+	m := metrics.NewForTest()
+	return NewWithPolicy(p, m, NewPolicy(kind)), m
 }
 
 // putFetched stores k as a copy fetched from a peer.
@@ -116,5 +124,29 @@ func TestPolicyStats(t *testing.T) {
 		if got := s.PolicyStats().Policy; got != string(kind) {
 			t.Errorf("policy %q, want %q", got, kind)
 		}
+	}
+}
+
+// TestEvictedBytes: a 128K put into a full pool of 64K blocks evicts two
+// adjacent ones: 128K evicted for 128K needed, in Stats and the metric.
+func TestEvictedBytes(t *testing.T) {
+	for _, kind := range evict.Kinds {
+		t.Run(string(kind), func(t *testing.T) {
+			s, m := newPolicyStoreMetrics(t, kind, 4)
+			for i := range 4 {
+				mustPut(t, s, key(i), i, SlotSize{KSize: 64 * kib})
+			}
+			mustPut(t, s, key(9), 9, SlotSize{KSize: 128 * kib})
+			st := s.Stats()
+			if st.EvictedBytes != 128*kib || st.EvictNeedBytes != 128*kib || st.Evictions != 2 {
+				t.Fatalf("evicted %d bytes in %d blocks for %d needed; want 128K in 2 for 128K", st.EvictedBytes, st.Evictions, st.EvictNeedBytes)
+			}
+			if got := testutil.ToFloat64(m.EvictedBytes); got != 128*kib {
+				t.Fatalf("pegaflow_block_evicted_bytes_total %v", got)
+			}
+			if got := s.Pool().Stats().FreeSpans; got != 0 {
+				t.Fatalf("free spans %d in a full pool", got)
+			}
+		})
 	}
 }

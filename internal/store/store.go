@@ -158,6 +158,10 @@ type Stats struct {
 	// RefUnderflows counts Unpin/ReleaseExtent calls that found nothing to
 	// drop (caller bugs; ignored).
 	RefUnderflows uint64
+	// EvictedBytes: bytes of the blocks evicted. EvictNeedBytes: bytes
+	// the allocations that evicted asked for (per planning round). Their
+	// ratio ≥ 1 is what keeping extents contiguous costs the policy.
+	EvictedBytes, EvictNeedBytes uint64
 }
 
 // pinGapHook runs in Pin between the lookup and the pinning pass, with no
@@ -205,8 +209,12 @@ type Store struct {
 	pinnedSize uint64 // bytes of those blocks (pegaflow_pool_pinned_bytes)
 	deferred   uint64 // out of the index, pins > 0
 	evictions  uint64
-	underflows uint64
-	changed    []Change // keys indexed or removed since mu was taken (events.go)
+	// evictedBytes: bytes of the blocks evicted; evictNeed: bytes the
+	// allocations that evicted asked for (aligned), counted once per
+	// planning round. Their ratio is what contiguity costs the policy.
+	evictedBytes, evictNeed uint64
+	underflows              uint64
+	changed                 []Change // keys indexed or removed since mu was taken (events.go)
 
 	onChange atomic.Pointer[func(Key)] // key subscriber, called after unlock (events.go)
 
@@ -746,6 +754,7 @@ func (s *Store) Stats() Stats {
 	st := Stats{
 		Blocks: uint64(len(s.index)), Bytes: s.bytes, Pinned: s.pinned, DeferredFree: s.deferred,
 		Evictions: s.evictions, RefUnderflows: s.underflows,
+		EvictedBytes: s.evictedBytes, EvictNeedBytes: s.evictNeed,
 	}
 	s.mu.Unlock()
 	st.Pool = s.pool.Stats()
