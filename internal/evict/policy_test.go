@@ -265,6 +265,12 @@ func TestSketch(t *testing.T) {
 	if got := s.estimate(42); got != before/2 {
 		t.Fatalf("halved %d to %d", before, got)
 	}
+	s.add(42)
+	want := s.estimate(42)
+	s.grow(4096)
+	if int(s.mask)+1 != 4096 || s.estimate(42) != want || s.estimate(7) > 1 {
+		t.Fatalf("grown to %d: estimate %d (want %d), unseen %d", s.mask+1, s.estimate(42), want, s.estimate(7))
+	}
 	for range 300 {
 		s.add(1)
 	}

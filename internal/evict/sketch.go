@@ -47,6 +47,24 @@ func (s *sketch) add(id uint64) int {
 	return est
 }
 
+// grow doubles the sketch's width until it is at least width, keeping
+// every estimate: an id's slot in the wider row is its old slot plus
+// high bits, so each new counter starts as the old one it splits from.
+func (s *sketch) grow(width int) {
+	for int(s.mask)+1 < width {
+		old := s.mask
+		s.mask = old<<1 | 1
+		for i := range s.rows {
+			row := make([]uint8, s.mask+1)
+			for j := range row {
+				row[j] = s.rows[i][uint64(j)&old]
+			}
+			s.rows[i] = row
+		}
+		s.resetAfter *= 2
+	}
+}
+
 // estimate is id's count without counting.
 func (s *sketch) estimate(id uint64) int {
 	est := 255
