@@ -28,6 +28,7 @@ import (
 	"github.com/spf13/viper"
 
 	"github.com/pegaflow/pegad/api/limits"
+	"github.com/pegaflow/pegad/internal/evict"
 	"github.com/pegaflow/pegad/internal/localsock"
 	"github.com/pegaflow/pegad/internal/peertls"
 )
@@ -115,6 +116,10 @@ type Config struct {
 	// PoolHugePages backs the pool with huge pages: none, thp, 2M or 1G
 	// (2M/1G must be reserved: vm.nr_hugepages).
 	PoolHugePages string `mapstructure:"pool-hugepages"`
+	// Eviction names the policy that picks which unpinned blocks go when
+	// the pool needs room: prefix (chain-aware, adaptive; the default)
+	// or lru (internal/evict, docs/tiering.md).
+	Eviction string `mapstructure:"eviction"`
 	// Transport is auto, verbs or tcp.
 	Transport string `mapstructure:"transport"`
 	// NICs: tcp → how many software devices; verbs → a count (the first N
@@ -236,6 +241,7 @@ func Default() Config {
 		MetricsListen:   "127.0.0.1:9464",
 		PoolSize:        256 << 20,
 		PoolHugePages:   "none",
+		Eviction:        string(evict.KindPrefix),
 		Transport:       TransportAuto,
 		NICs:            "1",
 		QPsPerPeer:      2,
@@ -317,6 +323,7 @@ func RegisterFlags(fs *pflag.FlagSet, d Config) {
 	fs.String("debug-listen", d.DebugListen, "loopback HTTP address serving /debug/pprof/ (empty, the default, disables)")
 	fs.String("pool-size", d.PoolSize.String(), "pinned host-memory pool size (e.g. 256MiB, 16GiB, 512M, bytes)")
 	fs.String("pool-hugepages", d.PoolHugePages, "pool pages: none|thp|2M|1G (2M/1G must be reserved, vm.nr_hugepages)")
+	fs.String("eviction", d.Eviction, "eviction policy: prefix|lru (prefix: chain-aware, adaptive recency/frequency)")
 	fs.String("transport", d.Transport, "data transport: auto|verbs|tcp (auto: verbs when devices exist, else tcp)")
 	fs.String("nics", d.NICs, "tcp: number of software NICs; verbs: a count or a comma list of device names, optionally RAIL=DEVICE")
 	fs.String("nic-numa", d.NICNUMA, "NUMA node of NICs sysfs gives none (e.g. rxe): NIC=NODE,... (rxe0=0,rxe1=1); replaces sysfs for the named NICs")
@@ -554,6 +561,9 @@ func (c *Config) problems() []Problem {
 	case "none", "thp", "2M", "1G":
 	default:
 		bad("pool-hugepages", "%q is not one of none, thp, 2M, 1G", c.PoolHugePages)
+	}
+	if _, err := evict.ParseKind(c.Eviction); err != nil {
+		bad("eviction", "%q is not one of prefix, lru", c.Eviction)
 	}
 	c.validateTransport(bad)
 	c.validateTimeouts(bad)

@@ -18,7 +18,7 @@ import (
 
 // newBenchReplayCommand replays a prefix-cache trace through the running
 // pegad (issue 25): the hit ratio its eviction policy gives at the
-// capacity its pool gives, beside LRU and Belady simulated at that
+// capacity its pool gives (and which policy it runs), beside LRU and Belady simulated at that
 // capacity in the same run.
 func newBenchReplayCommand(g *globalFlags) *cobra.Command {
 	var (
@@ -109,9 +109,14 @@ func (g *globalFlags) replay(ctx context.Context, reqs []replay.Request, opts re
 	if err != nil {
 		return nil, exitOf(err)
 	}
+	st, err := c.admin.Stats(ctx, &pegadv1.StatsRequest{})
+	if err != nil {
+		return nil, exitOf(err)
+	}
 	capacity := int(res.CapacityBlocks)
 	accesses, unique := replay.Stats(reqs)
 	return &replayResult{
+		Policy:         st.GetEvictionPolicy(),
 		Requests:       len(reqs),
 		Accesses:       accesses,
 		UniqueBlocks:   unique,
@@ -129,6 +134,7 @@ func (g *globalFlags) replay(ctx context.Context, reqs []replay.Request, opts re
 func round3(v float64) float64 { return float64(int64(v*1000+0.5)) / 1000 }
 
 type replayResult struct {
+	Policy         string  `json:"policy"` // the daemon's eviction policy
 	Requests       int     `json:"requests"`
 	Accesses       int     `json:"accesses"`
 	UniqueBlocks   int     `json:"unique_blocks"`
@@ -143,9 +149,9 @@ type replayResult struct {
 }
 
 func (r *replayResult) writeTable(w io.Writer) error {
-	_, err := fmt.Fprintf(w, "REQUESTS\tBLOCKS\tUNIQUE\tCAPACITY\tPEGAD\tLRU\tBELADY\tSTORED\tDROPPED\n"+
-		"%d\t%d\t%d\t%d (%.1f%%)\t%.3f\t%.3f\t%.3f\t%d\t%d\n",
-		r.Requests, r.Accesses, r.UniqueBlocks, r.CapacityBlocks, 100*r.CapacityShare,
+	_, err := fmt.Fprintf(w, "POLICY\tREQUESTS\tBLOCKS\tUNIQUE\tCAPACITY\tPEGAD\tLRU\tBELADY\tSTORED\tDROPPED\n"+
+		"%s\t%d\t%d\t%d\t%d (%.1f%%)\t%.3f\t%.3f\t%.3f\t%d\t%d\n",
+		r.Policy, r.Requests, r.Accesses, r.UniqueBlocks, r.CapacityBlocks, 100*r.CapacityShare,
 		r.HitRatio, r.LRU, r.Belady, r.Stored, r.Dropped)
 	return err
 }

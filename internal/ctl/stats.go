@@ -44,6 +44,9 @@ type statsResult struct {
 	Blocks         uint64  `json:"blocks"`
 	PinnedBlocks   uint64  `json:"pinned_blocks"`
 	Evictions      uint64  `json:"evictions"`
+	Eviction       string  `json:"eviction_policy"`
+	EvictionWeight float64 `json:"eviction_weight"`
+	EvictionSample uint64  `json:"eviction_samples"`
 	SessionsActive uint64  `json:"sessions_active"`
 	LockedBlocks   uint64  `json:"locked_blocks"`
 	LockTimeouts   uint64  `json:"lock_timeouts"`
@@ -70,6 +73,9 @@ func statsOf(s *pegadv1.StatsResponse) *statsResult {
 		Blocks:         s.GetBlocks(),
 		PinnedBlocks:   s.GetPinnedBlocks(),
 		Evictions:      s.GetEvictions(),
+		Eviction:       s.GetEvictionPolicy(),
+		EvictionWeight: s.GetEvictionWeight(),
+		EvictionSample: s.GetEvictionSamples(),
 		SessionsActive: s.GetSessionsActive(),
 		LockedBlocks:   s.GetLockedBlocks(),
 		LockTimeouts:   s.GetLockTimeouts(),
@@ -82,6 +88,14 @@ func statsOf(s *pegadv1.StatsResponse) *statsResult {
 		LookupHits:     s.GetLookupHitBlocks(),
 		LookupMisses:   s.GetLookupMissBlocks(),
 	}
+}
+
+// evictionPolicy names the policy; prefix with its climber's weight.
+func evictionPolicy(name string, weight float64, samples uint64) string {
+	if name != "prefix" {
+		return name
+	}
+	return fmt.Sprintf("%s (frequency weight %.2f after %d samples)", name, weight, samples)
 }
 
 // hitRatio is the share of looked-up blocks found, with the counts.
@@ -113,6 +127,7 @@ func (r *statsResult) writeTable(w io.Writer) error {
 		{"BLOCKS", fmt.Sprint(r.Blocks)},
 		{"PINNED BLOCKS", fmt.Sprint(r.PinnedBlocks)},
 		{"EVICTIONS", fmt.Sprint(r.Evictions)},
+		{"EVICTION POLICY", evictionPolicy(r.Eviction, r.EvictionWeight, r.EvictionSample)},
 		{"SESSIONS ACTIVE", fmt.Sprint(r.SessionsActive)},
 		{"LOCKED BLOCKS", fmt.Sprint(r.LockedBlocks)},
 		{"LOCK TIMEOUTS", fmt.Sprint(r.LockTimeouts)},

@@ -28,6 +28,7 @@ import (
 
 	"github.com/pegaflow/pegad/internal/config"
 	"github.com/pegaflow/pegad/internal/conn"
+	"github.com/pegaflow/pegad/internal/evict"
 	"github.com/pegaflow/pegad/internal/holder"
 	"github.com/pegaflow/pegad/internal/ibv/tcp"
 	"github.com/pegaflow/pegad/internal/kvevents"
@@ -314,7 +315,12 @@ func (d *Daemon) openPool(cfg *config.Config) (err error) {
 	if d.pool, err = newPool(cfg.PoolSize, cfg.PoolHugePages, nodes, d.log); err != nil {
 		return err
 	}
-	d.store = store.New(d.pool, d.metrics)
+	kind, err := evict.ParseKind(cfg.Eviction)
+	if err != nil {
+		return err // config validation refuses it first
+	}
+	d.store = store.NewWithPolicy(d.pool, d.metrics, store.NewPolicy(kind))
+	d.log.Info().Str("policy", string(kind)).Msg("Eviction policy")
 	if err := d.openTier(); err != nil {
 		return err
 	}

@@ -201,6 +201,8 @@ func (a *Admin) Stats(context.Context, *pegadv1.StatsRequest) (*pegadv1.StatsRes
 		Evictions:    st.Evictions,
 		Uptime:       durationpb.New(max(a.o.Now().Sub(a.o.Node.Started), 0)),
 	}
+	ps := a.o.Store.PolicyStats()
+	resp.EvictionPolicy, resp.EvictionWeight, resp.EvictionSamples = ps.Policy, ps.Weight, ps.Samples
 	if a.o.Engine != nil {
 		resp.Lookups, resp.LookupHitBlocks, resp.LookupMissBlocks = a.o.Engine.Totals()
 	}

@@ -150,8 +150,10 @@ type Metrics struct {
 	Blocks         prometheus.Gauge
 	BlockBytes     prometheus.Gauge
 	Evictions      prometheus.Counter
-	PinnedDeferred prometheus.Gauge // evicted/deleted blocks whose memory waits for the last pin
-	PoolPinned     prometheus.Gauge // bytes of pinned blocks: what eviction cannot free
+	EvictedBytes   prometheus.Counter // bytes of evicted blocks
+	EvictionWeight prometheus.Gauge   // prefix policy: the climber's frequency weight
+	PinnedDeferred prometheus.Gauge   // evicted/deleted blocks whose memory waits for the last pin
+	PoolPinned     prometheus.Gauge   // bytes of pinned blocks: what eviction cannot free
 
 	// Process.
 	buildInfo     *prometheus.GaugeVec
@@ -328,7 +330,13 @@ func (m *Metrics) registerPool(reg prometheus.Registerer) {
 		Name: "pegaflow_block_bytes", Help: "Bytes of blocks in the index.",
 	})
 	m.Evictions = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "pegaflow_block_evictions_total", Help: "Blocks evicted from the index by the LRU.",
+		Name: "pegaflow_block_evictions_total", Help: "Blocks evicted from the index by the eviction policy (--eviction).",
+	})
+	m.EvictedBytes = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "pegaflow_block_evicted_bytes_total", Help: "Bytes of the blocks evicted; over the bytes the evicting allocations asked for, the fragmentation cost of the policy.",
+	})
+	m.EvictionWeight = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "pegaflow_eviction_frequency_weight", Help: "Prefix eviction policy: the frequency weight its hill climber holds (× resident blocks; 0: recency alone). 0 under lru.",
 	})
 	m.PinnedDeferred = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "pegaflow_blocks_deferred_free", Help: "Blocks out of the index whose memory waits for their last pin.",
@@ -338,7 +346,7 @@ func (m *Metrics) registerPool(reg prometheus.Registerer) {
 	})
 	reg.MustRegister(
 		m.PoolSize, m.PoolUsed, m.PoolLocked, m.Blocks, m.BlockBytes, m.Evictions, m.PinnedDeferred,
-		m.PoolPinned,
+		m.PoolPinned, m.EvictedBytes, m.EvictionWeight,
 	)
 }
 

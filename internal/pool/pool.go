@@ -68,7 +68,10 @@ type Alloc struct {
 type Stats struct {
 	Size, Used, Free, LargestFree uint64
 	Allocs                        int
-	Locked                        bool
+	// FreeSpans counts the free ranges: 1 for an empty pool, more as
+	// free room splits between live allocations (fragmentation).
+	FreeSpans int
+	Locked    bool
 }
 
 // PartStats is one NUMA part's share of the pool.
@@ -405,7 +408,7 @@ func (p *Pool) Addr(a Alloc) uint64 { return p.base + a.Off }
 func (p *Pool) Stats() Stats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	s := Stats{Size: p.size, Used: p.used, Free: p.size - p.used, Allocs: len(p.live), Locked: p.locked}
+	s := Stats{Size: p.size, Used: p.used, Free: p.size - p.used, Allocs: len(p.live), FreeSpans: len(p.free), Locked: p.locked}
 	for _, f := range p.free {
 		s.LargestFree = max(s.LargestFree, f.len)
 	}

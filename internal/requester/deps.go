@@ -43,14 +43,16 @@ type extent interface {
 // blockStore is what a fetch needs of *store.Store.
 type blockStore interface {
 	Has(key store.Key) bool
-	// AllocStaging allocates n bytes (evicting LRU blocks as needed).
+	// AllocStaging allocates n bytes (evicting blocks as needed).
 	AllocStaging(n uint64) (extent, error)
 	// MaxStaging is the largest allocation AllocStaging can ever satisfy
 	// (on a NUMA-split pool: one part).
 	MaxStaging() uint64
 	// ReleaseStaging drops the fetch's reference to x.
 	ReleaseStaging(x extent)
-	// Insert indexes key with slots inside x (taking its own reference).
+	// Insert indexes key, a block fetched from a peer that holds it too,
+	// with slots inside x (taking its own reference): the store's policy
+	// evicts such copies first (store.InsertFetched).
 	Insert(key store.Key, x extent, slots []store.SlotLayout) (created bool, err error)
 }
 
@@ -119,5 +121,5 @@ func (a storeAdapter) Insert(key store.Key, x extent, slots []store.SlotLayout) 
 	if !ok {
 		return false, fmt.Errorf("requester: foreign extent %T", x)
 	}
-	return a.s.Insert(key, se.e, slots)
+	return a.s.InsertFetched(key, se.e, slots)
 }

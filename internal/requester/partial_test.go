@@ -189,8 +189,12 @@ func TestCutFetchKeepsConfirmedBlocks(t *testing.T) {
 						continue
 					}
 					var got bytes.Buffer
-					if _, err := s.Read(key, func(b []byte) error { got.Write(b); return nil }); err != nil {
+					info, err := s.Read(key, func(b []byte) error { got.Write(b); return nil })
+					if err != nil {
 						t.Fatalf("block %d: %v", j, err)
+					}
+					if !info.Fetched {
+						t.Errorf("block %d: not indexed as a fetched copy (evicted first)", j)
 					}
 					if !bytes.Equal(got.Bytes(), want[string(r.Hash)]) {
 						t.Errorf("block %d: indexed bytes differ from what the holder had", j)

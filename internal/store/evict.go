@@ -4,11 +4,12 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/pegaflow/pegad/internal/evict"
 	"github.com/pegaflow/pegad/internal/pool"
 )
 
-// AllocExtent allocates n bytes, evicting unpinned blocks in LRU order until
-// it fits; ErrNoSpace (and nothing evicted beyond need) when it cannot. The
+// AllocExtent allocates n bytes, evicting unpinned blocks in the policy's
+// order (Policy.Walk) until it fits; ErrNoSpace (and nothing evicted beyond need) when it cannot. The
 // caller holds one reference and must ReleaseExtent it.
 //
 // Eviction is planned before anything is evicted (see planEvictionLocked):
@@ -60,13 +61,19 @@ func (s *Store) AllocExtentOn(node int, n uint64) (*Extent, error) {
 		if len(victims) == 0 {
 			return nil, fmt.Errorf("store: %d bytes do not fit even after evicting every unpinned block: %w", n, err)
 		}
+		s.evictNeed += need
 		for _, b := range victims {
 			s.spillLocked(b) // before removeLocked frees its memory
 			s.removeLocked(b, Evicted)
 			s.evictions++
+			s.evictedBytes += b.size
 			if s.m != nil {
 				s.m.Evictions.Inc()
+				s.m.EvictedBytes.Add(float64(b.size))
 			}
+		}
+		if s.m != nil {
+			s.m.EvictionWeight.Set(s.policy.Stats().Weight)
 		}
 	}
 }
@@ -76,8 +83,8 @@ func (s *Store) newExtentLocked(a pool.Alloc) *Extent {
 	return &Extent{s: s, alloc: a, mem: s.pool.Slice(a), refs: 1}
 }
 
-// planEvictionLocked walks the unpinned blocks from least recently used on,
-// and returns the shortest LRU prefix of them whose eviction frees a
+// planEvictionLocked walks the unpinned blocks in the policy's order, and
+// returns the shortest prefix of that order whose eviction frees a
 // contiguous range of need bytes, keeping only the blocks whose eviction
 // actually frees memory within that prefix: a block whose extent stays
 // referenced (by a pinned block, a later block, or an allocator still
@@ -93,16 +100,17 @@ func (s *Store) planEvictionLocked(need uint64) []*Block {
 		byStart = make(map[uint64]uint64) // run start → end
 		byEnd   = make(map[uint64]uint64) // run end → start
 	)
-	for el := s.lru.Back(); el != nil; el = el.Prev() {
-		b := el.Value.(*Block)
+	var victims []*Block
+	s.policy.Walk(func(n *evict.Node) bool {
+		b := n.Value.(*Block)
 		if b.pins > 0 {
-			continue
+			return true
 		}
 		e := b.ext
 		seen[e]++
 		cands = append(cands, b)
 		if seen[e] < e.refs {
-			continue // other references keep e's memory (so far)
+			return true // other references keep e's memory (so far)
 		}
 		a := e.alloc
 		before, after := s.pool.FreeAround(a)
@@ -126,15 +134,14 @@ func (s *Store) planEvictionLocked(need uint64) []*Block {
 		}
 		byStart[start], byEnd[end] = end, start
 		if end-start < need {
-			continue
+			return true
 		}
-		victims := cands[:0:0]
 		for _, c := range cands {
 			if seen[c.ext] == c.ext.refs {
 				victims = append(victims, c)
 			}
 		}
-		return victims
-	}
-	return nil
+		return false
+	})
+	return victims
 }

@@ -34,6 +34,7 @@ import (
 	"time"
 
 	"github.com/pegaflow/pegad/api/limits"
+	"github.com/pegaflow/pegad/internal/evict"
 	"github.com/pegaflow/pegad/internal/metrics"
 	"github.com/pegaflow/pegad/internal/pool"
 )
@@ -113,6 +114,7 @@ type Block struct {
 	lastAccess time.Time
 	elem       *list.Element // position in the LRU; nil once out of the index
 	pos        listPos       // positions in the list indexes while indexed
+	node       evict.Node    // the eviction policy's state
 }
 
 func (b *Block) Key() Key { return b.key }
@@ -144,6 +146,7 @@ type Info struct {
 	NUMA       int
 	CreatedAt  time.Time
 	LastAccess time.Time
+	Fetched    bool // a copy fetched from a peer (InsertFetched)
 }
 
 // Stats is a snapshot.
@@ -155,6 +158,10 @@ type Stats struct {
 	// RefUnderflows counts Unpin/ReleaseExtent calls that found nothing to
 	// drop (caller bugs; ignored).
 	RefUnderflows uint64
+	// EvictedBytes: bytes of the blocks evicted. EvictNeedBytes: bytes
+	// the allocations that evicted asked for (per planning round). Their
+	// ratio ≥ 1 is what keeping extents contiguous costs the policy.
+	EvictedBytes, EvictNeedBytes uint64
 }
 
 // pinGapHook runs in Pin between the lookup and the pinning pass, with no
@@ -183,8 +190,15 @@ type Store struct {
 	// that pins what they found; see Pin.
 	idxMu sync.RWMutex
 	index map[Key]*Block
-	// lru holds the indexed blocks (*Block), most recently used at the front.
+	// lru holds the indexed blocks (*Block), most recently used at the
+	// front: the order of listings and FlushLower, not of eviction.
 	lru *list.List
+	// policy orders the indexed blocks for eviction (policy.go); hints
+	// are parent keys learnt from lookups, chain a scratch slice for
+	// Policy.Access.
+	policy Policy
+	hints  map[Key]Key
+	chain  []*evict.Node
 	// all and byNS list the indexed blocks in insertion order, all of
 	// them and per namespace, for paged listings (ListPage).
 	all        listIndex
@@ -195,8 +209,12 @@ type Store struct {
 	pinnedSize uint64 // bytes of those blocks (pegaflow_pool_pinned_bytes)
 	deferred   uint64 // out of the index, pins > 0
 	evictions  uint64
-	underflows uint64
-	changed    []Change // keys indexed or removed since mu was taken (events.go)
+	// evictedBytes: bytes of the blocks evicted; evictNeed: bytes the
+	// allocations that evicted asked for (aligned), counted once per
+	// planning round. Their ratio is what contiguity costs the policy.
+	evictedBytes, evictNeed uint64
+	underflows              uint64
+	changed                 []Change // keys indexed or removed since mu was taken (events.go)
 
 	onChange atomic.Pointer[func(Key)] // key subscriber, called after unlock (events.go)
 
@@ -205,9 +223,17 @@ type Store struct {
 	onEvents    atomic.Pointer[func([]Change)] // ordered subscriber, called under mu (events.go)
 }
 
-// New creates a store over p. m may be nil (no metrics).
-func New(p *pool.Pool, m *metrics.Metrics) *Store {
-	s := &Store{pool: p, m: m, index: make(map[Key]*Block), lru: list.New(), byNS: make(map[string]*listIndex)}
+// New creates a store over p that evicts in LRU order. m may be nil (no
+// metrics).
+func New(p *pool.Pool, m *metrics.Metrics) *Store { return NewWithPolicy(p, m, evict.NewLRU()) }
+
+// NewWithPolicy is New with eviction ordered by pol (NewPolicy), which the
+// store owns from here on.
+func NewWithPolicy(p *pool.Pool, m *metrics.Metrics, pol Policy) *Store {
+	s := &Store{
+		pool: p, m: m, index: make(map[Key]*Block), lru: list.New(), byNS: make(map[string]*listIndex),
+		policy: pol, hints: make(map[Key]Key),
+	}
 	if m != nil {
 		m.PoolSize.Set(float64(p.Size()))
 		if p.Locked() {
@@ -301,6 +327,17 @@ func inside(off, n, limit uint64) bool { return off <= limit && n <= limit-off }
 // e). created is false when key was already indexed (the old block is kept
 // and nothing changes). ErrInvalid for a layout outside e or bad key.
 func (s *Store) Insert(key Key, e *Extent, slots []SlotLayout) (created bool, err error) {
+	return s.insert(key, e, slots, false)
+}
+
+// InsertFetched is Insert of a block copied from another node that holds
+// it too (a prefetch): the policy evicts such copies before the blocks
+// only this node holds.
+func (s *Store) InsertFetched(key Key, e *Extent, slots []SlotLayout) (created bool, err error) {
+	return s.insert(key, e, slots, true)
+}
+
+func (s *Store) insert(key Key, e *Extent, slots []SlotLayout, fetched bool) (created bool, err error) {
 	if err := validKey(key); err != nil {
 		return false, err
 	}
@@ -312,6 +349,7 @@ func (s *Store) Insert(key Key, e *Extent, slots []SlotLayout) (created bool, er
 	}
 	elen := e.alloc.Len
 	b := &Block{key: key, ext: e, slots: make([]Slot, len(slots)), sizes: make([]SlotSize, len(slots))}
+	b.node.Value, b.node.ID = b, keyID(key)
 	seg := func(off, n uint64) Segment {
 		return Segment{Addr: s.pool.Addr(e.alloc) + off, Off: e.alloc.Off + off, Len: n, NUMA: e.alloc.NUMA}
 	}
@@ -348,6 +386,7 @@ func (s *Store) Insert(key Key, e *Extent, slots []SlotLayout) (created bool, er
 	}
 	e.refs++
 	b.elem = s.lru.PushFront(b)
+	s.policy.Insert(&b.node, s.parentLocked(key), fetched)
 	s.idxMu.Lock()
 	s.index[key] = b
 	s.idxMu.Unlock()
@@ -488,6 +527,13 @@ func (s *Store) pinFound(keys []Key) (found []*Block, n int) {
 		if newly {
 			s.pinnedMetricLocked()
 		}
+		s.accessLocked(found)
+		s.hintLocked(keys, found)
+		s.mu.Unlock()
+	} else if len(keys) > 1 {
+		s.mu.Lock()
+		s.accessLocked(found)
+		s.hintLocked(keys, found)
 		s.mu.Unlock()
 	}
 	return found, n
@@ -531,6 +577,7 @@ func (s *Store) removeLocked(b *Block, why ChangeKind) (freed bool) {
 	s.changedLocked(b.key, why)
 	s.lru.Remove(b.elem)
 	b.elem = nil
+	s.policy.Remove(&b.node)
 	s.listRemoveLocked(b)
 	s.bytes -= b.size
 	if b.pins > 0 {
@@ -562,7 +609,7 @@ func (s *Store) Delete(key Key) (deferred bool, err error) {
 func (b *Block) infoLocked() Info {
 	return Info{
 		Key: b.key, Slots: append([]SlotSize(nil), b.sizes...), Size: b.size, Pins: b.pins,
-		NUMA: b.ext.alloc.NUMA, CreatedAt: b.created, LastAccess: b.lastAccess,
+		NUMA: b.ext.alloc.NUMA, CreatedAt: b.created, LastAccess: b.lastAccess, Fetched: b.node.Fetched(),
 	}
 }
 
@@ -622,6 +669,7 @@ func (s *Store) ListPage(ns string, cursor uint64, limit, maxSlots int) (infos [
 		b          *Block
 		pins       int
 		lastAccess time.Time
+		fetched    bool
 	}
 	s.mu.Lock()
 	x := &s.all
@@ -635,7 +683,7 @@ func (s *Store) ListPage(ns string, cursor uint64, limit, maxSlots int) (infos [
 	}
 	snaps := make([]snap, len(blocks))
 	for i, b := range blocks {
-		snaps[i] = snap{b, b.pins, b.lastAccess}
+		snaps[i] = snap{b, b.pins, b.lastAccess, b.node.Fetched()}
 	}
 	s.mu.Unlock()
 
@@ -645,6 +693,7 @@ func (s *Store) ListPage(ns string, cursor uint64, limit, maxSlots int) (infos [
 		infos[i] = Info{
 			Key: b.key, Slots: append([]SlotSize(nil), b.sizes...), Size: b.size, Pins: sn.pins,
 			NUMA: b.ext.alloc.NUMA, CreatedAt: b.created, LastAccess: sn.lastAccess,
+			Fetched: sn.fetched,
 		}
 	}
 	if more {
@@ -705,6 +754,7 @@ func (s *Store) Stats() Stats {
 	st := Stats{
 		Blocks: uint64(len(s.index)), Bytes: s.bytes, Pinned: s.pinned, DeferredFree: s.deferred,
 		Evictions: s.evictions, RefUnderflows: s.underflows,
+		EvictedBytes: s.evictedBytes, EvictNeedBytes: s.evictNeed,
 	}
 	s.mu.Unlock()
 	st.Pool = s.pool.Stats()

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/pegaflow/pegad/api/limits"
+	"github.com/pegaflow/pegad/internal/evict"
 	"github.com/pegaflow/pegad/internal/metrics"
 	"github.com/pegaflow/pegad/internal/pool"
 	"github.com/rs/zerolog"
@@ -390,7 +391,7 @@ func TestEvictOnlyWhatIsNeeded(t *testing.T) {
 	}
 	s.mu.Lock()
 	for _, i := range []int{1, 5, 0} {
-		s.lru.MoveToBack(s.index[key(i)].elem)
+		demoteLocked(s, key(i))
 	}
 	s.mu.Unlock()
 	mustPut(t, s, key(100), 100, SlotSize{KSize: 2 * bs})
@@ -663,7 +664,7 @@ func TestSharedExtentFreedByLastBlock(t *testing.T) {
 	s.Unpin(pinned)
 	// Unpinned, and block 2 made least recent: the next put evicts all four.
 	s.mu.Lock()
-	s.lru.MoveToBack(s.index[key(2)].elem)
+	demoteLocked(s, key(2))
 	s.mu.Unlock()
 	mustPut(t, s, key(31), 31, SlotSize{KSize: bs})
 	have = indexedKeys(s)
@@ -733,4 +734,12 @@ func TestUnderflowIgnored(t *testing.T) {
 	if s.Pool().Stats().Used != 0 {
 		t.Fatal("memory not freed")
 	}
+}
+
+// demoteLocked makes k's block the LRU policy's next victim (and the
+// listing order's oldest).
+func demoteLocked(s *Store, k Key) {
+	b := s.index[k]
+	s.lru.MoveToBack(b.elem)
+	s.policy.(*evict.LRU).Demote(&b.node)
 }

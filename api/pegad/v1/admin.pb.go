@@ -849,8 +849,14 @@ type StatsResponse struct {
 	Lookups          uint64 `protobuf:"varint,20,opt,name=lookups,proto3" json:"lookups,omitempty"`
 	LookupHitBlocks  uint64 `protobuf:"varint,21,opt,name=lookup_hit_blocks,json=lookupHitBlocks,proto3" json:"lookup_hit_blocks,omitempty"`
 	LookupMissBlocks uint64 `protobuf:"varint,22,opt,name=lookup_miss_blocks,json=lookupMissBlocks,proto3" json:"lookup_miss_blocks,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The eviction policy (--eviction: prefix or lru) and, for prefix, the
+	// frequency weight its hill climber holds (× resident blocks; 0:
+	// recency alone) and the samples it has judged (docs/tiering.md).
+	EvictionPolicy  string  `protobuf:"bytes,23,opt,name=eviction_policy,json=evictionPolicy,proto3" json:"eviction_policy,omitempty"`
+	EvictionWeight  float64 `protobuf:"fixed64,24,opt,name=eviction_weight,json=evictionWeight,proto3" json:"eviction_weight,omitempty"`
+	EvictionSamples uint64  `protobuf:"varint,25,opt,name=eviction_samples,json=evictionSamples,proto3" json:"eviction_samples,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *StatsResponse) Reset() {
@@ -1037,6 +1043,27 @@ func (x *StatsResponse) GetLookupMissBlocks() uint64 {
 	return 0
 }
 
+func (x *StatsResponse) GetEvictionPolicy() string {
+	if x != nil {
+		return x.EvictionPolicy
+	}
+	return ""
+}
+
+func (x *StatsResponse) GetEvictionWeight() float64 {
+	if x != nil {
+		return x.EvictionWeight
+	}
+	return 0
+}
+
+func (x *StatsResponse) GetEvictionSamples() uint64 {
+	if x != nil {
+		return x.EvictionSamples
+	}
+	return 0
+}
+
 type VersionRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1217,7 +1244,7 @@ const file_pegad_v1_admin_proto_rawDesc = "" +
 	"\x10remote_advertise\x18\b \x01(\tR\x0fremoteAdvertise\"9\n" +
 	"\x11ListConnsResponse\x12$\n" +
 	"\x05conns\x18\x01 \x03(\v2\x0e.pegad.v1.ConnR\x05conns\"\x0e\n" +
-	"\fStatsRequest\"\xe4\x05\n" +
+	"\fStatsRequest\"\xe1\x06\n" +
 	"\rStatsResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12 \n" +
 	"\vincarnation\x18\x02 \x01(\tR\vincarnation\x12\x1c\n" +
@@ -1244,7 +1271,10 @@ const file_pegad_v1_admin_proto_rawDesc = "" +
 	"fetchBytes\x12\x18\n" +
 	"\alookups\x18\x14 \x01(\x04R\alookups\x12*\n" +
 	"\x11lookup_hit_blocks\x18\x15 \x01(\x04R\x0flookupHitBlocks\x12,\n" +
-	"\x12lookup_miss_blocks\x18\x16 \x01(\x04R\x10lookupMissBlocks\"\x10\n" +
+	"\x12lookup_miss_blocks\x18\x16 \x01(\x04R\x10lookupMissBlocks\x12'\n" +
+	"\x0feviction_policy\x18\x17 \x01(\tR\x0eevictionPolicy\x12'\n" +
+	"\x0feviction_weight\x18\x18 \x01(\x01R\x0eevictionWeight\x12)\n" +
+	"\x10eviction_samples\x18\x19 \x01(\x04R\x0fevictionSamples\"\x10\n" +
 	"\x0eVersionRequest\"\xa9\x01\n" +
 	"\x0fVersionResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x16\n" +
