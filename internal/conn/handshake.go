@@ -56,9 +56,14 @@ func (m *Manager) connect(peer string) (_ *AddrConnection, err error) {
 		}
 	}()
 
-	// Prepare QPs (INIT) on every NIC. The guard destroys them on every
-	// failure path, so no prepared QP outlives a failed handshake.
-	prepared := make([][]*qpPair, len(m.nics))
+	// Prepare QPs (INIT) on every NIC whose port is up (a NIC that is
+	// down would take READs that never complete). The guard destroys them
+	// on every failure path, so no prepared QP outlives a failed handshake.
+	nics := m.upNICs()
+	if len(nics) == 0 {
+		return nil, fmt.Errorf("%w: handshake %s: %w", ErrConnectionBroken, peer, ErrNoActiveNIC)
+	}
+	prepared := make([][]*qpPair, len(nics))
 	ok := false
 	defer func() {
 		if ok {
@@ -75,7 +80,7 @@ func (m *Manager) connect(peer string) (_ *AddrConnection, err error) {
 		Transport:   m.opts.Transport,
 		HandshakeId: hsID,
 	}
-	for i, n := range m.nics {
+	for i, n := range nics {
 		nh := &pegadv1.NicHandshake{Nic: n.info.Name, Memory: []*pegadv1.MemoryRegion{m.localRegion(n)},
 			LinkLayer: n.info.LinkLayer, Subnet: n.currentSubnet(), Rail: n.rail}
 		for q := 0; q < m.opts.QPsPerPeer; q++ {
@@ -121,7 +126,7 @@ func (m *Manager) connect(peer string) (_ *AddrConnection, err error) {
 		result = resultRejected
 		return nil, fmt.Errorf("%w: by %s: %w", ErrHandshakeRejected, peer, err)
 	}
-	remote, err := m.validateResponse(resp)
+	remote, err := m.validateResponse(resp, len(nics))
 	if err != nil {
 		result = resultInvalid
 		return nil, fmt.Errorf("%w: from %s: %w", ErrHandshakeRejected, peer, err)
@@ -138,7 +143,7 @@ func (m *Manager) connect(peer string) (_ *AddrConnection, err error) {
 		done:         make(chan struct{}),
 		log:          log,
 	}
-	for i, n := range m.nics {
+	for i, n := range nics {
 		cn := &connNic{nic: n, remote: remote[i].regions}
 		attr := m.connectAttr(n)
 		for q, p := range prepared[i] {
@@ -206,12 +211,13 @@ type remoteNIC struct {
 }
 
 // validateResponse checks a holder's answer against what we asked for.
-func (m *Manager) validateResponse(resp *pegadv1.RdmaHandshakeResponse) ([]remoteNIC, error) {
+// want is the number of NICs the request offered.
+func (m *Manager) validateResponse(resp *pegadv1.RdmaHandshakeResponse, want int) ([]remoteNIC, error) {
 	if resp == nil {
 		return nil, fmt.Errorf("%w: empty response", ErrInvalidHandshake)
 	}
-	if len(resp.GetNics()) != len(m.nics) {
-		return nil, fmt.Errorf("%w: %d nics in response, want %d", ErrInvalidHandshake, len(resp.GetNics()), len(m.nics))
+	if len(resp.GetNics()) != want {
+		return nil, fmt.Errorf("%w: %d nics in response, want %d", ErrInvalidHandshake, len(resp.GetNics()), want)
 	}
 	out := make([]remoteNIC, len(resp.GetNics()))
 	for i, nh := range resp.GetNics() {

@@ -163,3 +163,17 @@ func FakePortEvent(dev string, kind ibv.DeviceEventKind) int {
 
 // FakeResetPorts undoes every FakePortEvent (tests).
 func FakeResetPorts() { fakeResetPorts() }
+
+// FakePortState changes port 1 of fake device dev as FakePortEvent does
+// but raises no event: the moment between a port going down and the HCA
+// reporting it, when READs posted through it hang (held by the fake until
+// the port is back or their QP is moved to ERROR).
+func FakePortState(dev string, kind ibv.DeviceEventKind) {
+	typ := map[ibv.DeviceEventKind]int{ibv.PortDown: eventPortErr, ibv.PortUp: eventPortActive}[kind]
+	if typ == 0 {
+		return
+	}
+	cs := C.CString(dev)
+	defer C.free(unsafe.Pointer(cs))
+	C.pv_fake_port_state(cs, C.int(typ))
+}
