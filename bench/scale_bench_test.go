@@ -115,7 +115,7 @@ func BenchmarkSessionsAtScale(b *testing.B) {
 			}
 		})
 	}
-	// The sweeper, as gc.Run drives it, ticks every millisecond while
+	// The sweeper, as lease.Sweep drives it, ticks every millisecond while
 	// sweeping is set; idle and sweeping chunks of pairs alternate so that
 	// both see the same machine.
 	var sweeping atomic.Bool

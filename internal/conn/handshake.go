@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/rs/zerolog"
 	"google.golang.org/grpc/codes"
 	grpcpeer "google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
@@ -31,15 +32,13 @@ const (
 )
 
 // connect is the requester side of a handshake; it runs once per peer at
-// a time (singleflight) under the manager's context.
+// a time (singleflight) under the manager's context. Its phases:
+// prepareHandshake (QPs in INIT on every NIC), exchange (the RPC),
+// validateResponse, connectQPs, publish, then the workers start.
 func (m *Manager) connect(peer string) (_ *AddrConnection, err error) {
-	m.mu.Lock()
-	if m.closed {
-		m.mu.Unlock()
-		return nil, ErrClosed
+	if err := m.beginHandshake(); err != nil {
+		return nil, err
 	}
-	m.handshake.Add(1) // under mu: Close sets closed before it Waits
-	m.mu.Unlock()
 	defer m.handshake.Done()
 
 	hsID := newHandshakeID()
@@ -56,82 +55,35 @@ func (m *Manager) connect(peer string) (_ *AddrConnection, err error) {
 		}
 	}()
 
-	// Prepare QPs (INIT) on every NIC whose port is up (a NIC that is
-	// down would take READs that never complete). The guard destroys them
-	// on every failure path, so no prepared QP outlives a failed handshake.
-	nics := m.upNICs()
-	if len(nics) == 0 {
-		return nil, fmt.Errorf("%w: handshake %s: %w", ErrConnectionBroken, peer, ErrNoActiveNIC)
+	req, prepared, err := m.prepareHandshake(peer, hsID)
+	if err != nil {
+		return nil, err
 	}
-	prepared := make([][]*qpPair, len(nics))
+	// The guard destroys the prepared QPs on every failure path, so no
+	// prepared QP outlives a failed handshake.
 	ok := false
 	defer func() {
-		if ok {
-			return
-		}
-		for _, qs := range prepared {
-			for _, p := range qs {
-				p.destroy(m)
-			}
+		if !ok {
+			destroyPrepared(m, prepared)
 		}
 	}()
-	req := &pegadv1.RdmaHandshakeRequest{
-		Requester:   &pegadv1.Requester{NodeId: m.opts.NodeID, Incarnation: m.opts.Incarnation, Advertise: m.opts.Advertise},
-		Transport:   m.opts.Transport,
-		HandshakeId: hsID,
-	}
-	for i, n := range nics {
-		nh := &pegadv1.NicHandshake{Nic: n.info.Name, Memory: []*pegadv1.MemoryRegion{m.localRegion(n)},
-			LinkLayer: n.info.LinkLayer, Subnet: n.currentSubnet(), Rail: n.rail}
-		for q := 0; q < m.opts.QPsPerPeer; q++ {
-			p, err := m.newQPPair(n)
-			if err != nil {
-				return nil, fmt.Errorf("conn: handshake %s: %w", peer, err)
-			}
-			prepared[i] = append(prepared[i], p)
-			nh.Endpoints = append(nh.Endpoints, endpointToProto(m.localEndpoint(p)))
-		}
-		req.Nics = append(req.Nics, nh)
-	}
-
-	client, err := m.opts.Dial(peer)
+	client, resp, res, err := m.exchange(peer, req)
 	if err != nil {
-		result = resultUnreachable
-		return nil, fmt.Errorf("%w: dial %s: %w", ErrConnectionBroken, peer, err)
+		result = res
+		return nil, err
 	}
-	if m.hookBeforeRPC != nil {
-		m.hookBeforeRPC(peer)
-	}
-	hctx, cancel := context.WithTimeout(m.ctx, m.opts.HandshakeTimeout)
-	defer cancel()
-	resp, err := client.RdmaHandshake(hctx, req)
-	if err == nil {
-		// From here on the holder has an accepted connection for hsID:
-		// if this side gives up before publishing, tell it.
-		defer func() {
-			if !ok {
-				m.goDisconnect(client, peer, hsID, log)
-			}
-		}()
-	}
-	if err != nil {
-		switch status.Code(err) {
-		case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled:
-			result = resultUnreachable
-			if m.ctx.Err() != nil {
-				return nil, ErrClosed
-			}
-			return nil, fmt.Errorf("%w: handshake with %s: %w", ErrConnectionBroken, peer, err)
+	// From here on the holder has an accepted connection for hsID: if this
+	// side gives up before publishing, tell it.
+	defer func() {
+		if !ok {
+			m.goDisconnect(client, peer, hsID, log)
 		}
-		result = resultRejected
-		return nil, fmt.Errorf("%w: by %s: %w", ErrHandshakeRejected, peer, err)
-	}
-	remote, err := m.validateResponse(resp, len(nics))
+	}()
+	remote, err := m.validateResponse(resp, len(prepared))
 	if err != nil {
 		result = resultInvalid
 		return nil, fmt.Errorf("%w: from %s: %w", ErrHandshakeRejected, peer, err)
 	}
-
 	c := &AddrConnection{
 		m:            m,
 		client:       client,
@@ -143,29 +95,14 @@ func (m *Manager) connect(peer string) (_ *AddrConnection, err error) {
 		done:         make(chan struct{}),
 		log:          log,
 	}
-	for i, n := range nics {
-		cn := &connNic{nic: n, remote: remote[i].regions}
-		attr := m.connectAttr(n)
-		for q, p := range prepared[i] {
-			if err := p.qp.Connect(remote[i].endpoints[q], attr); err != nil {
-				return nil, fmt.Errorf("%w: connect qp %d on %s to %s: %w", ErrConnectionBroken, p.qpn, n.info.Name, peer, err)
-			}
-			cn.sessions = append(cn.sessions, newSession(p, m.met))
-		}
-		c.nics = append(c.nics, cn)
+	if err := m.connectQPs(c, remote, prepared); err != nil {
+		return nil, err
 	}
-
-	// Publish atomically, or tear down if the manager closed meanwhile.
-	m.mu.Lock()
-	if m.closed {
-		m.mu.Unlock()
-		return nil, ErrClosed
+	old, err := m.publish(c)
+	if err != nil {
+		return nil, err
 	}
-	old := m.peers[peer]
-	m.peers[peer] = c
-	m.conns.Add(1) // under mu: Close sets closed before it Waits
 	ok = true
-	m.mu.Unlock()
 
 	c.startWorkers()
 	c.prewarm()
@@ -180,6 +117,119 @@ func (m *Manager) connect(peer string) (_ *AddrConnection, err error) {
 	log.Info().Str("remote_node", c.remoteNodeID).Int("nics", len(c.nics)).
 		Int("qps", len(c.nics)*m.opts.QPsPerPeer).Dur("took", time.Since(start)).Msg("rdma connection established")
 	return c, nil
+}
+
+// beginHandshake counts a handshake in m.handshake, which Close waits for;
+// ErrClosed once the manager is closed.
+func (m *Manager) beginHandshake() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return ErrClosed
+	}
+	m.handshake.Add(1) // under mu: Close sets closed before it Waits
+	return nil
+}
+
+// prepareHandshake creates QPsPerPeer QPs (INIT) on every NIC whose port
+// is up (a NIC that is down would take READs that never complete; see
+// rail.go) and the request that offers them. On error it destroys what it
+// created.
+func (m *Manager) prepareHandshake(peer, hsID string) (*pegadv1.RdmaHandshakeRequest, [][]*qpPair, error) {
+	nics := m.upNICs()
+	if len(nics) == 0 {
+		return nil, nil, fmt.Errorf("%w: handshake %s: %w", ErrConnectionBroken, peer, ErrNoActiveNIC)
+	}
+	prepared := make([][]*qpPair, len(nics))
+	req := &pegadv1.RdmaHandshakeRequest{
+		Requester:   &pegadv1.Requester{NodeId: m.opts.NodeID, Incarnation: m.opts.Incarnation, Advertise: m.opts.Advertise},
+		Transport:   m.opts.Transport,
+		HandshakeId: hsID,
+	}
+	for i, n := range nics {
+		nh := &pegadv1.NicHandshake{Nic: n.info.Name, Memory: []*pegadv1.MemoryRegion{m.localRegion(n)},
+			LinkLayer: n.info.LinkLayer, Subnet: n.currentSubnet(), Rail: n.rail}
+		for q := 0; q < m.opts.QPsPerPeer; q++ {
+			p, err := m.newQPPair(n)
+			if err != nil {
+				destroyPrepared(m, prepared)
+				return nil, nil, fmt.Errorf("conn: handshake %s: %w", peer, err)
+			}
+			prepared[i] = append(prepared[i], p)
+			nh.Endpoints = append(nh.Endpoints, endpointToProto(m.localEndpoint(p)))
+		}
+		req.Nics = append(req.Nics, nh)
+	}
+	return req, prepared, nil
+}
+
+func destroyPrepared(m *Manager, prepared [][]*qpPair) {
+	for _, qs := range prepared {
+		for _, p := range qs {
+			p.destroy(m)
+		}
+	}
+}
+
+// exchange dials peer and sends the handshake. On error, result is the
+// handshake metric's result for it: unreachable (dial, transport, timeout,
+// cancel) or rejected (the holder refused).
+func (m *Manager) exchange(peer string, req *pegadv1.RdmaHandshakeRequest) (
+	client pegadv1.PeerServiceClient, resp *pegadv1.RdmaHandshakeResponse, result string, err error) {
+	client, err = m.opts.Dial(peer)
+	if err != nil {
+		return nil, nil, resultUnreachable, fmt.Errorf("%w: dial %s: %w", ErrConnectionBroken, peer, err)
+	}
+	if m.hookBeforeRPC != nil {
+		m.hookBeforeRPC(peer)
+	}
+	hctx, cancel := context.WithTimeout(m.ctx, m.opts.HandshakeTimeout)
+	defer cancel()
+	resp, err = client.RdmaHandshake(hctx, req)
+	if err == nil {
+		return client, resp, "", nil
+	}
+	switch status.Code(err) {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled:
+		if m.ctx.Err() != nil {
+			return nil, nil, resultUnreachable, ErrClosed
+		}
+		return nil, nil, resultUnreachable, fmt.Errorf("%w: handshake with %s: %w", ErrConnectionBroken, peer, err)
+	}
+	return nil, nil, resultRejected, fmt.Errorf("%w: by %s: %w", ErrHandshakeRejected, peer, err)
+}
+
+// connectQPs connects each prepared QP to the holder's endpoint for it
+// (RTR, RTS) and adds the NICs and their sessions to c.
+func (m *Manager) connectQPs(c *AddrConnection, remote []remoteNIC, prepared [][]*qpPair) error {
+	for i, qs := range prepared {
+		n := qs[0].nic // QPsPerPeer >= 1
+		cn := &connNic{nic: n, remote: remote[i].regions}
+		attr := m.connectAttr(n)
+		for q, p := range qs {
+			if err := p.qp.Connect(remote[i].endpoints[q], attr); err != nil {
+				return fmt.Errorf("%w: connect qp %d on %s to %s: %w", ErrConnectionBroken, p.qpn, n.info.Name, c.peer, err)
+			}
+			cn.sessions = append(cn.sessions, newSession(p, m.met))
+		}
+		c.nics = append(c.nics, cn)
+	}
+	return nil
+}
+
+// publish makes c the connection to its peer, atomically, and returns the
+// one it replaced (nil: none); ErrClosed when the manager closed meanwhile
+// (the caller tears c down).
+func (m *Manager) publish(c *AddrConnection) (old *AddrConnection, err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return nil, ErrClosed
+	}
+	old = m.peers[c.peer]
+	m.peers[c.peer] = c
+	m.conns.Add(1) // under mu: Close sets closed before it Waits
+	return old, nil
 }
 
 // setConnecting records (or, with a zero time, clears) a handshake in
@@ -346,7 +396,9 @@ type acceptedConn struct {
 // Accept is the holder side of RdmaHandshake. Malformed metadata returns
 // an error wrapping ErrInvalidHandshake (the RPC layer's InvalidArgument);
 // any failure after QPs were created destroys them (the handshake is
-// aborted: nothing is left half-built on this side).
+// aborted: nothing is left half-built on this side). Its phases:
+// validateRequest, newAccepted, acceptQPs (create and connect a QP for
+// each of the requester's endpoints), install.
 func (m *Manager) Accept(ctx context.Context, req *pegadv1.RdmaHandshakeRequest) (_ *pegadv1.RdmaHandshakeResponse, err error) {
 	began := time.Now()
 	result := resultError
@@ -355,13 +407,9 @@ func (m *Manager) Accept(ctx context.Context, req *pegadv1.RdmaHandshakeRequest)
 		err = withStatus(err)
 	}()
 	// Close waits for running accepts before it releases the PDs they use.
-	m.mu.Lock()
-	if m.closed {
-		m.mu.Unlock()
-		return nil, ErrClosed
+	if err := m.beginAccept(); err != nil {
+		return nil, err
 	}
-	m.accepts.Add(1) // under mu: Close sets closed before it Waits
-	m.mu.Unlock()
 	defer m.accepts.Done()
 	if m.hookAccept != nil {
 		m.hookAccept(req)
@@ -372,6 +420,53 @@ func (m *Manager) Accept(ctx context.Context, req *pegadv1.RdmaHandshakeRequest)
 		m.log.Warn().Err(err).Str("session", truncate(req.GetHandshakeId(), maxHandshakeID)).Msg("rejected malformed rdma handshake")
 		return nil, err
 	}
+	a := m.newAccepted(ctx, req, began)
+	log := m.log.With().Str("peer", a.remoteAddr).Str("remote_node", a.nodeID).Str("session", a.handshakeID).Logger()
+
+	ok := false
+	defer func() {
+		if !ok {
+			a.destroyQPs()
+			log.Warn().Err(err).Msg("rdma handshake aborted on accept side")
+		}
+	}()
+	resp, err := m.acceptQPs(ctx, a, reqNICs, log)
+	if err != nil {
+		return nil, err
+	}
+	old, gone, err := m.install(a)
+	if err != nil {
+		return nil, err
+	}
+	ok = true
+	m.met.Conns.WithLabelValues(RoleHolder, StateConnected).Inc()
+	result = resultOK
+	if old != nil {
+		log.Info().Str("old_incarnation", old.incarnation).Str("incarnation", a.incarnation).
+			Str("old_session", old.handshakeID).Bool("old_draining", old.incarnation == a.incarnation).
+			Msg("new accepted connection from the same requester")
+	}
+	for _, g := range gone {
+		g.destroy("replaced")
+	}
+	log.Info().Int("nics", len(a.nics)).Int("qps", a.qpCount()).Msg("rdma handshake accepted")
+	return resp, nil
+}
+
+// beginAccept counts an accept in m.accepts, which Close waits for before
+// it releases the PDs accepts use; ErrClosed once the manager is closed.
+func (m *Manager) beginAccept() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return ErrClosed
+	}
+	m.accepts.Add(1) // under mu: Close sets closed before it Waits
+	return nil
+}
+
+// newAccepted is the accepted side of req's handshake, with no QPs yet.
+func (m *Manager) newAccepted(ctx context.Context, req *pegadv1.RdmaHandshakeRequest, began time.Time) *acceptedConn {
 	a := &acceptedConn{
 		m:           m,
 		nodeID:      req.GetRequester().GetNodeId(),
@@ -384,15 +479,14 @@ func (m *Manager) Accept(ctx context.Context, req *pegadv1.RdmaHandshakeRequest)
 	if p, ok := grpcpeer.FromContext(ctx); ok && p.Addr != nil {
 		a.remoteAddr = p.Addr.String()
 	}
-	log := m.log.With().Str("peer", a.remoteAddr).Str("remote_node", a.nodeID).Str("session", a.handshakeID).Logger()
+	return a
+}
 
-	ok := false
-	defer func() {
-		if !ok {
-			a.destroyQPs()
-			log.Warn().Err(err).Msg("rdma handshake aborted on accept side")
-		}
-	}()
+// acceptQPs pairs each of the requester's NICs with a local one, creates a
+// QP for each of its endpoints and connects it, and answers with this
+// side's endpoints. Every QP it creates is in a.nics at once, so that the
+// caller's guard destroys it on failure.
+func (m *Manager) acceptQPs(ctx context.Context, a *acceptedConn, reqNICs []remoteNIC, log zerolog.Logger) (*pegadv1.RdmaHandshakeResponse, error) {
 	resp := &pegadv1.RdmaHandshakeResponse{HolderNodeId: m.opts.NodeID, HolderIncarnation: m.opts.Incarnation}
 	pairs := m.pairNICs(reqNICs, log)
 	for i, rn := range reqNICs {
@@ -418,27 +512,30 @@ func (m *Manager) Accept(ctx context.Context, req *pegadv1.RdmaHandshakeRequest)
 		}
 		resp.Nics = append(resp.Nics, nh)
 	}
+	return resp, nil
+}
 
-	// Install. The previous connection of this requester node is retired,
-	// not destroyed, when the requester is the same process (a reconnect):
-	// Reads still in flight on its invalidated side keep their QPs until
-	// they finish, it disconnects that handshake, or a drain time passes.
-	// A restarted requester (another incarnation) is gone with all its
-	// generations: they go now.
+// install makes a the accepted connection of its requester node. The
+// previous connection of that node is retired, not destroyed, when the
+// requester is the same process (a reconnect): Reads still in flight on
+// its invalidated side keep their QPs until they finish, it disconnects
+// that handshake, or a drain time passes. A restarted requester (another
+// incarnation) is gone with all its generations: they are returned in
+// gone, for the caller to destroy. An error (closed, or superseded by a
+// later attempt) installs nothing.
+func (m *Manager) install(a *acceptedConn) (old *acceptedConn, gone []*acceptedConn, err error) {
 	m.mu.Lock()
+	defer m.mu.Unlock()
 	if m.closed {
-		m.mu.Unlock()
-		return nil, ErrClosed
+		return nil, nil, ErrClosed
 	}
-	old := m.accepted[a.nodeID]
+	old = m.accepted[a.nodeID]
 	if old != nil && old.incarnation == a.incarnation && old.since.After(a.since) {
 		// A later attempt of the same requester already won: this one was
 		// given up by its requester (it handshakes one peer at a time).
-		m.mu.Unlock()
-		return nil, fmt.Errorf("conn: accept: superseded by handshake %s", old.handshakeID)
+		return nil, nil, fmt.Errorf("conn: accept: superseded by handshake %s", old.handshakeID)
 	}
 	m.accepted[a.nodeID] = a
-	var gone []*acceptedConn
 	if old != nil {
 		if old.incarnation == a.incarnation {
 			gone = m.retireLocked(old, time.Now())
@@ -446,20 +543,7 @@ func (m *Manager) Accept(ctx context.Context, req *pegadv1.RdmaHandshakeRequest)
 			gone = append(m.dropRetiredLocked(a.nodeID), old)
 		}
 	}
-	ok = true
-	m.mu.Unlock()
-	m.met.Conns.WithLabelValues(RoleHolder, StateConnected).Inc()
-	result = resultOK
-	if old != nil {
-		log.Info().Str("old_incarnation", old.incarnation).Str("incarnation", a.incarnation).
-			Str("old_session", old.handshakeID).Bool("old_draining", old.incarnation == a.incarnation).
-			Msg("new accepted connection from the same requester")
-	}
-	for _, g := range gone {
-		g.destroy("replaced")
-	}
-	log.Info().Int("nics", len(a.nics)).Int("qps", a.qpCount()).Msg("rdma handshake accepted")
-	return resp, nil
+	return old, gone, nil
 }
 
 // Disconnect is the holder side of RdmaDisconnect: the requester abandoned

@@ -21,19 +21,13 @@ import (
 	"time"
 
 	"github.com/coreos/go-systemd/v22/daemon"
-	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rs/zerolog"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/grpc/reflection"
 
-	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	"github.com/pegaflow/pegad/internal/config"
 	"github.com/pegaflow/pegad/internal/conn"
-	"github.com/pegaflow/pegad/internal/gc"
 	"github.com/pegaflow/pegad/internal/holder"
 	"github.com/pegaflow/pegad/internal/ibv/tcp"
 	"github.com/pegaflow/pegad/internal/kvevents"
@@ -157,29 +151,16 @@ func Run(ctx context.Context, cfg config.Config, opts ...Option) error {
 // Start builds and starts every component and listener. On error, what was
 // started is stopped again. The context only bounds start-up; stop the
 // daemon with Close.
+//
+// Its phases, in order: newDaemon (config, logger, identity), openMetrics,
+// openPorts (every port before anything slow), openDataPlane (transport
+// and its checks), openPool, openComponents, startServing (sweeper,
+// servers, self-check) and announceReady (READY=1, watchdog).
 func Start(ctx context.Context, cfg config.Config, opts ...Option) (d *Daemon, err error) {
-	if err := cfg.Validate(); err != nil {
+	d, err = newDaemon(cfg, opts)
+	if err != nil {
 		return nil, err
 	}
-	var o options
-	for _, f := range opts {
-		f(&o)
-	}
-	d = &Daemon{cfg: cfg, opts: o, started: time.Now(), notify: o.notify}
-	if o.log != nil {
-		d.log = *o.log
-	} else {
-		l, err := logging.New(os.Stderr, cfg.LogLevel, cfg.LogFormat)
-		if err != nil {
-			return nil, err
-		}
-		d.log = l
-	}
-	if d.notify == nil {
-		d.notify = func(state string) { _, _ = daemon.SdNotify(false, state) }
-	}
-	d.incarnation = newIncarnation()
-	d.log = d.log.With().Str("node", cfg.NodeID).Logger()
 	stopExtend := extendStart(d.notify)
 	defer stopExtend()
 	defer func() {
@@ -196,68 +177,119 @@ func Start(ctx context.Context, cfg config.Config, opts ...Option) (d *Daemon, e
 	for _, k := range config.UnknownEnv(os.Environ()) {
 		d.log.Warn().Str("env", k).Msg("Ignoring environment variable: not a pegad setting")
 	}
-
-	d.reg = prometheus.NewRegistry()
-	d.metrics = metrics.New(d.reg, true)
-	d.metrics.SetBuildInfo(version.Version, version.CommitOrVCS(), version.GoVersion())
-
-	// Every port first: a port in use fails now, not after the pool.
-	if err := d.bind(); err != nil {
+	d.openMetrics()
+	if err := d.openPorts(); err != nil {
 		return d, err
 	}
-	if err := d.bindKVEvents(); err != nil {
+	if err := d.openDataPlane(&cfg); err != nil {
 		return d, err
 	}
-	d.tr, err = openTransport(&cfg, d.metrics, d.log)
-	if err != nil {
-		return d, err
-	}
-	d.log.Info().Str("transport", d.tr.name).Str("reason", d.tr.reason).Int("nics", len(d.tr.devices)).
-		Strs("data_addrs", d.tr.dataAddrs).Msg("Transport selected")
-	d.metrics.SetTransport(d.tr.name, d.tr.reasonCode)
-	if err := checkNICNUMA(&cfg, d.tr.devices, d.log); err != nil {
-		return d, err
-	}
-	if d.tr.name == config.TransportVerbs {
-		// Before mapping: each NIC's registration pins the whole pool.
-		if err := pool.CheckPinLimit(uint64(cfg.PoolSize), len(d.tr.devices)); err != nil {
-			return d, err
-		}
-	}
-
 	if err := d.openPool(&cfg); err != nil {
 		return d, err
 	}
 	if err := d.openComponents(&cfg); err != nil {
 		return d, err
 	}
+	bg, err := d.startServing(ctx)
+	if err != nil {
+		return d, err
+	}
+	d.announceReady(bg, &cfg, stopExtend)
+	return d, nil
+}
 
+// newDaemon is a Daemon of a validated cfg with its options, logger,
+// sd_notify and incarnation; nothing is opened yet.
+func newDaemon(cfg config.Config, opts []Option) (*Daemon, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	var o options
+	for _, f := range opts {
+		f(&o)
+	}
+	d := &Daemon{cfg: cfg, opts: o, started: time.Now(), notify: o.notify}
+	if o.log != nil {
+		d.log = *o.log
+	} else {
+		l, err := logging.New(os.Stderr, cfg.LogLevel, cfg.LogFormat)
+		if err != nil {
+			return nil, err
+		}
+		d.log = l
+	}
+	if d.notify == nil {
+		d.notify = func(state string) { _, _ = daemon.SdNotify(false, state) }
+	}
+	d.incarnation = newIncarnation()
+	d.log = d.log.With().Str("node", cfg.NodeID).Logger()
+	return d, nil
+}
+
+// openMetrics makes the daemon's private registry and metrics.
+func (d *Daemon) openMetrics() {
+	d.reg = prometheus.NewRegistry()
+	d.metrics = metrics.New(d.reg, true)
+	d.metrics.SetBuildInfo(version.Version, version.CommitOrVCS(), version.GoVersion())
+}
+
+// openPorts binds every port first: a port in use fails now, not after the
+// pool.
+func (d *Daemon) openPorts() error {
+	if err := d.bind(); err != nil {
+		return err
+	}
+	return d.bindKVEvents()
+}
+
+// openDataPlane opens the transport and checks what it needs of the host
+// before the pool is mapped: NIC and NUMA placement, and with verbs the
+// memlock limit every NIC's registration of the whole pool needs.
+func (d *Daemon) openDataPlane(cfg *config.Config) (err error) {
+	d.tr, err = openTransport(cfg, d.metrics, d.log)
+	if err != nil {
+		return err
+	}
+	d.log.Info().Str("transport", d.tr.name).Str("reason", d.tr.reason).Int("nics", len(d.tr.devices)).
+		Strs("data_addrs", d.tr.dataAddrs).Msg("Transport selected")
+	d.metrics.SetTransport(d.tr.name, d.tr.reasonCode)
+	if err := checkNICNUMA(cfg, d.tr.devices, d.log); err != nil {
+		return err
+	}
+	if d.tr.name == config.TransportVerbs {
+		// Before mapping: each NIC's registration pins the whole pool.
+		if err := pool.CheckPinLimit(uint64(cfg.PoolSize), len(d.tr.devices)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// startServing starts the background goroutines and the servers, proves
+// every endpoint answers, then starts the publishers. It returns the
+// context of the background goroutines (cancelled by d.cancel).
+func (d *Daemon) startServing(ctx context.Context) (context.Context, error) {
 	bg, cancel := context.WithCancel(context.Background())
 	d.cancel = cancel
-	d.sweeps.Expirer = d.holder.Locks()
-	d.sweeps.last.Store(time.Now().UnixNano())
-	d.wg.Add(1)
-	go func() { // lock sweeper; stops with d.cancel
-		defer d.wg.Done()
-		gc.Run(bg, cfg.GCInterval, &d.sweeps, nil)
-	}()
 	d.startReloader(bg)
 
 	if err := d.listen(); err != nil {
-		return d, err
+		return nil, err
 	}
-	d.wg.Add(1)
-	go func() { // local lease sweeper; stops with d.cancel
-		defer d.wg.Done()
-		gc.Run(bg, cfg.GCInterval, d.data, nil) // leases and unadopted pins
-	}()
+	d.startSweeper(bg)
 	// READY=1 promises systemd that every endpoint serves: prove it.
 	if err := d.checkServing(ctx); err != nil {
-		return d, fmt.Errorf("self-check before READY: %w", err)
+		return nil, fmt.Errorf("self-check before READY: %w", err)
 	}
 	d.startPublisher(bg)
 	d.startKVEvents(bg)
+	return bg, nil
+}
 
+// announceReady marks the daemon ready and serving, ends the start-up's
+// timeout extensions, sends READY=1, starts the watchdog and logs what
+// runs where.
+func (d *Daemon) announceReady(bg context.Context, cfg *config.Config, stopExtend func()) {
 	d.ready = true
 	d.serving.Store(true)
 	stopExtend()
@@ -269,7 +301,6 @@ func Start(ctx context.Context, cfg config.Config, opts ...Option) (d *Daemon, e
 		Str("metrics", d.metricsAddr).Str("pool_size", cfg.PoolSize.String()).
 		Bool("pool_locked", d.pool.Locked()).Stringer("lock_timeout", cfg.LockTimeout).
 		Msg("pegad ready")
-	return d, nil
 }
 
 // openPool maps the pool (one part per NUMA node that has NICs, bound to
@@ -364,135 +395,6 @@ func (d *Daemon) openComponents(cfg *config.Config) (err error) {
 	return nil
 }
 
-// listen opens and serves the peer port, the local socket and the metrics
-// endpoint.
-func (d *Daemon) listen() error {
-	cfg := &d.cfg
-	srvMetrics := grpcprom.NewServerMetrics()
-	if err := d.reg.Register(srvMetrics); err != nil {
-		return fmt.Errorf("grpc metrics: %w", err)
-	}
-
-	// Peer port.
-	peerLis := take(&d.bound.peer)
-	d.warnPlaintext(peerLis.Addr())
-	secOpts, peerUnary, peerStream := d.peerServerOptions()
-	peerUnary = append(peerUnary, srvMetrics.UnaryServerInterceptor(), holder.RecoveryInterceptor(d.log), d.drainInterceptor())
-	if d.opts.peerInterceptor != nil {
-		peerUnary = append(peerUnary, d.opts.peerInterceptor)
-	}
-	d.peerSrv = grpc.NewServer(append(secOpts,
-		grpc.ChainUnaryInterceptor(peerUnary...),
-		grpc.ChainStreamInterceptor(append(peerStream, srvMetrics.StreamServerInterceptor(), streamRecovery(d.log))...),
-	)...)
-	pegadv1.RegisterPeerServiceServer(d.peerSrv, d.holder)
-	d.peerHealth = health.NewServer()
-	d.peerHealth.SetServingStatus(pegadv1.PeerService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
-	healthpb.RegisterHealthServer(d.peerSrv, d.peerHealth)
-	if cfg.PeerReflection {
-		reflection.Register(d.peerSrv)
-	}
-	srvMetrics.InitializeMetrics(d.peerSrv)
-	d.serve("peer", func() error { return d.peerSrv.Serve(peerLis) })
-
-	// Local socket.
-	localLis := take(&d.bound.local)
-	d.socket = cfg.Socket
-	d.localSrv = grpc.NewServer(
-		grpc.Creds(localapi.PeerCredentials()),
-		grpc.MaxRecvMsgSize(localapi.MaxRecvMsgSize),
-		grpc.ChainUnaryInterceptor(srvMetrics.UnaryServerInterceptor(), holder.RecoveryInterceptor(d.log), d.drainInterceptor()),
-		grpc.ChainStreamInterceptor(srvMetrics.StreamServerInterceptor(), streamRecovery(d.log)),
-	)
-	d.local = localapi.NewLocal(localapi.LocalOptions{
-		Store:   d.store,
-		Fetcher: d.fetcher(),
-		Log:     d.log.With().Str("component", "localapi").Logger(),
-	})
-	pegadv1.RegisterLocalServiceServer(d.localSrv, d.local)
-	engine := metrics.NewEngine(d.reg) // the data socket's lookups, shown by Stats too
-	pegadv1.RegisterAdminServiceServer(d.localSrv, localapi.NewAdmin(localapi.AdminOptions{
-		Engine:  engine,
-		Store:   d.store,
-		Locks:   d.holder.Locks(),
-		Conns:   d.conns,
-		Fetcher: d.engine,
-		Metrics: d.metrics,
-		Node: localapi.NodeInfo{
-			NodeID: cfg.NodeID, Incarnation: d.incarnation, Transport: d.tr.name,
-			VerbsAvailable: d.tr.verbsAvailable, Started: d.started,
-		},
-		Log: d.log.With().Str("component", "admin").Logger(),
-	}))
-	d.registerCluster()
-	d.localHealth = health.NewServer()
-	for _, svc := range []string{pegadv1.LocalService_ServiceDesc.ServiceName, pegadv1.AdminService_ServiceDesc.ServiceName} {
-		d.localHealth.SetServingStatus(svc, healthpb.HealthCheckResponse_SERVING)
-	}
-	healthpb.RegisterHealthServer(d.localSrv, d.localHealth)
-	reflection.Register(d.localSrv)
-	srvMetrics.InitializeMetrics(d.localSrv)
-	d.serve("local", func() error { return d.localSrv.Serve(localLis) })
-
-	// Data socket: the pool's memfd and zero-copy leases for local clients.
-	dataLis := take(&d.bound.data)
-	d.data = localdata.New(localdata.Options{
-		Store:        d.store,
-		LeaseTimeout: cfg.LockTimeout,
-		Metrics:      d.reg,
-		Engine:       engine,
-		Locator:      d.locator(),
-		Self:         d.cfg.NodeID,
-		Log:          d.log.With().Str("component", "localdata").Logger(),
-	})
-	d.serve("data", func() error { return d.data.Serve(dataLis) })
-
-	// Metrics.
-	if d.bound.metrics != nil {
-		ml := take(&d.bound.metrics)
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{Registry: d.reg}))
-		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
-			if !d.serving.Load() {
-				msg := "starting"
-				if d.draining.Load() {
-					msg = DrainingMessage
-				}
-				http.Error(w, msg, http.StatusServiceUnavailable)
-				return
-			}
-			_, _ = w.Write([]byte("ok\n"))
-		})
-		d.httpSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-		d.serve("metrics", func() error {
-			if err := d.httpSrv.Serve(ml); !errors.Is(err, http.ErrServerClosed) {
-				return err
-			}
-			return nil
-		})
-	}
-	if d.bound.debug != nil {
-		d.serveDebug(take(&d.bound.debug))
-	}
-	return nil
-}
-
-// serve runs fn in a goroutine owned by d (stopped by Close). A Serve loop
-// that ends before shutdown marks the daemon unhealthy (no watchdog ping).
-func (d *Daemon) serve(name string, fn func() error) {
-	d.wg.Add(1)
-	go func() {
-		defer d.wg.Done()
-		err := fn()
-		if err != nil && !errors.Is(err, grpc.ErrServerStopped) {
-			d.log.Error().Err(err).Str("server", name).Msg("Server stopped with an error")
-		}
-		if !d.draining.Load() {
-			d.serverDown.CompareAndSwap(nil, &name)
-		}
-	}()
-}
-
 // Close shuts down in order (docs/operations.md "Shutdown"):
 //
 //  1. announce: health NOT_SERVING, /healthz 503 "draining", STOPPING=1;
@@ -503,7 +405,7 @@ func (d *Daemon) serve(name string, fn func() error) {
 //     renewals are served meanwhile);
 //  3. prefetch engine: abort what is left (its guards release the locks);
 //  4. holder: release the sessions peers still hold;
-//  5. peer port, lock sweeper, watchdog;
+//  5. peer port, lease sweeper, watchdog;
 //  6. local socket and /metrics, the last to go, so pegactl and scrapes
 //     work throughout;
 //  7. connections, peer clients, transport, pool.
@@ -514,13 +416,32 @@ func (d *Daemon) Close() error {
 	return d.closeErr
 }
 
+// shutdown runs Close's steps, each a phase below; stopBy bounds each
+// server's stop by what is left of shutdown-timeout (minStopGrace at
+// least).
 func (d *Daemon) shutdown() error {
-	var errs []error
 	start := time.Now()
 	deadline := start.Add(d.cfg.ShutdownTimeout)
 	stopBy := func() time.Duration { return max(time.Until(deadline), minStopGrace) }
 
-	// 1. Announce.
+	d.announceShutdown()
+	d.drainWork(deadline)
+	errs := d.stopWork(stopBy)
+	d.stopLocal(stopBy)
+	errs = append(errs, d.closeDataPlane(stopBy)...)
+	err := errors.Join(errs...)
+	switch {
+	case err != nil:
+		d.log.Error().Err(err).Msg("Shutdown finished with errors")
+	case d.ready:
+		d.log.Info().Float64("took", time.Since(start).Seconds()).Msg("Shutdown complete")
+	}
+	return err
+}
+
+// announceShutdown is step 1: health NOT_SERVING, /healthz "draining",
+// STOPPING=1, new work refused, the node out of the cluster index.
+func (d *Daemon) announceShutdown() {
 	d.draining.Store(true)
 	d.serving.Store(false)
 	if d.peerHealth != nil {
@@ -533,30 +454,37 @@ func (d *Daemon) shutdown() error {
 		d.notify(daemon.SdNotifyStopping)
 	}
 	d.leaveCluster()
+}
 
-	// 2. Drain.
-	if d.ready {
-		d.log.Info().Stringer("shutdown_timeout", d.cfg.ShutdownTimeout).
-			Msg("Draining: refusing new sessions and prefetches; serving granted ones")
-		if !d.drain(deadline) {
-			d.logDrain(len(d.engine.InFlight()), d.holder.Locks().Len(), 0)
-			d.log.Warn().Msg("Shutdown timeout: aborting the fetches and releasing the sessions above")
-		}
+// drainWork is step 2: wait, until deadline, for the fetches running here
+// and the sessions peers hold here to finish (only once Start completed).
+func (d *Daemon) drainWork(deadline time.Time) {
+	if !d.ready {
+		return
 	}
+	d.log.Info().Stringer("shutdown_timeout", d.cfg.ShutdownTimeout).
+		Msg("Draining: refusing new sessions and prefetches; serving granted ones")
+	if !d.drain(deadline) {
+		d.logDrain(len(d.engine.InFlight()), d.holder.Locks().Len(), 0)
+		d.log.Warn().Msg("Shutdown timeout: aborting the fetches and releasing the sessions above")
+	}
+}
 
-	// 3. Requester: abort what is left; guards release the locks on peers.
+// stopWork is steps 3 to 5: the prefetch engine aborts what is left (its
+// guards release the locks on peers), the peer port stops, the holder
+// releases the sessions peers still hold, and the background goroutines
+// (lease sweeper, watchdog, publishers) are told to stop.
+func (d *Daemon) stopWork(stopBy func() time.Duration) (errs []error) {
 	if d.engine != nil {
 		if err := d.engine.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("prefetch engine: %w", err))
 		}
 	}
-	// 4. Peer port: a query that passed the drain check just before it
-	// was set finishes here, so the release below sees its session.
+	// A query that passed the drain check just before it was set
+	// finishes here, so the release below sees its session.
 	if d.peerSrv != nil {
 		gracefulStop(d.peerSrv, stopBy())
 	}
-	// 5. Holder: sessions peers did not release in time; then the
-	// background goroutines.
 	if d.holder != nil {
 		if n := d.holder.Locks().ReleaseAll("shutdown"); n > 0 {
 			d.log.Info().Int("sessions", n).Msg("Released holder sessions at shutdown")
@@ -565,7 +493,13 @@ func (d *Daemon) shutdown() error {
 	if d.cancel != nil {
 		d.cancel()
 	}
-	// 6. Local socket and /metrics, last.
+	return errs
+}
+
+// stopLocal is step 6: the local socket and /metrics (and the debug
+// endpoint) go last, so pegactl and scrapes work throughout; then every
+// local lease ends and the daemon's goroutines are waited for.
+func (d *Daemon) stopLocal(stopBy func() time.Duration) {
 	var stopWG sync.WaitGroup
 	if d.localSrv != nil {
 		stopWG.Add(1)
@@ -594,8 +528,11 @@ func (d *Daemon) shutdown() error {
 		d.closeCluster()
 	}
 	d.closeKVEvents()
+}
 
-	// 7. Data plane and memory.
+// closeDataPlane is step 7: connections, peer clients, transport, the SSD
+// tier and the pool, once no handler can touch pool memory.
+func (d *Daemon) closeDataPlane(stopBy func() time.Duration) (errs []error) {
 	if d.conns != nil {
 		if err := d.conns.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("connections: %w", err))
@@ -622,14 +559,7 @@ func (d *Daemon) shutdown() error {
 			errs = append(errs, fmt.Errorf("pool: %w", err))
 		}
 	}
-	err := errors.Join(errs...)
-	switch {
-	case err != nil:
-		d.log.Error().Err(err).Msg("Shutdown finished with errors")
-	case d.ready:
-		d.log.Info().Float64("took", time.Since(start).Seconds()).Msg("Shutdown complete")
-	}
-	return err
+	return errs
 }
 
 // gracefulStop drains s, falling back to a hard Stop after timeout.

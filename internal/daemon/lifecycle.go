@@ -22,7 +22,7 @@ import (
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	"github.com/pegaflow/pegad/api/pegaderr"
-	"github.com/pegaflow/pegad/internal/gc"
+	"github.com/pegaflow/pegad/internal/lease"
 )
 
 // DrainingMessage is the text of the UNAVAILABLE status that new sessions,
@@ -51,15 +51,29 @@ const (
 // shutdown-timeout: handlers the drain aborted get this long to answer.
 const minStopGrace = 500 * time.Millisecond
 
-// sweepClock wraps the lock table so the watchdog can see the sweeper run.
+// sweepClock wraps what the lease sweeper expires so the watchdog can see
+// it run.
 type sweepClock struct {
-	gc.Expirer
+	lease.Expirer
 	last atomic.Int64 // unix nanos of the last tick
 }
 
 func (s *sweepClock) ExpireBefore(now time.Time) int {
 	s.last.Store(time.Now().UnixNano())
 	return s.Expirer.ExpireBefore(now)
+}
+
+// startSweeper runs the daemon's one lease sweeper, every gc-interval,
+// over both lease tables: the holder's transfer locks and the data
+// socket's leases and unadopted pins. It stops with d.cancel (ctx).
+func (d *Daemon) startSweeper(ctx context.Context) {
+	d.sweeps.Expirer = lease.Expirers{d.holder.Locks(), d.data}
+	d.sweeps.last.Store(time.Now().UnixNano())
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		lease.Sweep(ctx, d.cfg.GCInterval, &d.sweeps, nil)
+	}()
 }
 
 // unhealthy says why the watchdog must not ping ("" when healthy): the lock

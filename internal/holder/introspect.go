@@ -3,6 +3,7 @@ package holder
 import (
 	"time"
 
+	"github.com/pegaflow/pegad/internal/lease"
 	"github.com/pegaflow/pegad/internal/metrics"
 	"github.com/pegaflow/pegad/internal/store"
 )
@@ -31,9 +32,9 @@ func (r EndReason) outcome() string {
 // session whose lease has lapsed but that the sweeper has not reached yet is
 // not live (session.lapsed), so it does not count.
 func (t *LockTable) oldestAge() time.Duration {
-	now := t.now()
-	nowS := t.stamp(now)
-	var oldest stamp
+	now := t.clock.Now()
+	nowS := t.clock.Stamp(now)
+	var oldest lease.Stamp
 	found := false
 	for i := range t.shards {
 		sh := &t.shards[i]
@@ -51,7 +52,7 @@ func (t *LockTable) oldestAge() time.Duration {
 	if !found {
 		return 0
 	}
-	return now.Sub(t.at(oldest))
+	return now.Sub(t.clock.At(oldest))
 }
 
 // LockedBlock is one block a session pins (pegactl locks list).

@@ -7,7 +7,7 @@
 // once (release, expiry, operator force-release, requester restart, or
 // shutdown). It never touches block bytes, never frees memory itself (the
 // store does, on the last unpin), and never runs goroutines of its own:
-// expiry is driven from outside (internal/gc calls ExpireBefore).
+// expiry is driven from outside (the daemon's lease.Sweep calls ExpireBefore).
 //
 // Contract details a requester depends on:
 //   - A request names at most MaxHashes (default 4096) distinct hashes of
@@ -355,8 +355,8 @@ func (s *Service) QueryBlocksForTransfer(ctx context.Context, req *pegadv1.Query
 		return nil, toStatus(err)
 	}
 	resp.SessionId = sess.id.String()
-	resp.LockTimeout = durationpb.New(time.Duration(sess.deadline - sess.created))
-	resp.ExpiresAt = timestamppb.New(s.locks.at(sess.deadline))
+	resp.LockTimeout = durationpb.New(time.Duration(sess.deadline() - sess.created))
+	resp.ExpiresAt = timestamppb.New(s.locks.clock.At(sess.deadline()))
 	s.opts.Log.Debug().Str("session", resp.SessionId).Str("requester", node).Int("blocks", len(pinned)).
 		Int("missing", len(missing)).Msg("Transfer lock taken")
 	return resp, nil

@@ -4,9 +4,8 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"math"
-	"time"
 
+	"github.com/pegaflow/pegad/internal/lease"
 	"github.com/pegaflow/pegad/internal/store"
 )
 
@@ -15,7 +14,7 @@ import (
 // a session is one 112-byte record with no pointers to per-session strings:
 // its id is the raw 16 bytes (hex only when shown), its owner and
 // incarnation are one pointer to a record interned per requester node
-// (incarnation), and its times are nanoseconds since the table's epoch.
+// (incarnation), and its times are lease.Stamps of the table's clock.
 
 // sessionID is a session id's 16 random bytes; the wire form is 32 hex
 // characters (String, parseID). The zero id is never given out: it marks
@@ -85,18 +84,19 @@ type incarnation struct {
 
 // session is one transfer lock. id, who, blocks, bytes, created and seq are
 // immutable; prev and next are guarded by its node's mu; the rest by its
-// shard's mu.
+// shard's mu. Its lease (deadline, renewals, expiry order) is a lease.Item
+// in its shard's lease.Queue.
 type session struct {
 	id      sessionID
 	who     *incarnation
 	blocks  []*store.Block
 	bytes   uint64
-	created stamp
+	created lease.Stamp
 	seq     uint64 // opening order, for paged listings
 
-	deadline stamp
-	heapIdx  int32 // index in shard.expiry; -1 once removed
-	renewals int32 // saturates at MaxInt32
+	// lease is the session's deadline, its place in its shard's expiry
+	// queue and its renewal count (internal/lease's one implementation).
+	lease lease.Item
 	// query is the requester's id of the query that opened it (0: none),
 	// so that a requester that lost the answer can still release it.
 	query uint64
@@ -107,20 +107,17 @@ type session struct {
 func (s *session) owner() string       { return s.who.node.id }
 func (s *session) incarnation() string { return s.who.inc }
 
-func (s *session) renewed() {
-	if s.renewals < math.MaxInt32 {
-		s.renewals++
-	}
-}
+// LeaseItem is the session's lease (lease.Leased).
+func (s *session) LeaseItem() *lease.Item { return &s.lease }
 
-// stamp is a time as nanoseconds since the lock table's epoch (its clock's
-// reading when it was made): 8 bytes instead of time.Time's 24, and, with
-// the real clock, taken from the monotonic reading, so wall-clock steps do
-// not move deadlines.
-type stamp int64
+// lapsed is the one rule of when a session is over: when its lease has
+// lapsed at nowS, whether or not the sweeper has ticked since. Every path
+// that finds a session (release, renew, force-release, end, listings, the
+// oldest-age gauge, the sweeper) asks this, so none treats a lapsed lease
+// as live.
+func (s *session) lapsed(nowS lease.Stamp) bool { return s.lease.Lapsed(nowS) }
 
-func (t *LockTable) stamp(tm time.Time) stamp { return stamp(tm.Sub(t.epoch)) }
-func (t *LockTable) at(s stamp) time.Time     { return t.epoch.Add(time.Duration(s)) }
+func (s *session) deadline() lease.Stamp { return s.lease.Deadline() }
 
 // sessionList is a node's live sessions, linked through the sessions
 // themselves (16 bytes in each record instead of an entry in a per-node
@@ -158,30 +155,4 @@ func (l *sessionList) remove(s *session) {
 type tombstone struct {
 	owner string
 	end   EndReason
-}
-
-// expiryHeap is a min-heap of live sessions by deadline. Sessions carry
-// their index so release and renew remove/fix in O(log n), no lazy garbage.
-type expiryHeap []*session
-
-func (h expiryHeap) Len() int           { return len(h) }
-func (h expiryHeap) Less(i, j int) bool { return h[i].deadline < h[j].deadline }
-func (h expiryHeap) Swap(i, j int) {
-	h[i], h[j] = h[j], h[i]
-	h[i].heapIdx = int32(i)
-	h[j].heapIdx = int32(j)
-}
-func (h *expiryHeap) Push(x any) {
-	s := x.(*session)
-	s.heapIdx = int32(len(*h))
-	*h = append(*h, s)
-}
-func (h *expiryHeap) Pop() any {
-	old := *h
-	n := len(old)
-	s := old[n-1]
-	old[n-1] = nil
-	s.heapIdx = -1
-	*h = old[:n-1]
-	return s
 }

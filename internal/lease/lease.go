@@ -1,17 +1,21 @@
-// Package lease is a table of leases held by owners (a local client's
-// connection): each lease carries a value (what it holds: a pin, a write
-// allocation), a deadline, and an end function that gives the value back.
-// A lease ends exactly once: taken by its owner (commit, release), ended
-// by its owner's disconnect (EndOwner), or expired by the sweeper
-// (ExpireBefore, the gc.Expirer interface the holder's lock table also
-// implements).
+// Package lease owns leases: records that hold something (a pin, a write
+// allocation, a transfer lock) until a deadline, renewable, ended exactly
+// once. It has the one implementation of deadline order and expiry used
+// by both lease tables of the daemon, and the one sweeper that drives
+// them:
+//
+//   - Queue orders any record that embeds an Item by deadline; Remove,
+//     Renew and Expire keep "ends exactly once" (a record leaves the queue
+//     to one caller). The holder's lock table keeps one Queue per shard.
+//   - Table is a table of leases held by owners (a local client's
+//     connection), each with a value and an end function that gives the
+//     value back: taken by its owner (commit, release), ended by its
+//     owner's disconnect (Owner.Close), or expired (ExpireBefore).
+//   - Sweep runs an Expirer (one, or several as Expirers) every interval
+//     until its context ends.
 //
 // It owns only this bookkeeping: it must never touch a socket or decide what
 // a value means; the end function, run outside the table's lock, does.
-//
-// Every lease has the same timeout, so deadlines are ordered like the
-// leases' last open or renew: one list, oldest first, gives O(1) open,
-// renew and end and an expiry sweep that costs only what expires.
 package lease
 
 import (
@@ -53,12 +57,13 @@ func (r Reason) String() string {
 type ID uint64
 
 type entry[V any] struct {
-	id         ID
-	owner      *Owner[V]
-	val        V
-	deadline   time.Time
-	prev, next *entry[V] // deadline order; guarded by Table.mu
+	Item  // guarded by Table.mu
+	id    ID
+	owner *Owner[V]
+	val   V
 }
+
+func (e *entry[V]) LeaseItem() *Item { return &e.Item }
 
 // Owner is one holder of leases (a connection). Its ids are its own: an id
 // of one owner means nothing to another.
@@ -73,27 +78,21 @@ type Owner[V any] struct {
 type Table[V any] struct {
 	timeout time.Duration // immutable
 	maxPer  int           // immutable
-	// end and now are immutable.
-	end func(V, Reason)
-	now func() time.Time
-	// mu guards every owner's leases, next and closed, and head (the
-	// deadline list), live and isClosed.
-	mu       sync.Mutex
-	head     entry[V] // sentinel of the deadline list: head.next is the oldest
-	live     int
-	isClosed bool
+	// end and clock are immutable.
+	end   func(V, Reason)
+	clock Clock
+	// mu guards every owner's leases, next and closed, and byDeadline
+	// and isClosed.
+	mu         sync.Mutex
+	byDeadline Queue[*entry[V]]
+	isClosed   bool
 }
 
 // New makes a table whose leases live timeout past their last open or
 // renew, at most maxPerOwner per owner (0: no limit); end gives a lease's
 // value back when it ends other than by Take. now nil means time.Now.
 func New[V any](timeout time.Duration, maxPerOwner int, end func(V, Reason), now func() time.Time) *Table[V] {
-	if now == nil {
-		now = time.Now
-	}
-	t := &Table[V]{timeout: timeout, maxPer: maxPerOwner, end: end, now: now}
-	t.head.prev, t.head.next = &t.head, &t.head
-	return t
+	return &Table[V]{timeout: timeout, maxPer: maxPerOwner, end: end, clock: NewClock(now)}
 }
 
 // Timeout is a lease's lifetime without Renew.
@@ -104,16 +103,8 @@ func (t *Table[V]) NewOwner() *Owner[V] {
 	return &Owner[V]{t: t, leases: make(map[ID]*entry[V])}
 }
 
-func (t *Table[V]) pushLocked(e *entry[V]) {
-	last := t.head.prev
-	e.prev, e.next = last, &t.head
-	last.next = e
-	t.head.prev = e
-}
-
-func (t *Table[V]) unlinkLocked(e *entry[V]) {
-	e.prev.next, e.next.prev = e.next, e.prev
-	e.prev, e.next = nil, nil
+func (t *Table[V]) deadlineLocked() Stamp {
+	return t.clock.Stamp(t.clock.Now()) + Stamp(t.timeout)
 }
 
 // Open adds a lease holding v. ErrLimit when the owner is at its limit,
@@ -130,10 +121,9 @@ func (o *Owner[V]) Open(v V) (ID, error) {
 		return 0, fmt.Errorf("%w: %d held", ErrLimit, len(o.leases))
 	}
 	o.next++
-	e := &entry[V]{id: o.next, owner: o, val: v, deadline: t.now().Add(t.timeout)}
+	e := &entry[V]{id: o.next, owner: o, val: v}
 	o.leases[e.id] = e
-	t.pushLocked(e)
-	t.live++
+	t.byDeadline.Add(e, t.deadlineLocked())
 	return e.id, nil
 }
 
@@ -175,8 +165,7 @@ func (o *Owner[V]) TakeIf(id ID, ok func(V) error) (V, error) {
 
 func (t *Table[V]) removeLocked(e *entry[V]) {
 	delete(e.owner.leases, e.id)
-	t.unlinkLocked(e)
-	t.live--
+	t.byDeadline.Remove(e)
 }
 
 // Renew pushes a live lease's deadline to now + timeout.
@@ -188,9 +177,7 @@ func (o *Owner[V]) Renew(id ID) error {
 	if !ok {
 		return fmt.Errorf("%w: %d", ErrNoLease, id)
 	}
-	e.deadline = t.now().Add(t.timeout)
-	t.unlinkLocked(e)
-	t.pushLocked(e)
+	t.byDeadline.Renew(e, t.deadlineLocked())
 	return nil
 }
 
@@ -220,14 +207,15 @@ func (o *Owner[V]) Close() int {
 }
 
 // ExpireBefore ends every lease whose deadline is not after now and returns
-// how many ended (gc.Expirer). It costs O(1) plus what expires.
+// how many ended (Expirer). It costs O(1) plus O(log n) for each that
+// expires.
 func (t *Table[V]) ExpireBefore(now time.Time) int {
 	t.mu.Lock()
 	var vals []V
-	for e := t.head.next; e != &t.head && !e.deadline.After(now); e = t.head.next {
-		t.removeLocked(e)
+	t.byDeadline.Expire(t.clock.Stamp(now), func(e *entry[V]) {
+		delete(e.owner.leases, e.id)
 		vals = append(vals, e.val)
-	}
+	})
 	t.mu.Unlock()
 	for _, v := range vals {
 		t.end(v, Expired)
@@ -240,7 +228,9 @@ func (t *Table[V]) Close() int {
 	t.mu.Lock()
 	t.isClosed = true
 	var vals []V
-	for e := t.head.next; e != &t.head; e = t.head.next {
+	var all []*entry[V]
+	t.byDeadline.Each(func(e *entry[V]) { all = append(all, e) })
+	for _, e := range all { // not while walking the queue
 		t.removeLocked(e)
 		vals = append(vals, e.val)
 	}
@@ -255,5 +245,5 @@ func (t *Table[V]) Close() int {
 func (t *Table[V]) Len() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.live
+	return t.byDeadline.Len()
 }

@@ -56,7 +56,7 @@ func (s *Server) endPin(p pinned, why lease.Reason) {
 }
 
 // ExpireBefore ends the leases and the unadopted pins whose deadline is
-// before now (the gc sweeper's Expirer).
+// before now (the lease sweeper's Expirer).
 func (s *Server) ExpireBefore(now time.Time) int {
 	return s.leases.ExpireBefore(now) + s.pins.ExpireBefore(now)
 }

@@ -5,7 +5,7 @@
 // leases (Lease: a pinned block the client reads in place, until Release).
 //
 // It owns the connections and their leases (in an internal/lease table: a
-// connection that closes ends its leases at once; the gc sweeper expires the
+// connection that closes ends its leases at once; the lease sweeper expires the
 // rest). It must never index or pin anything except through the store, nor
 // give one connection a lease id that another can use: ids are per
 // connection.
@@ -176,7 +176,7 @@ func New(o Options) *Server {
 	return s
 }
 
-// Leases is the lease table, for tests (the gc sweeper runs the server's
+// Leases is the lease table, for tests (the lease sweeper runs the server's
 // ExpireBefore, which also ends unadopted pins).
 func (s *Server) Leases() *lease.Table[held] { return s.leases }
 

@@ -22,10 +22,10 @@ import (
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	"github.com/pegaflow/pegad/internal/conn"
-	"github.com/pegaflow/pegad/internal/gc"
 	"github.com/pegaflow/pegad/internal/holder"
 	"github.com/pegaflow/pegad/internal/ibv"
 	"github.com/pegaflow/pegad/internal/ibv/tcp"
+	"github.com/pegaflow/pegad/internal/lease"
 	"github.com/pegaflow/pegad/internal/metrics"
 	"github.com/pegaflow/pegad/internal/peer"
 	"github.com/pegaflow/pegad/internal/pool"
@@ -131,7 +131,7 @@ func startE2ENode(t *testing.T, o e2eOptions) *e2eNode {
 		// (and is counted in pegaflow_transfer_lock_timeouts_total).
 		gcCtx, gcStop := context.WithCancel(context.Background())
 		gcDone := make(chan struct{})
-		go func() { defer close(gcDone); gc.Run(gcCtx, 20*time.Millisecond, n.holder.Locks(), nil) }()
+		go func() { defer close(gcDone); lease.Sweep(gcCtx, 20*time.Millisecond, n.holder.Locks(), nil) }()
 		t.Cleanup(func() { gcStop(); <-gcDone })
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {

@@ -1,4 +1,4 @@
-package gc
+package lease
 
 import (
 	"context"
@@ -23,7 +23,7 @@ func (c *countingExpirer) ExpireBefore(now time.Time) int {
 	return 0
 }
 
-func TestRunSweepsUntilCanceled(t *testing.T) {
+func TestSweepUntilCanceled(t *testing.T) {
 	tests := []struct {
 		name     string
 		interval time.Duration
@@ -39,12 +39,12 @@ func TestRunSweepsUntilCanceled(t *testing.T) {
 			done := make(chan struct{})
 			go func() {
 				defer close(done)
-				Run(ctx, tc.interval, e, func() time.Time { return fixed })
+				Sweep(ctx, tc.interval, e, func() time.Time { return fixed })
 			}()
 			want := int64(3)
 			wait := 2 * time.Second
 			if tc.interval <= 0 {
-				want, wait = 1, 3*DefaultInterval
+				want, wait = 1, 3*DefaultSweepInterval
 			}
 			deadline := time.Now().Add(wait)
 			for e.calls.Load() < want && time.Now().Before(deadline) {
@@ -54,7 +54,7 @@ func TestRunSweepsUntilCanceled(t *testing.T) {
 			select {
 			case <-done:
 			case <-time.After(2 * time.Second):
-				t.Fatal("Run did not return after cancel")
+				t.Fatal("Sweep did not return after cancel")
 			}
 			if got := e.calls.Load(); got < want {
 				t.Fatalf("ExpireBefore called %d times, want >= %d", got, want)
@@ -62,22 +62,41 @@ func TestRunSweepsUntilCanceled(t *testing.T) {
 			if got := e.last.Load(); got != fixed.UnixNano() {
 				t.Fatalf("ExpireBefore got now=%d, want the injected clock %d", got, fixed.UnixNano())
 			}
-			// No call after Run returned.
+			// No call after Sweep returned.
 			n := e.calls.Load()
 			time.Sleep(20 * time.Millisecond)
 			if e.calls.Load() != n {
-				t.Fatal("ExpireBefore called after Run returned")
+				t.Fatal("ExpireBefore called after Sweep returned")
 			}
 		})
 	}
 }
 
-func TestRunReturnsOnCanceledContext(t *testing.T) {
+func TestSweepReturnsOnCanceledContext(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	e := &countingExpirer{}
-	Run(ctx, time.Hour, e, nil)
+	Sweep(ctx, time.Hour, e, nil)
 	if e.calls.Load() != 0 {
 		t.Fatalf("ExpireBefore called %d times on a canceled context", e.calls.Load())
+	}
+}
+
+// TestExpirersGiveEachTheSameTime: one sweep of several tables gives each
+// the same time and sums what they ended.
+func TestExpirersGiveEachTheSameTime(t *testing.T) {
+	a, b := &countingExpirer{}, &countingExpirer{}
+	ta, ca, _ := newTable(t, time.Second, 0)
+	o := ta.NewOwner()
+	_, _ = o.Open(1)
+	_, _ = o.Open(2)
+	now := ca.now().Add(time.Second)
+	if n := (Expirers{a, ta, b}).ExpireBefore(now); n != 2 {
+		t.Fatalf("Expirers ended %d, want the table's 2", n)
+	}
+	for _, e := range []*countingExpirer{a, b} {
+		if e.calls.Load() != 1 || e.last.Load() != now.UnixNano() {
+			t.Fatalf("expirer called %d times with %d, want once with %d", e.calls.Load(), e.last.Load(), now.UnixNano())
+		}
 	}
 }

@@ -1,0 +1,37 @@
+package daemon
+
+import (
+	"testing"
+	"time"
+
+	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+	"github.com/pegaflow/pegad/internal/lease"
+)
+
+// TestOneSweeperForBothLeaseTables: the daemon runs one lease sweeper, and
+// it sweeps both tables — the holder's transfer locks and the data
+// socket's leases — so an unreleased session ends at its lock timeout and
+// the watchdog sees the sweeper tick. Before, two sweepers ran and the
+// watchdog saw only the holder's.
+func TestOneSweeperForBothLeaseTables(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.LockTimeout = 300 * time.Millisecond
+	cfg.GCInterval = 20 * time.Millisecond
+	n := startNode(t, cfg)
+	es, ok := n.d.sweeps.Expirer.(lease.Expirers)
+	if !ok || len(es) != 2 || es[0] != lease.Expirer(n.d.holder.Locks()) || es[1] != lease.Expirer(n.d.data) {
+		t.Fatalf("sweeper expires %#v, want the holder's locks and the data socket's leases", n.d.sweeps.Expirer)
+	}
+	putBlock(t, n, "ns", []byte{7}, pattern(1000, 7), false)
+	q, err := n.peer.QueryBlocksForTransfer(ctxT(t), &pegadv1.QueryBlocksForTransferRequest{
+		Namespace: "ns", Hashes: [][]byte{{7}}, Requester: &pegadv1.Requester{NodeId: "r", Incarnation: "i"}})
+	if err != nil || q.GetSessionId() == "" {
+		t.Fatalf("query: %v %v", q, err)
+	}
+	eventually(t, "the sweeper expires the unreleased session", 5*time.Second, func() bool {
+		return n.d.holder.Locks().Len() == 0
+	})
+	if why := n.d.unhealthy(time.Now()); why != "" {
+		t.Fatalf("unhealthy with the sweeper running: %s", why)
+	}
+}
