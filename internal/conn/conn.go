@@ -75,6 +75,12 @@ var (
 	// ErrNoActiveNIC: every local NIC's port is down, so no handshake can
 	// build a QP that would carry a READ (wrapped in ErrConnectionBroken).
 	ErrNoActiveNIC = errors.New("conn: no local NIC has an active port")
+	// ErrRailDown: a READ failed because the port of the NIC it went
+	// through is down (found by querying the port, as the failure can come
+	// before the port's event). Like a flush it says nothing of the other
+	// rails or the peer: a fresh connection, without that NIC, can carry
+	// the READ again. Wraps the work completion's error.
+	ErrRailDown = errors.New("conn: the NIC's port went down under the read")
 )
 
 // IsConnectionClass reports whether err means the connection it came from

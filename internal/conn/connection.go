@@ -357,7 +357,7 @@ func (c *AddrConnection) runBatches(ctx context.Context, batches []*batch) error
 	if first == nil {
 		return nil
 	}
-	err := fmt.Errorf("conn: read from %s: %w", c.peer, first)
+	err := fmt.Errorf("conn: read from %s: %w", c.peer, c.railCheck(first))
 	if IsConnectionClass(first) || qpErrored {
 		c.m.Invalidate(c, err)
 	}

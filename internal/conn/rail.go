@@ -1,9 +1,13 @@
 package conn
 
 import (
+	"errors"
 	"fmt"
+	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/pegaflow/pegad/internal/ibv"
 )
 
 // One rail down must not take the node down. A NIC whose port goes down
@@ -18,6 +22,51 @@ import (
 // replaced (they drain their in-flight READs first), so the rail carries
 // again from the next fetch on.
 
+// railCheck looks at a Read's first failure: a work completion in error
+// (not a flush) on a NIC whose port is no longer ACTIVE means the rail went
+// down under it. rxe fails such READs at once (local QP operation error)
+// when its netdev goes down, before the port's event reaches us. The NIC is
+// taken out of placement now (the event, when it comes, finds it done) and
+// the error wraps ErrRailDown, which the requester retries. The port is
+// asked a few times over 100 ms: the kernel marks it down just after the
+// transmit that failed. Any other error is returned as it is.
+func (c *AddrConnection) railCheck(err error) error {
+	var se *ibv.StatusError
+	if !errors.As(err, &se) || se.Status == ibv.WCWRFlushErr {
+		return err
+	}
+	n := c.nicOfQP(se.QPN)
+	if n == nil {
+		return err
+	}
+	ps, ok := n.dev.(ibv.PortStater)
+	if !ok {
+		return err
+	}
+	for i := range 5 {
+		if i > 0 {
+			time.Sleep(20 * time.Millisecond)
+		}
+		if active, qerr := ps.PortActive(); qerr == nil && !active {
+			c.m.railDown(n, c.m.log.With().Str("nic", n.info.Name).Str("event", "read_failed").Logger())
+			return fmt.Errorf("%w: %s: %w", ErrRailDown, n.info.Name, err)
+		}
+	}
+	return err
+}
+
+// nicOfQP is the NIC of c's QP qpn; nil if c has none.
+func (c *AddrConnection) nicOfQP(qpn uint32) *localNIC {
+	for _, cn := range c.nics {
+		for _, s := range cn.sessions {
+			if s.p.qpn == qpn {
+				return cn.nic
+			}
+		}
+	}
+	return nil
+}
+
 // upNICs returns the NICs whose port is up, in device order.
 func (m *Manager) upNICs() []*localNIC {
 	out := make([]*localNIC, 0, len(m.nics))
@@ -30,8 +79,12 @@ func (m *Manager) upNICs() []*localNIC {
 }
 
 // railDown takes n out of placement and flushes the READs through it.
+// A second call (the port's event after railCheck found it down) has
+// nothing left to do: connections made since leave n out.
 func (m *Manager) railDown(n *localNIC, log zerolog.Logger) {
-	n.down.Store(true)
+	if n.down.Swap(true) {
+		return
+	}
 	n.up.Set(0)
 	conns := m.requesterConns()
 	log.Warn().Int("connections", len(conns)).Int("nics_up", len(m.upNICs())).

@@ -211,3 +211,39 @@ func TestInFlightBytesSettle(t *testing.T) {
 		}
 	}
 }
+
+// TestFakeVerbsRailFailsBeforeEvent: rxe fails READs through a NIC whose
+// netdev went down at once (local QP operation error), before the port's
+// event arrives; seen in the verbs-e2e guest, where the fetch in flight
+// then failed. The Read's error must say the rail went down (ErrRailDown,
+// which the requester retries on a fresh connection) and the NIC must be
+// out of placement already, without the event.
+func TestFakeVerbsRailFailsBeforeEvent(t *testing.T) {
+	const bs = 64 << 10
+	holder, req := twoRails(t, 32*bs)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := req.mgr.Get(ctx, "holder:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	verbs.FakeNetdevDown("pegadfake1")
+	rerr := c.Read(ctx, wholeOps(holder, req, bs))
+	if !errors.Is(rerr, ErrRailDown) {
+		t.Fatalf("Read through a NIC whose netdev went down: %v, want ErrRailDown", rerr)
+	}
+	if up := testutil.ToFloat64(req.met.NICUp.WithLabelValues("pegadfake1")); up != 0 {
+		t.Fatalf("pegadfake1 nic_up = %v, want 0 before any event", up)
+	}
+	c2, err := req.mgr.Get(ctx, "holder:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	clear(req.mem)
+	if err := c2.Read(ctx, wholeOps(holder, req, bs)); err != nil {
+		t.Fatalf("Read over the remaining rail: %v", err)
+	}
+	if !bytes.Equal(req.mem, holder.mem) {
+		t.Fatal("bytes differ after the retry")
+	}
+}

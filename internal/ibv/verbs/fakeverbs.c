@@ -83,6 +83,8 @@ static pthread_mutex_t fk_mu = PTHREAD_MUTEX_INITIALIZER;
 static fk_mr *fk_mrs[FK_MAX];
 static fk_qp *fk_qps[FK_MAX];
 static void fk_release_held(fk_qp *q);
+// pv_fake_port_state's type for a port down whose WRs fail at once (rxe).
+#define FK_PORT_ERR_FAST 0x10000
 static fk_cq *fk_cqs[FK_MAX];
 static uint64_t fk_delay_ns;     // completion visibility delay
 static int fk_timer_started;     // the visibility thread runs
@@ -326,7 +328,9 @@ void pv_fake_reset_ports(void) {
 
 // fk_set_port changes fake device i's port as event type says. Under fk_mu.
 static void fk_set_port(int i, int type) {
-	if (type == IBV_EVENT_PORT_ERR) {
+	if (type == FK_PORT_ERR_FAST) {
+		fk_port_down[i] = 2;
+	} else if (type == IBV_EVENT_PORT_ERR) {
 		fk_port_down[i] = 1;
 	} else if (type == IBV_EVENT_PORT_ACTIVE) {
 		fk_port_down[i] = 0;
@@ -868,6 +872,10 @@ static enum ibv_wc_status fk_execute(fk_qp *q, struct ibv_send_wr *wr) {
 	if (r == NULL || r->dest != q->qp.qp_num || (r->state != IBV_QPS_RTR && r->state != IBV_QPS_RTS))
 		return IBV_WC_RETRY_EXC_ERR;
 	const fk_desc *ld = fk_desc_of(q->qp.context), *rd = fk_desc_of(r->qp.context);
+	// A local port down as rxe has it (2: its netdev down) fails the WR
+	// at once; otherwise the HCA retries it until the port is back.
+	if (fk_port_down[ld - fk_descs] == 2)
+		return IBV_WC_LOC_QP_OP_ERR;
 	if (fk_port_down[ld - fk_descs] || fk_port_down[rd - fk_descs])
 		return FK_HELD;
 	// Rail-isolated fabric: each RoCE rail is its own network, so RTR
