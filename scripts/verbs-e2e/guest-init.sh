@@ -409,7 +409,7 @@ info "B re-read $retried window(s) on a fresh connection after the flush"
 for n in a b; do
 	for _ in $(seq 50); do grep -q 'nic port went down: out of placement' /tmp/$n.log && break; sleep 0.2; done
 	grep -q 'nic port went down: out of placement' /tmp/$n.log &&
-		ok "$n logged its rail-2 NIC out of placement $(since "$t0")s after the link went down: $(grep -m1 'nic port went down' /tmp/$n.log | grep -o '"nic":"[a-z0-9]*"')" ||
+		ok "$n logged its rail-2 NIC out of placement (checked $(since "$t0")s after the link went down, once the fetch ended): $(grep -m1 'nic port went down' /tmp/$n.log | grep -o '"nic":"[a-z0-9]*"')" ||
 		bad "$n did not log its rail-2 NIC going down"
 done
 # Round 2: while down, fetches go over rail 1 only.
