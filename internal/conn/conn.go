@@ -72,6 +72,15 @@ var (
 	// ErrInvalidOp: a ReadOp is malformed (zero length, local range outside
 	// Options.Memory). A caller bug or local error: never invalidates.
 	ErrInvalidOp = errors.New("conn: invalid read op")
+	// ErrNoActiveNIC: every local NIC's port is down, so no handshake can
+	// build a QP that would carry a READ (wrapped in ErrConnectionBroken).
+	ErrNoActiveNIC = errors.New("conn: no local NIC has an active port")
+	// ErrRailDown: a READ failed because the port of the NIC it went
+	// through is down (found by querying the port, as the failure can come
+	// before the port's event). Like a flush it says nothing of the other
+	// rails or the peer: a fresh connection, without that NIC, can carry
+	// the READ again. Wraps the work completion's error.
+	ErrRailDown = errors.New("conn: the NIC's port went down under the read")
 )
 
 // IsConnectionClass reports whether err means the connection it came from
@@ -237,6 +246,12 @@ type localNIC struct {
 	// device's address and port-up events, since info's GID goes stale
 	// when an address is removed and re-added. nil: nicSubnet(info).
 	subnet atomic.Pointer[string]
+	// down: the port left ACTIVE (a PortDown event) and has not come back;
+	// handshakes leave the NIC out and the holder pairs no requester NIC
+	// with it (rail.go).
+	down atomic.Bool
+	// up is this NIC's series of NICUp, looked up once.
+	up prometheus.Gauge
 }
 
 // Manager is safe for concurrent use.

@@ -48,7 +48,7 @@ type connNic struct {
 	remote   []ibv.RemoteRegion
 	sessions []*session
 	rr       atomic.Uint64
-	bytes    atomic.Uint64 // READ bytes planned on this NIC (pickNIC)
+	bytes    atomic.Uint64 // READ bytes in flight on this NIC (pickNIC, settleNICBytes)
 }
 
 func (c *AddrConnection) Peer() string { return c.peer }
@@ -278,10 +278,11 @@ func (c *AddrConnection) Read(ctx context.Context, ops []ReadOp) error {
 	}
 	defer c.release()
 
-	batches, err := c.plan(ops)
+	batches, perNIC, err := c.plan(ops)
 	if err != nil {
 		return err // nothing posted; the connection is untouched
 	}
+	defer c.settleNICBytes(perNIC)
 	err = c.runBatches(ctx, batches)
 	if err != nil {
 		c.log.Warn().Err(err).Str("req_id", reqID(ctx)).Int("ops", len(ops)).Msg("rdma read failed")
@@ -356,7 +357,7 @@ func (c *AddrConnection) runBatches(ctx context.Context, batches []*batch) error
 	if first == nil {
 		return nil
 	}
-	err := fmt.Errorf("conn: read from %s: %w", c.peer, first)
+	err := fmt.Errorf("conn: read from %s: %w", c.peer, c.railCheck(first))
 	if IsConnectionClass(first) || qpErrored {
 		c.m.Invalidate(c, err)
 	}
@@ -365,17 +366,17 @@ func (c *AddrConnection) runBatches(ctx context.Context, batches []*batch) error
 
 // plan validates ops and splits them into one batch per session used.
 // Nothing is posted when it fails.
-func (c *AddrConnection) plan(ops []ReadOp) ([]*batch, error) {
+func (c *AddrConnection) plan(ops []ReadOp) ([]*batch, []uint64, error) {
 	m := c.m
 	bySession := make(map[*session]*batch)
 	var out []*batch
 	pending := make([]uint64, len(c.nics)) // bytes per NIC, committed at the end
 	for i, op := range ops {
 		if op.Len == 0 {
-			return nil, fmt.Errorf("%w: op %d has zero length", ErrInvalidOp, i)
+			return nil, nil, fmt.Errorf("%w: op %d has zero length", ErrInvalidOp, i)
 		}
 		if op.LocalAddr < m.memBase || op.Len > m.memLen || op.LocalAddr-m.memBase > m.memLen-op.Len {
-			return nil, fmt.Errorf("%w: op %d local range [%#x,+%d) outside registered memory", ErrInvalidOp, i, op.LocalAddr, op.Len)
+			return nil, nil, fmt.Errorf("%w: op %d local range [%#x,+%d) outside registered memory", ErrInvalidOp, i, op.LocalAddr, op.Len)
 		}
 		local := m.localNode(op.LocalAddr)
 		for off := uint64(0); off < op.Len; off += maxWRBytes {
@@ -384,7 +385,7 @@ func (c *AddrConnection) plan(ops []ReadOp) ([]*batch, error) {
 			raddr := op.RemoteAddr + off
 			rkey, ok := cn.rkeyFor(raddr, n)
 			if !ok || op.RemoteAddr+op.Len < op.RemoteAddr {
-				return nil, fmt.Errorf("%w: peer %s op %d [%#x,+%d) on nic %s", ErrRemoteMemory, c.peer, i, op.RemoteAddr, op.Len, cn.nic.info.Name)
+				return nil, nil, fmt.Errorf("%w: peer %s op %d [%#x,+%d) on nic %s", ErrRemoteMemory, c.peer, i, op.RemoteAddr, op.Len, cn.nic.info.Name)
 			}
 			s := cn.sessions[cn.rr.Add(1)%uint64(len(cn.sessions))]
 			b := bySession[s]
@@ -400,7 +401,7 @@ func (c *AddrConnection) plan(ops []ReadOp) ([]*batch, error) {
 		}
 	}
 	c.commitNICBytes(pending)
-	return out, nil
+	return out, pending, nil
 }
 
 // rkeyFor finds the snapshot region holding [addr, addr+n).

@@ -79,7 +79,7 @@ func (m *Manager) connect(peer string) (_ *AddrConnection, err error) {
 			m.goDisconnect(client, peer, hsID, log)
 		}
 	}()
-	remote, err := m.validateResponse(resp)
+	remote, err := m.validateResponse(resp, len(prepared))
 	if err != nil {
 		result = resultInvalid
 		return nil, fmt.Errorf("%w: from %s: %w", ErrHandshakeRejected, peer, err)
@@ -131,16 +131,22 @@ func (m *Manager) beginHandshake() error {
 	return nil
 }
 
-// prepareHandshake creates QPsPerPeer QPs (INIT) on every NIC and the
-// request that offers them. On error it destroys what it created.
+// prepareHandshake creates QPsPerPeer QPs (INIT) on every NIC whose port
+// is up (a NIC that is down would take READs that never complete; see
+// rail.go) and the request that offers them. On error it destroys what it
+// created.
 func (m *Manager) prepareHandshake(peer, hsID string) (*pegadv1.RdmaHandshakeRequest, [][]*qpPair, error) {
-	prepared := make([][]*qpPair, len(m.nics))
+	nics := m.upNICs()
+	if len(nics) == 0 {
+		return nil, nil, fmt.Errorf("%w: handshake %s: %w", ErrConnectionBroken, peer, ErrNoActiveNIC)
+	}
+	prepared := make([][]*qpPair, len(nics))
 	req := &pegadv1.RdmaHandshakeRequest{
 		Requester:   &pegadv1.Requester{NodeId: m.opts.NodeID, Incarnation: m.opts.Incarnation, Advertise: m.opts.Advertise},
 		Transport:   m.opts.Transport,
 		HandshakeId: hsID,
 	}
-	for i, n := range m.nics {
+	for i, n := range nics {
 		nh := &pegadv1.NicHandshake{Nic: n.info.Name, Memory: []*pegadv1.MemoryRegion{m.localRegion(n)},
 			LinkLayer: n.info.LinkLayer, Subnet: n.currentSubnet(), Rail: n.rail}
 		for q := 0; q < m.opts.QPsPerPeer; q++ {
@@ -196,10 +202,11 @@ func (m *Manager) exchange(peer string, req *pegadv1.RdmaHandshakeRequest) (
 // connectQPs connects each prepared QP to the holder's endpoint for it
 // (RTR, RTS) and adds the NICs and their sessions to c.
 func (m *Manager) connectQPs(c *AddrConnection, remote []remoteNIC, prepared [][]*qpPair) error {
-	for i, n := range m.nics {
+	for i, qs := range prepared {
+		n := qs[0].nic // QPsPerPeer >= 1
 		cn := &connNic{nic: n, remote: remote[i].regions}
 		attr := m.connectAttr(n)
-		for q, p := range prepared[i] {
+		for q, p := range qs {
 			if err := p.qp.Connect(remote[i].endpoints[q], attr); err != nil {
 				return fmt.Errorf("%w: connect qp %d on %s to %s: %w", ErrConnectionBroken, p.qpn, n.info.Name, c.peer, err)
 			}
@@ -254,12 +261,13 @@ type remoteNIC struct {
 }
 
 // validateResponse checks a holder's answer against what we asked for.
-func (m *Manager) validateResponse(resp *pegadv1.RdmaHandshakeResponse) ([]remoteNIC, error) {
+// want is the number of NICs the request offered.
+func (m *Manager) validateResponse(resp *pegadv1.RdmaHandshakeResponse, want int) ([]remoteNIC, error) {
 	if resp == nil {
 		return nil, fmt.Errorf("%w: empty response", ErrInvalidHandshake)
 	}
-	if len(resp.GetNics()) != len(m.nics) {
-		return nil, fmt.Errorf("%w: %d nics in response, want %d", ErrInvalidHandshake, len(resp.GetNics()), len(m.nics))
+	if len(resp.GetNics()) != want {
+		return nil, fmt.Errorf("%w: %d nics in response, want %d", ErrInvalidHandshake, len(resp.GetNics()), want)
 	}
 	out := make([]remoteNIC, len(resp.GetNics()))
 	for i, nh := range resp.GetNics() {

@@ -232,7 +232,7 @@ func FuzzHandshakeDecode(f *testing.F) {
 		}
 		var r pegadv1.RdmaHandshakeResponse
 		if proto.Unmarshal(data, &r) == nil {
-			if nics, err := m.validateResponse(&r); err == nil {
+			if nics, err := m.validateResponse(&r, len(m.nics)); err == nil {
 				for _, n := range nics {
 					if len(n.regions) == 0 {
 						t.Fatal("accepted an empty memory snapshot")

@@ -31,16 +31,20 @@ const (
 // unknown). Only NICs on local's node are candidates when it has any: a
 // NIC writes fastest into memory on its own socket, and StagingPlan
 // spreads a fetch's staging over the nodes so that every NIC gets its
-// share. Among candidates, the one whose bytes so far, those already
-// planned in this plan (pending, indexed like c.nics) and this chunk
-// included, cost least wins, the scan starting at a rotating index so ties
-// spread. It returns the NIC's index and adds n to pending only: the plan
+// share (when none of c's NICs is on local's node, a rail there being
+// down, every NIC is). Among candidates, the one whose bytes in flight,
+// those already planned in this plan (pending, indexed like c.nics) and
+// this chunk included, cost least wins, the scan starting at a rotating
+// index so ties spread. It returns the NIC's index and adds n to pending only: the plan
 // commits its bytes (commitNICBytes) once nothing in it can fail, so a
 // plan rejected halfway (ErrRemoteMemory) leaves no phantom bytes that
 // would starve that NIC.
 func (c *AddrConnection) pickNIC(numa, local int, n uint64, pending []uint64) int {
 	if local >= 0 && !c.m.hasNICOn(local) {
 		local = -1 // memory on a node without NICs: any NIC
+	}
+	if local >= 0 && !c.usesNode(local) {
+		local = -1
 	}
 	start := int(c.rr.Add(1) % uint64(len(c.nics)))
 	best := -1
@@ -87,6 +91,16 @@ func placedNUMA(nics []*localNIC, pl Placement) bool {
 	return len(nicNodes) >= 2
 }
 
+// usesNode reports whether one of c's NICs is on NUMA node node.
+func (c *AddrConnection) usesNode(node int) bool {
+	for _, cn := range c.nics {
+		if cn.nic.info.NUMANode == node {
+			return true
+		}
+	}
+	return false
+}
+
 // hasNICOn reports whether a local NIC is on NUMA node node.
 func (m *Manager) hasNICOn(node int) bool {
 	for _, n := range m.nics {
@@ -104,7 +118,7 @@ func (m *Manager) hasNICOn(node int) bool {
 type StagingPlan struct {
 	nodes []int
 	nics  []uint64 // NICs on nodes[i]
-	bytes []uint64 // the connection's READ bytes on nodes[i], plus those placed
+	bytes []uint64 // the connection's READ bytes in flight on nodes[i], plus those placed
 	start int      // where ties start: rotates per plan
 }
 
@@ -159,13 +173,25 @@ func (sp *StagingPlan) Place(remote int, n uint64) int {
 	return sp.nodes[best]
 }
 
-// commitNICBytes adds a successful plan's bytes to each NIC's running
-// total and its read-bytes counter.
+// commitNICBytes adds a successful plan's bytes to each NIC's bytes in
+// flight and its read-bytes counter.
 func (c *AddrConnection) commitNICBytes(pending []uint64) {
 	for i, n := range pending {
 		if n > 0 {
 			c.nics[i].bytes.Add(n)
 			c.nics[i].nic.readBytes.Add(float64(n))
+		}
+	}
+}
+
+// settleNICBytes takes a finished Read's bytes (commitNICBytes) out of its
+// NICs' bytes in flight: placement balances what each NIC has outstanding,
+// so a slow rail, still busy with earlier READs, gets fewer new ones
+// instead of an equal share that would gate every fetch.
+func (c *AddrConnection) settleNICBytes(pending []uint64) {
+	for i, n := range pending {
+		if n > 0 {
+			c.nics[i].bytes.Add(-n)
 		}
 	}
 }
@@ -220,7 +246,8 @@ const (
 	matchRail                     // the same rail, as the operators named it (--nics RAIL=DEV)
 )
 
-// pairNICs chooses, for each requester NIC, the local NIC it talks to:
+// pairNICs chooses, for each requester NIC, the local NIC (whose port is
+// up) it talks to:
 // the same named rail first, then the same link layer and subnet, then the
 // same name, then position (logged as a warning: on a rail-isolated fabric
 // such a pair connects and then its READs time out). Among equals the least
@@ -229,9 +256,15 @@ func (m *Manager) pairNICs(req []remoteNIC, log zerolog.Logger) []*localNIC {
 	uses := make([]int, len(m.nics))
 	out := make([]*localNIC, len(req))
 	var byPosition []string
+	// A NIC whose port is down is paired with nothing while another is up
+	// (rail.go): the requester's READs through it would never complete.
+	skipDown := len(m.upNICs()) > 0
 	for i, r := range req {
 		best, bestMatch := -1, matchPosition
 		for j, n := range m.nics {
+			if skipDown && n.down.Load() {
+				continue
+			}
 			mt := matchPosition
 			switch {
 			case r.rail != "" && r.rail == n.rail:
@@ -292,6 +325,8 @@ func (m *Manager) registerNICs(opts Options) error {
 		subnet := nicSubnet(n.info)
 		n.subnet.Store(&subnet)
 		n.readBytes = m.met.NICReadBytes.WithLabelValues(n.info.Name) // at 0 from the start
+		n.up = m.met.NICUp.WithLabelValues(n.info.Name)
+		n.up.Set(1)
 		m.nics = append(m.nics, n)
 		wg.Go(func() {
 			pd, err := dev.AllocPD()
@@ -351,25 +386,19 @@ func (m *Manager) watchNICEvents() {
 func (m *Manager) onNICEvent(n *localNIC, ev ibv.DeviceEvent) {
 	name := n.info.Name
 	log := m.log.With().Str("nic", name).Str("event", ev.Kind.String()).Logger()
-	if ev.Kind != ibv.PortDown {
-		// The device re-resolved its GID: later handshakes name the
-		// subnet it is in now, so the peer pairs this NIC by its rail.
-		// Counted after, so a count seen means the subnet is current.
-		before, after := n.refreshSubnet()
+	switch ev.Kind {
+	case ibv.PortDown:
 		m.met.NICEvents.WithLabelValues(name, ev.Kind.String()).Inc()
-		log.Info().Int("gid_index", ev.Info.GIDIndex).Uint16("lid", ev.Info.LID).
-			Str("subnet", after).Str("old_subnet", before).Msg("nic port event")
+		m.railDown(n, log)
 		return
+	case ibv.PortUp:
+		defer m.railUp(n, log)
 	}
-	m.mu.Lock()
-	conns := make([]*AddrConnection, 0, len(m.peers))
-	for _, c := range m.peers {
-		conns = append(conns, c)
-	}
-	m.mu.Unlock()
+	// The device re-resolved its GID: later handshakes name the subnet it
+	// is in now, so the peer pairs this NIC by its rail. Counted after, so
+	// a count seen means the subnet is current.
+	before, after := n.refreshSubnet()
 	m.met.NICEvents.WithLabelValues(name, ev.Kind.String()).Inc()
-	log.Warn().Int("connections", len(conns)).Msg("nic port went down; invalidating connections through it")
-	for _, c := range conns {
-		m.Invalidate(c, fmt.Errorf("%w: port of %s went down", ErrConnectionBroken, name))
-	}
+	log.Info().Int("gid_index", ev.Info.GIDIndex).Uint16("lid", ev.Info.LID).
+		Str("subnet", after).Str("old_subnet", before).Msg("nic port event")
 }

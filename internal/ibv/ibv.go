@@ -312,6 +312,14 @@ type DeviceEvent struct {
 	Info DeviceInfo // the device as resolved after the event
 }
 
+// PortStater is a Device whose port state can be queried now
+// (ibv_query_port(3)): a READ that fails before the port's event arrives
+// (rxe fails it at once when its netdev goes down) is told apart from a
+// failure of the path or the peer by the port it went through.
+type PortStater interface {
+	PortActive() (bool, error)
+}
+
 // EventDevice is a Device that reports asynchronous port events. Events
 // is closed when the device is closed; a slow reader misses events, never
 // blocks the device.

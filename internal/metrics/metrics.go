@@ -133,6 +133,7 @@ type Metrics struct {
 	WorkCompletions *prometheus.CounterVec // status
 	NICReadBytes    *prometheus.CounterVec // nic
 	NICEvents       *prometheus.CounterVec // nic, event
+	NICUp           *prometheus.GaugeVec   // nic
 	// Batches answered "session invalidated before batch execution".
 	BatchesInvalidated prometheus.Counter
 	// QPs destroyed because they did not drain after ERROR.
@@ -291,6 +292,9 @@ func (m *Metrics) registerConns(reg prometheus.Registerer) {
 	m.NICEvents = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "pegaflow_rdma_nic_events_total", Help: "Asynchronous port events of each local NIC (port_down, port_up, address_change).",
 	}, []string{"nic", "event"})
+	m.NICUp = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "pegaflow_rdma_nic_up", Help: "1 while a local NIC's port is ACTIVE and the NIC carries READs, 0 while it is down (out of placement).",
+	}, []string{"nic"})
 	m.WorkCompletions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "pegaflow_rdma_work_completions_total", Help: "Work completions polled, by ibv_wc_status.",
 	}, []string{"status"})
@@ -307,7 +311,7 @@ func (m *Metrics) registerConns(reg prometheus.Registerer) {
 		Name: "pegaflow_rdma_accepted_reaped_total", Help: "Holder-side connections torn down without a disconnect from their requester, by reason (idle, drained).",
 	}, []string{"reason"})
 	reg.MustRegister(
-		m.RDMAQPs, m.SessionWorkers, m.Conns, m.Handshakes, m.Invalidations, m.NICReadBytes, m.NICEvents,
+		m.RDMAQPs, m.SessionWorkers, m.Conns, m.Handshakes, m.Invalidations, m.NICReadBytes, m.NICEvents, m.NICUp,
 		m.WorkCompletions, m.BatchesInvalidated, m.QPDrainFailures, m.TCPDataRefused, m.AcceptedReaped,
 	)
 }

@@ -310,6 +310,9 @@ func newQueryID() uint64 {
 // under it (a batch flushed or never run), which a fresh connection need
 // not repeat: another fetch's cancel breaks the QPs it shares with us.
 func innocent(err error) bool {
+	if errors.Is(err, conn.ErrRailDown) {
+		return true // the NIC is out of placement now: a fresh connection avoids it
+	}
 	if !errors.Is(err, conn.ErrSessionInvalidated) && !errors.Is(err, conn.ErrConnectionBroken) {
 		return false
 	}

@@ -380,6 +380,66 @@ fi
 show ctl b conns list
 ctl b -o json blocks list --namespace $NS | compact | grep -o '"numa_node":[0-9-]*' | sort | uniq -c | sed 's/^/VE2E | B blocks per node: /'
 wait_no_sessions a 10 && ok "A holds no session after the two-rail fetch" || bad "A still holds sessions"
+
+# ============================================================================
+stage "phase 5: one rail taken down mid-loop (ip link set veth3 down), then up"
+# veth3 is B's end of rail 2 (rxe3); its peer veth2 (A's rxe2) loses
+# carrier with it, so both sides see the port go down, as with a cable.
+mkblocks rd 24 2097152
+putblocks a rd 24 && ok "put 24 x 2 MiB blocks on A for the rail-down loop"
+# rdfetch FIRST COUNT OUT: prefetch blocks rd.FIRST.. of the loop to B.
+rdfetch() {
+	# shellcheck disable=SC2046 # a list of hashes
+	ctl b -o json --timeout 120s prefetch --peer $PEER_a --namespace $NS \
+		$(j=$1; while [ $j -lt $(($1 + $2)) ]; do eval "printf '%s ' \$H_rd_$j"; j=$((j + 1)); done) >"$3" 2>"$3.err"
+}
+# Round 1: the link goes down while 12 blocks are being fetched.
+rdfetch 0 12 $D/rd1.json &
+fpid=$!
+sleep 0.3
+t0=$(up)
+$IP link set veth3 down
+if wait $fpid; then
+	ok "fetch in flight when rail 2 went down completed ($(rate $D/rd1.json) MB/s)"
+else
+	bad "fetch in flight when rail 2 went down failed: $(cat $D/rd1.json.err)"
+fi
+retried=$(grep -c 'read failed on a broken connection; retrying once' /tmp/b.log)
+info "B re-read $retried window(s) on a fresh connection after the flush"
+for n in a b; do
+	for _ in $(seq 50); do grep -q 'nic port went down: out of placement' /tmp/$n.log && break; sleep 0.2; done
+	grep -q 'nic port went down: out of placement' /tmp/$n.log &&
+		ok "$n logged its rail-2 NIC out of placement (checked $(since "$t0")s after the link went down, once the fetch ended): $(grep -m1 'nic port went down' /tmp/$n.log | grep -o '"nic":"[a-z0-9]*"')" ||
+		bad "$n did not log its rail-2 NIC going down"
+done
+# Round 2: while down, fetches go over rail 1 only.
+r3=$(pkts rxe3)
+r1=$(pkts rxe1)
+if rdfetch 12 6 $D/rd2.json; then
+	ok "fetch while rail 2 is down completed over rail 1 ($(rate $D/rd2.json) MB/s)"
+else
+	bad "fetch while rail 2 is down failed: $(cat $D/rd2.json.err)"
+fi
+d3=$(($(pkts rxe3) - r3))
+d1=$(($(pkts rxe1) - r1))
+[ $d3 -eq 0 ] && [ $d1 -gt 4096 ] && ok "while down: rxe3 received $d3 packets, rxe1 $d1" ||
+	bad "while down: rxe3 received $d3 packets (want 0), rxe1 $d1 (want > 4096)"
+# Round 3: back up; the next fetch uses both rails again.
+$IP link set veth3 up
+for _ in $(seq 100); do grep -q 'nic port is active again' /tmp/b.log && break; sleep 0.2; done
+grep -q 'nic port is active again' /tmp/b.log && ok "B put rail 2 back in placement after the link came up" ||
+	bad "B did not log rail 2 active again"
+sleep 1
+r3=$(pkts rxe3)
+if rdfetch 18 6 $D/rd3.json; then
+	ok "fetch after rail 2 came back completed ($(rate $D/rd3.json) MB/s)"
+else
+	bad "fetch after rail 2 came back failed: $(cat $D/rd3.json.err)"
+fi
+d3=$(($(pkts rxe3) - r3))
+[ $d3 -gt 1024 ] && ok "rail 2 carries again: rxe3 received $d3 packets" || bad "rail 2 idle after coming back: rxe3 $d3 packets"
+checkblocks b rd 24 && ok "all 24 blocks of the rail-down loop on B byte-identical"
+wait_no_sessions a 20 && ok "A holds no session after the rail-down loop" || bad "A still holds sessions after the rail-down loop"
 stop a
 stop b
 

@@ -113,6 +113,18 @@ func (e *asyncEvents) handle(typ int, port uint8) {
 	}
 }
 
+var _ ibv.PortStater = (*device)(nil)
+
+// PortActive queries the port d is used through (ibv_query_port(3)) and
+// reports whether it is ACTIVE.
+func (d *device) PortActive() (bool, error) {
+	var a C.pv_portattr
+	if rc := C.pv_query_port(d.lib.c, d.ctx, C.uint8_t(d.state().port.Num), &a); rc != 0 {
+		return false, verbsErr("ibv_query_port", syscall.Errno(rc))
+	}
+	return int(a.state) == portActive, nil
+}
+
 // stop ends the loop and waits for it; safe on nil and more than once.
 func (e *asyncEvents) stop() {
 	if e == nil {
@@ -163,3 +175,27 @@ func FakePortEvent(dev string, kind ibv.DeviceEventKind) int {
 
 // FakeResetPorts undoes every FakePortEvent (tests).
 func FakeResetPorts() { fakeResetPorts() }
+
+// FakeNetdevDown takes port 1 of fake device dev down as rxe does when its
+// netdev goes down: a READ posted through it fails at once with a local QP
+// operation error, before any event (raise FakePortEvent PortDown after to
+// send the event). The port queries as down.
+func FakeNetdevDown(dev string) {
+	cs := C.CString(dev)
+	defer C.free(unsafe.Pointer(cs))
+	C.pv_fake_port_state(cs, 0x10000) // FK_PORT_ERR_FAST
+}
+
+// FakePortState changes port 1 of fake device dev as FakePortEvent does
+// but raises no event: the moment between a port going down and the HCA
+// reporting it, when READs posted through it hang (held by the fake until
+// the port is back or their QP is moved to ERROR).
+func FakePortState(dev string, kind ibv.DeviceEventKind) {
+	typ := map[ibv.DeviceEventKind]int{ibv.PortDown: eventPortErr, ibv.PortUp: eventPortActive}[kind]
+	if typ == 0 {
+		return
+	}
+	cs := C.CString(dev)
+	defer C.free(unsafe.Pointer(cs))
+	C.pv_fake_port_state(cs, C.int(typ))
+}

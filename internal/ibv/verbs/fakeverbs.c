@@ -71,11 +71,20 @@ typedef struct fk_qp {
 	int state;
 	uint32_t dest, max_send_wr, outstanding;
 	uint8_t max_rd, max_dest_rd; // initiator depth (RTS), responder resources (RTR)
+	// WRs posted while a port on their path is down: an HCA retries them
+	// (rxe's retry_cnt 7 forever) until the port is back, or the QP is
+	// moved to ERROR, which flushes them (IBV_WC_WR_FLUSH_ERR).
+	struct ibv_send_wr *held;
+	struct ibv_sge *held_sge;
+	uint32_t nheld;
 } fk_qp;
 
 static pthread_mutex_t fk_mu = PTHREAD_MUTEX_INITIALIZER;
 static fk_mr *fk_mrs[FK_MAX];
 static fk_qp *fk_qps[FK_MAX];
+static void fk_release_held(fk_qp *q);
+// pv_fake_port_state's type for a port down whose WRs fail at once (rxe).
+#define FK_PORT_ERR_FAST 0x10000
 static fk_cq *fk_cqs[FK_MAX];
 static uint64_t fk_delay_ns;     // completion visibility delay
 static int fk_timer_started;     // the visibility thread runs
@@ -317,18 +326,37 @@ void pv_fake_reset_ports(void) {
 	pthread_mutex_unlock(&fk_mu);
 }
 
+// fk_set_port changes fake device i's port as event type says. Under fk_mu.
+static void fk_set_port(int i, int type) {
+	if (type == FK_PORT_ERR_FAST) {
+		fk_port_down[i] = 2;
+	} else if (type == IBV_EVENT_PORT_ERR) {
+		fk_port_down[i] = 1;
+	} else if (type == IBV_EVENT_PORT_ACTIVE) {
+		fk_port_down[i] = 0;
+		for (int k = 0; k < FK_MAX; k++)
+			if (fk_qps[k] && fk_qps[k]->nheld > 0)
+				fk_release_held(fk_qps[k]); // the HCA's retries get through
+	} else if (type == IBV_EVENT_GID_CHANGE) {
+		fk_gid_gen[i]++;
+	}
+}
+
+void pv_fake_port_state(const char *dev, int type) {
+	pthread_mutex_lock(&fk_mu);
+	for (int i = 0; i < FK_NDEV; i++)
+		if (strcmp(fk_descs[i].name, dev) == 0)
+			fk_set_port(i, type);
+	pthread_mutex_unlock(&fk_mu);
+}
+
 int pv_fake_port_event(const char *dev, int type) {
 	int told = 0;
 	pthread_mutex_lock(&fk_mu);
 	for (int i = 0; i < FK_NDEV; i++) {
 		if (strcmp(fk_descs[i].name, dev) != 0)
 			continue;
-		if (type == IBV_EVENT_PORT_ERR)
-			fk_port_down[i] = 1;
-		else if (type == IBV_EVENT_PORT_ACTIVE)
-			fk_port_down[i] = 0;
-		else if (type == IBV_EVENT_GID_CHANGE)
-			fk_gid_gen[i]++;
+		fk_set_port(i, type);
 		for (int j = 0; j < FK_MAX; j++) {
 			if (fk_ctxs[j].ctx == NULL || fk_ctxs[j].ctx->device != &fk_devs[i])
 				continue;
@@ -692,6 +720,7 @@ static int fk_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *a, int mask) {
 		rc = EINVAL;
 	} else if (a->qp_state == IBV_QPS_ERR) {
 		q->state = IBV_QPS_ERR;
+		fk_release_held(q); // ibv_modify_qp(3): ERROR flushes outstanding WRs
 	} else if (a->qp_state == IBV_QPS_INIT) {
 		int need = IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
 		// A P_Key index past the port's table is EINVAL (the kernel's
@@ -770,6 +799,8 @@ static int fk_destroy_qp(struct ibv_qp *qp) {
 	}
 	c->count = kept;
 	pthread_mutex_unlock(&fk_mu);
+	free(q->held);
+	free(q->held_sge);
 	free(q);
 	return 0;
 }
@@ -830,6 +861,10 @@ static void fk_complete(fk_qp *q, struct ibv_send_wr *wr, enum ibv_wc_status st)
 	pthread_cond_signal(&fk_timer_cv);
 }
 
+// fk_held: fk_execute's answer for a WR whose path has a port down; it
+// completes later (fk_release_held).
+#define FK_HELD ((enum ibv_wc_status)-1)
+
 static enum ibv_wc_status fk_execute(fk_qp *q, struct ibv_send_wr *wr) {
 	if (q->state == IBV_QPS_ERR)
 		return IBV_WC_WR_FLUSH_ERR;
@@ -837,6 +872,12 @@ static enum ibv_wc_status fk_execute(fk_qp *q, struct ibv_send_wr *wr) {
 	if (r == NULL || r->dest != q->qp.qp_num || (r->state != IBV_QPS_RTR && r->state != IBV_QPS_RTS))
 		return IBV_WC_RETRY_EXC_ERR;
 	const fk_desc *ld = fk_desc_of(q->qp.context), *rd = fk_desc_of(r->qp.context);
+	// A local port down as rxe has it (2: its netdev down) fails the WR
+	// at once; otherwise the HCA retries it until the port is back.
+	if (fk_port_down[ld - fk_descs] == 2)
+		return IBV_WC_LOC_QP_OP_ERR;
+	if (fk_port_down[ld - fk_descs] || fk_port_down[rd - fk_descs])
+		return FK_HELD;
 	// Rail-isolated fabric: each RoCE rail is its own network, so RTR
 	// toward another rail succeeds and then nothing arrives.
 	if (ld->link_layer != rd->link_layer || ld->rail != rd->rail)
@@ -862,6 +903,44 @@ static enum ibv_wc_status fk_execute(fk_qp *q, struct ibv_send_wr *wr) {
 	return IBV_WC_SUCCESS;
 }
 
+// fk_hold keeps a copy of wr (one SGE, as fk_execute requires) until its
+// path is up again or q is moved to ERROR. Under fk_mu; outstanding
+// bounds the count by max_send_wr.
+static void fk_hold(fk_qp *q, struct ibv_send_wr *wr) {
+	if (q->held == NULL) {
+		q->held = calloc(q->max_send_wr, sizeof(*q->held));
+		q->held_sge = calloc(q->max_send_wr, sizeof(*q->held_sge));
+		if (q->held == NULL || q->held_sge == NULL)
+			abort();
+	}
+	uint32_t i = q->nheld++;
+	q->held[i] = *wr;
+	q->held_sge[i] = wr->sg_list[0];
+	q->held[i].sg_list = &q->held_sge[i];
+	q->held[i].next = NULL;
+}
+
+// fk_release_held completes q's held WRs: flushed when q is in ERROR,
+// else executed again (held anew while a port is still down). Under fk_mu.
+static void fk_release_held(fk_qp *q) {
+	uint32_t n = q->nheld;
+	q->nheld = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		struct ibv_send_wr *wr = &q->held[i];
+		enum ibv_wc_status st = fk_execute(q, wr);
+		if (st == FK_HELD) {
+			q->held[q->nheld] = *wr;
+			q->held_sge[q->nheld] = q->held_sge[i];
+			q->held[q->nheld].sg_list = &q->held_sge[q->nheld];
+			q->nheld++;
+			continue;
+		}
+		if (st != IBV_WC_SUCCESS)
+			q->state = IBV_QPS_ERR;
+		fk_complete(q, wr, st);
+	}
+}
+
 static int fk_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad) {
 	fk_qp *q = (fk_qp *)qp;
 	pthread_mutex_lock(&fk_mu);
@@ -880,6 +959,10 @@ static int fk_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_se
 		}
 		q->outstanding++;
 		enum ibv_wc_status st = fk_execute(q, wr);
+		if (st == FK_HELD) {
+			fk_hold(q, wr);
+			continue;
+		}
 		if (st != IBV_WC_SUCCESS)
 			q->state = IBV_QPS_ERR;
 		fk_complete(q, wr, st);

@@ -173,6 +173,9 @@ void pv_fake_set_delay(uint64_t ns);
 // a new RoCE v2 GID) and raises the event on every open context of it.
 // Returns the number of contexts told.
 int pv_fake_port_event(const char *dev, int type);
+// pv_fake_port_state changes the port as pv_fake_port_event does, raising
+// no event (the moment before the HCA reports it).
+void pv_fake_port_state(const char *dev, int type);
 // pv_fake_chan_pending is how many events wait on cq's channel.
 int pv_fake_chan_pending(struct ibv_cq *cq);
 // pv_fake_reset_ports undoes every pv_fake_port_event (no event raised).

@@ -1,0 +1,160 @@
+package conn
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/pegaflow/pegad/internal/ibv"
+)
+
+// One rail down must not take the node down. A NIC whose port goes down
+// (a cable, a switch port, `ip link set down` under soft-RoCE) is taken
+// out of placement: handshakes leave it out, the holder pairs no
+// requester NIC with it, and the QPs that connections have on it are moved
+// to ERROR so that READs stuck on it complete (flushed) at once instead of
+// waiting out the QP's retry budget, which rxe's retry_cnt 7 makes
+// unbounded. A flushed READ is "innocent" to the requester, which reads
+// the window again on a fresh connection built over the other NICs. When
+// the port is ACTIVE again, connections made without the NIC are
+// replaced (they drain their in-flight READs first), so the rail carries
+// again from the next fetch on.
+
+// railCheck looks at a Read's first failure: a work completion in error
+// (not a flush) on a NIC whose port is no longer ACTIVE means the rail went
+// down under it. rxe fails such READs at once (local QP operation error)
+// when its netdev goes down, before the port's event reaches us. The NIC is
+// taken out of placement now (the event, when it comes, finds it done) and
+// the error wraps ErrRailDown, which the requester retries. The port is
+// asked a few times over 100 ms: the kernel marks it down just after the
+// transmit that failed. Any other error is returned as it is.
+func (c *AddrConnection) railCheck(err error) error {
+	var se *ibv.StatusError
+	if !errors.As(err, &se) || se.Status == ibv.WCWRFlushErr {
+		return err
+	}
+	n := c.nicOfQP(se.QPN)
+	if n == nil {
+		return err
+	}
+	ps, ok := n.dev.(ibv.PortStater)
+	if !ok {
+		return err
+	}
+	for i := range 5 {
+		if i > 0 {
+			time.Sleep(20 * time.Millisecond)
+		}
+		if active, qerr := ps.PortActive(); qerr == nil && !active {
+			c.m.railDown(n, c.m.log.With().Str("nic", n.info.Name).Str("event", "read_failed").Logger())
+			return fmt.Errorf("%w: %s: %w", ErrRailDown, n.info.Name, err)
+		}
+	}
+	return err
+}
+
+// nicOfQP is the NIC of c's QP qpn; nil if c has none.
+func (c *AddrConnection) nicOfQP(qpn uint32) *localNIC {
+	for _, cn := range c.nics {
+		for _, s := range cn.sessions {
+			if s.p.qpn == qpn {
+				return cn.nic
+			}
+		}
+	}
+	return nil
+}
+
+// upNICs returns the NICs whose port is up, in device order.
+func (m *Manager) upNICs() []*localNIC {
+	out := make([]*localNIC, 0, len(m.nics))
+	for _, n := range m.nics {
+		if !n.down.Load() {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// railDown takes n out of placement and flushes the READs through it.
+// A second call (the port's event after railCheck found it down) has
+// nothing left to do: connections made since leave n out.
+func (m *Manager) railDown(n *localNIC, log zerolog.Logger) {
+	if n.down.Swap(true) {
+		return
+	}
+	n.up.Set(0)
+	conns := m.requesterConns()
+	log.Warn().Int("connections", len(conns)).Int("nics_up", len(m.upNICs())).
+		Msg("nic port went down: out of placement; flushing its QPs and invalidating connections through it")
+	reason := fmt.Errorf("%w: port of %s went down", ErrConnectionBroken, n.info.Name)
+	for _, c := range conns {
+		// Invalidate first: nothing new is posted on c, and the flush
+		// below ends what is in flight on n (the other NICs' READs run
+		// to completion).
+		m.Invalidate(c, reason)
+		c.flushNIC(n)
+	}
+}
+
+// railUp puts n back into placement and replaces the connections that were
+// made without it.
+func (m *Manager) railUp(n *localNIC, log zerolog.Logger) {
+	if !n.down.Swap(false) {
+		return // up already (a port-up without a port-down: nothing left out)
+	}
+	n.up.Set(1)
+	var stale []*AddrConnection
+	for _, c := range m.requesterConns() {
+		if !c.uses(n) {
+			stale = append(stale, c)
+		}
+	}
+	log.Info().Int("replaced", len(stale)).Msg("nic port is active again: back in placement")
+	for _, c := range stale {
+		m.Invalidate(c, fmt.Errorf("port of %s is active again: reconnect over every rail", n.info.Name))
+	}
+}
+
+// requesterConns snapshots the live requester-side connections.
+func (m *Manager) requesterConns() []*AddrConnection {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]*AddrConnection, 0, len(m.peers))
+	for _, c := range m.peers {
+		out = append(out, c)
+	}
+	return out
+}
+
+// uses reports whether c has QPs on n.
+func (c *AddrConnection) uses(n *localNIC) bool {
+	for _, cn := range c.nics {
+		if cn.nic == n {
+			return true
+		}
+	}
+	return false
+}
+
+// flushNIC moves c's QPs on n to ERROR: their outstanding READs complete
+// flushed, and their workers drain them. The rest of c is untouched.
+func (c *AddrConnection) flushNIC(n *localNIC) {
+	// Under mu: teardown (decided under mu) cannot destroy the QPs
+	// meanwhile; toError skips a destroyed pair anyway.
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.tornDown {
+		return
+	}
+	for _, cn := range c.nics {
+		if cn.nic != n {
+			continue
+		}
+		for _, s := range cn.sessions {
+			s.p.toError()
+		}
+	}
+}
