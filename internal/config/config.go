@@ -152,7 +152,9 @@ type Config struct {
 	TCPQPNStart uint32 `mapstructure:"tcp-qpn-start"`
 	// RDMAIdleTimeout: a holder tears down a requester's connection once
 	// the data connections it had opened (tcp transport) have all been
-	// closed this long: that requester is gone (killed, host down).
+	// closed this long, or (verbs) once the requester has held no transfer
+	// session and asked for none this long: that requester is gone
+	// (killed, host down), or will handshake again when it next fetches.
 	RDMAIdleTimeout time.Duration `mapstructure:"rdma-idle-timeout"`
 	// LockTimeout is how long a transfer session pins its blocks unless
 	// released or renewed.
@@ -328,7 +330,7 @@ func RegisterFlags(fs *pflag.FlagSet, d Config) {
 	fs.Int("pkey-index", d.PKeyIndex, "verbs: P_Key table index of every QP")
 	fs.String("tcp-data-listen", d.TCPDataListen, "tcp transport: data listener address (port 0: ephemeral; port P: NIC i uses P+i; default: --listen's host, ephemeral ports, advertised with --advertise's host)")
 	fs.String("tcp-qpn-start", "0x"+strconv.FormatUint(uint64(d.TCPQPNStart), 16), "tcp transport: first QPN allocated per device")
-	fs.Duration("rdma-idle-timeout", d.RDMAIdleTimeout, "holder: free a requester's connection once its data connections have all been closed this long (tcp transport)")
+	fs.Duration("rdma-idle-timeout", d.RDMAIdleTimeout, "holder: free a requester's connection once its data connections have all been closed this long (tcp), or it has held no transfer session this long (verbs)")
 	fs.Duration("lock-timeout", d.LockTimeout, "transfer lock (session) timeout")
 	fs.Duration("lock-max-lifetime", d.LockMaxLifetime, "longest a session may live across renewals (0: 10 x lock-timeout)")
 	fs.Duration("gc-interval", d.GCInterval, "lock sweeper interval")

@@ -116,6 +116,8 @@ type Options struct {
 	// connections (once opened) have all been closed for this long is torn
 	// down, its requester being gone (default 60s). Only providers that
 	// see their data connections (tcp) report that; see activityReporter.
+	// Others (verbs) are torn down once their requester has held no
+	// transfer session for this long (SetRequesterActivity).
 	IdleTimeout time.Duration
 	// ReconnectDrain (holder side) bounds how long the previous accepted
 	// connection of a requester that handshook again keeps serving the
@@ -272,6 +274,9 @@ type Manager struct {
 	// retired: holder-side generations replaced by a reconnect of the same
 	// requester process, draining, with the time they were retired.
 	retired map[*acceptedConn]time.Time
+	// activity: the holder's requester sessions (SetRequesterActivity),
+	// by which the reaper judges QPs that do not report activity.
+	activity atomic.Pointer[RequesterActivity]
 	// connecting: handshakes in flight (requester side), by peer address;
 	// informational only (List), singleflight does the deduplication.
 	connecting map[string]time.Time

@@ -4,6 +4,7 @@ import (
 	"container/heap"
 	"errors"
 	"fmt"
+	"math"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -228,6 +229,26 @@ func (t *LockTable) evictIdleNodesLocked(now time.Time) {
 		n.mu.Unlock()
 	}
 	t.scanAt = max(t.maxNodes, 2*len(t.nodes))
+}
+
+// RequesterActivity reports how many live sessions nodeID holds and how
+// long ago it last locked, renewed, released or queried anything. A node
+// never seen, or forgotten, has none and has been idle forever. The
+// holder's connection reaper (conn.RequesterActivity) frees a verbs
+// connection whose requester has had none for its idle time.
+func (t *LockTable) RequesterActivity(nodeID string) (live int, idle time.Duration) {
+	t.nodesMu.Lock()
+	n := t.nodes[nodeID]
+	t.nodesMu.Unlock()
+	if n == nil {
+		return 0, math.MaxInt64
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.dead {
+		return 0, math.MaxInt64
+	}
+	return n.sessions.len(), t.now().Sub(n.lastSeen)
 }
 
 // lockNode returns nodeID's state locked; the caller unlocks n.mu.
