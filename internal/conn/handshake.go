@@ -79,7 +79,7 @@ func (m *Manager) connect(peer string) (_ *AddrConnection, err error) {
 		nh := &pegadv1.NicHandshake{Nic: n.info.Name, Memory: []*pegadv1.MemoryRegion{m.localRegion(n)},
 			LinkLayer: n.info.LinkLayer, Subnet: n.currentSubnet(), Rail: n.rail}
 		for q := 0; q < m.opts.QPsPerPeer; q++ {
-			p, err := m.newQPPair(n)
+			p, err := m.newQPPair(n, false)
 			if err != nil {
 				return nil, fmt.Errorf("conn: handshake %s: %w", peer, err)
 			}
@@ -399,7 +399,7 @@ func (m *Manager) Accept(ctx context.Context, req *pegadv1.RdmaHandshakeRequest)
 			if err := ctx.Err(); err != nil {
 				return nil, err
 			}
-			p, err := m.newQPPair(n)
+			p, err := m.newQPPair(n, true)
 			if err != nil {
 				return nil, fmt.Errorf("conn: accept: %w", err)
 			}
