@@ -26,8 +26,9 @@ const (
 	maxNICNameLen  = 256
 	maxAddrLen     = 512
 	maxHandshakeID = 128
-	// maxEndpoints bounds the QPs one handshake makes a holder create.
-	maxEndpoints = 256
+	// minMaxEndpoints is the least maxEndpoints allows, whatever the
+	// holder's NICs.
+	minMaxEndpoints = 256
 )
 
 // connect is the requester side of a handshake; it runs once per peer at
@@ -531,10 +532,18 @@ func (m *Manager) validateRequest(req *pegadv1.RdmaHandshakeRequest) ([]remoteNI
 		total += len(r.endpoints)
 		out[i] = r
 	}
-	if total > maxEndpoints {
-		return nil, fmt.Errorf("%w: %d endpoints in total", ErrInvalidHandshake, total)
+	if limit := m.maxEndpoints(); total > limit {
+		return nil, fmt.Errorf("%w: %d endpoints in total (at most %d)", ErrInvalidHandshake, total, limit)
 	}
 	return out, nil
+}
+
+// maxEndpoints bounds the QPs one handshake makes a holder create: as
+// many as a requester with as many NICs as this node, each with the most
+// QPs a peer may use, asks for (a requester configured like this node
+// always fits), and at least minMaxEndpoints.
+func (m *Manager) maxEndpoints() int {
+	return max(minMaxEndpoints, len(m.nics)*maxQPsPerPeer)
 }
 
 func (a *acceptedConn) qpCount() int {
