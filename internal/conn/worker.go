@@ -340,7 +340,11 @@ func (pl *pipeline) completion(wc ibv.WorkCompletion) {
 		return
 	}
 	pl.m.met.WorkCompletions.WithLabelValues(wcLabel(wc.Status)).Inc()
-	se := &ibv.StatusError{Status: wc.Status, QPN: pl.s.p.qpn, WRID: wc.ID, Cause: wc.Cause}
+	se := &ibv.StatusError{Status: wc.Status, QPN: pl.s.p.qpn, WRID: wc.ID, VendorErr: wc.VendorErr, Cause: wc.Cause}
+	if wc.Status != ibv.WCWRFlushErr {
+		pl.log.Warn().Str("status", wc.Status.String()).Uint32("vendor_err", wc.VendorErr).Uint64("wr_id", wc.ID).
+			Msg("work completion failed")
+	}
 	pl.fail(r, fmt.Errorf("%w: %w", ErrConnectionBroken, se), wc.Status == ibv.WCWRFlushErr, true)
 }
 
