@@ -302,6 +302,13 @@ static int fk_get_async_event(struct ibv_context *ctx, struct ibv_async_event *e
 
 static void fk_ack_async_event(struct ibv_async_event *ev) { (void)ev; }
 
+unsigned int pv_fake_cq_acked(struct ibv_cq *cq) {
+	pthread_mutex_lock(&fk_mu);
+	unsigned int n = ((fk_cq *)cq)->acked;
+	pthread_mutex_unlock(&fk_mu);
+	return n;
+}
+
 int pv_fake_chan_pending(struct ibv_cq *cq) {
 	pthread_mutex_lock(&fk_mu);
 	fk_chan *ch = (fk_chan *)cq->channel;

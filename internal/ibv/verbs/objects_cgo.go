@@ -296,6 +296,24 @@ type cq struct {
 	stash    []C.pv_wc // polled by Wait, not yet returned by Poll
 	buf      []C.pv_wc // scratch for Poll
 	refs     int       // QPs created on this CQ
+	// unacked: events taken from the channel and not yet acked
+	// (ackBatch). Added to by Wait and its park callback; acked, under
+	// mu, by Wait once it reaches ackBatch and by Close before destroy
+	// (ibv_destroy_cq waits for every event to be acked).
+	unacked atomic.Uint32
+}
+
+// ackBatch is how many completion events a CQ takes before it acks them
+// in one ibv_ack_cq_events call (a mutex in libibverbs per call).
+const ackBatch = 32
+
+// ackLocked acks the events taken so far once there are at least min.
+// c.mu held, c.c live.
+func (c *cq) ackLocked(min uint32) {
+	if n := c.unacked.Load(); n > 0 && n >= min {
+		C.pv_ack_cq_events(c.dev.lib.c, c.c, C.uint(n))
+		c.unacked.Add(-n)
+	}
 }
 
 var _ ibv.CQ = (*cq)(nil)
@@ -420,7 +438,9 @@ func (c *cq) Wait(ctx context.Context) error {
 				c.mu.Unlock()
 				return verbsErr("ibv_get_cq_event", syscall.Errno(rc))
 			}
+			c.unacked.Add(1)
 		}
+		c.ackLocked(ackBatch)
 		if rc := C.pv_req_notify_cq(c.c); rc != 0 {
 			c.mu.Unlock()
 			return verbsErr("ibv_req_notify_cq", syscall.Errno(rc))
@@ -467,6 +487,9 @@ func (c *cq) block(ctx context.Context) error {
 		// Runs with the file referenced: Close waits for it to return
 		// before it frees the channel and the CQ the ack touches.
 		rc = C.pv_get_cq_event(c.dev.lib.c, c.ch)
+		if rc == 0 {
+			c.unacked.Add(1) // acked by the next Wait or Close
+		}
 		return rc != C.EAGAIN
 	})
 	if !stop() {
@@ -508,6 +531,7 @@ func (c *cq) Close() error {
 			return fmt.Errorf("close cq: completion channel: %w", err)
 		}
 	}
+	c.ackLocked(1) // no callback runs any more: the count is final
 	l := c.dev.lib.c
 	if rc := C.pv_destroy_cq(l, c.c); rc != 0 {
 		return verbsErr("ibv_destroy_cq", syscall.Errno(rc))

@@ -305,8 +305,12 @@ int pv_get_cq_event(pv_lib *l, struct ibv_comp_channel *ch) {
 		int e = errno;
 		return e == EWOULDBLOCK ? EAGAIN : (e > 0 ? e : EIO);
 	}
-	l->ack_cq_events(cq, 1);
+	(void)cq; // one CQ per channel: the caller acks it, in batches
 	return 0;
+}
+
+void pv_ack_cq_events(pv_lib *l, struct ibv_cq *cq, unsigned int n) {
+	l->ack_cq_events(cq, n);
 }
 
 struct ibv_qp *pv_create_qp(pv_lib *l, struct ibv_pd *pd, struct ibv_cq *cq,

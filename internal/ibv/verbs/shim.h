@@ -106,7 +106,11 @@ int pv_destroy_comp_channel(pv_lib *l, struct ibv_comp_channel *ch);
 int pv_req_notify_cq(struct ibv_cq *cq);
 // Takes one event off ch and acknowledges it at once (so ibv_destroy_cq
 // never waits for acks): 0, EAGAIN when none is queued, or an errno.
+// pv_get_cq_event takes one event of ch without acking it: the caller
+// acks with pv_ack_cq_events (ibv_ack_cq_events takes a mutex: acking in
+// batches is what ibv_get_cq_event(3) advises).
 int pv_get_cq_event(pv_lib *l, struct ibv_comp_channel *ch);
+void pv_ack_cq_events(pv_lib *l, struct ibv_cq *cq, unsigned int n);
 // Creates an RC QP on cq (send and receive) with no inline data and
 // unsignaled-by-default sends (each WR says).
 struct ibv_qp *pv_create_qp(pv_lib *l, struct ibv_pd *pd, struct ibv_cq *cq,
@@ -175,6 +179,8 @@ void pv_fake_set_delay(uint64_t ns);
 int pv_fake_port_event(const char *dev, int type);
 // pv_fake_chan_pending is how many events wait on cq's channel.
 int pv_fake_chan_pending(struct ibv_cq *cq);
+// pv_fake_cq_acked is how many of cq's events were acked.
+unsigned int pv_fake_cq_acked(struct ibv_cq *cq);
 // pv_fake_reset_ports undoes every pv_fake_port_event (no event raised).
 void pv_fake_reset_ports(void);
 // pv_fake_mr_access is the access flags the fake MR with lkey was
