@@ -302,3 +302,27 @@ func TestFakeCQEventsAckedInBatches(t *testing.T) {
 		t.Fatalf("close with %d events unacked: %v", c.unacked.Load(), err)
 	}
 }
+
+// TestFakeCQsSpreadOverCompVectors (issue 27 item 7): every CQ was created
+// on comp_vector 0, so one interrupt line (one CPU) took every completion
+// event of the device. CQs now go round-robin over the device's vectors
+// (the fake has 4).
+func TestFakeCQsSpreadOverCompVectors(t *testing.T) {
+	d, err := fakeProvider().Open("pegadfake0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	var got []int
+	for range 6 {
+		c, err := d.CreateCQ(16)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, c.(*cq).fakeVector())
+		t.Cleanup(func() { c.Close() })
+	}
+	if want := []int{0, 1, 2, 3, 0, 1}; !slices.Equal(got, want) {
+		t.Fatalf("comp vectors of 6 CQs = %v, want %v", got, want)
+	}
+}

@@ -42,9 +42,11 @@ type device struct {
 	st  atomic.Pointer[devState]
 	evs *asyncEvents // the async-event loop; nil for none
 
-	mu   sync.Mutex // guards ctx and refs
+	mu   sync.Mutex // guards ctx, refs and nextVector
 	ctx  *C.struct_ibv_context
 	refs int // live PDs and CQs
+	// nextVector: the comp_vector of the next CQ, round-robin.
+	nextVector uint64
 }
 
 // devState is what a device says about its port, swapped whole.
@@ -85,7 +87,14 @@ func (d *device) CreateCQ(depth int) (ibv.CQ, error) {
 	}
 	var errno, fd C.int
 	var ch *C.struct_ibv_comp_channel
-	c := C.pv_create_cq(d.lib.c, d.ctx, C.int(depth), &ch, &fd, &errno)
+	// Spread CQs over the device's completion vectors (its interrupt
+	// lines, each steerable to its own CPU) instead of all on vector 0.
+	vector := 0
+	if nv := int(d.ctx.num_comp_vectors); nv > 1 {
+		vector = int(d.nextVector % uint64(nv))
+		d.nextVector++
+	}
+	c := C.pv_create_cq(d.lib.c, d.ctx, C.int(depth), C.int(vector), &ch, &fd, &errno)
 	if c == nil {
 		return nil, verbsErr("ibv_create_cq", syscall.Errno(errno))
 	}
@@ -511,6 +520,13 @@ func (c *cq) block(ctx context.Context) error {
 		return ctx.Err()
 	}
 	return fmt.Errorf("wait cq: completion channel: %w", err)
+}
+
+// vector is the comp_vector c was created on, by the fake (tests).
+func (c *cq) fakeVector() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return int(C.pv_fake_cq_vector(c.c))
 }
 
 func (c *cq) Close() error {

@@ -222,7 +222,7 @@ struct ibv_mr *pv_reg_mr(pv_lib *l, struct ibv_pd *pd, uintptr_t addr, size_t le
 }
 
 struct ibv_cq *pv_create_cq(pv_lib *l, struct ibv_context *ctx, int depth,
-			    struct ibv_comp_channel **chp, int *gofd, int *err) {
+			    int vector, struct ibv_comp_channel **chp, int *gofd, int *err) {
 	errno = 0;
 	struct ibv_comp_channel *ch = l->create_comp_channel(ctx);
 	if (ch == NULL) {
@@ -238,7 +238,7 @@ struct ibv_cq *pv_create_cq(pv_lib *l, struct ibv_context *ctx, int depth,
 		return NULL;
 	}
 	errno = 0;
-	struct ibv_cq *r = l->create_cq(ctx, depth, NULL, ch, 0);
+	struct ibv_cq *r = l->create_cq(ctx, depth, NULL, ch, vector);
 	if (r == NULL) {
 		*err = pointer_errno();
 		close(fd);
