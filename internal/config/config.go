@@ -148,6 +148,16 @@ type Config struct {
 	// PKeyIndex is the P_Key table entry of every QP (0: the default
 	// partition).
 	PKeyIndex int `mapstructure:"pkey-index"`
+	// QPTimeout is the local ACK timeout exponent of every QP (4.096 us
+	// × 2^QPTimeout per try); -1: the transport's default (verbs 14,
+	// about 67 ms; tcp 17). With QPRetryCount it bounds how long a silent
+	// peer takes to fail READs: (QPRetryCount+1) tries.
+	QPTimeout int `mapstructure:"qp-timeout"`
+	// QPRetryCount is the transport retry count of every QP (0..7).
+	QPRetryCount int `mapstructure:"qp-retry-count"`
+	// CQBusyPoll is how long a verbs CQ wait busy-polls before it blocks
+	// on the completion channel (0: block at once).
+	CQBusyPoll time.Duration `mapstructure:"cq-busy-poll"`
 	// TCPDataListen is where the tcp provider's devices listen for READs.
 	// Port 0: each device gets an ephemeral port; port P: device i uses P+i.
 	// Empty: --listen's host (a wildcard included) with ephemeral ports, so
@@ -157,7 +167,9 @@ type Config struct {
 	TCPQPNStart uint32 `mapstructure:"tcp-qpn-start"`
 	// RDMAIdleTimeout: a holder tears down a requester's connection once
 	// the data connections it had opened (tcp transport) have all been
-	// closed this long: that requester is gone (killed, host down).
+	// closed this long, or (verbs) once the requester has held no transfer
+	// session and asked for none this long: that requester is gone
+	// (killed, host down), or will handshake again when it next fetches.
 	RDMAIdleTimeout time.Duration `mapstructure:"rdma-idle-timeout"`
 	// LockTimeout is how long a transfer session pins its blocks unless
 	// released or renewed.
@@ -247,6 +259,9 @@ func Default() Config {
 		QPsPerPeer:      2,
 		RelaxedOrdering: true,
 		GIDIndex:        -1,
+		QPTimeout:       -1,
+		QPRetryCount:    7,
+		CQBusyPoll:      20 * time.Microsecond,
 		TCPDataListen:   "",
 		TCPQPNStart:     0x100,
 		RDMAIdleTimeout: 60 * time.Second,
@@ -333,9 +348,12 @@ func RegisterFlags(fs *pflag.FlagSet, d Config) {
 	fs.Int("traffic-class", d.TrafficClass, "verbs: GRH traffic class, DSCP<<2 (e.g. 106 = DSCP 26)")
 	fs.Int("service-level", d.ServiceLevel, "verbs: InfiniBand service level 0..15")
 	fs.Int("pkey-index", d.PKeyIndex, "verbs: P_Key table index of every QP")
+	fs.Int("qp-timeout", d.QPTimeout, "local ACK timeout exponent of every QP, 4.096us*2^N per try (-1: transport default, verbs 14, tcp 17)")
+	fs.Int("qp-retry-count", d.QPRetryCount, "transport retries of every QP, 0..7: a silent peer fails READs after (N+1) ACK timeouts")
+	fs.Duration("cq-busy-poll", d.CQBusyPoll, "verbs: how long a completion wait busy-polls before it blocks (0: block at once)")
 	fs.String("tcp-data-listen", d.TCPDataListen, "tcp transport: data listener address (port 0: ephemeral; port P: NIC i uses P+i; default: --listen's host, ephemeral ports, advertised with --advertise's host)")
 	fs.String("tcp-qpn-start", "0x"+strconv.FormatUint(uint64(d.TCPQPNStart), 16), "tcp transport: first QPN allocated per device")
-	fs.Duration("rdma-idle-timeout", d.RDMAIdleTimeout, "holder: free a requester's connection once its data connections have all been closed this long (tcp transport)")
+	fs.Duration("rdma-idle-timeout", d.RDMAIdleTimeout, "holder: free a requester's connection once its data connections have all been closed this long (tcp), or it has held no transfer session this long (verbs)")
 	fs.Duration("lock-timeout", d.LockTimeout, "transfer lock (session) timeout")
 	fs.Duration("lock-max-lifetime", d.LockMaxLifetime, "longest a session may live across renewals (0: 10 x lock-timeout)")
 	fs.Duration("gc-interval", d.GCInterval, "lock sweeper interval")
@@ -641,6 +659,16 @@ func (c *Config) validateTransport(bad badFunc) {
 	}
 	if c.PKeyIndex < 0 || c.PKeyIndex > 0xffff {
 		bad("pkey-index", "%d is outside 0..65535", c.PKeyIndex)
+	}
+	// 0 is "wait forever" in the IB spec: a dead peer would never fail.
+	if c.QPTimeout != -1 && (c.QPTimeout < 1 || c.QPTimeout > 31) {
+		bad("qp-timeout", "%d is outside 1..31 (-1: transport default)", c.QPTimeout)
+	}
+	if c.QPRetryCount < 0 || c.QPRetryCount > 7 {
+		bad("qp-retry-count", "%d is outside 0..7", c.QPRetryCount)
+	}
+	if c.CQBusyPoll < 0 || c.CQBusyPoll > 10*time.Millisecond {
+		bad("cq-busy-poll", "%s is outside 0..10ms", c.CQBusyPoll)
 	}
 	if c.TCPDataListen != "" {
 		if err := checkHostPort(c.TCPDataListen, true); err != nil {

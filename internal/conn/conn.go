@@ -125,6 +125,8 @@ type Options struct {
 	// connections (once opened) have all been closed for this long is torn
 	// down, its requester being gone (default 60s). Only providers that
 	// see their data connections (tcp) report that; see activityReporter.
+	// Others (verbs) are torn down once their requester has held no
+	// transfer session for this long (SetRequesterActivity).
 	IdleTimeout time.Duration
 	// ReconnectDrain (holder side) bounds how long the previous accepted
 	// connection of a requester that handshook again keeps serving the
@@ -252,6 +254,27 @@ type localNIC struct {
 	down atomic.Bool
 	// up is this NIC's series of NICUp, looked up once.
 	up prometheus.Gauge
+
+	// holdMu guards holdCQ: the one CQ of every holder-side QP on this
+	// NIC. A holder posts nothing, so nothing ever completes on it and
+	// nobody polls it: one per NIC, not one per QP. Created by the first
+	// Accept, closed by releaseNICs once every QP is gone.
+	holdMu sync.Mutex
+	holdCQ ibv.CQ
+}
+
+// holderCQ returns the NIC's shared holder-side CQ, creating it.
+func (n *localNIC) holderCQ() (ibv.CQ, error) {
+	n.holdMu.Lock()
+	defer n.holdMu.Unlock()
+	if n.holdCQ == nil {
+		cq, err := n.dev.CreateCQ(1)
+		if err != nil {
+			return nil, err
+		}
+		n.holdCQ = cq
+	}
+	return n.holdCQ, nil
 }
 
 // Manager is safe for concurrent use.
@@ -287,6 +310,9 @@ type Manager struct {
 	// retired: holder-side generations replaced by a reconnect of the same
 	// requester process, draining, with the time they were retired.
 	retired map[*acceptedConn]time.Time
+	// activity: the holder's requester sessions (SetRequesterActivity),
+	// by which the reaper judges QPs that do not report activity.
+	activity atomic.Pointer[RequesterActivity]
 	// connecting: handshakes in flight (requester side), by peer address;
 	// informational only (List), singleflight does the deduplication.
 	connecting map[string]time.Time
@@ -410,6 +436,14 @@ func NewManager(opts Options) (m *Manager, err error) {
 func (m *Manager) releaseNICs() {
 	m.releaseProbe()
 	for _, n := range m.nics {
+		n.holdMu.Lock()
+		if n.holdCQ != nil {
+			if err := n.holdCQ.Close(); err != nil {
+				m.log.Warn().Err(err).Str("nic", n.info.Name).Msg("close holder cq")
+			}
+			n.holdCQ = nil
+		}
+		n.holdMu.Unlock()
 		if n.mr != nil {
 			_ = n.mr.Dereg()
 		}
@@ -574,13 +608,15 @@ func (m *Manager) goDisconnect(client pegadv1.PeerServiceClient, peer, hsID stri
 	}()
 }
 
-// qpPair is one QP with its own CQ: completions never mix across QPs or
-// connections.
+// qpPair is one QP. A requester's has its own CQ: completions never mix
+// across QPs or connections. A holder's shares its NIC's holdCQ, on which
+// nothing completes (sharedCQ).
 type qpPair struct {
-	nic *localNIC
-	qp  ibv.QP
-	cq  ibv.CQ
-	qpn uint32
+	nic      *localNIC
+	qp       ibv.QP
+	cq       ibv.CQ
+	sharedCQ bool // cq is nic.holdCQ: not this QP's to close
+	qpn      uint32
 
 	// mu guards destroyed: ToError must never reach a destroyed QP (with
 	// verbs that is a use after free), and destroy happens once.
@@ -597,21 +633,33 @@ func (p *qpPair) toError() {
 	}
 }
 
-// newQPPair creates a CQ and an RC QP (INIT) on nic and counts it live.
-func (m *Manager) newQPPair(nic *localNIC) (*qpPair, error) {
-	cq, err := nic.dev.CreateCQ(m.opts.SQDepth)
+// newQPPair creates an RC QP (INIT) on nic and counts it live: a
+// requester's (holder false) on a CQ of its own, a holder's on the NIC's
+// shared holder CQ.
+func (m *Manager) newQPPair(nic *localNIC, holder bool) (*qpPair, error) {
+	var (
+		cq  ibv.CQ
+		err error
+	)
+	if holder {
+		cq, err = nic.holderCQ()
+	} else {
+		cq, err = nic.dev.CreateCQ(m.opts.SQDepth)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("create cq on %s: %w", nic.info.Name, err)
 	}
 	qcap := ibv.QPCap{MaxSendWR: m.opts.SQDepth, MaxRecvWR: 1, MaxSendSGE: 1, MaxRdAtomic: m.maxRdAtomic(nic)}
 	qp, err := nic.pd.CreateQP(cq, qcap)
 	if err != nil {
-		_ = cq.Close()
+		if !holder {
+			_ = cq.Close()
+		}
 		return nil, fmt.Errorf("create qp on %s: %w", nic.info.Name, err)
 	}
 	m.liveQPs.Add(1)
 	m.met.RDMAQPs.Inc()
-	return &qpPair{nic: nic, qp: qp, cq: cq, qpn: qp.QPN()}, nil
+	return &qpPair{nic: nic, qp: qp, cq: cq, sharedCQ: holder, qpn: qp.QPN()}, nil
 }
 
 // destroy releases the QP then its CQ, exactly once.
@@ -626,8 +674,10 @@ func (p *qpPair) destroy(m *Manager) {
 		if err := p.qp.Destroy(); err != nil {
 			m.log.Warn().Err(err).Uint32("qpn", p.qpn).Msg("destroy qp")
 		}
-		if err := p.cq.Close(); err != nil {
-			m.log.Warn().Err(err).Uint32("qpn", p.qpn).Msg("close cq")
+		if !p.sharedCQ {
+			if err := p.cq.Close(); err != nil {
+				m.log.Warn().Err(err).Uint32("qpn", p.qpn).Msg("close cq")
+			}
 		}
 		m.liveQPs.Add(-1)
 		m.met.RDMAQPs.Dec()

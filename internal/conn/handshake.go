@@ -27,8 +27,9 @@ const (
 	maxNICNameLen  = 256
 	maxAddrLen     = 512
 	maxHandshakeID = 128
-	// maxEndpoints bounds the QPs one handshake makes a holder create.
-	maxEndpoints = 256
+	// minMaxEndpoints is the least maxEndpoints allows, whatever the
+	// holder's NICs.
+	minMaxEndpoints = 256
 )
 
 // connect is the requester side of a handshake; it runs once per peer at
@@ -150,7 +151,7 @@ func (m *Manager) prepareHandshake(peer, hsID string) (*pegadv1.RdmaHandshakeReq
 		nh := &pegadv1.NicHandshake{Nic: n.info.Name, Memory: []*pegadv1.MemoryRegion{m.localRegion(n)},
 			LinkLayer: n.info.LinkLayer, Subnet: n.currentSubnet(), Rail: n.rail}
 		for q := 0; q < m.opts.QPsPerPeer; q++ {
-			p, err := m.newQPPair(n)
+			p, err := m.newQPPair(n, false)
 			if err != nil {
 				destroyPrepared(m, prepared)
 				return nil, nil, fmt.Errorf("conn: handshake %s: %w", peer, err)
@@ -499,7 +500,7 @@ func (m *Manager) acceptQPs(ctx context.Context, a *acceptedConn, reqNICs []remo
 			if err := ctx.Err(); err != nil {
 				return nil, err
 			}
-			p, err := m.newQPPair(n)
+			p, err := m.newQPPair(n, true)
 			if err != nil {
 				return nil, fmt.Errorf("conn: accept: %w", err)
 			}
@@ -621,8 +622,8 @@ func (m *Manager) validateRequest(req *pegadv1.RdmaHandshakeRequest) ([]remoteNI
 		total += len(r.endpoints)
 		out[i] = r
 	}
-	if total > maxEndpoints {
-		return nil, fmt.Errorf("%w: %d endpoints in total", ErrInvalidHandshake, total)
+	if limit := m.maxEndpoints(); total > limit {
+		return nil, fmt.Errorf("%w: %d endpoints in total (at most %d)", ErrInvalidHandshake, total, limit)
 	}
 	return out, nil
 }
@@ -714,4 +715,12 @@ func truncate(s string, n int) string {
 		return s[:n]
 	}
 	return s
+}
+
+// maxEndpoints bounds the QPs one handshake makes a holder create: as
+// many as a requester with as many NICs as this node, each with the most
+// QPs a peer may use, asks for (a requester configured like this node
+// always fits), and at least minMaxEndpoints.
+func (m *Manager) maxEndpoints() int {
+	return max(minMaxEndpoints, len(m.nics)*maxQPsPerPeer)
 }

@@ -4,6 +4,35 @@ import (
 	"time"
 )
 
+// RequesterActivity is what the holder's lock table knows of a requester
+// node (*holder.LockTable): its live transfer sessions, and how long ago
+// it last asked for one. A verbs QP cannot tell the reaper whether its
+// requester still reads (the HCA serves READs without software), but a
+// requester reads only under sessions it holds: one with none for the
+// idle time is gone, or will handshake again when it next needs to.
+type RequesterActivity interface {
+	RequesterActivity(nodeID string) (live int, idle time.Duration)
+}
+
+// SetRequesterActivity gives the reaper the holder's view of requester
+// sessions, by which it reaps the connections of providers that do not
+// report their data connections (verbs). Until it is set, such
+// connections go only by disconnect, restart, drain time or Close.
+func (m *Manager) SetRequesterActivity(a RequesterActivity) {
+	m.activity.Store(&a)
+}
+
+// requesterIdle reports whether node has had no live session for d, by
+// the holder's lock table (false when none was set).
+func (m *Manager) requesterIdle(node string, d time.Duration) bool {
+	a := m.activity.Load()
+	if a == nil {
+		return false
+	}
+	live, idle := (*a).RequesterActivity(node)
+	return live == 0 && idle >= d
+}
+
 // Holder-side lifetimes of accepted connections whose requester does not
 // say goodbye (no RdmaDisconnect): it was killed, its host died, or it
 // reconnected while READs of the old connection were still running.
@@ -29,8 +58,8 @@ const (
 
 // activityReporter is implemented by QPs of providers that see their data
 // connections (the tcp provider). A verbs QP does not: the holder's HCA
-// serves READs without software, so such connections are never reaped as
-// idle and go by disconnect, restart, drain time or Close.
+// serves READs without software, so such a connection is reaped as idle
+// by its requester's sessions instead (RequesterActivity).
 type activityReporter interface {
 	DataActivity() (open int, last time.Time, used bool)
 }
@@ -43,12 +72,13 @@ type activityReporter interface {
 type prewarmer interface{ Prewarm() }
 
 // idleAt reports whether a was idle at now for at least d: it is older
-// than d, none of its QPs has a data connection open, and none opened,
-// closed or carried anything within d. A connection never used is idle
-// too (its requester died between the handshake and its first READ): a
-// live requester dials its data connections right after the handshake
+// than d, and none of its QPs has a data connection open, and none
+// opened, closed or carried anything within d. A connection never used is
+// idle too (its requester died between the handshake and its first READ):
+// a live requester dials its data connections right after the handshake
 // (Prewarm) and keeps them open while it lives, so a connection with none
-// for d has nobody behind it.
+// for d has nobody behind it. Where a QP cannot tell (verbs), the
+// requester's sessions decide: none live, and none asked for, within d.
 //
 // It takes each QP's own lock (DataActivity, and qpPair.mu so that a QP
 // being destroyed meanwhile is skipped, never touched); the caller must
@@ -57,32 +87,35 @@ func (a *acceptedConn) idleAt(now time.Time, d time.Duration) bool {
 	if now.Sub(a.since) < d {
 		return false
 	}
+	unknown := false
 	for _, qs := range a.nics {
 		for _, p := range qs {
-			if !p.idleAt(now, d) {
+			idle, known := p.idleAt(now, d)
+			if known && !idle {
 				return false
 			}
+			unknown = unknown || !known
 		}
 	}
-	return true
+	return !unknown || a.m.requesterIdle(a.nodeID, d)
 }
 
 // idleAt reports whether p's provider sees no data connection open on it
-// and none opened, closed or used within d. A destroyed QP counts as idle
-// (its connection is on its way out); a QP of a provider that cannot tell
-// (verbs) never is.
-func (p *qpPair) idleAt(now time.Time, d time.Duration) bool {
+// and none opened, closed or used within d; known is false for a QP of a
+// provider that cannot tell (verbs). A destroyed QP counts as idle (its
+// connection is on its way out).
+func (p *qpPair) idleAt(now time.Time, d time.Duration) (idle, known bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.destroyed {
-		return true
+		return true, true
 	}
 	ar, ok := p.qp.(activityReporter)
 	if !ok {
-		return false
+		return false, false
 	}
 	open, last, _ := ar.DataActivity()
-	return open == 0 && now.Sub(last) >= d
+	return open == 0 && now.Sub(last) >= d, true
 }
 
 // retireLocked keeps old (replaced by a newer handshake of the same

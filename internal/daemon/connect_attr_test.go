@@ -58,6 +58,41 @@ func TestQoSSettings(t *testing.T) {
 	}
 }
 
+// TestRetryBudgetSettings: qp-timeout and qp-retry-count reach every
+// QP's attributes (-1 keeps the transport's default timeout), and
+// cq-busy-poll the verbs provider's CQ spin (0: none).
+func TestRetryBudgetSettings(t *testing.T) {
+	tests := []struct {
+		name               string
+		transport          string
+		timeout, retries   int
+		spin               time.Duration
+		wantTimeout, wantR uint8
+		wantSpin           time.Duration
+	}{
+		{"defaults verbs", config.TransportVerbs, -1, 7, 20 * time.Microsecond, 14, 7, 20 * time.Microsecond},
+		{"defaults tcp", config.TransportTCP, -1, 7, 20 * time.Microsecond, tcpConnectTimeout, 7, 20 * time.Microsecond},
+		{"set", config.TransportVerbs, 18, 3, 0, 18, 3, -1},
+		{"set tcp", config.TransportTCP, 12, 0, time.Millisecond, 12, 0, time.Millisecond},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := config.Default()
+			cfg.QPTimeout, cfg.QPRetryCount, cfg.CQBusyPoll = tc.timeout, tc.retries, tc.spin
+			if err := cfg.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			a := connectAttr(tc.transport, &cfg)
+			if a.Timeout != tc.wantTimeout || a.RetryCnt != tc.wantR {
+				t.Errorf("timeout %d, retries %d; want %d, %d", a.Timeout, a.RetryCnt, tc.wantTimeout, tc.wantR)
+			}
+			if o := verbsOptions(&cfg); o.CQSpin != tc.wantSpin {
+				t.Errorf("CQSpin %v, want %v", o.CQSpin, tc.wantSpin)
+			}
+		})
+	}
+}
+
 // TestStartExtendsTimeout: while Start runs, systemd is asked for more
 // time (EXTEND_TIMEOUT_USEC), and never after READY=1.
 func TestStartExtendsTimeout(t *testing.T) {

@@ -380,6 +380,9 @@ func (d *Daemon) openComponents(cfg *config.Config) (err error) {
 		Limits:       d.holderLimits(),
 		Authenticate: d.authenticator(),
 	})
+	// verbs: the reaper frees a requester's connection once it has held
+	// no transfer session for --rdma-idle-timeout.
+	d.conns.SetRequesterActivity(d.holder.Locks())
 	d.engine, err = requester.New(requester.Options{
 		NodeID:      cfg.NodeID,
 		Incarnation: d.incarnation,

@@ -51,6 +51,10 @@ func connectAttr(name string, cfg *config.Config) ibv.ConnectAttr {
 		a.Timeout = tcpConnectTimeout
 	}
 	a.TrafficCls, a.SL = uint8(cfg.TrafficClass), uint8(cfg.ServiceLevel)
+	if cfg.QPTimeout >= 0 {
+		a.Timeout = uint8(cfg.QPTimeout)
+	}
+	a.RetryCnt = uint8(cfg.QPRetryCount)
 	return a
 }
 
@@ -74,6 +78,10 @@ func verbsOptions(cfg *config.Config) verbs.Options {
 	o.ForceGIDIndex, o.GIDIndex = cfg.GIDIndex >= 0, cfg.GIDIndex
 	o.PKeyIndex = cfg.PKeyIndex
 	o.NUMANodes, _ = cfg.NICNUMANodes() // validated with the config
+	o.CQSpin = cfg.CQBusyPoll
+	if o.CQSpin == 0 {
+		o.CQSpin = -1 // verbs.Options: negative blocks at once
+	}
 	return o
 }
 

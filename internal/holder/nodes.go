@@ -7,6 +7,7 @@ package holder
 
 import (
 	"fmt"
+	"math"
 	"sync"
 	"time"
 
@@ -241,4 +242,24 @@ func (t *LockTable) checkIncarnation(owner, inc string) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return n.checkLocked(inc)
+}
+
+// RequesterActivity reports how many live sessions nodeID holds and how
+// long ago it last locked, renewed, released or queried anything. A node
+// never seen, or forgotten, has none and has been idle forever. The
+// holder's connection reaper (conn.RequesterActivity) frees a verbs
+// connection whose requester has had none for its idle time.
+func (t *LockTable) RequesterActivity(nodeID string) (live int, idle time.Duration) {
+	t.nodesMu.Lock()
+	n := t.nodes[nodeID]
+	t.nodesMu.Unlock()
+	if n == nil {
+		return 0, math.MaxInt64
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.dead {
+		return 0, math.MaxInt64
+	}
+	return n.sessions.len(), t.clock.Now().Sub(n.lastSeen)
 }

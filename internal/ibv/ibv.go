@@ -392,12 +392,18 @@ type StatusError struct {
 	Status WCStatus
 	QPN    uint32
 	WRID   uint64
+	// VendorErr is the completion's vendor syndrome (0: none given): what
+	// a NIC vendor's support asks for first.
+	VendorErr uint32
 	// Cause is the completion's Cause (nil when the provider gave none).
 	Cause error
 }
 
 func (e *StatusError) Error() string {
 	s := fmt.Sprintf("work completion qpn=%d wr_id=%d: %s (%d)", e.QPN, e.WRID, e.Status, int(e.Status))
+	if e.VendorErr != 0 {
+		s += fmt.Sprintf(" vendor_err=%#x", e.VendorErr)
+	}
 	if e.Cause != nil {
 		s += ": " + e.Cause.Error()
 	}

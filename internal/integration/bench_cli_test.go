@@ -39,6 +39,18 @@ func TestBenchSeedFetch(t *testing.T) {
 	}
 	t.Logf("\n%s", out)
 
+	// Many blocks per Prefetch call (an engine's prefetch carries
+	// hundreds to thousands): 2 calls of 1,000 blocks at once.
+	many := []string{"--sizes", "4KiB", "--blocks", "2000", "--seed", "3"}
+	if out, code := pegactlNode(t, hold, append([]string{"bench", "seed"}, many...)...); code != 0 {
+		t.Fatalf("bench seed: exit %d\n%s", code, out)
+	}
+	out, code = pegactlNode(t, req, append([]string{"-o", "json", "bench", "fetch", "--peer", hold.d.PeerAddr(),
+		"--per-prefetch", "1000", "--concurrency", "2"}, many...)...)
+	if code != 0 || !strings.Contains(out, `"per_prefetch": 1000`) || !strings.Contains(out, `"verified": true`) {
+		t.Fatalf("bench fetch --per-prefetch 1000: exit %d\n%s", code, out)
+	}
+
 	// A holder whose block under a bench hash holds other bytes: the
 	// fetch succeeds on the wire and the check fails the run.
 	bad := make([]byte, 64<<10)

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
 )
 
@@ -26,9 +27,13 @@ const (
 // ErrHugePages: the huge pages asked for are not reserved (or unknown).
 var ErrHugePages = errors.New("pool: huge pages unavailable")
 
-// hugeSysfs is where the kernel reports hugetlb reservations (tests
-// replace it).
-var hugeSysfs = "/sys/kernel/mm/hugepages"
+// Where the kernel reports hugetlb reservations, globally and per NUMA
+// node, and the THP policy of shmem (a memfd is shmem); tests replace them.
+var (
+	hugeSysfs    = "/sys/kernel/mm/hugepages"
+	nodeSysfs    = "/sys/devices/system/node"
+	thpShmemPath = "/sys/kernel/mm/transparent_hugepage/shmem_enabled"
+)
 
 // hugePageSize is the page size of mode's mapping: the pool's size is
 // rounded up to it (a hugetlb mapping is whole pages).
@@ -67,13 +72,12 @@ func checkHugePages(mode string, size uint64) error {
 	}
 	ps := hugePageSize(mode)
 	dir := filepath.Join(hugeSysfs, fmt.Sprintf("hugepages-%dkB", ps>>10))
-	b, err := os.ReadFile(filepath.Join(dir, "free_hugepages"))
+	free, err := readFreePages(dir)
 	if err != nil {
-		return fmt.Errorf("%w: %s pages not supported here: %v", ErrHugePages, mode, err)
-	}
-	free, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
-	if err != nil {
-		return fmt.Errorf("%w: %s: %v", ErrHugePages, dir, err)
+		if errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("%w: %s pages not supported here: %v", ErrHugePages, mode, err)
+		}
+		return fmt.Errorf("%w: %s pages: %v", ErrHugePages, mode, err)
 	}
 	need := (size + ps - 1) / ps
 	if free < need {
@@ -89,5 +93,81 @@ func checkHugePages(mode string, size uint64) error {
 func adviseHuge(mem []byte, mode string) {
 	if mode == HugePagesTHP {
 		_ = madvise(mem, unix.MADV_HUGEPAGE)
+	}
+}
+
+// readFreePages reads free_hugepages in dir.
+func readFreePages(dir string) (uint64, error) {
+	b, err := os.ReadFile(filepath.Join(dir, "free_hugepages"))
+	if err != nil {
+		return 0, err
+	}
+	free, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %s: %v", ErrHugePages, dir, err)
+	}
+	return free, nil
+}
+
+// checkNodeHugePages says whether each part bound to a NUMA node finds
+// enough free 2M/1G pages reserved on that node: a part is bound to its
+// node, so pages reserved on another node do not back it, though the
+// global count (checkHugePages) includes them. A node the kernel does not
+// report (no NUMA sysfs) is not checked.
+func checkNodeHugePages(mode string, parts []part) error {
+	if mode != HugePages2M && mode != HugePages1G {
+		return nil
+	}
+	ps := hugePageSize(mode)
+	for _, pt := range parts {
+		if pt.node < 0 {
+			continue
+		}
+		dir := filepath.Join(nodeSysfs, fmt.Sprintf("node%d", pt.node), "hugepages", fmt.Sprintf("hugepages-%dkB", ps>>10))
+		free, err := readFreePages(dir)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("%w: %s pages on NUMA node %d: %v", ErrHugePages, mode, pt.node, err)
+		}
+		if need := (pt.len + ps - 1) / ps; free < need {
+			return fmt.Errorf("%w: the pool's part on NUMA node %d needs %d free %s pages, that node has %d "+
+				"(reserve them there: echo %d > %s/nr_hugepages)", ErrHugePages, pt.node, need, mode, free, need, dir)
+		}
+	}
+	return nil
+}
+
+// thpShmem is the kernel's THP policy for shmem (the bracketed entry of
+// shmem_enabled: always, within_size, advise, never, deny, force).
+func thpShmem() (string, error) {
+	b, err := os.ReadFile(thpShmemPath)
+	if err != nil {
+		return "", err
+	}
+	for _, f := range strings.Fields(string(b)) {
+		if len(f) > 2 && f[0] == '[' && f[len(f)-1] == ']' {
+			return f[1 : len(f)-1], nil
+		}
+	}
+	return "", fmt.Errorf("%s: no selected policy in %q", thpShmemPath, strings.TrimSpace(string(b)))
+}
+
+// logTHPShmem says whether --pool-hugepages thp can work: the pool is a
+// memfd, which is shmem, and madvise(MADV_HUGEPAGE) gives shmem huge pages
+// only when shmem_enabled is always, within_size, advise or force (not
+// the anonymous-memory setting, transparent_hugepage/enabled).
+func logTHPShmem(log zerolog.Logger) {
+	mode, err := thpShmem()
+	switch {
+	case err != nil:
+		log.Warn().Err(err).Msg("pool asks for transparent huge pages, but the shmem THP policy is unknown: it may get 4 KiB pages")
+	case mode == "never" || mode == "deny":
+		log.Warn().Str("shmem_enabled", mode).Str("path", thpShmemPath).
+			Msg("pool asks for transparent huge pages, but shmem THP is off: the pool (a memfd) gets 4 KiB pages; " +
+				"echo advise > " + thpShmemPath + ", or use --pool-hugepages 2M")
+	default:
+		log.Info().Str("shmem_enabled", mode).Msg("pool asks for transparent huge pages (shmem THP allows them)")
 	}
 }

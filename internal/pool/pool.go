@@ -128,6 +128,17 @@ func New(opts Options) (*Pool, error) {
 	if err := checkHugePages(opts.HugePages, size); err != nil {
 		return nil, err
 	}
+	split := page
+	if opts.HugePages == HugePagesTHP {
+		split = 2 << 20 // a part boundary never splits a transparent huge page
+	}
+	parts := splitParts(size, split, opts.Nodes)
+	if err := checkNodeHugePages(opts.HugePages, parts); err != nil {
+		return nil, err
+	}
+	if opts.HugePages == HugePagesTHP {
+		logTHPShmem(opts.Log)
+	}
 	fd, mem, err := mapMemfd(size, opts.HugePages)
 	if err != nil {
 		return nil, err
@@ -137,11 +148,6 @@ func New(opts Options) (*Pool, error) {
 	if pol == nil {
 		pol = kernelPolicy{}
 	}
-	split := page
-	if opts.HugePages == HugePagesTHP {
-		split = 2 << 20 // a part boundary never splits a transparent huge page
-	}
-	parts := splitParts(size, split, opts.Nodes)
 	bindErrs := bindParts(pol, mem, parts)                       // before populate: pages land on their node
 	if err := populate(mem, populateWorkers(size)); err != nil { // populate.go
 		_ = unix.Munmap(mem)

@@ -270,3 +270,59 @@ func BenchmarkReadLatencyVsDelay(b *testing.B) {
 	b.ReportMetric(float64(median(lat).Nanoseconds())/1e3, "read-us")
 	b.ReportMetric(float64(delay.Nanoseconds())/1e3, "delay-us")
 }
+
+// TestFakeCQEventsAckedInBatches (issue 27 item 7): completion events are
+// acked ackBatch at a time, not one ibv_ack_cq_events call each (the old
+// code had acked every one of them here), and Close acks the rest before
+// it destroys the CQ (the fake, like ibv_destroy_cq, refuses a CQ with
+// unacked events).
+func TestFakeCQEventsAckedInBatches(t *testing.T) {
+	p := fakeProvider()
+	p.opts.CQSpin = -1
+	withFakeDelay(t, 200*time.Microsecond) // every Wait blocks for an event
+	rp := newReadPair(t, p)
+	c := rp.a.CQ.(*cq)
+	rp.readLatencies(t, 10)
+	got := c.unacked.Load()
+	if got == 0 {
+		t.Fatal("no completion event taken: every Wait found its CQE by polling")
+	}
+	if acked := fakeCQAcked(c); acked != 0 || got >= ackBatch {
+		t.Fatalf("after %d events: %d acked, %d pending; want none acked below a batch of %d", got, acked, got, ackBatch)
+	}
+	rp.readLatencies(t, 2*ackBatch)
+	if acked := fakeCQAcked(c); acked < ackBatch || acked%ackBatch != 0 {
+		t.Fatalf("%d events acked after %d more reads, want whole batches of %d", acked, 2*ackBatch, ackBatch)
+	}
+	rp.readLatencies(t, 3) // leave some unacked
+	if err := rp.a.QP.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatalf("close with %d events unacked: %v", c.unacked.Load(), err)
+	}
+}
+
+// TestFakeCQsSpreadOverCompVectors (issue 27 item 7): every CQ was created
+// on comp_vector 0, so one interrupt line (one CPU) took every completion
+// event of the device. CQs now go round-robin over the device's vectors
+// (the fake has 4).
+func TestFakeCQsSpreadOverCompVectors(t *testing.T) {
+	d, err := fakeProvider().Open("pegadfake0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	var got []int
+	for range 6 {
+		c, err := d.CreateCQ(16)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, c.(*cq).fakeVector())
+		t.Cleanup(func() { c.Close() })
+	}
+	if want := []int{0, 1, 2, 3, 0, 1}; !slices.Equal(got, want) {
+		t.Fatalf("comp vectors of 6 CQs = %v, want %v", got, want)
+	}
+}

@@ -52,7 +52,11 @@ typedef struct fk_cq {
 	fk_cqe *ring;
 	int armed, overrun;
 	unsigned got, acked; // events taken by ibv_get_cq_event, acked
+	int vector;          // comp_vector it was created on
 } fk_cq;
+
+// fk_comp_vectors is num_comp_vectors of every fake context.
+#define fk_comp_vectors 4
 
 // A completion channel: its events queue in memory, as the kernel's do
 // (unbounded, never blocking the HCA), and its fd, a pipe's read end,
@@ -269,6 +273,7 @@ static struct ibv_context *fk_open_device(struct ibv_device *d) {
 		return NULL;
 	}
 	v->context.async_fd = p[0];
+	v->context.num_comp_vectors = fk_comp_vectors;
 	v->sz = sizeof(*v);
 	v->query_port = fk_query_port;
 	v->context.device = d;
@@ -310,6 +315,20 @@ static int fk_get_async_event(struct ibv_context *ctx, struct ibv_async_event *e
 }
 
 static void fk_ack_async_event(struct ibv_async_event *ev) { (void)ev; }
+
+int pv_fake_cq_vector(struct ibv_cq *cq) {
+	pthread_mutex_lock(&fk_mu);
+	int v = ((fk_cq *)cq)->vector;
+	pthread_mutex_unlock(&fk_mu);
+	return v;
+}
+
+unsigned int pv_fake_cq_acked(struct ibv_cq *cq) {
+	pthread_mutex_lock(&fk_mu);
+	unsigned int n = ((fk_cq *)cq)->acked;
+	pthread_mutex_unlock(&fk_mu);
+	return n;
+}
 
 int pv_fake_chan_pending(struct ibv_cq *cq) {
 	pthread_mutex_lock(&fk_mu);
@@ -573,10 +592,14 @@ static void *fk_timer(void *arg) {
 
 static struct ibv_cq *fk_create_cq(struct ibv_context *ctx, int cqe, void *cq_ctx,
 				   struct ibv_comp_channel *ch, int vector) {
-	(void)vector;
+	if (vector < 0 || vector >= ctx->num_comp_vectors) {
+		errno = EINVAL; // as the kernel answers an out-of-range vector
+		return NULL;
+	}
 	fk_cq *c = calloc(1, sizeof(*c));
 	if (c == NULL)
 		return NULL;
+	c->vector = vector;
 	c->ring = calloc((size_t)cqe, sizeof(*c->ring));
 	if (c->ring == NULL) {
 		free(c);

@@ -351,6 +351,13 @@ func fromC(c C.pv_conn) connParams {
 // with, or -1 (tests).
 func fakeMRAccess(lkey uint32) int { return int(C.pv_fake_mr_access(C.uint32_t(lkey))) }
 
+// fakeCQAcked is how many of the fake CQ's events were acked (tests).
+func fakeCQAcked(c *cq) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return int(C.pv_fake_cq_acked(c.c))
+}
+
 // fakeChanPending is how many events wait on the fake CQ's channel (tests).
 func fakeChanPending(c *cq) int {
 	c.mu.Lock()

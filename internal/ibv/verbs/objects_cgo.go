@@ -42,9 +42,11 @@ type device struct {
 	st  atomic.Pointer[devState]
 	evs *asyncEvents // the async-event loop; nil for none
 
-	mu   sync.Mutex // guards ctx and refs
+	mu   sync.Mutex // guards ctx, refs and nextVector
 	ctx  *C.struct_ibv_context
 	refs int // live PDs and CQs
+	// nextVector: the comp_vector of the next CQ, round-robin.
+	nextVector uint64
 }
 
 // devState is what a device says about its port, swapped whole.
@@ -85,7 +87,14 @@ func (d *device) CreateCQ(depth int) (ibv.CQ, error) {
 	}
 	var errno, fd C.int
 	var ch *C.struct_ibv_comp_channel
-	c := C.pv_create_cq(d.lib.c, d.ctx, C.int(depth), &ch, &fd, &errno)
+	// Spread CQs over the device's completion vectors (its interrupt
+	// lines, each steerable to its own CPU) instead of all on vector 0.
+	vector := 0
+	if nv := int(d.ctx.num_comp_vectors); nv > 1 {
+		vector = int(d.nextVector % uint64(nv))
+		d.nextVector++
+	}
+	c := C.pv_create_cq(d.lib.c, d.ctx, C.int(depth), C.int(vector), &ch, &fd, &errno)
 	if c == nil {
 		return nil, verbsErr("ibv_create_cq", syscall.Errno(errno))
 	}
@@ -296,6 +305,24 @@ type cq struct {
 	stash    []C.pv_wc // polled by Wait, not yet returned by Poll
 	buf      []C.pv_wc // scratch for Poll
 	refs     int       // QPs created on this CQ
+	// unacked: events taken from the channel and not yet acked
+	// (ackBatch). Added to by Wait and its park callback; acked, under
+	// mu, by Wait once it reaches ackBatch and by Close before destroy
+	// (ibv_destroy_cq waits for every event to be acked).
+	unacked atomic.Uint32
+}
+
+// ackBatch is how many completion events a CQ takes before it acks them
+// in one ibv_ack_cq_events call (a mutex in libibverbs per call).
+const ackBatch = 32
+
+// ackLocked acks the events taken so far once there are at least min.
+// c.mu held, c.c live.
+func (c *cq) ackLocked(min uint32) {
+	if n := c.unacked.Load(); n > 0 && n >= min {
+		C.pv_ack_cq_events(c.dev.lib.c, c.c, C.uint(n))
+		c.unacked.Add(-n)
+	}
 }
 
 var _ ibv.CQ = (*cq)(nil)
@@ -420,7 +447,9 @@ func (c *cq) Wait(ctx context.Context) error {
 				c.mu.Unlock()
 				return verbsErr("ibv_get_cq_event", syscall.Errno(rc))
 			}
+			c.unacked.Add(1)
 		}
+		c.ackLocked(ackBatch)
 		if rc := C.pv_req_notify_cq(c.c); rc != 0 {
 			c.mu.Unlock()
 			return verbsErr("ibv_req_notify_cq", syscall.Errno(rc))
@@ -467,6 +496,9 @@ func (c *cq) block(ctx context.Context) error {
 		// Runs with the file referenced: Close waits for it to return
 		// before it frees the channel and the CQ the ack touches.
 		rc = C.pv_get_cq_event(c.dev.lib.c, c.ch)
+		if rc == 0 {
+			c.unacked.Add(1) // acked by the next Wait or Close
+		}
 		return rc != C.EAGAIN
 	})
 	if !stop() {
@@ -490,6 +522,13 @@ func (c *cq) block(ctx context.Context) error {
 	return fmt.Errorf("wait cq: completion channel: %w", err)
 }
 
+// vector is the comp_vector c was created on, by the fake (tests).
+func (c *cq) fakeVector() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return int(C.pv_fake_cq_vector(c.c))
+}
+
 func (c *cq) Close() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -508,6 +547,7 @@ func (c *cq) Close() error {
 			return fmt.Errorf("close cq: completion channel: %w", err)
 		}
 	}
+	c.ackLocked(1) // no callback runs any more: the count is final
 	l := c.dev.lib.c
 	if rc := C.pv_destroy_cq(l, c.c); rc != 0 {
 		return verbsErr("ibv_destroy_cq", syscall.Errno(rc))

@@ -222,7 +222,7 @@ struct ibv_mr *pv_reg_mr(pv_lib *l, struct ibv_pd *pd, uintptr_t addr, size_t le
 }
 
 struct ibv_cq *pv_create_cq(pv_lib *l, struct ibv_context *ctx, int depth,
-			    struct ibv_comp_channel **chp, int *gofd, int *err) {
+			    int vector, struct ibv_comp_channel **chp, int *gofd, int *err) {
 	errno = 0;
 	struct ibv_comp_channel *ch = l->create_comp_channel(ctx);
 	if (ch == NULL) {
@@ -238,7 +238,7 @@ struct ibv_cq *pv_create_cq(pv_lib *l, struct ibv_context *ctx, int depth,
 		return NULL;
 	}
 	errno = 0;
-	struct ibv_cq *r = l->create_cq(ctx, depth, NULL, ch, 0);
+	struct ibv_cq *r = l->create_cq(ctx, depth, NULL, ch, vector);
 	if (r == NULL) {
 		*err = pointer_errno();
 		close(fd);
@@ -305,8 +305,12 @@ int pv_get_cq_event(pv_lib *l, struct ibv_comp_channel *ch) {
 		int e = errno;
 		return e == EWOULDBLOCK ? EAGAIN : (e > 0 ? e : EIO);
 	}
-	l->ack_cq_events(cq, 1);
+	(void)cq; // one CQ per channel: the caller acks it, in batches
 	return 0;
+}
+
+void pv_ack_cq_events(pv_lib *l, struct ibv_cq *cq, unsigned int n) {
+	l->ack_cq_events(cq, n);
 }
 
 struct ibv_qp *pv_create_qp(pv_lib *l, struct ibv_pd *pd, struct ibv_cq *cq,

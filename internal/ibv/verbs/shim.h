@@ -99,14 +99,20 @@ struct ibv_mr *pv_reg_mr(pv_lib *l, struct ibv_pd *pd, uintptr_t addr, size_t le
 // ibv_get_cq_event(3) shows for non-blocking use) and a CQ on it. *gofd is
 // a close-on-exec dup of the channel's fd for Go's netpoller (Go closes it;
 // ibv_destroy_comp_channel closes the original).
+// pv_create_cq creates a CQ on comp_vector vector (< ctx's
+// num_comp_vectors) with its own completion channel.
 struct ibv_cq *pv_create_cq(pv_lib *l, struct ibv_context *ctx, int depth,
-			    struct ibv_comp_channel **ch, int *gofd, int *err);
+			    int vector, struct ibv_comp_channel **ch, int *gofd, int *err);
 int pv_destroy_comp_channel(pv_lib *l, struct ibv_comp_channel *ch);
 // Arms cq for one completion event (ibv_req_notify_cq(3), solicited_only 0).
 int pv_req_notify_cq(struct ibv_cq *cq);
 // Takes one event off ch and acknowledges it at once (so ibv_destroy_cq
 // never waits for acks): 0, EAGAIN when none is queued, or an errno.
+// pv_get_cq_event takes one event of ch without acking it: the caller
+// acks with pv_ack_cq_events (ibv_ack_cq_events takes a mutex: acking in
+// batches is what ibv_get_cq_event(3) advises).
 int pv_get_cq_event(pv_lib *l, struct ibv_comp_channel *ch);
+void pv_ack_cq_events(pv_lib *l, struct ibv_cq *cq, unsigned int n);
 // Creates an RC QP on cq (send and receive) with no inline data and
 // unsignaled-by-default sends (each WR says).
 struct ibv_qp *pv_create_qp(pv_lib *l, struct ibv_pd *pd, struct ibv_cq *cq,
@@ -178,6 +184,10 @@ int pv_fake_port_event(const char *dev, int type);
 void pv_fake_port_state(const char *dev, int type);
 // pv_fake_chan_pending is how many events wait on cq's channel.
 int pv_fake_chan_pending(struct ibv_cq *cq);
+// pv_fake_cq_acked is how many of cq's events were acked.
+unsigned int pv_fake_cq_acked(struct ibv_cq *cq);
+// pv_fake_cq_vector is the comp_vector cq was created on.
+int pv_fake_cq_vector(struct ibv_cq *cq);
 // pv_fake_reset_ports undoes every pv_fake_port_event (no event raised).
 void pv_fake_reset_ports(void);
 // pv_fake_mr_access is the access flags the fake MR with lkey was
