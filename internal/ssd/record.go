@@ -176,6 +176,11 @@ func decodeHeader(b []byte) (h header, need int, err error) {
 	var total uint64
 	for i := range h.sizes {
 		h.sizes[i] = store.SlotSize{KSize: le.Uint64(b[p:]), VSize: le.Uint64(b[p+8:])}
+		// Each size is bounded before the sum, so the sum cannot wrap
+		// around to dataLen (a crafted header passing its CRC).
+		if h.sizes[i].KSize > store.MaxBlockLen || h.sizes[i].VSize > store.MaxBlockLen {
+			return h, 0, errNoRecord
+		}
 		total += h.sizes[i].KSize + h.sizes[i].VSize
 		p += 16
 	}

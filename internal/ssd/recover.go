@@ -2,6 +2,7 @@ package ssd
 
 import (
 	"errors"
+	"io"
 	"sort"
 
 	"github.com/pegaflow/pegad/internal/store"
@@ -85,8 +86,18 @@ func (t *Tier) scanSegment(d *device, s int, buf []byte) (segScan, error) {
 		}
 		h, need, err := decodeHeader(buf[:Align])
 		if err == nil && need > 0 {
+			// A header longer than a page is checked (CRC) only once read
+			// whole; one that would run past the segment is stale bytes
+			// or torn: the end of the segment's records, not an error
+			// that refuses the path.
+			if pos+uint64(need) > d.segSize {
+				break
+			}
 			big := alignedBuf(uint64(need))
 			if _, err := d.f.ReadAt(big, off); err != nil {
+				if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+					break
+				}
 				return sc, err
 			}
 			h, _, err = decodeHeader(big)
