@@ -8,6 +8,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/go-zeromq/zmq4/security/null"
@@ -87,6 +88,13 @@ func (s *server) close() {
 	_ = s.ln.Close()
 }
 
+// handshakeTimeout bounds a connection's ZMTP greeting and handshake.
+var handshakeTimeout = 5 * time.Second
+
+// maxSubscriptions caps one subscriber's topic prefixes; past it the
+// subscriber is dropped.
+const maxSubscriptions = 1024
+
 // serve accepts until ctx ends; each connection's goroutines are owned
 // here and waited for before serve returns.
 func (s *server) serve(ctx context.Context) {
@@ -94,14 +102,26 @@ func (s *server) serve(ctx context.Context) {
 	defer wg.Wait()
 	stop := context.AfterFunc(ctx, s.close)
 	defer stop()
+	var backoff time.Duration
 	for {
 		nc, err := s.ln.Accept()
 		if err != nil {
-			if ctx.Err() == nil && !errors.Is(err, net.ErrClosed) {
-				s.p.o.Log.Warn().Err(err).Msg("KV events: accept failed")
+			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+				return
 			}
-			return
+			// Anything else (EMFILE, ECONNABORTED) is retried after a
+			// pause, as net/http does: one bad moment must not end the
+			// events until the daemon restarts.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			s.p.o.Log.Warn().Err(err).Dur("retry_in", backoff).Msg("KV events: accept failed")
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(backoff):
+			}
+			continue
 		}
+		backoff = 0
 		if tc, ok := nc.(*net.TCPConn); ok && s.p.o.sndBuf > 0 {
 			_ = tc.SetWriteBuffer(s.p.o.sndBuf)
 		}
@@ -119,7 +139,13 @@ func (s *server) handle(ctx context.Context, nc net.Conn) {
 	// server closes (close() cannot see it yet, so watch ctx here).
 	stop := context.AfterFunc(ctx, func() { _ = nc.Close() })
 	defer stop()
+	// A peer that connects and never greets holds a goroutine and a file
+	// only for the handshake's deadline.
+	_ = nc.SetDeadline(time.Now().Add(handshakeTimeout))
 	c, err := zmq4.Open(nc, null.Security(), typ, zmq4.SocketIdentity(""), true, nil)
+	if err == nil {
+		err = nc.SetDeadline(time.Time{})
+	}
 	if err != nil {
 		_ = nc.Close()
 		s.p.o.Log.Debug().Err(err).Str("remote", nc.RemoteAddr().String()).Msg("KV events: handshake failed")
@@ -195,6 +221,11 @@ func (pe *peer) readSubscriptions() {
 		pe.mu.Lock()
 		switch f[0] {
 		case 1:
+			if len(pe.topics) >= maxSubscriptions {
+				pe.mu.Unlock()
+				_ = pe.c.Close() // every event would scan an unbounded list
+				return
+			}
 			pe.topics = append(pe.topics, topic)
 		case 0:
 			for i, t := range pe.topics {
