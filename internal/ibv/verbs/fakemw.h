@@ -20,6 +20,10 @@ typedef struct fk_mw {
 	uint32_t qpn;    // QP it was bound on
 	uint64_t addr, len;
 	int access;
+	// key is the window's current rkey. mw.rkey stays as allocated: like
+	// mlx5 and rxe, a bind posted on a QP does not update it, so the caller
+	// must track the key it bound with (ibv_inc_rkey of the last one).
+	uint32_t key;
 } fk_mw;
 
 static fk_mw *fk_mws[FK_MAX];
@@ -41,6 +45,7 @@ static struct ibv_mw *fk_alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type) {
 	w->mw.pd = pd;
 	w->mw.type = type;
 	w->mw.rkey = FK_MW_KEY | ((fk_next_mw++ & 0x7fffff) << 8);
+	w->key = w->mw.rkey;
 	int rc = fk_put((void **)fk_mws, w);
 	pthread_mutex_unlock(&fk_mu);
 	if (rc) {
@@ -70,7 +75,7 @@ static int fk_mr_has_mw(fk_mr *m) {
 static fk_mw *fk_find_mw(struct ibv_pd *pd, uint32_t rkey) {
 	for (int i = 0; i < fk_hi; i++) {
 		fk_mw *w = fk_mws[i];
-		if (w && w->mw.pd == pd && w->mw.rkey == rkey)
+		if (w && w->mw.pd == pd && w->key == rkey)
 			return w;
 	}
 	return NULL;
@@ -91,9 +96,11 @@ static int fk_mw_allows(fk_qp *r, uint32_t rkey, uint64_t addr, uint32_t len, in
 static enum ibv_wc_status fk_bind(fk_qp *q, struct ibv_send_wr *wr) {
 	fk_mw *w = (fk_mw *)wr->bind_mw.mw;
 	const struct ibv_mw_bind_info *b = &wr->bind_mw.bind_info;
-	if (fk_find_mw(q->qp.pd, w->mw.rkey) != w || w->mw.type != IBV_MW_TYPE_2 || w->mr != NULL)
+	if (fk_find_mw(q->qp.pd, w->key) != w || w->mw.type != IBV_MW_TYPE_2 || w->mr != NULL)
 		return IBV_WC_MW_BIND_ERR;
-	if ((wr->bind_mw.rkey & ~0xffu) != (w->mw.rkey & ~0xffu))
+	// The new key keeps the index and must not be the current one (a
+	// stale key must not come back valid).
+	if ((wr->bind_mw.rkey & ~0xffu) != (w->key & ~0xffu) || wr->bind_mw.rkey == w->key)
 		return IBV_WC_MW_BIND_ERR;
 	fk_mr *m = NULL;
 	for (int i = 0; i < fk_hi; i++)
@@ -110,7 +117,7 @@ static enum ibv_wc_status fk_bind(fk_qp *q, struct ibv_send_wr *wr) {
 	w->addr = b->addr;
 	w->len = b->length;
 	w->access = (int)b->mw_access_flags;
-	w->mw.rkey = wr->bind_mw.rkey;
+	w->key = wr->bind_mw.rkey;
 	return IBV_WC_SUCCESS;
 }
 

@@ -32,9 +32,12 @@ static int pv_dealloc_mw(struct ibv_mw *mw) {
 	return rc < 0 ? -rc : rc;
 }
 
-// pv_post_bind_mw posts IBV_WR_BIND_MW (ibv_post_send(3)) with the
-// window's next rkey (ibv_inc_rkey), returned in *rkey.
-static int pv_post_bind_mw(struct ibv_qp *qp, struct ibv_mw *mw, struct ibv_mr *mr, uint64_t addr,
+// pv_post_bind_mw posts IBV_WR_BIND_MW (ibv_post_send(3)) with the next
+// rkey after cur (ibv_inc_rkey), returned in *rkey. cur is the key of the
+// last bind, tracked by the caller: providers (rxe, mlx5) do not update
+// mw->rkey for a bind posted on a QP, so rebinding from it reuses a key
+// and rxe fails the bind (IBV_WC_MW_BIND_ERR).
+static int pv_post_bind_mw(struct ibv_qp *qp, struct ibv_mw *mw, uint32_t cur, struct ibv_mr *mr, uint64_t addr,
 			   uint64_t len, unsigned access, uint64_t wr_id, unsigned flags, uint32_t *rkey) {
 	struct ibv_send_wr wr, *bad = NULL;
 	memset(&wr, 0, sizeof(wr));
@@ -42,7 +45,7 @@ static int pv_post_bind_mw(struct ibv_qp *qp, struct ibv_mw *mw, struct ibv_mr *
 	wr.opcode = IBV_WR_BIND_MW;
 	wr.send_flags = flags;
 	wr.bind_mw.mw = mw;
-	wr.bind_mw.rkey = ibv_inc_rkey(mw->rkey);
+	wr.bind_mw.rkey = ibv_inc_rkey(cur);
 	wr.bind_mw.bind_info.mr = mr;
 	wr.bind_mw.bind_info.addr = addr;
 	wr.bind_mw.bind_info.length = len;
@@ -173,7 +176,7 @@ func (q *qp) PostBindMW(w ibv.MW, r ibv.MR, addr, length uint64, access ibv.Acce
 		return 0, fmt.Errorf("bind mw on qp %d: %w", q.qpn, ibv.ErrClosed)
 	}
 	var rkey C.uint32_t
-	if rc := C.pv_post_bind_mw(q.p, vw.w, vr.m, C.uint64_t(addr), C.uint64_t(length), C.uint(access),
+	if rc := C.pv_post_bind_mw(q.p, vw.w, C.uint32_t(vw.rkey), vr.m, C.uint64_t(addr), C.uint64_t(length), C.uint(access),
 		C.uint64_t(id), signaledFlag(signaled), &rkey); rc != 0 {
 		return 0, fmt.Errorf("bind mw on qp %d: %w", q.qpn, verbsErr("ibv_post_send", syscall.Errno(rc)))
 	}
