@@ -96,7 +96,9 @@ static int fk_mw_allows(fk_qp *r, uint32_t rkey, uint64_t addr, uint32_t len, in
 static enum ibv_wc_status fk_bind(fk_qp *q, struct ibv_send_wr *wr) {
 	fk_mw *w = (fk_mw *)wr->bind_mw.mw;
 	const struct ibv_mw_bind_info *b = &wr->bind_mw.bind_info;
-	if (fk_find_mw(q->qp.pd, w->key) != w || w->mw.type != IBV_MW_TYPE_2 || w->mr != NULL)
+	// As rxe: the bind names the window by mw->rkey, which must be its
+	// current key (the caller updates it after each bind).
+	if (fk_find_mw(q->qp.pd, w->key) != w || w->mw.rkey != w->key || w->mw.type != IBV_MW_TYPE_2 || w->mr != NULL)
 		return IBV_WC_MW_BIND_ERR;
 	// The new key keeps the index and must not be the current one (a
 	// stale key must not come back valid).

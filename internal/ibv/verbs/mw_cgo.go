@@ -52,6 +52,11 @@ static int pv_post_bind_mw(struct ibv_qp *qp, struct ibv_mw *mw, uint32_t cur, s
 	wr.bind_mw.bind_info.mw_access_flags = access;
 	*rkey = wr.bind_mw.rkey;
 	int rc = ibv_post_send(qp, &wr, &bad);
+	// rxe's next bind names the window by mw->rkey, which must be the key
+	// the kernel holds (rxe_bind_mw: mw->rkey != mw_rkey is EINVAL), so
+	// it is the caller's to update for a bind posted on a QP.
+	if (rc == 0)
+		mw->rkey = wr.bind_mw.rkey;
 	return rc < 0 ? -rc : rc;
 }
 
