@@ -97,6 +97,9 @@ type Opcode int
 const (
 	OpRDMAWrite Opcode = 0
 	OpRDMARead  Opcode = 4
+	// Memory-window WRs (enum ibv_wr_opcode), posted through MWQP only.
+	OpLocalInv Opcode = 7
+	OpBindMW   Opcode = 8
 )
 
 func (o Opcode) String() string {
@@ -105,6 +108,10 @@ func (o Opcode) String() string {
 		return "RDMA_WRITE"
 	case OpRDMARead:
 		return "RDMA_READ"
+	case OpBindMW:
+		return "BIND_MW"
+	case OpLocalInv:
+		return "LOCAL_INV"
 	}
 	return fmt.Sprintf("opcode(%d)", int(o))
 }
@@ -116,6 +123,9 @@ const (
 	AccessLocalWrite  Access = 1
 	AccessRemoteWrite Access = 2
 	AccessRemoteRead  Access = 4
+	// AccessMWBind lets memory windows be bound over the region
+	// (IBV_ACCESS_MW_BIND, ibv_reg_mr(3)).
+	AccessMWBind Access = 16
 	// AccessRelaxedOrdering lets the NIC write READ responses to memory
 	// out of order (faster on AMD, Grace and PCIe-switch hosts; a
 	// completion still means all data is visible: ibv_reg_mr(3)). An
@@ -172,6 +182,9 @@ type DeviceInfo struct {
 	// Limits the provider enforces.
 	MaxQPWR     int // send queue depth limit
 	MaxRdAtomic int // max outstanding RDMA READs per QP
+	// MemWindows: the device binds type-2 memory windows
+	// (IBV_DEVICE_MEM_WINDOW_TYPE_2B and max_mw > 0, ibv_query_device(3)).
+	MemWindows bool
 	// Addr is the data listener of a tcp device (host:port); empty for verbs.
 	Addr string
 }
@@ -346,6 +359,33 @@ type PD interface {
 	// remote read/write access enabled.
 	CreateQP(cq CQ, cap QPCap) (QP, error)
 	Close() error
+}
+
+// MW is a type-2 memory window (ibv_alloc_mw(3)): an rkey over a range of
+// an MR, usable only by the QP it was bound on, until invalidated.
+type MW interface {
+	// RKey is the window's rkey as last bound (ibv_inc_rkey'd per bind).
+	RKey() uint32
+	Dealloc() error
+}
+
+// MWPD is a PD whose device binds type-2 memory windows.
+type MWPD interface {
+	AllocMW() (MW, error)
+}
+
+// MWQP is a QP that binds and invalidates type-2 memory windows through its
+// send queue (IBV_WR_BIND_MW, IBV_WR_LOCAL_INV; ibv_post_send(3)). Both
+// complete on the QP's send CQ like any WR; a failed one moves the QP to
+// ERROR.
+type MWQP interface {
+	// PostBindMW binds mw over [addr, addr+length) of mr (registered with
+	// AccessMWBind) with access, and returns the rkey the window gets: a
+	// peer READ with it works through this QP's peer only.
+	PostBindMW(mw MW, mr MR, addr, length uint64, access Access, id uint64, signaled bool) (uint32, error)
+	// PostLocalInv invalidates the window with rkey: later READs with it
+	// fail with a remote access error.
+	PostLocalInv(rkey uint32, id uint64, signaled bool) error
 }
 
 // MR is a registered memory region.

@@ -185,6 +185,8 @@ func clampRd(req uint8, dev int) uint8 {
 const (
 	wcRDMAWrite = 1
 	wcRDMARead  = 2
+	wcBindMW    = 5
+	wcLocalInv  = 6
 )
 
 // wcOpcode maps enum ibv_wc_opcode to the model's opcode. libibverbs
@@ -196,6 +198,10 @@ func wcOpcode(op int) ibv.Opcode {
 		return ibv.OpRDMAWrite
 	case wcRDMARead:
 		return ibv.OpRDMARead
+	case wcBindMW:
+		return ibv.OpBindMW
+	case wcLocalInv:
+		return ibv.OpLocalInv
 	}
 	return -1
 }

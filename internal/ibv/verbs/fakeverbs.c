@@ -239,6 +239,8 @@ static int fk_query_gid_ex(struct ibv_context *ctx, uint32_t port, uint32_t idx,
 }
 
 static int fk_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
+static struct ibv_mw *fk_alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type); // fakemw.h
+static int fk_dealloc_mw(struct ibv_mw *mw);
 static int fk_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc);
 static int fk_req_notify_cq(struct ibv_cq *cq, int solicited_only);
 
@@ -281,6 +283,8 @@ static struct ibv_context *fk_open_device(struct ibv_device *d) {
 	v->context.ops.post_send = fk_post_send;
 	v->context.ops.poll_cq = fk_poll_cq;
 	v->context.ops.req_notify_cq = fk_req_notify_cq;
+	v->context.ops.alloc_mw = fk_alloc_mw;
+	v->context.ops.dealloc_mw = fk_dealloc_mw;
 	return &v->context;
 }
 
@@ -398,6 +402,11 @@ static int fk_query_device(struct ibv_context *ctx, struct ibv_device_attr *a) {
 	a->max_qp_init_rd_atom = d->max_rd;
 	a->max_mr_size = d->max_mr_size;
 	a->phys_port_cnt = 1;
+	// The "old" device has no memory windows (the holder's fallback).
+	if (strcmp(d->name, "pegadfakeold0") != 0) {
+		a->max_mw = FK_MAX;
+		a->device_cap_flags = IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B;
+	}
 	return 0;
 }
 
@@ -422,7 +431,7 @@ static int fk_dealloc_pd(struct ibv_pd *pd) {
 
 // Access flags the fake knows: the three pegad uses and the optional
 // relaxed ordering (IBV_ACCESS_OPTIONAL_RANGE).
-#define FK_ACCESS (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ)
+#define FK_ACCESS (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_MW_BIND)
 
 static struct ibv_mr *fk_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t len, uint64_t iova,
 				      unsigned int access) {
@@ -471,8 +480,14 @@ int pv_fake_mr_access(uint32_t lkey) {
 	return a;
 }
 
+static int fk_mr_has_mw(fk_mr *m);
+
 static int fk_dereg_mr(struct ibv_mr *mr) {
 	pthread_mutex_lock(&fk_mu);
+	if (fk_mr_has_mw((fk_mr *)mr)) {
+		pthread_mutex_unlock(&fk_mu);
+		return EBUSY; // ibv_dereg_mr(3): windows still bound over it
+	}
 	fk_del((void **)fk_mrs, mr);
 	pthread_mutex_unlock(&fk_mu);
 	free(mr);
@@ -828,6 +843,8 @@ static int fk_destroy_qp(struct ibv_qp *qp) {
 	return 0;
 }
 
+#include "fakemw.h"
+
 static fk_mr *fk_find_mr(struct ibv_pd *pd, uint32_t key, int remote, uint64_t addr, uint32_t len, int access) {
 	for (int i = 0; i < fk_hi; i++) {
 		fk_mr *m = fk_mrs[i];
@@ -859,8 +876,10 @@ static void fk_complete(fk_qp *q, struct ibv_send_wr *wr, enum ibv_wc_status st)
 	w->wr_id = wr->wr_id;
 	w->status = st;
 	w->qp_num = q->qp.qp_num;
-	w->opcode = wr->opcode == IBV_WR_RDMA_READ ? IBV_WC_RDMA_READ : IBV_WC_RDMA_WRITE;
-	w->byte_len = st == IBV_WC_SUCCESS ? wr->sg_list[0].length : 0;
+	w->opcode = wr->opcode == IBV_WR_RDMA_READ ? IBV_WC_RDMA_READ
+		    : wr->opcode == IBV_WR_BIND_MW ? IBV_WC_BIND_MW
+		    : wr->opcode == IBV_WR_LOCAL_INV ? IBV_WC_LOCAL_INV : IBV_WC_RDMA_WRITE;
+	w->byte_len = st == IBV_WC_SUCCESS && wr->num_sge > 0 ? wr->sg_list[0].length : 0;
 	if (st != IBV_WC_SUCCESS) {
 		w->opcode = 0xff; // undefined for failed completions
 		w->vendor_err = 0x99;
@@ -915,8 +934,10 @@ static enum ibv_wc_status fk_execute(fk_qp *q, struct ibv_send_wr *wr) {
 	if (wr->num_sge != 1 || fk_find_mr(q->qp.pd, s->lkey, 0, s->addr, s->length,
 					     read ? IBV_ACCESS_LOCAL_WRITE : 0) == NULL)
 		return IBV_WC_LOC_PROT_ERR;
-	if (fk_find_mr(r->qp.pd, wr->wr.rdma.rkey, 1, wr->wr.rdma.remote_addr, s->length,
-		       read ? IBV_ACCESS_REMOTE_READ : IBV_ACCESS_REMOTE_WRITE) == NULL)
+	int racc = read ? IBV_ACCESS_REMOTE_READ : IBV_ACCESS_REMOTE_WRITE;
+	if ((wr->wr.rdma.rkey & FK_MW_KEY) ? !fk_mw_allows(r, wr->wr.rdma.rkey, wr->wr.rdma.remote_addr, s->length, racc)
+					    : fk_find_mr(r->qp.pd, wr->wr.rdma.rkey, 1, wr->wr.rdma.remote_addr,
+							 s->length, racc) == NULL)
 		return IBV_WC_REM_ACCESS_ERR;
 	void *l = (void *)(uintptr_t)s->addr, *rm = (void *)(uintptr_t)wr->wr.rdma.remote_addr;
 	if (read)
@@ -973,7 +994,8 @@ static int fk_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_se
 			rc = EINVAL;
 		else if (q->outstanding >= q->max_send_wr)
 			rc = ENOMEM;
-		else if (wr->opcode != IBV_WR_RDMA_READ && wr->opcode != IBV_WR_RDMA_WRITE)
+		else if (wr->opcode != IBV_WR_RDMA_READ && wr->opcode != IBV_WR_RDMA_WRITE &&
+			 wr->opcode != IBV_WR_BIND_MW && wr->opcode != IBV_WR_LOCAL_INV)
 			rc = EINVAL;
 		if (rc) {
 			*bad = wr;
@@ -981,7 +1003,8 @@ static int fk_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_se
 			return rc;
 		}
 		q->outstanding++;
-		enum ibv_wc_status st = fk_execute(q, wr);
+		int mst = fk_mw_execute(q, wr);
+		enum ibv_wc_status st = mst >= 0 ? (enum ibv_wc_status)mst : fk_execute(q, wr);
 		if (st == FK_HELD) {
 			fk_hold(q, wr);
 			continue;

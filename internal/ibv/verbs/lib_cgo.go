@@ -223,6 +223,7 @@ func (l *lib) describe(ctx *C.struct_ibv_context, name string, want uint8, o Opt
 			o.PKeyIndex, c.Port, c.PKeys, ibv.ErrInvalidArgument)
 	}
 	info := deviceInfo(name, o.numaNode(fs, name), c, lim.maxQPWR, min(lim.maxInitRdAtom, lim.maxRdAtom))
+	info.MemWindows = l.memWindows(ctx)
 	return info, lim, c, nil
 }
 

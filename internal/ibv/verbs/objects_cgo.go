@@ -169,7 +169,7 @@ func (p *pd) RegMR(buf []byte, access ibv.Access) (ibv.MR, error) {
 	if len(buf) == 0 {
 		return nil, fmt.Errorf("register empty buffer: %w", ibv.ErrInvalidArgument)
 	}
-	if access&^(ibv.AccessLocalWrite|ibv.AccessRemoteWrite|ibv.AccessRemoteRead|ibv.AccessRelaxedOrdering) != 0 {
+	if access&^(ibv.AccessLocalWrite|ibv.AccessRemoteWrite|ibv.AccessRemoteRead|ibv.AccessMWBind|ibv.AccessRelaxedOrdering) != 0 {
 		return nil, fmt.Errorf("access flags %#x: %w", uint32(access), ibv.ErrInvalidArgument)
 	}
 	if lim := p.dev.lim.maxMRSize; lim > 0 && uint64(len(buf)) > lim {

@@ -207,12 +207,12 @@ func TestFakeDevices(t *testing.T) {
 	var want []ibv.DeviceInfo
 	for i := range 8 {
 		want = append(want, ibv.DeviceInfo{Name: "pegadfake" + itoa(i), NUMANode: -1, Port: 1, LinkLayer: "Ethernet",
-			GID: ibv.GID{10: 0xff, 11: 0xff, 12: 10, 14: byte(i), 15: 5}, GIDIndex: 1, MTU: 1024, MaxQPWR: 16384, MaxRdAtomic: 16})
+			GID: ibv.GID{10: 0xff, 11: 0xff, 12: 10, 14: byte(i), 15: 5}, GIDIndex: 1, MTU: 1024, MaxQPWR: 16384, MaxRdAtomic: 16, MemWindows: true})
 	}
 	want = append(want, ibv.DeviceInfo{Name: "pegadfakeold0", NUMANode: -1, Port: 1, LinkLayer: "Ethernet",
 		GID: ibv.GID{10: 0xff, 11: 0xff, 12: 10, 15: 5}, GIDIndex: 1, MTU: 1024, MaxQPWR: 16384, MaxRdAtomic: 8})
 	want = append(want, ibv.DeviceInfo{Name: "pegadfakeib0", NUMANode: -1, Port: 1, LinkLayer: "InfiniBand",
-		GID: ibv.GID{0: 0xfe, 1: 0x80, 8: 0x02, 15: 0x11}, LID: 0x11, MTU: 4096, MaxQPWR: 16384, MaxRdAtomic: 16})
+		GID: ibv.GID{0: 0xfe, 1: 0x80, 8: 0x02, 15: 0x11}, LID: 0x11, MTU: 4096, MaxQPWR: 16384, MaxRdAtomic: 16, MemWindows: true})
 	if !slices.Equal(devs, want) {
 		t.Fatalf("Devices() = %+v\nwant %+v", devs, want)
 	}
