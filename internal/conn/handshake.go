@@ -37,7 +37,7 @@ const (
 // prepareHandshake (QPs in INIT on every NIC), exchange (the RPC),
 // validateResponse, connectQPs, publish, then the workers start.
 func (m *Manager) connect(peer string) (_ *AddrConnection, err error) {
-	if err := m.beginHandshake(); err != nil {
+	if err := m.begin(&m.handshake); err != nil {
 		return nil, err
 	}
 	defer m.handshake.Done()
@@ -120,15 +120,16 @@ func (m *Manager) connect(peer string) (_ *AddrConnection, err error) {
 	return c, nil
 }
 
-// beginHandshake counts a handshake in m.handshake, which Close waits for;
-// ErrClosed once the manager is closed.
-func (m *Manager) beginHandshake() error {
+// begin counts one handshake (m.handshake) or accept (m.accepts) in wg,
+// which Close waits for (before it releases the PDs they use); ErrClosed
+// once the manager is closed.
+func (m *Manager) begin(wg *sync.WaitGroup) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {
 		return ErrClosed
 	}
-	m.handshake.Add(1) // under mu: Close sets closed before it Waits
+	wg.Add(1) // under mu: Close sets closed before it Waits
 	return nil
 }
 
@@ -408,7 +409,7 @@ func (m *Manager) Accept(ctx context.Context, req *pegadv1.RdmaHandshakeRequest)
 		err = withStatus(err)
 	}()
 	// Close waits for running accepts before it releases the PDs they use.
-	if err := m.beginAccept(); err != nil {
+	if err := m.begin(&m.accepts); err != nil {
 		return nil, err
 	}
 	defer m.accepts.Done()
@@ -452,18 +453,6 @@ func (m *Manager) Accept(ctx context.Context, req *pegadv1.RdmaHandshakeRequest)
 	}
 	log.Info().Int("nics", len(a.nics)).Int("qps", a.qpCount()).Msg("rdma handshake accepted")
 	return resp, nil
-}
-
-// beginAccept counts an accept in m.accepts, which Close waits for before
-// it releases the PDs accepts use; ErrClosed once the manager is closed.
-func (m *Manager) beginAccept() error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.closed {
-		return ErrClosed
-	}
-	m.accepts.Add(1) // under mu: Close sets closed before it Waits
-	return nil
 }
 
 // newAccepted is the accepted side of req's handshake, with no QPs yet.
