@@ -11,7 +11,6 @@ package cluster
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -37,7 +36,8 @@ type Node struct {
 	LocalConn *grpc.ClientConn // the local socket: Local, Admin, Cluster, Health services
 	Local     pegadv1.LocalServiceClient
 	Admin     pegadv1.AdminServiceClient
-	Peer      pegadv1.PeerServiceClient // nil until the peer address is known
+	PeerConn  *grpc.ClientConn          // the peer port, plaintext; nil with peer TLS
+	Peer      pegadv1.PeerServiceClient // on PeerConn; nil with peer TLS
 
 	socket, peerAddr, metricsAddr, incarnation string
 
@@ -105,7 +105,8 @@ func (n *Node) connect(t testing.TB) {
 	n.LocalConn = lc
 	n.Local, n.Admin = pegadv1.NewLocalServiceClient(lc), pegadv1.NewAdminServiceClient(lc)
 	if n.peerAddr != "" && !n.Config.PeerTLS() {
-		n.Peer = pegadv1.NewPeerServiceClient(n.dial(t, n.peerAddr))
+		n.PeerConn = n.dial(t, n.peerAddr)
+		n.Peer = pegadv1.NewPeerServiceClient(n.PeerConn)
 	}
 }
 
@@ -146,17 +147,13 @@ func (n *Node) Client(t testing.TB, opts ...pegaclient.Option) *pegaclient.Clien
 	return c
 }
 
-// Scrape reads /metrics as "name{labels}" → value.
+// Scrape reads the node's /metrics as "name{labels}" → value.
 func (n *Node) Scrape(t testing.TB) map[string]float64 {
 	t.Helper()
 	if n.metricsAddr == "" {
 		t.Fatalf("%s: metrics are disabled", n.Name)
 	}
-	m, err := testutil.ScrapeMetrics(http.DefaultClient, n.metricsAddr)
-	if err != nil {
-		t.Fatalf("%s: scrape: %v", n.Name, err)
-	}
-	return m
+	return Scrape(t, n.metricsAddr)
 }
 
 // Stats is the admin Stats answer.
