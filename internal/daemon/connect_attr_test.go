@@ -1,4 +1,4 @@
-package daemon
+package daemon_test
 
 import (
 	"context"
@@ -12,58 +12,14 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/pegaflow/pegad/internal/config"
-	"github.com/pegaflow/pegad/internal/ibv"
+	"github.com/pegaflow/pegad/internal/daemon"
 	"github.com/pegaflow/pegad/internal/pool"
 )
-
-// TestConnectAttr: QPs on the tcp provider get a retry budget a loaded
-// host cannot exhaust by scheduling delay alone; verbs keeps the default.
-func TestConnectAttr(t *testing.T) {
-	tests := []struct {
-		transport string
-		min, max  time.Duration
-	}{
-		{config.TransportTCP, 4 * time.Second, 5 * time.Second},
-		{config.TransportVerbs, 500 * time.Millisecond, 600 * time.Millisecond},
-	}
-	for _, tc := range tests {
-		d := config.Default()
-		a := connectAttr(tc.transport, &d)
-		if b := a.RetryBudget(); b < tc.min || b > tc.max {
-			t.Errorf("%s: retry budget %v, want %v..%v", tc.transport, b, tc.min, tc.max)
-		}
-		want := ibv.DefaultConnectAttr()
-		a.Timeout = want.Timeout
-		if a != want {
-			t.Errorf("%s: attributes other than Timeout changed: %+v", tc.transport, a)
-		}
-	}
-}
-
-// TestQoSSettings: traffic-class and service-level reach every QP's
-// attributes; gid-index and pkey-index the verbs provider's options.
-func TestQoSSettings(t *testing.T) {
-	cfg := config.Default()
-	cfg.TrafficClass, cfg.ServiceLevel, cfg.GIDIndex, cfg.PKeyIndex = 106, 3, 2, 1
-	if a := connectAttr(config.TransportVerbs, &cfg); a.TrafficCls != 106 || a.SL != 3 {
-		t.Fatalf("connect attributes %+v: want traffic class 106, SL 3", a)
-	}
-	if o := verbsOptions(&cfg); !o.ForceGIDIndex || o.GIDIndex != 2 || o.PKeyIndex != 1 {
-		t.Fatalf("verbs options %+v: want GID index 2 forced, P_Key index 1", o)
-	}
-	cfg = config.Default()
-	if o := verbsOptions(&cfg); o.ForceGIDIndex || o.PKeyIndex != 0 {
-		t.Fatalf("default verbs options %+v: want the GID chosen, P_Key index 0", o)
-	}
-}
 
 // TestStartExtendsTimeout: while Start runs, systemd is asked for more
 // time (EXTEND_TIMEOUT_USEC), and never after READY=1.
 func TestStartExtendsTimeout(t *testing.T) {
-	old := extendEvery
-	extendEvery = time.Millisecond
-	t.Cleanup(func() { extendEvery = old })
+	daemon.SetExtendEvery(t, time.Millisecond)
 	n := startNode(t, testConfig(t))
 	notes := slices.Clone(*n.notes) // Start has returned: no sender left
 	ready := slices.Index(notes, "READY=1")
@@ -98,7 +54,7 @@ func TestStartHugePagesUnreserved(t *testing.T) {
 	}
 	cfg := testConfig(t)
 	cfg.PoolHugePages = "1G"
-	d, err := Start(context.Background(), cfg, WithLogger(zerolog.Nop()))
+	d, err := daemon.Start(context.Background(), cfg, daemon.WithLogger(zerolog.Nop()))
 	if err == nil {
 		d.Close()
 		t.Fatal("start with unreserved 1G pages succeeded")
