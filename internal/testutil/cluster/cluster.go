@@ -57,6 +57,7 @@ type spec struct {
 	mutate  []func(*config.Config)
 	dopts   []daemon.Option
 	env     []string
+	netns   string
 	verbose bool
 }
 
@@ -77,6 +78,10 @@ func WithDaemonOptions(o ...daemon.Option) Option {
 
 // WithEnv adds KEY=VALUE pairs to a process node's environment.
 func WithEnv(kv ...string) Option { return func(s *spec) { s.env = append(s.env, kv...) } }
+
+// InNetns runs a process node in the network namespace name (it must exist,
+// with its loopback up).
+func InNetns(name string) Option { return func(s *spec) { s.netns = name } }
 
 // DebugLogs keeps debug-level lines in Logs (default: info and above).
 func DebugLogs() Option { return func(s *spec) { s.verbose = true } }

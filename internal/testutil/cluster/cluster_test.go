@@ -3,6 +3,9 @@ package cluster
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -73,5 +76,45 @@ func TestKillProcess(t *testing.T) {
 	}
 	if err := n.Stop(); err != nil {
 		t.Fatalf("Stop after Kill: %v", err)
+	}
+}
+
+// A process node started InNetns runs in that namespace (not the test's)
+// and serves its local clients through the socket file.
+func TestProcessInNetns(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (ip netns)")
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skip("ip not found")
+	}
+	ns := fmt.Sprintf("pegad-cluster-test-%d", os.Getpid())
+	ip := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+	}
+	ip("netns", "add", ns)
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
+	ip("-n", ns, "link", "set", "lo", "up")
+
+	n := StartProcess(t, InNetns(ns), WithConfig(func(c *config.Config) { c.PoolSize = 8 << 20 }))
+	self, err := os.Readlink("/proc/self/ns/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	child, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", n.Pid()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if child == self {
+		t.Fatalf("process node's network namespace %s is the test's", child)
+	}
+	if st := n.Stats(t); st.GetNodeId() != n.Name {
+		t.Fatalf("stats over the socket: %v", st)
+	}
+	if err := n.Stop(); err != nil {
+		t.Fatalf("stop: %v\n%s", err, n.Logs)
 	}
 }
