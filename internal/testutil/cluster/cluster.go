@@ -30,7 +30,7 @@ import (
 // Node is one running pegad and clients of its sockets.
 type Node struct {
 	Name   string
-	Config config.Config // as started (ephemeral ports as configured, e.g. 127.0.0.1:0)
+	Config config.Config // as started (ephemeral ports as configured, e.g. 127.0.0.1:0); WithArgs flags not included
 	Logs   *testutil.LogBuffer
 
 	LocalConn *grpc.ClientConn // the local socket: Local, Admin, Cluster, Health services
@@ -58,6 +58,7 @@ type spec struct {
 	dopts   []daemon.Option
 	env     []string
 	netns   string
+	args    []string
 	verbose bool
 }
 
@@ -78,6 +79,10 @@ func WithDaemonOptions(o ...daemon.Option) Option {
 
 // WithEnv adds KEY=VALUE pairs to a process node's environment.
 func WithEnv(kv ...string) Option { return func(s *spec) { s.env = append(s.env, kv...) } }
+
+// WithArgs adds flags to a process node's command line, after its config
+// file, so they override it (Node.Config is the file's).
+func WithArgs(flags ...string) Option { return func(s *spec) { s.args = append(s.args, flags...) } }
 
 // InNetns runs a process node in the network namespace name (it must exist,
 // with its loopback up).

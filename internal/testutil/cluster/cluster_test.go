@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -116,5 +117,21 @@ func TestProcessInNetns(t *testing.T) {
 	}
 	if err := n.Stop(); err != nil {
 		t.Fatalf("stop: %v\n%s", err, n.Logs)
+	}
+}
+
+// WithArgs flags override the config file; a SIGTERM (Signal) ends the
+// process with status 0 (WaitExit).
+func TestProcessArgsAndSignal(t *testing.T) {
+	n := StartProcess(t, Named("file-name"), WithArgs("--node-id", "flag-name"))
+	if st := n.Stats(t); st.GetNodeId() != "flag-name" {
+		t.Fatalf("node id %q, want the flag's", st.GetNodeId())
+	}
+	if exited, _ := n.WaitExit(t, 0); exited {
+		t.Fatal("WaitExit says a running node exited")
+	}
+	n.Signal(t, syscall.SIGTERM)
+	if exited, err := n.WaitExit(t, 30*time.Second); !exited || err != nil {
+		t.Fatalf("after SIGTERM: exited %v, %v (want status 0)\n%s", exited, err, n.Logs)
 	}
 }

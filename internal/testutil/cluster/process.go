@@ -81,7 +81,7 @@ func StartProcess(t testing.TB, opts ...Option) *Node {
 		t.Fatal(err)
 	}
 	logs := &testutil.LogBuffer{}
-	cmd := Command(self, s.netns, "serve", "--config", file)
+	cmd := Command(self, s.netns, append([]string{"serve", "--config", file}, s.args...)...)
 	cmd.Env = append(append(os.Environ(), envRunPegad+"=1"), s.env...)
 	cmd.Stdout, cmd.Stderr = logs, logs
 	if err := cmd.Start(); err != nil {
@@ -150,6 +150,32 @@ func (n *Node) Kill(t testing.TB) {
 	}
 	_ = n.proc.cmd.Process.Signal(syscall.SIGKILL)
 	<-n.proc.exited
+}
+
+// Signal sends sig to a process node.
+func (n *Node) Signal(t testing.TB, sig os.Signal) {
+	t.Helper()
+	if n.proc == nil {
+		t.Fatalf("%s: Signal needs a process node (StartProcess)", n.Name)
+	}
+	if err := n.proc.cmd.Process.Signal(sig); err != nil {
+		t.Fatalf("%s: signal %v: %v", n.Name, sig, err)
+	}
+}
+
+// WaitExit waits up to d for a process node's process to end: as Exited,
+// whether it did and how (nil: exit 0).
+func (n *Node) WaitExit(t testing.TB, d time.Duration) (bool, error) {
+	t.Helper()
+	if n.proc == nil {
+		t.Fatalf("%s: WaitExit needs a process node (StartProcess)", n.Name)
+	}
+	select {
+	case <-n.proc.exited:
+		return true, n.proc.err
+	case <-time.After(d):
+		return false, nil
+	}
 }
 
 // Pid is a process node's pid (0 in process).
