@@ -10,7 +10,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -222,13 +221,9 @@ var (
 // targetLabels are attached by Prometheus at scrape time, not by pegad.
 var targetLabels = map[string]bool{"job": true, "instance": true}
 
-// scrapeFamilies reads addr's /metrics as metric name → label names.
-func scrapeFamilies(t *testing.T, hc *http.Client, addr string, into map[string]map[string]bool) {
-	t.Helper()
-	samples, err := testutil.ScrapeMetrics(hc, addr)
-	if err != nil {
-		t.Fatal(err)
-	}
+// addLabels adds the samples of a scrape (cluster.Scrape) to into as
+// metric name → label names.
+func addLabels(samples map[string]float64, into map[string]map[string]bool) {
 	for key := range samples {
 		name, labels, _ := strings.Cut(key, "{")
 		if into[name] == nil {
@@ -245,7 +240,6 @@ func scrapeFamilies(t *testing.T, hc *http.Client, addr string, into map[string]
 // fails if an alert rule or a dashboard query names a metric, or a label
 // of one, that pegad does not export.
 func TestAlertsAndDashboardNameExportedMetrics(t *testing.T) {
-	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	start := func(name string) (*cluster.Node, pegadv1.LocalServiceClient) {
@@ -277,8 +271,8 @@ func TestAlertsAndDashboardNameExportedMetrics(t *testing.T) {
 	}
 
 	exported := map[string]map[string]bool{}
-	scrapeFamilies(t, hc, holder.MetricsAddr(), exported)
-	scrapeFamilies(t, hc, req.MetricsAddr(), exported)
+	addLabels(holder.Scrape(t), exported)
+	addLabels(req.Scrape(t), exported)
 
 	checked := 0
 	for where, expr := range exprs(t) {

@@ -1,38 +1,24 @@
-package daemon
+package daemon_test
 
 import (
 	"context"
 	"fmt"
 	"testing"
 
-	"github.com/rs/zerolog"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+	"github.com/pegaflow/pegad/internal/config"
+	"github.com/pegaflow/pegad/internal/daemon"
+	"github.com/pegaflow/pegad/internal/testutil/cluster"
 )
 
-// benchNode starts a daemon for a benchmark.
-func benchNode(b *testing.B) (*Daemon, pegadv1.LocalServiceClient, pegadv1.PeerServiceClient) {
+// benchNode starts a daemon for a benchmark (info-level logs kept by the
+// cluster package).
+func benchNode(b *testing.B) (*daemon.Daemon, pegadv1.LocalServiceClient, pegadv1.PeerServiceClient) {
 	b.Helper()
 	cfg := testConfig(b)
 	cfg.PoolSize = 256 << 20
-	d, err := Start(context.Background(), cfg, WithLogger(zerolog.Nop()), WithNotify(func(string) {}))
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = d.Close() })
-	lc, err := grpc.NewClient("unix://"+d.SocketPath(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { lc.Close() })
-	pc, err := grpc.NewClient(d.PeerAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { pc.Close() })
-	return d, pegadv1.NewLocalServiceClient(lc), pegadv1.NewPeerServiceClient(pc)
+	n := cluster.Start(b, cluster.Named(cfg.NodeID), cluster.WithConfig(func(c *config.Config) { *c = cfg }))
+	return n.Daemon(), n.Local, n.Peer
 }
 
 func benchPut(b *testing.B, c pegadv1.LocalServiceClient, hash []byte, body []byte) {

@@ -1,4 +1,4 @@
-package daemon
+package daemon_test
 
 import (
 	"context"
@@ -49,7 +49,7 @@ func TestDrainLeavesClusterIndex(t *testing.T) {
 
 	fetched := heldFetch(t, a, b, gate)
 	closed := closeAsync(a)
-	eventually(t, "drain begins", 5*time.Second, func() bool { return a.d.draining.Load() })
+	eventually(t, "drain begins", 5*time.Second, func() bool { return a.d.Draining() })
 	// Within a few heartbeats, not a TTL: Leave is synchronous with the
 	// start of the drain, and the record must stay gone while it lasts.
 	eventually(t, "the draining holder leaves the index", 3*time.Second, func() bool { return !listed() })

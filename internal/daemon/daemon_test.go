@@ -1,11 +1,10 @@
-package daemon
+package daemon_test
 
 import (
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -18,16 +17,16 @@ import (
 
 	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	"github.com/pegaflow/pegad/internal/config"
+	"github.com/pegaflow/pegad/internal/daemon"
 	"github.com/pegaflow/pegad/internal/requester"
 	"github.com/pegaflow/pegad/internal/testutil"
+	"github.com/pegaflow/pegad/internal/testutil/cluster"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -42,7 +41,7 @@ func testConfig(t testing.TB) config.Config {
 }
 
 type node struct {
-	d     *Daemon
+	d     *daemon.Daemon
 	logs  *testutil.LogBuffer
 	local pegadv1.LocalServiceClient
 	admin pegadv1.AdminServiceClient
@@ -52,33 +51,23 @@ type node struct {
 	notes *[]string
 }
 
-// startNode starts a daemon and clients of its socket and peer port. The
-// daemon is closed at cleanup unless the test closed it.
-func startNode(t *testing.T, cfg config.Config, opts ...Option) *node {
+// startNode starts a daemon in process (cluster.Start) with cfg as its
+// whole config, debug logs and its sd_notify states recorded, and clients
+// of its socket and peer port. It is closed at cleanup unless the test
+// closed it.
+func startNode(t *testing.T, cfg config.Config, opts ...daemon.Option) *node {
 	t.Helper()
-	logs := &testutil.LogBuffer{}
 	var mu sync.Mutex
 	notes := &[]string{}
-	d, err := Start(context.Background(), cfg, append([]Option{
-		WithLogger(zerolog.New(logs).With().Timestamp().Logger()),
-		WithNotify(func(s string) { mu.Lock(); *notes = append(*notes, s); mu.Unlock() })}, opts...)...)
-	if err != nil {
-		t.Fatalf("start: %v", err)
+	cn := cluster.Start(t, cluster.Named(cfg.NodeID), cluster.WithConfig(func(c *config.Config) { *c = cfg }), cluster.DebugLogs(),
+		cluster.WithDaemonOptions(append([]daemon.Option{
+			daemon.WithNotify(func(s string) { mu.Lock(); *notes = append(*notes, s); mu.Unlock() })}, opts...)...))
+	n := &node{d: cn.Daemon(), logs: cn.Logs, notes: notes,
+		local: cn.Local, admin: cn.Admin, peer: cn.Peer, lh: healthpb.NewHealthClient(cn.LocalConn)}
+	if cn.PeerConn != nil {
+		n.ph = healthpb.NewHealthClient(cn.PeerConn)
 	}
-	t.Cleanup(func() { _ = d.Close() })
-	lc, err := grpc.NewClient("unix://"+d.SocketPath(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { lc.Close() })
-	pc, err := grpc.NewClient(d.PeerAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pc.Close() })
-	return &node{d: d, logs: logs, notes: notes,
-		local: pegadv1.NewLocalServiceClient(lc), admin: pegadv1.NewAdminServiceClient(lc),
-		peer: pegadv1.NewPeerServiceClient(pc), lh: healthpb.NewHealthClient(lc), ph: healthpb.NewHealthClient(pc)}
+	return n
 }
 
 func ctxT(t *testing.T) context.Context {
@@ -105,19 +94,9 @@ func getBlock(t *testing.T, n *node, ns string, hash []byte) []byte {
 	return b
 }
 
-// scrape returns the samples of /metrics as "name{labels}" → value.
-func scrape(t *testing.T, addr string) map[string]float64 {
-	t.Helper()
-	m, err := testutil.ScrapeMetrics(http.DefaultClient, addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return m
-}
-
 func metric(t *testing.T, addr, name string) float64 {
 	t.Helper()
-	m := scrape(t, addr)
+	m := cluster.Scrape(t, addr)
 	v, ok := m[name]
 	if !ok {
 		t.Fatalf("metric %s not exported", name)
@@ -174,7 +153,7 @@ func TestHolderNode(t *testing.T) {
 	if !strings.Contains(n.logs.String(), `"transport":"tcp"`) || !strings.Contains(n.logs.String(), `"reason":"requested"`) {
 		t.Fatalf("no transport line in logs:\n%s", n.logs)
 	}
-	if fi, err := os.Stat(cfg.Socket); err != nil || fi.Mode().Perm() != SocketMode {
+	if fi, err := os.Stat(cfg.Socket); err != nil || fi.Mode().Perm() != daemon.SocketMode {
 		t.Fatalf("socket mode: %v %v", fi, err)
 	}
 	baseUsed := metric(t, m, "pegaflow_pool_used_bytes")
@@ -264,7 +243,7 @@ func TestHolderNode(t *testing.T) {
 		return err == nil && len(ls.GetSessions()) == 0 && metric(t, m, "pegaflow_transfer_sessions_active") == 0 &&
 			metric(t, m, "pegaflow_transfer_lock_timeouts_total") >= 1
 	})
-	samples := scrape(t, m)
+	samples := cluster.Scrape(t, m)
 	if v := samples["pegaflow_transfer_lock_timeouts_total"]; v != 1 {
 		t.Fatalf("lock_timeouts_total %v, want 1", v)
 	}
@@ -355,7 +334,7 @@ func TestIncarnationPerStart(t *testing.T) {
 	for start := range 2 {
 		atRelease := make(chan struct{})
 		unblock := make(chan struct{})
-		r := startNode(t, rcfg, WithRequesterFaults(func(ctx context.Context, _, phase string) {
+		r := startNode(t, rcfg, daemon.WithRequesterFaults(func(ctx context.Context, _, phase string) {
 			if phase != requester.PhaseRelease {
 				return
 			}
@@ -411,8 +390,8 @@ func TestStartErrors(t *testing.T) {
 		cfg := testConfig(t)
 		startNode(t, cfg)
 		cfg2 := cfg
-		_, err := Start(context.Background(), cfg2, WithLogger(zerolog.Nop()), WithNotify(func(string) {}))
-		if !errors.Is(err, ErrSocketInUse) {
+		_, err := daemon.Start(context.Background(), cfg2, daemon.WithLogger(zerolog.Nop()), daemon.WithNotify(func(string) {}))
+		if !errors.Is(err, daemon.ErrSocketInUse) {
 			t.Fatalf("second daemon on the same socket: %v, want ErrSocketInUse", err)
 		}
 	})
@@ -435,7 +414,7 @@ func TestStartErrors(t *testing.T) {
 		if err := os.WriteFile(cfg.Socket, []byte("keep"), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := Start(context.Background(), cfg, WithLogger(zerolog.Nop()), WithNotify(func(string) {})); err == nil ||
+		if _, err := daemon.Start(context.Background(), cfg, daemon.WithLogger(zerolog.Nop()), daemon.WithNotify(func(string) {})); err == nil ||
 			!strings.Contains(err.Error(), "not a socket") {
 			t.Fatalf("got %v, want a not-a-socket error", err)
 		}
@@ -451,7 +430,7 @@ func TestStartErrors(t *testing.T) {
 		defer l.Close()
 		cfg := testConfig(t)
 		cfg.Listen = l.Addr().String()
-		if _, err := Start(context.Background(), cfg, WithLogger(zerolog.Nop()), WithNotify(func(string) {})); err == nil ||
+		if _, err := daemon.Start(context.Background(), cfg, daemon.WithLogger(zerolog.Nop()), daemon.WithNotify(func(string) {})); err == nil ||
 			!strings.Contains(err.Error(), cfg.Listen) {
 			t.Fatalf("got %v, want an error naming %s", err, cfg.Listen)
 		}
@@ -462,22 +441,20 @@ func TestStartErrors(t *testing.T) {
 	t.Run("invalid config", func(t *testing.T) {
 		cfg := testConfig(t)
 		cfg.QPsPerPeer = 0
-		if _, err := Start(context.Background(), cfg, WithLogger(zerolog.Nop())); err == nil || !strings.Contains(err.Error(), "qps-per-peer") {
+		if _, err := daemon.Start(context.Background(), cfg, daemon.WithLogger(zerolog.Nop())); err == nil || !strings.Contains(err.Error(), "qps-per-peer") {
 			t.Fatalf("got %v", err)
 		}
 	})
 }
 
 func TestTransportSelection(t *testing.T) {
-	orig := verbsProbe
-	t.Cleanup(func() { verbsProbe = orig })
-	verbsProbe = func() (bool, string) { return false, "verbs unavailable: no RDMA devices (test)" }
+	daemon.SetVerbsProbe(t, func() (bool, string) { return false, "verbs unavailable: no RDMA devices (test)" })
 
 	t.Run("verbs requested but unavailable", func(t *testing.T) {
 		cfg := testConfig(t)
 		cfg.Transport = config.TransportVerbs
-		_, err := Start(context.Background(), cfg, WithLogger(zerolog.Nop()), WithNotify(func(string) {}))
-		if !errors.Is(err, ErrVerbsUnavailable) || !strings.Contains(err.Error(), "no RDMA devices (test)") {
+		_, err := daemon.Start(context.Background(), cfg, daemon.WithLogger(zerolog.Nop()), daemon.WithNotify(func(string) {}))
+		if !errors.Is(err, daemon.ErrVerbsUnavailable) || !strings.Contains(err.Error(), "no RDMA devices (test)") {
 			t.Fatalf("got %v, want ErrVerbsUnavailable with the reason", err)
 		}
 	})
@@ -506,7 +483,9 @@ func TestRunStopsOnCancel(t *testing.T) {
 	cfg := testConfig(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- Run(ctx, cfg, WithLogger(zerolog.Nop()), WithNotify(func(string) {})) }()
+	go func() {
+		done <- daemon.Run(ctx, cfg, daemon.WithLogger(zerolog.Nop()), daemon.WithNotify(func(string) {}))
+	}()
 	eventually(t, "socket", 10*time.Second, func() bool {
 		c, err := net.Dial("unix", cfg.Socket)
 		if err == nil {
@@ -628,7 +607,7 @@ func TestGracefulShutdown(t *testing.T) {
 			t.Fatal(err)
 		}
 		eventually(t, "put in flight", 5*time.Second, func() bool {
-			return strings.Contains(scrapeText(t, n.d.MetricsAddr()), `grpc_server_msg_received_total{grpc_method="PutBlock"`)
+			return strings.Contains(cluster.ScrapeText(n.d.MetricsAddr()), `grpc_server_msg_received_total{grpc_method="PutBlock"`)
 		})
 		start := time.Now()
 		if err := n.d.Close(); err != nil {
@@ -640,21 +619,10 @@ func TestGracefulShutdown(t *testing.T) {
 		if _, err := s.CloseAndRecv(); err == nil {
 			t.Fatal("a stalled put survived a hard stop")
 		}
-		if got := n.d.store.Stats().Blocks; got != 0 {
+		if got := n.d.StoreBlocks(); got != 0 {
 			t.Fatalf("a cut put stored %d blocks", got)
 		}
 	})
-}
-
-func scrapeText(t *testing.T, addr string) string {
-	t.Helper()
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		return ""
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return string(b)
 }
 
 // TestWatchdog: with WATCHDOG_USEC set (as systemd does), pegad pings.
@@ -663,12 +631,7 @@ func TestWatchdog(t *testing.T) {
 	t.Setenv("WATCHDOG_PID", strconv.Itoa(os.Getpid()))
 	var mu sync.Mutex
 	var notes []string
-	d, err := Start(context.Background(), testConfig(t), WithLogger(zerolog.Nop()),
-		WithNotify(func(s string) { mu.Lock(); notes = append(notes, s); mu.Unlock() }))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
+	startNode(t, testConfig(t), daemon.WithNotify(func(s string) { mu.Lock(); notes = append(notes, s); mu.Unlock() }))
 	eventually(t, "watchdog ping", 5*time.Second, func() bool {
 		mu.Lock()
 		defer mu.Unlock()

@@ -1,4 +1,4 @@
-package daemon
+package daemon_test
 
 import (
 	"bytes"
@@ -13,13 +13,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rs/zerolog"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
-	"github.com/pegaflow/pegad/internal/config"
 	"github.com/pegaflow/pegad/internal/ctl"
+	"github.com/pegaflow/pegad/internal/daemon"
 	"github.com/pegaflow/pegad/internal/requester"
 )
 
@@ -35,8 +34,8 @@ func newReadGate() *readGate {
 	return &readGate{open: make(chan struct{}), reached: make(chan struct{})}
 }
 
-func (g *readGate) option() Option {
-	return WithRequesterFaults(func(ctx context.Context, _, phase string) {
+func (g *readGate) option() daemon.Option {
+	return daemon.WithRequesterFaults(func(ctx context.Context, _, phase string) {
 		if phase != requester.PhaseRead {
 			return
 		}
@@ -94,8 +93,8 @@ func healthz(t *testing.T, addr string) (int, string) {
 
 func wantDraining(t *testing.T, what string, err error) {
 	t.Helper()
-	if status.Code(err) != codes.Unavailable || !strings.Contains(status.Convert(err).Message(), DrainingMessage) {
-		t.Fatalf("%s during drain: %v, want UNAVAILABLE %q", what, err, DrainingMessage)
+	if status.Code(err) != codes.Unavailable || !strings.Contains(status.Convert(err).Message(), daemon.DrainingMessage) {
+		t.Fatalf("%s during drain: %v, want UNAVAILABLE %q", what, err, daemon.DrainingMessage)
 	}
 }
 
@@ -120,9 +119,9 @@ func TestDrainRequesterFinishesFetch(t *testing.T) {
 	fetched := heldFetch(t, a, b, gate)
 
 	closed := closeAsync(b)
-	eventually(t, "drain begins", 5*time.Second, func() bool { return b.d.draining.Load() })
-	if code, body := healthz(t, b.d.MetricsAddr()); code != http.StatusServiceUnavailable || body != DrainingMessage {
-		t.Fatalf("/healthz during drain: %d %q, want 503 %q", code, body, DrainingMessage)
+	eventually(t, "drain begins", 5*time.Second, func() bool { return b.d.Draining() })
+	if code, body := healthz(t, b.d.MetricsAddr()); code != http.StatusServiceUnavailable || body != daemon.DrainingMessage {
+		t.Fatalf("/healthz during drain: %d %q, want 503 %q", code, body, daemon.DrainingMessage)
 	}
 	if _, err := b.admin.Stats(ctxT(t), &pegadv1.StatsRequest{}); err != nil {
 		t.Fatalf("local socket during drain: %v", err)
@@ -145,7 +144,7 @@ func TestDrainRequesterFinishesFetch(t *testing.T) {
 	if err := <-closed; err != nil {
 		t.Fatalf("shutdown: %v", err)
 	}
-	if n := a.d.holder.Locks().Len(); n != 0 {
+	if n := a.d.HolderSessions(); n != 0 {
 		t.Fatalf("holder still has %d sessions after the requester drained", n)
 	}
 }
@@ -165,7 +164,7 @@ func TestDrainHolderServesGrantedSession(t *testing.T) {
 
 	start := time.Now()
 	closed := closeAsync(a)
-	eventually(t, "drain begins", 5*time.Second, func() bool { return a.d.draining.Load() })
+	eventually(t, "drain begins", 5*time.Second, func() bool { return a.d.Draining() })
 	if code, _ := healthz(t, a.d.MetricsAddr()); code != http.StatusServiceUnavailable {
 		t.Fatalf("/healthz during drain: %d, want 503", code)
 	}
@@ -231,7 +230,7 @@ func TestDrainTimeoutAbortsFetch(t *testing.T) {
 		detail.GetBlocks()[0].GetStatus() != pegadv1.PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_FAILED {
 		t.Fatalf("aborted fetch has no per-block results: %v", r.err)
 	}
-	eventually(t, "guard releases the holder's lock", 5*time.Second, func() bool { return a.d.holder.Locks().Len() == 0 })
+	eventually(t, "guard releases the holder's lock", 5*time.Second, func() bool { return a.d.HolderSessions() == 0 })
 	if !strings.Contains(b.logs.String(), "Shutdown timeout: aborting") {
 		t.Fatalf("no log line for the abort:\n%s", b.logs)
 	}
@@ -242,52 +241,19 @@ func TestWatchdogStopsWhenUnhealthy(t *testing.T) {
 	t.Setenv("WATCHDOG_USEC", "60000")
 	t.Setenv("WATCHDOG_PID", strconv.Itoa(os.Getpid()))
 	var pings atomic.Int64
-	d, err := Start(context.Background(), testConfig(t), WithLogger(zerolog.Nop()),
-		WithNotify(func(s string) {
-			if s == "WATCHDOG=1" {
-				pings.Add(1)
-			}
-		}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
+	d := startNode(t, testConfig(t), daemon.WithNotify(func(s string) {
+		if s == "WATCHDOG=1" {
+			pings.Add(1)
+		}
+	})).d
 	eventually(t, "watchdog ping", 5*time.Second, func() bool { return pings.Load() > 0 })
-	d.peerSrv.Stop() // the peer gRPC server dies under a running daemon
-	eventually(t, "unhealthy", 5*time.Second, func() bool { return d.unhealthy(time.Now()) != "" })
+	d.StopPeerServer() // the peer gRPC server dies under a running daemon
+	eventually(t, "unhealthy", 5*time.Second, func() bool { return d.Unhealthy(time.Now()) != "" })
 	time.Sleep(150 * time.Millisecond) // a ping already past its check may land
 	n := pings.Load()
 	time.Sleep(300 * time.Millisecond) // ten ping intervals
 	if got := pings.Load(); got != n {
 		t.Fatalf("watchdog pinged %d times with the peer server down", got-n)
-	}
-}
-
-// TestUnhealthyReasons: what stops the watchdog.
-func TestUnhealthyReasons(t *testing.T) {
-	now := time.Now()
-	peer := "peer"
-	tests := []struct {
-		name      string
-		lastSweep time.Time
-		down      *string
-		want      string // substring; "" means healthy
-	}{
-		{"healthy", now.Add(-time.Second), nil, ""},
-		{"sweeper slow but within a few intervals", now.Add(-minSweepStale + 100*time.Millisecond), nil, ""},
-		{"sweeper stalled", now.Add(-time.Minute), nil, "lock sweeper has not run"},
-		{"server down", now, &peer, "peer server is down"},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			d := &Daemon{cfg: config.Config{GCInterval: 100 * time.Millisecond}}
-			d.sweeps.last.Store(tc.lastSweep.UnixNano())
-			d.serverDown.Store(tc.down)
-			got := d.unhealthy(now)
-			if (tc.want == "") != (got == "") || !strings.Contains(got, tc.want) {
-				t.Fatalf("unhealthy = %q, want %q", got, tc.want)
-			}
-		})
 	}
 }
 

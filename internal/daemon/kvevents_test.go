@@ -1,4 +1,4 @@
-package daemon
+package daemon_test
 
 import (
 	"bytes"
@@ -12,6 +12,8 @@ import (
 	"github.com/go-zeromq/zmq4"
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+	"github.com/pegaflow/pegad/internal/daemon"
+	"github.com/pegaflow/pegad/internal/testutil/cluster"
 )
 
 // TestKVEvents: with --kv-events-endpoint, a put and a delete through the
@@ -32,7 +34,7 @@ func TestKVEvents(t *testing.T) {
 	if err := sub.SetOption(zmq4.OptionSubscribe, "kv@"+cfg.NodeID+"@"); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); n.d.kv.Subscribers() == 0; time.Sleep(5 * time.Millisecond) {
+	for deadline := time.Now().Add(10 * time.Second); n.d.KVSubscribers() == 0; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("subscriber not seen in 10s")
 		}
@@ -64,7 +66,7 @@ func TestKVEvents(t *testing.T) {
 			}
 		}
 	}
-	m := scrape(t, n.d.MetricsAddr())
+	m := cluster.Scrape(t, n.d.MetricsAddr())
 	for k, want := range map[string]float64{
 		`pegaflow_kv_events_published_total{kind="stored"}`:  1,
 		`pegaflow_kv_events_published_total{kind="deleted"}`: 1,
@@ -83,7 +85,7 @@ func TestKVEvents(t *testing.T) {
 	defer l.Close()
 	cfg2 := testConfig(t)
 	cfg2.KVEventsEndpoint = "tcp://" + l.Addr().String()
-	if d, err := Start(context.Background(), cfg2, WithLogger(n.d.log)); err == nil {
+	if d, err := daemon.Start(context.Background(), cfg2, daemon.WithLogger(n.d.Logger())); err == nil {
 		_ = d.Close()
 		t.Fatal("started with the KV-events port in use")
 	} else if !strings.Contains(err.Error(), "--kv-events-endpoint") {

@@ -1,9 +1,7 @@
-package daemon
+package daemon_test
 
 import (
-	"bufio"
 	"fmt"
-	"net/http"
 	"os"
 	"regexp"
 	"slices"
@@ -14,70 +12,16 @@ import (
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	"github.com/pegaflow/pegad/internal/metrics"
+	"github.com/pegaflow/pegad/internal/testutil/cluster"
 	"github.com/pegaflow/pegad/internal/version"
 )
-
-// family is one metric family of a /metrics page.
-type family struct {
-	typ    string
-	labels []string // label names of its first sample, sorted (le/quantile dropped)
-}
-
-// scrapeFamilies reads /metrics and returns its families by name.
-func scrapeFamilies(t *testing.T, addr string) map[string]family {
-	t.Helper()
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	out := map[string]family{}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	labelName := regexp.MustCompile(`([a-zA-Z_][a-zA-Z0-9_]*)="`)
-	for sc.Scan() {
-		line := sc.Text()
-		if f, ok := strings.CutPrefix(line, "# TYPE "); ok {
-			name, typ, _ := strings.Cut(f, " ")
-			out[name] = family{typ: typ}
-			continue
-		}
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		name, rest, _ := strings.Cut(line, "{")
-		for _, suf := range []string{"_bucket", "_sum", "_count"} {
-			if base, ok := strings.CutSuffix(name, suf); ok && out[base].typ == "histogram" {
-				name = base
-			}
-		}
-		f, ok := out[name]
-		if !ok || f.labels != nil {
-			continue
-		}
-		f.labels = []string{}
-		if lbl, _, ok := strings.Cut(rest, "}"); ok {
-			for _, m := range labelName.FindAllStringSubmatch(lbl, -1) {
-				if m[1] != "le" && m[1] != "quantile" {
-					f.labels = append(f.labels, m[1])
-				}
-			}
-		}
-		sort.Strings(f.labels)
-		out[name] = f
-	}
-	if err := sc.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
 
 // TestFreshNodeMetrics: a node that has done nothing yet already exports
 // every series an operator's alert or dashboard subtracts or rates, at zero,
 // plus build and transport info.
 func TestFreshNodeMetrics(t *testing.T) {
 	n := startNode(t, testConfig(t))
-	m := scrape(t, n.d.MetricsAddr())
+	m := cluster.Scrape(t, n.d.MetricsAddr())
 	want := map[string]float64{
 		"pegaflow_holder_sessions_granted_total":                                  0,
 		"pegaflow_holder_oldest_session_age_seconds":                              0,
@@ -154,7 +98,7 @@ func TestLeakedSessionsShowBeforeTimeout(t *testing.T) {
 	if _, err := n.peer.ReleaseTransferLock(ctx, &pegadv1.ReleaseTransferLockRequest{SessionId: q.SessionId, Requester: live}); err != nil {
 		t.Fatal(err)
 	}
-	if d := leaked(scrape(t, addr)); d != 0 {
+	if d := leaked(cluster.Scrape(t, addr)); d != 0 {
 		t.Fatalf("granted − ended = %v after a released session, want 0", d)
 	}
 	// Two requesters die holding three sessions.
@@ -163,7 +107,7 @@ func TestLeakedSessionsShowBeforeTimeout(t *testing.T) {
 		if _, err := n.peer.QueryBlocksForTransfer(ctx, &pegadv1.QueryBlocksForTransferRequest{Namespace: "ns", Hashes: [][]byte{{byte(i + 2)}}, Requester: r}); err != nil {
 			t.Fatal(err)
 		}
-		if d := leaked(scrape(t, addr)); d != float64(i+1) {
+		if d := leaked(cluster.Scrape(t, addr)); d != float64(i+1) {
 			t.Fatalf("after %d abandoned sessions granted − ended = %v", i+1, d)
 		}
 	}
@@ -172,7 +116,7 @@ func TestLeakedSessionsShowBeforeTimeout(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(50 * time.Millisecond)
-	m := scrape(t, addr)
+	m := cluster.Scrape(t, addr)
 	for k, v := range map[string]float64{
 		`pegaflow_holder_sessions_live_by_requester{requester="req-dead-1"}`: 2,
 		`pegaflow_holder_sessions_live_by_requester{requester="req-dead-2"}`: 1,
@@ -204,7 +148,7 @@ func TestLeakedSessionsShowBeforeTimeout(t *testing.T) {
 	if _, err := n.admin.ReleaseLock(ctx, &pegadv1.ReleaseLockRequest{SessionId: sess.Sessions[0].GetSessionId()}); err != nil {
 		t.Fatal(err)
 	}
-	m = scrape(t, addr)
+	m = cluster.Scrape(t, addr)
 	if m[`pegaflow_holder_session_ends_total{outcome="forced"}`] != 1 || leaked(m) != 2 {
 		t.Fatalf("after a force-release: forced %v, granted − ended %v", m[`pegaflow_holder_session_ends_total{outcome="forced"}`], leaked(m))
 	}
@@ -228,7 +172,7 @@ func TestReadmeMetricTable(t *testing.T) {
 		Requester: &pegadv1.Requester{NodeId: "r", Incarnation: "i"}}); err != nil {
 		t.Fatal(err)
 	}
-	live := scrapeFamilies(t, n.d.MetricsAddr())
+	live := cluster.ScrapeFamilies(t, n.d.MetricsAddr())
 
 	documented := map[string]bool{}
 	for _, line := range strings.Split(string(readme), "\n") {
@@ -245,16 +189,16 @@ func TestReadmeMetricTable(t *testing.T) {
 			case !ok:
 				t.Errorf("README lists %s; a live node does not export it", name)
 				continue
-			case f.typ != row[2]:
-				t.Errorf("README: %s is a %s; live it is a %s", name, row[2], f.typ)
+			case f.Type != row[2]:
+				t.Errorf("README: %s is a %s; live it is a %s", name, row[2], f.Type)
 			}
 			var labels []string
 			if lbl != "" {
 				labels = strings.Split(lbl, ",")
 			}
 			sort.Strings(labels)
-			if !slices.Equal(labels, f.labels) && !(len(labels) == 0 && len(f.labels) == 0) {
-				t.Errorf("README: %s has labels %v; live %v", name, labels, f.labels)
+			if !slices.Equal(labels, f.Labels) && !(len(labels) == 0 && len(f.Labels) == 0) {
+				t.Errorf("README: %s has labels %v; live %v", name, labels, f.Labels)
 			}
 			if name == "pegaflow_holder_rpc_total" {
 				for _, rpc := range metrics.RPCs {

@@ -1,4 +1,4 @@
-package daemon
+package daemon_test
 
 import (
 	"testing"
@@ -6,6 +6,7 @@ import (
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	"github.com/pegaflow/pegad/internal/ibv/tcp"
+	"github.com/pegaflow/pegad/internal/testutil/cluster"
 )
 
 // TestFetchBytesCountedAsCompletionsArrive: during a slow fetch the
@@ -45,7 +46,7 @@ func TestFetchBytesCountedAsCompletionsArrive(t *testing.T) {
 		for _, f := range res.GetFetches() {
 			if f.GetBytesDone() > 0 && f.GetBytesDone() < f.GetBytes() {
 				sawPartial = true
-				if v := scrape(t, req.d.MetricsAddr())["pegaflow_rdma_fetch_bytes_total"]; v > 0 && v < blocks*size {
+				if v := cluster.Scrape(t, req.d.MetricsAddr())["pegaflow_rdma_fetch_bytes_total"]; v > 0 && v < blocks*size {
 					sawMetric = true
 				}
 			}
@@ -54,7 +55,7 @@ func TestFetchBytesCountedAsCompletionsArrive(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if v := scrape(t, req.d.MetricsAddr())["pegaflow_rdma_fetch_bytes_total"]; v != blocks*size {
+	if v := cluster.Scrape(t, req.d.MetricsAddr())["pegaflow_rdma_fetch_bytes_total"]; v != blocks*size {
 		t.Fatalf("fetch bytes after the fetch = %v, want %d", v, blocks*size)
 	}
 }

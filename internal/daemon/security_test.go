@@ -1,11 +1,9 @@
-package daemon
+package daemon_test
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"net/netip"
 	"os"
 	"os/user"
 	"strconv"
@@ -16,6 +14,7 @@ import (
 	"github.com/rs/zerolog"
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+	"github.com/pegaflow/pegad/internal/daemon"
 	"github.com/pegaflow/pegad/internal/localdata"
 	"github.com/pegaflow/pegad/internal/peertls"
 	"github.com/pegaflow/pegad/internal/testutil"
@@ -36,8 +35,8 @@ func TestSocketGroup(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if st := fi.Sys().(*syscall.Stat_t); fi.Mode().Perm() != SocketMode || int(st.Gid) != os.Getgid() {
-			t.Fatalf("%s: mode %v gid %d, want %v gid %d", p, fi.Mode().Perm(), st.Gid, os.FileMode(SocketMode), os.Getgid())
+		if st := fi.Sys().(*syscall.Stat_t); fi.Mode().Perm() != daemon.SocketMode || int(st.Gid) != os.Getgid() {
+			t.Fatalf("%s: mode %v gid %d, want %v gid %d", p, fi.Mode().Perm(), st.Gid, os.FileMode(daemon.SocketMode), os.Getgid())
 		}
 	}
 
@@ -55,41 +54,17 @@ func TestSocketGroup(t *testing.T) {
 
 	cfg = testConfig(t)
 	cfg.SocketGroup = "pegad-no-such-group-" + strconv.Itoa(os.Getpid())
-	_, err = Start(context.Background(), cfg, WithLogger(zerolog.Nop()), WithNotify(func(string) {}))
+	_, err = daemon.Start(context.Background(), cfg, daemon.WithLogger(zerolog.Nop()), daemon.WithNotify(func(string) {}))
 	var unknown user.UnknownGroupError
 	if !errors.As(err, &unknown) || !strings.Contains(err.Error(), "socket-group") {
 		t.Fatalf("unknown group: %v, want a socket-group error wrapping user.UnknownGroupError", err)
 	}
 }
 
-// TestPlaintextWarning: a plaintext peer port off loopback is warned about
-// at start; on loopback, or with TLS, it is not.
-func TestPlaintextWarning(t *testing.T) {
+// TestPlaintextWarningLoopbackStart: a real start on loopback stays quiet
+// (the cases by address: TestPlaintextWarning).
+func TestPlaintextWarningLoopbackStart(t *testing.T) {
 	const warning = "Peer port is plaintext on a non-loopback address"
-	logs := &testutil.LogBuffer{}
-	d := &Daemon{log: zerolog.New(logs)}
-	for _, c := range []struct {
-		addr string
-		tls  bool
-		warn bool
-	}{
-		{"127.0.0.1:1", false, false},
-		{"[::1]:1", false, false},
-		{"0.0.0.0:1", false, true},
-		{"10.1.2.3:1", false, true},
-		{"10.1.2.3:1", true, false},
-	} {
-		d.tls = nil
-		if c.tls {
-			d.tls = &peertls.Source{}
-		}
-		before := strings.Count(logs.String(), warning)
-		d.warnPlaintext(net.TCPAddrFromAddrPort(mustAddrPort(t, c.addr)))
-		if got := strings.Count(logs.String(), warning) > before; got != c.warn {
-			t.Errorf("%s tls=%v: warned %v, want %v", c.addr, c.tls, got, c.warn)
-		}
-	}
-	// A real start on loopback stays quiet.
 	n := startNode(t, testConfig(t))
 	if strings.Contains(n.logs.String(), warning) {
 		t.Fatalf("loopback peer port warned:\n%s", n.logs)
@@ -103,24 +78,15 @@ func TestTLSStartErrors(t *testing.T) {
 	f := ca.Issue(t, t.TempDir(), testutil.CertSpec{DNS: []string{"n"}})
 	cfg := testConfig(t)
 	cfg.PeerTLSCert, cfg.PeerTLSKey, cfg.PeerTLSCA = f.Cert, f.Key, other.WriteCA(t, t.TempDir())
-	_, err := Start(context.Background(), cfg, WithLogger(zerolog.Nop()), WithNotify(func(string) {}))
+	_, err := daemon.Start(context.Background(), cfg, daemon.WithLogger(zerolog.Nop()), daemon.WithNotify(func(string) {}))
 	if !errors.Is(err, peertls.ErrBadFiles) {
 		t.Fatalf("certificate of another CA: %v, want ErrBadFiles", err)
 	}
 	cfg.PeerTLSCA = ""
-	if _, err := Start(context.Background(), cfg, WithLogger(zerolog.Nop()), WithNotify(func(string) {})); err == nil ||
+	if _, err := daemon.Start(context.Background(), cfg, daemon.WithLogger(zerolog.Nop()), daemon.WithNotify(func(string) {})); err == nil ||
 		!strings.Contains(err.Error(), "peer-tls") {
 		t.Fatalf("partial TLS files: %v", err)
 	}
-}
-
-func mustAddrPort(t *testing.T, s string) netip.AddrPort {
-	t.Helper()
-	ap, err := netip.ParseAddrPort(s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ap
 }
 
 // TestDeleteLogsCaller: deleting a block is logged with the caller's uid,
@@ -173,7 +139,7 @@ func TestOwnIdentityOffAllowList(t *testing.T) {
 	cfg.NodeID = "gpu-1"
 	cfg.PeerTLSCert, cfg.PeerTLSKey, cfg.PeerTLSCA = f.Cert, f.Key, f.CA
 	cfg.PeerAllow = "cpu-*"
-	_, err := Start(context.Background(), cfg, WithLogger(zerolog.Nop()), WithNotify(func(string) {}))
+	_, err := daemon.Start(context.Background(), cfg, daemon.WithLogger(zerolog.Nop()), daemon.WithNotify(func(string) {}))
 	if err == nil || !strings.Contains(err.Error(), "--peer-allow") {
 		t.Fatalf("start with its own identity off --peer-allow: %v", err)
 	}

@@ -1,4 +1,4 @@
-package daemon
+package daemon_test
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	"github.com/rs/zerolog"
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+	"github.com/pegaflow/pegad/internal/daemon"
 	"github.com/pegaflow/pegad/internal/localdata"
 	"github.com/pegaflow/pegad/internal/testutil"
 )
@@ -29,7 +30,7 @@ func TestPortInUseFailsBeforePool(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.Listen = busy.Addr().String()
 	logs := &testutil.LogBuffer{}
-	_, err = Start(context.Background(), cfg, WithLogger(zerolog.New(logs)), WithNotify(func(string) {}))
+	_, err = daemon.Start(context.Background(), cfg, daemon.WithLogger(zerolog.New(logs)), daemon.WithNotify(func(string) {}))
 	if !errorsIsAddrInUse(err) {
 		t.Fatalf("err = %v, want address in use", err)
 	}
@@ -52,7 +53,7 @@ func TestSocketInUseFailsBeforePool(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.Socket = first.d.SocketPath()
 	logs := &testutil.LogBuffer{}
-	_, err := Start(context.Background(), cfg, WithLogger(zerolog.New(logs)), WithNotify(func(string) {}))
+	_, err := daemon.Start(context.Background(), cfg, daemon.WithLogger(zerolog.New(logs)), daemon.WithNotify(func(string) {}))
 	if err == nil || !strings.Contains(err.Error(), "socket in use") {
 		t.Fatalf("err = %v", err)
 	}
@@ -90,7 +91,7 @@ func TestRelativeSocket(t *testing.T) {
 
 	long := testConfig(t)
 	long.Socket = strings.Repeat("d", 120) + ".sock"
-	_, err := Start(context.Background(), long, WithLogger(zerolog.Nop()), WithNotify(func(string) {}))
+	_, err := daemon.Start(context.Background(), long, daemon.WithLogger(zerolog.Nop()), daemon.WithNotify(func(string) {}))
 	if err == nil || !strings.Contains(err.Error(), "longer than the 107 a unix socket path may have") {
 		t.Fatalf("start with a %d-byte socket path: %v", len(long.Socket), err)
 	}
@@ -116,33 +117,6 @@ func TestReadyLineNamesTransport(t *testing.T) {
 	for _, want := range []string{`"message":"Populating pool"`, `"message":"Pool ready"`} {
 		if !strings.Contains(n.logs.String(), want) {
 			t.Errorf("no %s in the start-up log", want)
-		}
-	}
-}
-
-func TestBoundAddr(t *testing.T) {
-	tests := []struct {
-		configured string
-		bound      net.Addr
-		want       string
-	}{
-		{"0.0.0.0:50055", &net.TCPAddr{IP: net.IPv6unspecified, Port: 50055}, "0.0.0.0:50055"},
-		{"0.0.0.0:0", &net.TCPAddr{IP: net.IPv6unspecified, Port: 41000}, "0.0.0.0:41000"},
-		{":9464", &net.TCPAddr{IP: net.IPv6unspecified, Port: 9464}, "0.0.0.0:9464"},
-		{"[::]:0", &net.TCPAddr{IP: net.IPv6unspecified, Port: 7}, "[::]:7"},
-		{"127.0.0.1:0", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 5}, "127.0.0.1:5"},
-	}
-	for _, tc := range tests {
-		if got := boundAddr(tc.configured, tc.bound); got != tc.want {
-			t.Errorf("boundAddr(%s, %s) = %s, want %s", tc.configured, tc.bound, got, tc.want)
-		}
-	}
-}
-
-func TestIEC(t *testing.T) {
-	for n, want := range map[uint64]string{512: "512 B", 1 << 20: "1.0 MiB", 16_700_000_000: "15.6 GiB", 3 << 40: "3.0 TiB"} {
-		if got := iec(n); got != want {
-			t.Errorf("iec(%d) = %q, want %q", n, got, want)
 		}
 	}
 }

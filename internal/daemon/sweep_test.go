@@ -1,11 +1,10 @@
-package daemon
+package daemon_test
 
 import (
 	"testing"
 	"time"
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
-	"github.com/pegaflow/pegad/internal/lease"
 )
 
 // TestOneSweeperForBothLeaseTables: the daemon runs one lease sweeper, and
@@ -18,9 +17,8 @@ func TestOneSweeperForBothLeaseTables(t *testing.T) {
 	cfg.LockTimeout = 300 * time.Millisecond
 	cfg.GCInterval = 20 * time.Millisecond
 	n := startNode(t, cfg)
-	es, ok := n.d.sweeps.Expirer.(lease.Expirers)
-	if !ok || len(es) != 2 || es[0] != lease.Expirer(n.d.holder.Locks()) || es[1] != lease.Expirer(n.d.data) {
-		t.Fatalf("sweeper expires %#v, want the holder's locks and the data socket's leases", n.d.sweeps.Expirer)
+	if !n.d.SweepsHolderAndData() {
+		t.Fatal("the sweeper does not expire exactly the holder's locks and the data socket's leases")
 	}
 	putBlock(t, n, "ns", []byte{7}, pattern(1000, 7), false)
 	q, err := n.peer.QueryBlocksForTransfer(ctxT(t), &pegadv1.QueryBlocksForTransferRequest{
@@ -29,9 +27,9 @@ func TestOneSweeperForBothLeaseTables(t *testing.T) {
 		t.Fatalf("query: %v %v", q, err)
 	}
 	eventually(t, "the sweeper expires the unreleased session", 5*time.Second, func() bool {
-		return n.d.holder.Locks().Len() == 0
+		return n.d.HolderSessions() == 0
 	})
-	if why := n.d.unhealthy(time.Now()); why != "" {
+	if why := n.d.Unhealthy(time.Now()); why != "" {
 		t.Fatalf("unhealthy with the sweeper running: %s", why)
 	}
 }

@@ -169,12 +169,12 @@ func TestClusterPrefetchFromTwoHolders(t *testing.T) {
 		want[h] += ",c"
 	}
 	waitHolders(t, a, ns, want)
-	if got := scrape(t, c)[`pegaflow_cluster_index_lookups_total{outcome="found"}`]; got < 1 {
+	if got := c.cn.Scrape(t)[`pegaflow_cluster_index_lookups_total{outcome="found"}`]; got < 1 {
 		t.Fatalf("c's found lookups: %v", got)
 	}
 	// a never listed nodes: its heartbeats count the membership.
 	eventually(t, "a to count 3 nodes", 5*time.Second, func() error {
-		if got := scrape(t, a)[`pegaflow_cluster_nodes`]; got != 3 {
+		if got := a.cn.Scrape(t)[`pegaflow_cluster_nodes`]; got != 3 {
 			return fmt.Errorf("pegaflow_cluster_nodes = %v", got)
 		}
 		return nil
@@ -281,10 +281,10 @@ func TestClusterRedisRestartedEmpty(t *testing.T) {
 	if err != nil || res.GetBlocks()[0].GetStatus() != statusFetched || res.GetBlocks()[0].GetNode() != "b" {
 		t.Fatalf("peer-less prefetch after Redis came back: %v, %v", res, err)
 	}
-	if got := scrape(t, a)[`pegaflow_cluster_index_resyncs_total`]; got < 2 {
+	if got := a.cn.Scrape(t)[`pegaflow_cluster_index_resyncs_total`]; got < 2 {
 		t.Fatalf("a republished %v times, want >= 2 (start, Redis back)", got)
 	}
-	if got := scrape(t, c)[`pegaflow_cluster_index_lookups_total{outcome="error"}`]; got < 1 {
+	if got := c.cn.Scrape(t)[`pegaflow_cluster_index_lookups_total{outcome="error"}`]; got < 1 {
 		t.Fatalf("c counted %v failed lookups, want >= 1", got)
 	}
 }
@@ -302,7 +302,7 @@ func TestClusterDisabled(t *testing.T) {
 	if _, err := clusterAPI(n).ListNodes(ctx, &pegadv1.ListNodesRequest{}); status.Code(err) != codes.FailedPrecondition {
 		t.Fatalf("ListNodes standalone: %v", err)
 	}
-	for name, v := range scrape(t, n) {
+	for name, v := range n.cn.Scrape(t) {
 		if strings.HasPrefix(name, "pegaflow_cluster_") && v != 0 {
 			t.Fatalf("standalone node: %s = %v, want 0", name, v)
 		}

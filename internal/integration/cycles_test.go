@@ -142,14 +142,14 @@ func TestDaemonConnectInvalidateCycles(t *testing.T) {
 	}
 
 	eventually(t, "requester QPs and workers drained", 15*time.Second, func() error {
-		m := scrape(t, r)
+		m := r.cn.Scrape(t)
 		if m[mRDMAQPs] != 0 || m[mSessionWorkers] != 0 || r.d.Conns().QPs() != 0 {
 			return fmt.Errorf("%s=%v %s=%v", mRDMAQPs, m[mRDMAQPs], mSessionWorkers, m[mSessionWorkers])
 		}
 		return nil
 	})
 	eventually(t, "holder released every accepted connection", 15*time.Second, func() error {
-		m := scrape(t, h)
+		m := h.cn.Scrape(t)
 		cs, err := h.admin.ListConns(ctx, &pegadv1.ListConnsRequest{})
 		if err != nil {
 			return err
@@ -171,7 +171,7 @@ func TestDaemonConnectInvalidateCycles(t *testing.T) {
 		return nil
 	})
 	var handshakes float64
-	for k, v := range scrape(t, h) {
+	for k, v := range h.cn.Scrape(t) {
 		if k == `pegaflow_rdma_handshakes_total{result="ok",role="holder"}` {
 			handshakes = v
 		}
@@ -227,7 +227,7 @@ func TestSlowResponderWithinRetryBudget(t *testing.T) {
 	if err != nil || !bytes.Equal(got, bs[1].body) {
 		t.Fatalf("block: %d bytes, %v", len(got), err)
 	}
-	for k, v := range scrape(t, r) {
+	for k, v := range r.cn.Scrape(t) {
 		if v != 0 && strings.HasPrefix(k, `pegaflow_rdma_connection_invalidations_total`) {
 			t.Fatalf("connection invalidated by a slow responder: %s = %v", k, v)
 		}

@@ -143,7 +143,7 @@ func TestQPCount(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	m := scrape(t, r)
+	m := r.cn.Scrape(t)
 	if got, want := m[mRDMAQPs], float64(peers*nics*qps); got != want {
 		t.Fatalf("%s = %v, want peers×NICs×qps_per_peer = %v", mRDMAQPs, got, want)
 	}
@@ -176,7 +176,7 @@ func TestQPCount(t *testing.T) {
 			t.Fatalf("no connection to %s in %v", h.d.PeerAddr(), cs)
 		}
 		// Each holder's accept side has the mirror QPs of its requester.
-		if got := scrape(t, h)[mRDMAQPs]; got != nics*qps {
+		if got := h.cn.Scrape(t)[mRDMAQPs]; got != nics*qps {
 			t.Fatalf("holder %s: %s = %v, want %d", h.cfg.NodeID, mRDMAQPs, got, nics*qps)
 		}
 	}
@@ -189,7 +189,7 @@ func TestQPCount(t *testing.T) {
 		r.d.Conns().Invalidate(c, errors.New("test: invalidate"))
 	}
 	eventually(t, "requester QPs torn down", 10*time.Second, func() error {
-		m := scrape(t, r)
+		m := r.cn.Scrape(t)
 		if m[mRDMAQPs] != 0 || m[mSessionWorkers] != 0 {
 			return fmt.Errorf("%s=%v %s=%v", mRDMAQPs, m[mRDMAQPs], mSessionWorkers, m[mSessionWorkers])
 		}
@@ -207,10 +207,10 @@ func TestQPCount(t *testing.T) {
 	if _, err := prefetch(ctx, r, holders[0].d.PeerAddr(), ns, []byte("absent")); err != nil {
 		t.Fatal(err)
 	}
-	if got := scrape(t, r)[mRDMAQPs]; got != nics*qps {
+	if got := r.cn.Scrape(t)[mRDMAQPs]; got != nics*qps {
 		t.Fatalf("after reconnecting to one peer: %s = %v, want %d", mRDMAQPs, got, nics*qps)
 	}
-	if got := scrape(t, holders[0])[mRDMAQPs]; got != nics*qps {
+	if got := holders[0].cn.Scrape(t)[mRDMAQPs]; got != nics*qps {
 		t.Fatalf("holder after the requester reconnected: %s = %v, want %d (stale accept replaced)", mRDMAQPs, got, nics*qps)
 	}
 }
@@ -257,7 +257,7 @@ func TestSmallPool(t *testing.T) {
 	if fetched <= 16<<20 {
 		t.Fatalf("fetched %d bytes in all: the test must exceed the 16 MiB pool", fetched)
 	}
-	m := scrape(t, r)
+	m := r.cn.Scrape(t)
 	if m[mEvictions] == 0 {
 		t.Fatalf("no eviction after fetching %d bytes into a 16 MiB pool", fetched)
 	}
@@ -278,5 +278,5 @@ func TestSmallPool(t *testing.T) {
 		}
 	}
 	t.Logf("%d MiB fetched through a 16 MiB pool in %d calls, %v evictions; then 12 MiB in one call",
-		fetched>>20, len(bs)/2, scrape(t, r)[mEvictions])
+		fetched>>20, len(bs)/2, r.cn.Scrape(t)[mEvictions])
 }

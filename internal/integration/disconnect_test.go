@@ -45,7 +45,7 @@ func TestHolderQPsReleased(t *testing.T) {
 
 	holderQPs := func(want float64) func() error {
 		return func() error {
-			m := scrape(t, h)
+			m := h.cn.Scrape(t)
 			if m[mRDMAQPs] != want {
 				return fmt.Errorf("holder %s = %v, want %v", mRDMAQPs, m[mRDMAQPs], want)
 			}
@@ -65,7 +65,7 @@ func TestHolderQPsReleased(t *testing.T) {
 	}
 	r.d.Conns().Invalidate(c, errors.New("test: invalidate"))
 	eventually(t, "holder QPs released after the requester invalidated", 3*time.Second, holderQPs(0))
-	m := scrape(t, h)
+	m := h.cn.Scrape(t)
 	if m[mDisconnectOK] != 1 {
 		t.Fatalf("%s = %v, want 1", mDisconnectOK, m[mDisconnectOK])
 	}
@@ -91,7 +91,7 @@ func TestHolderQPsReleased(t *testing.T) {
 	if err := holderQPs(0)(); err != nil {
 		t.Fatalf("right after the requester's shutdown: %v", err)
 	}
-	if got := scrape(t, h)[mDisconnectOK]; got != 2 {
+	if got := h.cn.Scrape(t)[mDisconnectOK]; got != 2 {
 		t.Fatalf("%s = %v, want 2", mDisconnectOK, got)
 	}
 }

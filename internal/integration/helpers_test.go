@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"net/http"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -23,10 +22,6 @@ import (
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-// httpc scrapes /metrics without keep-alives, so no client goroutine
-// outlives a test (goleak).
-var httpc = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second}
 
 // baseConfig is a loopback tcp-transport node with ephemeral ports.
 func baseConfig(t testing.TB, nodeID string) config.Config {
@@ -117,16 +112,6 @@ func putAll(t *testing.T, n *node, ns string, blocks []block) {
 // get reads a block through the local API.
 func get(ctx context.Context, n *node, ns string, hash []byte) ([]byte, error) {
 	return testutil.GetBlock(ctx, n.local, ns, hash)
-}
-
-// scrape returns the samples of n's /metrics as "name{labels}" → value.
-func scrape(t *testing.T, n *node) map[string]float64 {
-	t.Helper()
-	m, err := testutil.ScrapeMetrics(httpc, n.d.MetricsAddr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return m
 }
 
 // Sample names the tests read.

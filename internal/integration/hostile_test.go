@@ -104,7 +104,7 @@ func TestHostileDataPortDuringFetch(t *testing.T) {
 		_, _ = c.Write(frames[i%2]) // the holder may drop it first: that is the point
 	}
 	eventually(t, "holder answered every hostile connection", 10*time.Second, func() error {
-		m := scrape(t, h)
+		m := h.cn.Scrape(t)
 		if got := m[mRefusedBadHello] + m[mRefusedSourceLimit]; got < hostile/2 {
 			return fmt.Errorf("%v dropped", got)
 		}
@@ -121,7 +121,7 @@ func TestHostileDataPortDuringFetch(t *testing.T) {
 	}
 	// While they hold (or are evicted from) their slots, a real fetch.
 	fetchAll(blocks)
-	m := scrape(t, h)
+	m := h.cn.Scrape(t)
 	if dropped := m[mRefusedBadHello] + m[mRefusedSourceLimit]; dropped < hostile/2 {
 		t.Fatalf("holder dropped %v hostile connections, want at least %d (the over-long ones)", dropped, hostile/2)
 	}

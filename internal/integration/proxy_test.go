@@ -91,11 +91,11 @@ func TestPeerPortFaults(t *testing.T) {
 		t.Fatalf("after restore: %v", err)
 	}
 	eventually(t, "no session or lock left on the holder", 10*time.Second, func() error {
-		m := scrape(t, h)
+		m := h.cn.Scrape(t)
 		if m[mSessionsActive] != 0 || m[mLockActive] != 0 {
 			return fmt.Errorf("%s=%v %s=%v", mSessionsActive, m[mSessionsActive], mLockActive, m[mLockActive])
 		}
-		if m := scrape(t, r); m[mFetchesInFlight] != 0 {
+		if m := r.cn.Scrape(t); m[mFetchesInFlight] != 0 {
 			return fmt.Errorf("requester %s=%v", mFetchesInFlight, m[mFetchesInFlight])
 		}
 		return nil

@@ -27,7 +27,7 @@ func TestCertRefusalNotRetried(t *testing.T) {
 	putAll(t, h, ns, blocks)
 	hash := fmt.Sprintf("%x", blocks[0].hash)
 	handshakes := func() float64 {
-		return scrape(t, h)[`pegaflow_peer_auth_refused_total{reason="tls_handshake"}`]
+		return h.cn.Scrape(t)[`pegaflow_peer_auth_refused_total{reason="tls_handshake"}`]
 	}
 
 	xc := baseConfig(t, "node-x")
@@ -61,7 +61,7 @@ func TestCertRefusalNotRetried(t *testing.T) {
 	if n := handshakes(); n != first {
 		t.Fatalf("the refused requester kept dialling: %v refused handshakes, %v after its first prefetch", n, first)
 	}
-	if m := scrape(t, x); m[`pegaflow_rdma_fetch_errors_total{class="authentication"}`] < 3 {
+	if m := x.cn.Scrape(t); m[`pegaflow_rdma_fetch_errors_total{class="authentication"}`] < 3 {
 		t.Errorf("fetch errors of class authentication = %v, want >= 3", m[`pegaflow_rdma_fetch_errors_total{class="authentication"}`])
 	}
 	if got := strings.Count(x.logs.String(), "Peer certificate refused"); got != 1 {

@@ -28,7 +28,7 @@ func TestHolderRestartReconnectsBeforeRead(t *testing.T) {
 	if _, err := prefetch(ctx, r, addr, ns, blocks[0].hash, blocks[1].hash); err != nil {
 		t.Fatalf("first prefetch: %v\n%s", err, r.logs)
 	}
-	before := scrape(t, r)
+	before := r.cn.Scrape(t)
 
 	// Same port, same node id, a new incarnation and a new pool.
 	if err := h.close(); err != nil {
@@ -58,7 +58,7 @@ func TestHolderRestartReconnectsBeforeRead(t *testing.T) {
 			t.Fatalf("block %x: %d bytes, %v; want %d identical bytes", b.hash, len(got), err, len(b.body))
 		}
 	}
-	after := scrape(t, r)
+	after := r.cn.Scrape(t)
 	const restarted = `pegaflow_rdma_connection_invalidations_total{reason="peer_restarted"}`
 	if got := after[restarted] - before[restarted]; got != 1 {
 		t.Fatalf("%s went up by %v, want 1", restarted, got)
@@ -67,7 +67,7 @@ func TestHolderRestartReconnectsBeforeRead(t *testing.T) {
 	if took > 3*time.Second {
 		t.Fatalf("fetch after restart took %v", took)
 	}
-	hm := scrape(t, h2)
+	hm := h2.cn.Scrape(t)
 	if hm[mSessionsActive] != 0 || hm[mQueryOK] != hm[mReleaseOK] {
 		t.Fatalf("restarted holder: sessions %v, query ok %v, release ok %v",
 			hm[mSessionsActive], hm[mQueryOK], hm[mReleaseOK])

@@ -115,7 +115,7 @@ func TestMTLSPeers(t *testing.T) {
 	}
 	// The holder counts a failed handshake after the client saw it fail.
 	eventually(t, "refusals counted by reason", 20*time.Second, func() error {
-		m := scrape(t, h)
+		m := h.cn.Scrape(t)
 		for reason, min := range map[string]float64{"tls_handshake": 2, "not_allowed": 1, "identity_mismatch": 1} {
 			if got := m[fmt.Sprintf(`pegaflow_peer_auth_refused_total{reason=%q}`, reason)]; got < min {
 				return fmt.Errorf("refusals for %s = %v, want >= %v", reason, got, min)
@@ -123,7 +123,7 @@ func TestMTLSPeers(t *testing.T) {
 		}
 		return nil
 	})
-	m := scrape(t, h)
+	m := h.cn.Scrape(t)
 	if m[`pegaflow_peer_tls_cert_expiry_timestamp_seconds`] < float64(time.Now().Unix()) {
 		t.Errorf("cert expiry metric %v", m[`pegaflow_peer_tls_cert_expiry_timestamp_seconds`])
 	}
@@ -178,7 +178,7 @@ func TestPeerFloodCapped(t *testing.T) {
 		t.Fatalf("flooder claiming node-r: %v, want PermissionDenied", err)
 	}
 	fetchAll(t, r, h, ns, blocks)
-	m := scrape(t, h)
+	m := h.cn.Scrape(t)
 	if got := m[`pegaflow_peer_limit_refused_total{limit="max-sessions-per-peer"}`]; got != 10*capSessions-capSessions {
 		t.Errorf("limit refusals = %v, want %d", got, 10*capSessions-capSessions)
 	}
@@ -204,11 +204,11 @@ func TestCertRotatedBySIGHUP(t *testing.T) {
 	before := serving(t, h.d.PeerAddr(), rf)
 	incarnation := h.d.Incarnation()
 	const handshakes = `pegaflow_rdma_handshakes_total{result="ok",role="holder"}`
-	hs := scrape(t, h)[handshakes]
+	hs := h.cn.Scrape(t)[handshakes]
 
 	// Issue the replacement into the same paths, as a renewal job would.
 	ca.Issue(t, filepath.Dir(hf.Cert), testutil.CertSpec{DNS: []string{"node-h"}, Validity: 72 * time.Hour})
-	reloads := func() float64 { return scrape(t, h)[`pegaflow_peer_tls_reloads_total{result="ok"}`] }
+	reloads := func() float64 { return h.cn.Scrape(t)[`pegaflow_peer_tls_reloads_total{result="ok"}`] }
 	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
@@ -226,7 +226,7 @@ func TestCertRotatedBySIGHUP(t *testing.T) {
 		t.Fatal("the holder restarted")
 	}
 	fetchAll(t, r, h, ns, blocks[3:])
-	if got := scrape(t, h)[handshakes]; got != hs || hs == 0 {
+	if got := h.cn.Scrape(t)[handshakes]; got != hs || hs == 0 {
 		t.Errorf("holder handshakes %v after the rotation, %v before: the QPs were not kept", got, hs)
 	}
 

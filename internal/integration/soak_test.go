@@ -329,7 +329,7 @@ func TestFaultSoak(t *testing.T) {
 				h.up = false
 				h.mu.Unlock()
 				killedAt.Store(fetches.Load())
-				preKillQueries.Store(int64(scrape(t, old)[mQueryOK]))
+				preKillQueries.Store(int64(old.cn.Scrape(t)[mQueryOK]))
 				if err := old.close(); err != nil {
 					t.Errorf("kill holder: %v", err)
 				}
@@ -367,7 +367,7 @@ func TestFaultSoak(t *testing.T) {
 	// Quiesce: nothing in flight on the requester, nothing pinned on the
 	// holders once the sessions whose answers were dropped have expired.
 	eventually(t, "requester idle", 10*time.Second, func() error {
-		if v := scrape(t, r)[mFetchesInFlight]; v != 0 {
+		if v := r.cn.Scrape(t)[mFetchesInFlight]; v != 0 {
 			return fmt.Errorf("%s = %v", mFetchesInFlight, v)
 		}
 		return nil
@@ -375,13 +375,13 @@ func TestFaultSoak(t *testing.T) {
 	for i, h := range holders {
 		n, _ := h.get()
 		eventually(t, fmt.Sprintf("holder %d unpinned", i), lockTimeout+5*time.Second, func() error {
-			m := scrape(t, n)
+			m := n.cn.Scrape(t)
 			if m[mSessionsActive] != 0 || m[mLockActive] != 0 {
 				return fmt.Errorf("%s=%v %s=%v", mSessionsActive, m[mSessionsActive], mLockActive, m[mLockActive])
 			}
 			return nil
 		})
-		m := scrape(t, n)
+		m := n.cn.Scrape(t)
 		f := h.faults
 		queryOK, releaseOK, timeouts := m[mQueryOK], m[mReleaseOK], m[mLockTimeouts]
 		queries.Add(int64(queryOK))
@@ -413,7 +413,7 @@ func TestFaultSoak(t *testing.T) {
 		}
 	}
 
-	rm := scrape(t, r)
+	rm := r.cn.Scrape(t)
 	t.Logf("requester: %d fetches (%d ok, %d errors) in %v after %v setup, %d blocks / %d KiB fetched; injected: %d cancels, %d hangs, %d panics, %d holder-before, %d cuts, %d delays, holder killed at fetch %d; guard aborts %v, guard release failures %v, quarantined %v bytes, fetch totals ok=%v error=%v canceled=%v panic=%v discarded=%v",
 		fetches.Load(), fetchOK.Load(), fetchErr.Load(), soakDur.Round(time.Millisecond), setup.Round(time.Millisecond),
 		blocksFetched.Load(), bytesFetched.Load()>>10, cancels.Load(), rf.hangs.Load(), rf.panics.Load(),
@@ -455,7 +455,7 @@ func TestFaultSoak(t *testing.T) {
 		gap := time.Duration(firstOKAfterRestart.Load() - restartedAt.Load())
 		t.Logf("first fetch from the restarted holder succeeded %v after it was back", gap.Round(time.Millisecond))
 	}
-	if n, _ := holders[1].get(); scrape(t, n)[mReleaseOK] == 0 {
+	if n, _ := holders[1].get(); n.cn.Scrape(t)[mReleaseOK] == 0 {
 		t.Error("the restarted holder served no fetch: the requester did not reconnect")
 	}
 	if rm[mGuardAborts] == 0 {

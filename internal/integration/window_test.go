@@ -48,7 +48,7 @@ func TestPrefetchAboveThePinCap(t *testing.T) {
 		}
 	}
 	eventually(t, "no lock left on the holder", 10*time.Second, func() error {
-		m := scrape(t, h)
+		m := h.cn.Scrape(t)
 		if m[mLockActive] != 0 || m[mSessionsActive] != 0 {
 			return fmt.Errorf("lock gauge %v, sessions %v", m[mLockActive], m[mSessionsActive])
 		}

@@ -23,6 +23,7 @@ import (
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	"github.com/pegaflow/pegad/internal/testutil"
+	testcluster "github.com/pegaflow/pegad/internal/testutil/cluster"
 )
 
 // Fixed ports are safe inside a namespace: nothing else lives there.
@@ -272,12 +273,11 @@ func (n *node) startErr() error {
 	if err != nil {
 		return err
 	}
-	var cmd *exec.Cmd
+	netns := "" // loopback
 	if n.h != nil {
-		cmd = exec.Command("ip", append([]string{"netns", "exec", n.h.name, binaries.pegad}, n.args...)...)
-	} else {
-		cmd = exec.Command(binaries.pegad, n.args...)
+		netns = n.h.name
 	}
+	cmd := testcluster.Command(binaries.pegad, netns, n.args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// The daemons get no PEGAD_* variable of the test's environment: their
 	// flags are their whole configuration.

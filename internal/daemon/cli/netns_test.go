@@ -1,4 +1,4 @@
-package cli
+package cli_test
 
 import (
 	"bytes"
@@ -6,31 +6,23 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+	"github.com/pegaflow/pegad/internal/config"
 	"github.com/pegaflow/pegad/internal/testutil"
+	"github.com/pegaflow/pegad/internal/testutil/cluster"
 )
 
-// childArgsEnv carries pegad's argv (unit-separated) to a re-executed test
-// binary, so that the netns test runs real pegad processes without a build.
-const childArgsEnv = "PEGAD_TEST_CHILD_ARGS"
-
+// TestMain lets cluster.StartProcess run pegad as this test binary,
+// re-executed: the netns and notify tests run real pegad processes
+// without a build.
 func TestMain(m *testing.M) {
-	if a, ok := os.LookupEnv(childArgsEnv); ok {
-		os.Args = append([]string{"pegad"}, strings.Split(a, "\x1f")...)
-		os.Exit(Main())
-	}
+	cluster.RunPegadIfChild()
 	os.Exit(m.Run())
 }
 
@@ -90,53 +82,20 @@ func newNetnsPair(t *testing.T) *netnsPair {
 	return p
 }
 
-// startPegad runs pegad (this test binary re-executed) in namespace ns and
-// returns a local-API client on its socket (a file: reachable from here).
-func startPegad(t *testing.T, ns, sock string, logs *testutil.LogBuffer, args ...string) pegadv1.LocalServiceClient {
+// startPegad runs pegad (this test binary re-executed) in namespace ns
+// with flags over cluster's loopback config (less its tcp-data-listen)
+// and returns it; its local clients work from here (the socket is a file).
+func startPegad(t *testing.T, ns, name string, flags ...string) *cluster.Node {
 	t.Helper()
-	cmd := exec.Command("ip", "netns", "exec", ns, os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childArgsEnv+"="+strings.Join(args, "\x1f"), "PEGAD_CONFIG=")
-	cmd.Stdout, cmd.Stderr = logs, logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	n := cluster.StartProcess(t, cluster.Named(name), cluster.InNetns(ns),
+		cluster.WithConfig(func(c *config.Config) { c.TCPDataListen = config.Default().TCPDataListen }),
+		cluster.WithArgs(flags...))
 	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
 		if t.Failed() {
-			t.Logf("pegad in %s:\n%s", ns, logs.String())
+			t.Logf("pegad in %s:\n%s", ns, n.Logs)
 		}
 	})
-	cc, err := grpc.NewClient("passthrough:///pegad",
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
-		}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cc.Close() })
-	c := pegadv1.NewLocalServiceClient(cc)
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_, err := c.ListBlocks(ctx, &pegadv1.ListBlocksRequest{})
-		cancel()
-		if err == nil {
-			return c
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("pegad in %s not ready: %v\n%s", ns, err, logs.String())
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	return n
 }
 
 // TestTCPAcrossNamespaces: two pegads on two "hosts" (network namespaces)
@@ -148,14 +107,11 @@ func TestTCPAcrossNamespaces(t *testing.T) {
 		t.Skip("SKIP: -short")
 	}
 	p := newNetnsPair(t)
-	dir := t.TempDir()
-	var logs [2]testutil.LogBuffer
 	common := []string{"--transport", "tcp", "--pool-size", "16MiB", "--log-format", "json", "--lock-timeout", "10s"}
-	sockA, sockB := filepath.Join(dir, "a.sock"), filepath.Join(dir, "b.sock")
-	a := startPegad(t, p.ns[0], sockA, &logs[0], append([]string{"--node-id", "a", "--socket", sockA,
-		"--listen", "0.0.0.0:50055", "--advertise", p.addr[0] + ":50055"}, common...)...)
-	b := startPegad(t, p.ns[1], sockB, &logs[1], append([]string{"--node-id", "b", "--socket", sockB,
-		"--listen", p.addr[1] + ":50055", "--advertise", p.addr[1] + ":50055"}, common...)...)
+	na := startPegad(t, p.ns[0], "a", append([]string{"--listen", "0.0.0.0:50055", "--advertise", p.addr[0] + ":50055"}, common...)...)
+	nb := startPegad(t, p.ns[1], "b", append([]string{"--listen", p.addr[1] + ":50055", "--advertise", p.addr[1] + ":50055"}, common...)...)
+	a, b := na.Local, nb.Local
+	logs := [2]*testutil.LogBuffer{na.Logs, nb.Logs}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

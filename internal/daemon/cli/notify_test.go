@@ -1,13 +1,9 @@
-package cli
+package cli_test
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"net"
 	"net/http"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -17,10 +13,13 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/pegaflow/pegad/internal/config"
+	"github.com/pegaflow/pegad/internal/testutil/cluster"
 )
 
-// TestSystemdNotify re-executes the test binary as pegad through
-// netns_test.go's TestMain (childArgsEnv).
+// TestSystemdNotify re-executes the test binary as pegad
+// (cluster.StartProcess, through netns_test.go's TestMain).
 
 // TestSystemdNotify runs pegad as systemd would (NOTIFY_SOCKET on a
 // datagram socket, WATCHDOG_USEC set) and reads what it sends: READY=1
@@ -49,35 +48,9 @@ func TestSystemdNotify(t *testing.T) {
 		}
 	}()
 
-	socket := filepath.Join(dir, "pegad.sock")
-	args := []string{"serve",
-		"--listen=127.0.0.1:0", "--metrics-listen=127.0.0.1:0", "--socket=" + socket,
-		"--transport=tcp", "--pool-size=4MiB", "--gc-interval=50ms", "--log-format=json",
-		"--node-id=notify-test"}
-	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(os.Environ(), childArgsEnv+"="+strings.Join(args, "\x1f"), "NOTIFY_SOCKET="+notifyPath,
-		"WATCHDOG_USEC=200000", "PEGAD_CONFIG=")
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	ready := make(chan map[string]any, 1)
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		for sc.Scan() {
-			var line map[string]any
-			if json.Unmarshal(sc.Bytes(), &line) == nil && line["message"] == "pegad ready" {
-				ready <- line
-			}
-		}
-		exited <- cmd.Wait()
-	}()
-	t.Cleanup(func() { _ = cmd.Process.Kill() }) // an error once it exited
+	n := cluster.StartProcess(t, cluster.Named("notify-test"), cluster.WithConfig(func(c *config.Config) {
+		c.PoolSize = 4 << 20
+	}), cluster.WithEnv("NOTIFY_SOCKET="+notifyPath, "WATCHDOG_USEC=200000"))
 
 	next := func(want string) {
 		t.Helper()
@@ -97,17 +70,11 @@ func TestSystemdNotify(t *testing.T) {
 		}
 	}
 
-	next("READY=1")
-	var line map[string]any
-	select {
-	case line = <-ready:
-	case <-time.After(10 * time.Second):
-		t.Fatal("no 'pegad ready' log line")
-	}
+	next("READY=1") // StartProcess saw the "pegad ready" log line
 	// Everything READY promised serves now.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	for _, target := range []string{line["listen"].(string), "unix://" + socket} {
+	for _, target := range []string{n.PeerAddr(), "unix://" + n.SocketPath()} {
 		cc, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
 			t.Fatal(err)
@@ -118,23 +85,19 @@ func TestSystemdNotify(t *testing.T) {
 			t.Fatalf("%s after READY=1: %v %v", target, r, err)
 		}
 	}
-	resp, err := http.Get("http://" + line["metrics"].(string) + "/metrics")
+	resp, err := http.Get("http://" + n.MetricsAddr() + "/metrics")
 	if err != nil || resp.StatusCode != http.StatusOK {
 		t.Fatalf("/metrics after READY=1: %v %v", resp, err)
 	}
 	resp.Body.Close()
 
 	next("WATCHDOG=1")
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
+	n.Signal(t, syscall.SIGTERM)
 	next("STOPPING=1")
-	select {
-	case err := <-exited:
-		if err != nil {
-			t.Fatalf("pegad exit after SIGTERM: %v, want status 0", err)
-		}
-	case <-time.After(15 * time.Second):
+	switch exited, err := n.WaitExit(t, 15*time.Second); {
+	case !exited:
 		t.Fatal("pegad did not exit after SIGTERM")
+	case err != nil:
+		t.Fatalf("pegad exit after SIGTERM: %v, want status 0", err)
 	}
 }

@@ -11,7 +11,6 @@ package cluster
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -31,13 +30,14 @@ import (
 // Node is one running pegad and clients of its sockets.
 type Node struct {
 	Name   string
-	Config config.Config // as started (ephemeral ports as configured, e.g. 127.0.0.1:0)
+	Config config.Config // as started (ephemeral ports as configured, e.g. 127.0.0.1:0); WithArgs flags not included
 	Logs   *testutil.LogBuffer
 
 	LocalConn *grpc.ClientConn // the local socket: Local, Admin, Cluster, Health services
 	Local     pegadv1.LocalServiceClient
 	Admin     pegadv1.AdminServiceClient
-	Peer      pegadv1.PeerServiceClient // nil until the peer address is known
+	PeerConn  *grpc.ClientConn          // the peer port, plaintext; nil with peer TLS
+	Peer      pegadv1.PeerServiceClient // on PeerConn; nil with peer TLS
 
 	socket, peerAddr, metricsAddr, incarnation string
 
@@ -57,6 +57,8 @@ type spec struct {
 	mutate  []func(*config.Config)
 	dopts   []daemon.Option
 	env     []string
+	netns   string
+	args    []string
 	verbose bool
 }
 
@@ -77,6 +79,14 @@ func WithDaemonOptions(o ...daemon.Option) Option {
 
 // WithEnv adds KEY=VALUE pairs to a process node's environment.
 func WithEnv(kv ...string) Option { return func(s *spec) { s.env = append(s.env, kv...) } }
+
+// WithArgs adds flags to a process node's command line, after its config
+// file, so they override it (Node.Config is the file's).
+func WithArgs(flags ...string) Option { return func(s *spec) { s.args = append(s.args, flags...) } }
+
+// InNetns runs a process node in the network namespace name (it must exist,
+// with its loopback up).
+func InNetns(name string) Option { return func(s *spec) { s.netns = name } }
 
 // DebugLogs keeps debug-level lines in Logs (default: info and above).
 func DebugLogs() Option { return func(s *spec) { s.verbose = true } }
@@ -105,7 +115,8 @@ func (n *Node) connect(t testing.TB) {
 	n.LocalConn = lc
 	n.Local, n.Admin = pegadv1.NewLocalServiceClient(lc), pegadv1.NewAdminServiceClient(lc)
 	if n.peerAddr != "" && !n.Config.PeerTLS() {
-		n.Peer = pegadv1.NewPeerServiceClient(n.dial(t, n.peerAddr))
+		n.PeerConn = n.dial(t, n.peerAddr)
+		n.Peer = pegadv1.NewPeerServiceClient(n.PeerConn)
 	}
 }
 
@@ -146,17 +157,13 @@ func (n *Node) Client(t testing.TB, opts ...pegaclient.Option) *pegaclient.Clien
 	return c
 }
 
-// Scrape reads /metrics as "name{labels}" → value.
+// Scrape reads the node's /metrics as "name{labels}" → value.
 func (n *Node) Scrape(t testing.TB) map[string]float64 {
 	t.Helper()
 	if n.metricsAddr == "" {
 		t.Fatalf("%s: metrics are disabled", n.Name)
 	}
-	m, err := testutil.ScrapeMetrics(http.DefaultClient, n.metricsAddr)
-	if err != nil {
-		t.Fatalf("%s: scrape: %v", n.Name, err)
-	}
-	return m
+	return Scrape(t, n.metricsAddr)
 }
 
 // Stats is the admin Stats answer.

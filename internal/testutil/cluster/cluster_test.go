@@ -3,7 +3,11 @@ package cluster
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"os"
+	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -73,5 +77,61 @@ func TestKillProcess(t *testing.T) {
 	}
 	if err := n.Stop(); err != nil {
 		t.Fatalf("Stop after Kill: %v", err)
+	}
+}
+
+// A process node started InNetns runs in that namespace (not the test's)
+// and serves its local clients through the socket file.
+func TestProcessInNetns(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (ip netns)")
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skip("ip not found")
+	}
+	ns := fmt.Sprintf("pegad-cluster-test-%d", os.Getpid())
+	ip := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+	}
+	ip("netns", "add", ns)
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
+	ip("-n", ns, "link", "set", "lo", "up")
+
+	n := StartProcess(t, InNetns(ns), WithConfig(func(c *config.Config) { c.PoolSize = 8 << 20 }))
+	self, err := os.Readlink("/proc/self/ns/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	child, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", n.Pid()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if child == self {
+		t.Fatalf("process node's network namespace %s is the test's", child)
+	}
+	if st := n.Stats(t); st.GetNodeId() != n.Name {
+		t.Fatalf("stats over the socket: %v", st)
+	}
+	if err := n.Stop(); err != nil {
+		t.Fatalf("stop: %v\n%s", err, n.Logs)
+	}
+}
+
+// WithArgs flags override the config file; a SIGTERM (Signal) ends the
+// process with status 0 (WaitExit).
+func TestProcessArgsAndSignal(t *testing.T) {
+	n := StartProcess(t, Named("file-name"), WithArgs("--node-id", "flag-name"))
+	if st := n.Stats(t); st.GetNodeId() != "flag-name" {
+		t.Fatalf("node id %q, want the flag's", st.GetNodeId())
+	}
+	if exited, _ := n.WaitExit(t, 0); exited {
+		t.Fatal("WaitExit says a running node exited")
+	}
+	n.Signal(t, syscall.SIGTERM)
+	if exited, err := n.WaitExit(t, 30*time.Second); !exited || err != nil {
+		t.Fatalf("after SIGTERM: exited %v, %v (want status 0)\n%s", exited, err, n.Logs)
 	}
 }

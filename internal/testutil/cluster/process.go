@@ -32,6 +32,18 @@ func RunPegadIfChild() {
 	}
 }
 
+// Command is the one way a test runs pegad as a process: bin with args, in
+// the network namespace netns (`ip netns exec netns bin args...`, the same
+// pid once ip has entered it) when netns is not "". StartProcess uses it;
+// so does a suite that keeps a process's life itself (the reliability
+// suite restarts its daemons in place).
+func Command(bin, netns string, args ...string) *exec.Cmd {
+	if netns != "" {
+		return exec.Command("ip", append([]string{"netns", "exec", netns, bin}, args...)...)
+	}
+	return exec.Command(bin, args...)
+}
+
 // process is a process node's child.
 type process struct {
 	cmd    *exec.Cmd
@@ -42,7 +54,9 @@ type process struct {
 // StartProcess starts a node as a child process of pegad (this test binary
 // re-executed; see RunPegadIfChild) with the config opts give, written to a
 // YAML file it is started with. It waits for "pegad ready" and connects. It
-// is stopped with SIGTERM at cleanup, or killed if it does not stop.
+// is stopped with SIGTERM at cleanup, or killed if it does not stop. In a
+// namespace (InNetns) its TCP addresses are the namespace's: the local
+// clients work (the socket is a file), Scrape and Peer need a route there.
 func StartProcess(t testing.TB, opts ...Option) *Node {
 	t.Helper()
 	s, c := configFor(t, opts)
@@ -67,7 +81,7 @@ func StartProcess(t testing.TB, opts ...Option) *Node {
 		t.Fatal(err)
 	}
 	logs := &testutil.LogBuffer{}
-	cmd := exec.Command(self, "serve", "--config", file)
+	cmd := Command(self, s.netns, append([]string{"serve", "--config", file}, s.args...)...)
 	cmd.Env = append(append(os.Environ(), envRunPegad+"=1"), s.env...)
 	cmd.Stdout, cmd.Stderr = logs, logs
 	if err := cmd.Start(); err != nil {
@@ -136,6 +150,40 @@ func (n *Node) Kill(t testing.TB) {
 	}
 	_ = n.proc.cmd.Process.Signal(syscall.SIGKILL)
 	<-n.proc.exited
+}
+
+// Signal sends sig to a process node.
+func (n *Node) Signal(t testing.TB, sig os.Signal) {
+	t.Helper()
+	if n.proc == nil {
+		t.Fatalf("%s: Signal needs a process node (StartProcess)", n.Name)
+	}
+	if err := n.proc.cmd.Process.Signal(sig); err != nil {
+		t.Fatalf("%s: signal %v: %v", n.Name, sig, err)
+	}
+}
+
+// WaitExit waits up to d for a process node's process to end: as Exited,
+// whether it did and how (nil: exit 0).
+func (n *Node) WaitExit(t testing.TB, d time.Duration) (bool, error) {
+	t.Helper()
+	if n.proc == nil {
+		t.Fatalf("%s: WaitExit needs a process node (StartProcess)", n.Name)
+	}
+	select {
+	case <-n.proc.exited:
+		return true, n.proc.err
+	case <-time.After(d):
+		return false, nil
+	}
+}
+
+// Pid is a process node's pid (0 in process).
+func (n *Node) Pid() int {
+	if n.proc == nil {
+		return 0
+	}
+	return n.proc.cmd.Process.Pid
 }
 
 // Exited reports whether a process node's process has ended, and how (an
