@@ -136,6 +136,11 @@ type Config struct {
 	// RelaxedOrdering registers the pool with IBV_ACCESS_RELAXED_ORDERING
 	// (verbs; ignored where the NIC or kernel lacks it).
 	RelaxedOrdering bool `mapstructure:"relaxed-ordering"`
+	// MemoryWindows registers the pool without remote read and serves each
+	// transfer lock through type-2 memory windows over its blocks, so that
+	// a peer can READ only what it locked (verbs; off, with a warning,
+	// where a NIC lacks them).
+	MemoryWindows bool `mapstructure:"memory-windows"`
 	// GIDIndex forces the GID table entry of every verbs port; -1 chooses
 	// (RoCE v2, a routable IPv4 address first).
 	GIDIndex int `mapstructure:"gid-index"`
@@ -344,6 +349,7 @@ func RegisterFlags(fs *pflag.FlagSet, d Config) {
 	fs.String("nic-numa", d.NICNUMA, "NUMA node of NICs sysfs gives none (e.g. rxe): NIC=NODE,... (rxe0=0,rxe1=1); replaces sysfs for the named NICs")
 	fs.Int("qps-per-peer", d.QPsPerPeer, "RC queue pairs per peer per NIC")
 	fs.Bool("relaxed-ordering", d.RelaxedOrdering, "verbs: register the pool with relaxed ordering (--relaxed-ordering=false turns it off)")
+	fs.Bool("memory-windows", d.MemoryWindows, "verbs: a peer READs only the blocks it locked, through type-2 memory windows bound per lock")
 	fs.Int("gid-index", d.GIDIndex, "verbs: GID table entry of every port (-1: RoCE v2, routable IPv4 first)")
 	fs.Int("traffic-class", d.TrafficClass, "verbs: GRH traffic class, DSCP<<2 (e.g. 106 = DSCP 26)")
 	fs.Int("service-level", d.ServiceLevel, "verbs: InfiniBand service level 0..15")

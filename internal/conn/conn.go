@@ -154,6 +154,11 @@ type Options struct {
 	// being listed as connected. 0: no keepalive (a dead holder is then
 	// noticed by the next fetch).
 	ProbeInterval time.Duration
+	// MemoryWindows (holder side): register the pool without remote read
+	// and serve each transfer lock through type-2 memory windows over its
+	// blocks (BindWindows). A device without them turns it off, with a
+	// warning: then the pool's rkey serves every READ.
+	MemoryWindows bool
 }
 
 // Placement is where local memory is, by NUMA node (*pool.Pool).
@@ -185,6 +190,10 @@ type ReadOp struct {
 	Len        uint64
 	// NUMA of the remote segment (used to prefer a NIC); -1 unknown.
 	NUMA int
+	// Grant: the memory windows of the lock that covers RemoteAddr (nil:
+	// the holder serves it through its pool rkey). READs then go on the
+	// NICs and QPs the grant names, with its keys.
+	Grant *Grant
 }
 
 // localNode is the NUMA node of local memory at addr when READs are placed
@@ -256,25 +265,36 @@ type localNIC struct {
 	up prometheus.Gauge
 
 	// holdMu guards holdCQ: the one CQ of every holder-side QP on this
-	// NIC. A holder posts nothing, so nothing ever completes on it and
-	// nobody polls it: one per NIC, not one per QP. Created by the first
-	// Accept, closed by releaseNICs once every QP is gone.
+	// NIC, one per NIC, not one per QP. A holder posts nothing but window
+	// binds (windows.go), so without memory windows nothing completes on
+	// it and nobody polls it. Created by the first Accept, closed by
+	// releaseNICs once every QP is gone.
 	holdMu sync.Mutex
 	holdCQ ibv.CQ
+	// win routes the bind completions of holdCQ (memory windows only).
+	win windowWaiters
 }
 
-// holderCQ returns the NIC's shared holder-side CQ, creating it.
-func (n *localNIC) holderCQ() (ibv.CQ, error) {
+// holderCQ returns the NIC's shared holder-side CQ, creating it with
+// depth entries.
+func (n *localNIC) holderCQ(depth int) (ibv.CQ, error) {
 	n.holdMu.Lock()
 	defer n.holdMu.Unlock()
 	if n.holdCQ == nil {
-		cq, err := n.dev.CreateCQ(1)
+		cq, err := n.dev.CreateCQ(depth)
 		if err != nil {
 			return nil, err
 		}
 		n.holdCQ = cq
 	}
 	return n.holdCQ, nil
+}
+
+// holderCQNow is the holder CQ as it is (nil: no Accept made it yet).
+func (n *localNIC) holderCQNow() ibv.CQ {
+	n.holdMu.Lock()
+	defer n.holdMu.Unlock()
+	return n.holdCQ
 }
 
 // Manager is safe for concurrent use.
@@ -319,6 +339,10 @@ type Manager struct {
 	closed     bool
 
 	liveQPs   atomic.Int64   // actual live QPs, both roles
+	// windows: locks are served through memory windows (windows.go);
+	// immutable after NewManager. windowTurn rotates their QPs.
+	windows    bool
+	windowTurn atomic.Uint64
 	handshake sync.WaitGroup // running handshakes (requester side)
 	accepts   sync.WaitGroup // running Accepts and Disconnects (holder side)
 	conns     sync.WaitGroup // requester connections not yet torn down
@@ -413,6 +437,7 @@ func NewManager(opts Options) (m *Manager, err error) {
 			m.releaseNICs()
 		}
 	}()
+	m.windows = m.memoryWindows(opts)
 	if err := m.registerNICs(opts); err != nil {
 		return nil, err
 	}
@@ -642,7 +667,11 @@ func (m *Manager) newQPPair(nic *localNIC, holder bool) (*qpPair, error) {
 		err error
 	)
 	if holder {
-		cq, err = nic.holderCQ()
+		depth := 1
+		if m.windows {
+			depth = holdCQDepthWindows
+		}
+		cq, err = nic.holderCQ(depth)
 	} else {
 		cq, err = nic.dev.CreateCQ(m.opts.SQDepth)
 	}

@@ -555,16 +555,16 @@ func TestInvalidOpsKeepConnection(t *testing.T) {
 		op   ReadOp
 		want error
 	}{
-		{"remote past end", ReadOp{rb, hb + 1<<20 - 10, 100, -1}, ErrRemoteMemory},
-		{"remote before start", ReadOp{rb, hb - 4096, 100, -1}, ErrRemoteMemory},
-		{"remote wraps", ReadOp{rb, ^uint64(0) - 10, 100, -1}, ErrRemoteMemory},
-		{"local past end", ReadOp{rb + 1<<20 - 10, hb, 100, -1}, ErrInvalidOp},
-		{"local before start", ReadOp{rb - 1, hb, 100, -1}, ErrInvalidOp},
-		{"zero length", ReadOp{rb, hb, 0, -1}, ErrInvalidOp},
+		{"remote past end", ReadOp{LocalAddr: rb, RemoteAddr: hb + 1<<20 - 10, Len: 100, NUMA: -1}, ErrRemoteMemory},
+		{"remote before start", ReadOp{LocalAddr: rb, RemoteAddr: hb - 4096, Len: 100, NUMA: -1}, ErrRemoteMemory},
+		{"remote wraps", ReadOp{LocalAddr: rb, RemoteAddr: ^uint64(0) - 10, Len: 100, NUMA: -1}, ErrRemoteMemory},
+		{"local past end", ReadOp{LocalAddr: rb + 1<<20 - 10, RemoteAddr: hb, Len: 100, NUMA: -1}, ErrInvalidOp},
+		{"local before start", ReadOp{LocalAddr: rb - 1, RemoteAddr: hb, Len: 100, NUMA: -1}, ErrInvalidOp},
+		{"zero length", ReadOp{LocalAddr: rb, RemoteAddr: hb, Len: 0, NUMA: -1}, ErrInvalidOp},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			good := ReadOp{rb + 8192, hb + 8192, 64, -1}
+			good := ReadOp{LocalAddr: rb + 8192, RemoteAddr: hb + 8192, Len: 64, NUMA: -1}
 			err := c.Read(ctxT(t, 5*time.Second), []ReadOp{good, tc.op})
 			if !errors.Is(err, tc.want) {
 				t.Fatalf("Read = %v, want %v", err, tc.want)

@@ -378,16 +378,22 @@ func (c *AddrConnection) plan(ops []ReadOp) ([]*batch, []uint64, error) {
 		if op.LocalAddr < m.memBase || op.Len > m.memLen || op.LocalAddr-m.memBase > m.memLen-op.Len {
 			return nil, nil, fmt.Errorf("%w: op %d local range [%#x,+%d) outside registered memory", ErrInvalidOp, i, op.LocalAddr, op.Len)
 		}
+		if g := op.Grant; g != nil && g.handshakeID != c.handshakeID {
+			return nil, nil, fmt.Errorf("%w: op %d: lock's windows on handshake %s, connection %s", ErrStaleGrant, i, g.handshakeID, c.handshakeID)
+		}
 		local := m.localNode(op.LocalAddr)
 		for off := uint64(0); off < op.Len; off += maxWRBytes {
 			n := min(uint64(maxWRBytes), op.Len-off)
-			cn := c.nics[c.pickNIC(op.NUMA, local, n, pending)]
+			k := c.pickNIC(op.NUMA, local, n, pending, op.Grant)
+			if k < 0 {
+				return nil, nil, fmt.Errorf("%w: peer %s op %d: the lock's windows serve none of this connection's NICs", ErrRemoteMemory, c.peer, i)
+			}
+			cn := c.nics[k]
 			raddr := op.RemoteAddr + off
-			rkey, ok := cn.rkeyFor(raddr, n)
+			s, rkey, ok := cn.target(op.Grant, k, raddr, n)
 			if !ok || op.RemoteAddr+op.Len < op.RemoteAddr {
 				return nil, nil, fmt.Errorf("%w: peer %s op %d [%#x,+%d) on nic %s", ErrRemoteMemory, c.peer, i, op.RemoteAddr, op.Len, cn.nic.info.Name)
 			}
-			s := cn.sessions[cn.rr.Add(1)%uint64(len(cn.sessions))]
 			b := bySession[s]
 			if b == nil {
 				b = &batch{s: s}
@@ -402,6 +408,21 @@ func (c *AddrConnection) plan(ops []ReadOp) ([]*batch, []uint64, error) {
 	}
 	c.commitNICBytes(pending)
 	return out, pending, nil
+}
+
+// target is where a READ of [addr, addr+n) on cn (c.nics[k]) goes: with
+// a grant, the QP and the key of its window there; without, the next QP in
+// turn and the snapshot's rkey.
+func (cn *connNic) target(g *Grant, k int, addr, n uint64) (*session, uint32, bool) {
+	if g == nil {
+		rkey, ok := cn.rkeyFor(addr, n)
+		return cn.sessions[cn.rr.Add(1)%uint64(len(cn.sessions))], rkey, ok
+	}
+	qp, rkey, ok := g.lookup(k, addr, n)
+	if !ok || qp >= len(cn.sessions) {
+		return nil, 0, false
+	}
+	return cn.sessions[qp], rkey, true
 }
 
 // rkeyFor finds the snapshot region holding [addr, addr+n).

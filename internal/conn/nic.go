@@ -39,11 +39,17 @@ const (
 // commits its bytes (commitNICBytes) once nothing in it can fail, so a
 // plan rejected halfway (ErrRemoteMemory) leaves no phantom bytes that
 // would starve that NIC.
-func (c *AddrConnection) pickNIC(numa, local int, n uint64, pending []uint64) int {
+//
+// With a grant (memory windows), only the NICs it serves are candidates,
+// on any node when none of them is on local's; -1 when it serves none.
+func (c *AddrConnection) pickNIC(numa, local int, n uint64, pending []uint64, g *Grant) int {
 	if local >= 0 && !c.m.hasNICOn(local) {
 		local = -1 // memory on a node without NICs: any NIC
 	}
 	if local >= 0 && !c.usesNode(local) {
+		local = -1
+	}
+	if local >= 0 && g != nil && !c.grantServesNode(g, local) {
 		local = -1
 	}
 	start := int(c.rr.Add(1) % uint64(len(c.nics)))
@@ -53,7 +59,7 @@ func (c *AddrConnection) pickNIC(numa, local int, n uint64, pending []uint64) in
 		j := (start + i) % len(c.nics)
 		cn := c.nics[j]
 		nn := cn.nic.info.NUMANode
-		if local >= 0 && nn != local {
+		if local >= 0 && nn != local || g != nil && !g.has(j) {
 			continue
 		}
 		w := uint64(localNICCost)
@@ -64,8 +70,20 @@ func (c *AddrConnection) pickNIC(numa, local int, n uint64, pending []uint64) in
 			best, bestCost = j, cost
 		}
 	}
-	pending[best] += n
+	if best >= 0 {
+		pending[best] += n
+	}
 	return best
+}
+
+// grantServesNode reports whether g serves a NIC of c on NUMA node node.
+func (c *AddrConnection) grantServesNode(g *Grant, node int) bool {
+	for j, cn := range c.nics {
+		if cn.nic.info.NUMANode == node && g.has(j) {
+			return true
+		}
+	}
+	return false
 }
 
 // placedNUMA reports whether READs should go through NICs on their local
@@ -312,13 +330,16 @@ func (m *Manager) localEndpoint(p *qpPair) ibv.Endpoint {
 // what was made). The error names the first NIC, in order, that failed.
 func (m *Manager) registerNICs(opts Options) error {
 	access := ibv.AccessLocalWrite | ibv.AccessRemoteRead | ibv.AccessRelaxedOrdering
+	if m.windows { // remote reads only through the windows of a lock
+		access = ibv.AccessLocalWrite | ibv.AccessMWBind | ibv.AccessRelaxedOrdering
+	}
 	if opts.NoRelaxedOrdering {
 		access &^= ibv.AccessRelaxedOrdering
 	}
 	errs := make([]error, len(opts.Devices))
 	var wg sync.WaitGroup
 	for i, dev := range opts.Devices {
-		n := &localNIC{dev: dev, info: dev.Info()}
+		n := &localNIC{dev: dev, info: dev.Info(), win: newWindowWaiters()}
 		if opts.Rails != nil {
 			n.rail = opts.Rails[i]
 		}

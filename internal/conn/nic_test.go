@@ -258,14 +258,14 @@ func TestFailedPlanCountsNoBytes(t *testing.T) {
 	}
 	const mib = 1 << 20
 	rb, hb := req.base(), hold.base()
-	bad := []ReadOp{{rb, hb, mib, -1}, {rb + mib, hb + uint64(len(hold.mem)) - 10, 100, -1}}
+	bad := []ReadOp{{LocalAddr: rb, RemoteAddr: hb, Len: mib, NUMA: -1}, {LocalAddr: rb + mib, RemoteAddr: hb + uint64(len(hold.mem)) - 10, Len: 100, NUMA: -1}}
 	if err := c.Read(ctxT(t, 5*time.Second), bad); !errors.Is(err, ErrRemoteMemory) {
 		t.Fatalf("read past the holder's memory: %v, want ErrRemoteMemory", err)
 	}
 	if got := sumOf(req.met.NICReadBytes); got != 0 {
 		t.Fatalf("NIC read bytes after a rejected plan: %v, want 0", got)
 	}
-	good := []ReadOp{{rb, hb, mib, -1}, {rb + mib, hb + mib, mib, -1}}
+	good := []ReadOp{{LocalAddr: rb, RemoteAddr: hb, Len: mib, NUMA: -1}, {LocalAddr: rb + mib, RemoteAddr: hb + mib, Len: mib, NUMA: -1}}
 	if err := c.Read(ctxT(t, 5*time.Second), good); err != nil {
 		t.Fatal(err)
 	}

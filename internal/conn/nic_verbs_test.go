@@ -118,7 +118,14 @@ func newPlacedFakeNode(t *testing.T, id string, vo verbs.Options, names, rails [
 	place func(mem []byte) Placement) *fakeNode {
 	t.Helper()
 	vo.Library = verbs.FakeLibrary
-	prov := verbs.NewWithOptions(vo)
+	return newProviderNode(t, id, verbs.NewWithOptions(vo), names, rails, memBytes, holder, place)
+}
+
+// newProviderNode is a node on prov's devices names (the fake, or a real
+// device in the verbs-e2e guest); with sets its Options.
+func newProviderNode(t *testing.T, id string, prov *verbs.Provider, names, rails []string, memBytes int, holder *fakeNode,
+	place func(mem []byte) Placement, with ...func(*Options)) *fakeNode {
+	t.Helper()
 	var devs []ibv.Device
 	for _, name := range names {
 		d, err := prov.Open(name)
@@ -137,15 +144,19 @@ func newPlacedFakeNode(t *testing.T, id string, vo verbs.Options, names, rails [
 	if place != nil {
 		pl = place(n.mem)
 	}
-	var err error
-	n.mgr, err = NewManager(Options{
+	opts := Options{
 		NodeID: id, Incarnation: id + "-1", Transport: "verbs", Devices: devs, Memory: n.mem,
 		QPsPerPeer: 1, Metrics: n.met, Log: zerolog.Nop(), HandshakeTimeout: 5 * time.Second, Rails: rails,
 		Placement: pl,
 		Dial: func(string) (pegadv1.PeerServiceClient, error) {
 			return directPeer{m: holder.mgr, tap: &holder.tap}, nil
 		},
-	})
+	}
+	for _, f := range with {
+		f(&opts)
+	}
+	var err error
+	n.mgr, err = NewManager(opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -206,7 +206,7 @@ func TestInFlightBytesSettle(t *testing.T) {
 	defer c.settleNICBytes(slow)
 	pending := make([]uint64, len(c.nics))
 	for i := range 8 {
-		if j := c.pickNIC(-1, -1, bs, pending); j != 1 {
+		if j := c.pickNIC(-1, -1, bs, pending, nil); j != 1 {
 			t.Fatalf("op %d went to NIC %d, which has 8 MiB outstanding; want the idle NIC 1", i, j)
 		}
 	}

@@ -359,6 +359,7 @@ func (d *Daemon) openComponents(cfg *config.Config) (err error) {
 		ProbeInterval: probeInterval(d.tr.name),
 
 		NoRelaxedOrdering: !cfg.RelaxedOrdering,
+		MemoryWindows:     cfg.MemoryWindows,
 		Placement:         d.pool,
 		Rails:             cfg.NICRails(), // same order as the devices (openTransport opens names in order)
 		Metrics:           d.metrics,
@@ -367,9 +368,14 @@ func (d *Daemon) openComponents(cfg *config.Config) (err error) {
 	if err != nil {
 		return fmt.Errorf("connections: %w", err)
 	}
+	var windows holder.Windows
+	if d.conns.WindowsEnabled() {
+		windows = d.conns
+	}
 	d.holder = holder.New(holder.Options{
 		Store:       d.store,
 		Acceptor:    d.conns,
+		Windows:     windows,
 		Metrics:     d.metrics,
 		Log:         d.log.With().Str("component", "holder").Logger(),
 		NodeID:      cfg.NodeID,

@@ -149,11 +149,11 @@ func (t *LockTable) shardOf(id sessionID) *shard {
 // atomically with the insert, so a session of an old incarnation can never
 // slip in after a reclaim.
 func (t *LockTable) open(owner, inc string, blocks []*store.Block, bytes uint64) (*session, error) {
-	return t.openQuery(owner, inc, 0, blocks, bytes)
+	return t.openQuery(owner, inc, 0, blocks, bytes, nil)
 }
 
 // openQuery is open for the query with the requester's id query (0: none).
-func (t *LockTable) openQuery(owner, inc string, query uint64, blocks []*store.Block, bytes uint64) (*session, error) {
+func (t *LockTable) openQuery(owner, inc string, query uint64, blocks []*store.Block, bytes uint64, unbind func()) (*session, error) {
 	now := t.clock.Now()
 	n := t.lockNode(owner, now)
 	prev := n.current
@@ -172,7 +172,7 @@ func (t *LockTable) openQuery(owner, inc string, query uint64, blocks []*store.B
 	created := t.clock.Stamp(now)
 	s := &session{
 		who: n.incarnationLocked(inc), blocks: blocks, bytes: bytes, query: query,
-		created: created, seq: t.openSeq.Add(1),
+		created: created, seq: t.openSeq.Add(1), unbind: unbind,
 	}
 	deadline := created + lease.Stamp(min(t.timeout, t.maxLifetime))
 	for {
@@ -216,11 +216,14 @@ func (t *LockTable) removeLocked(sh *shard, s *session, why EndReason) {
 	}
 }
 
-// finish does what follows a removal, outside the shard lock: unpin (the
-// single unpin of this session), gauges, and the node's session set. The
+// finish does what follows a removal, outside the shard lock: invalidate
+// its memory windows, then unpin (the single unpin of this session), gauges, and the node's session set. The
 // node state is the session's own: a node with live sessions is never
 // forgotten (evictIdleNodesLocked).
 func (t *LockTable) finish(s *session) {
+	if s.unbind != nil {
+		s.unbind() // no READ through its windows from here on
+	}
 	t.pins.Unpin(s.blocks)
 	t.liveSessions.Add(-1)
 	t.lockedBlocks.Add(-int64(len(s.blocks)))

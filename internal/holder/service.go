@@ -98,6 +98,16 @@ type Disconnector interface {
 	Disconnect(ctx context.Context, req *pegadv1.RdmaDisconnectRequest) (*pegadv1.RdmaDisconnectResponse, error)
 }
 
+// Windows binds a lock's memory windows (internal/conn.Manager with
+// --memory-windows): over the segments of blocks, for the requester's
+// accepted connection. It returns the answer's windows, the handshake they
+// are bound on, and unbind, which invalidates them (the holder calls it
+// once, before the blocks are unpinned).
+type Windows interface {
+	BindLock(ctx context.Context, node, inc string, blocks []*pegadv1.BlockLocation) (
+		windows []*pegadv1.MemoryWindows, handshakeID string, unbind func(), err error)
+}
+
 // Defaults and bounds.
 const (
 	DefaultLockTimeout      = 120 * time.Second
@@ -113,6 +123,9 @@ const (
 type Options struct {
 	Store       Pinner
 	Acceptor    Acceptor // nil: RdmaHandshake answers Unavailable
+	// Windows: locks are read through memory windows bound on their
+	// requester's connection (nil: through the pool's rkey).
+	Windows Windows
 	Metrics     *metrics.Metrics
 	Log         zerolog.Logger
 	NodeID      string
@@ -337,8 +350,15 @@ func (s *Service) QueryBlocksForTransfer(ctx context.Context, req *pegadv1.Query
 		return nil, err
 	}
 
-	sess, err := s.locks.openQuery(node, inc, req.GetQueryId(), pinned, bytes)
+	unbind, err := s.bindWindows(ctx, node, inc, resp)
 	if err != nil {
+		return nil, err
+	}
+	sess, err := s.locks.openQuery(node, inc, req.GetQueryId(), pinned, bytes, unbind)
+	if err != nil {
+		if unbind != nil {
+			unbind() // before the deferred unpin
+		}
 		return nil, toStatus(err)
 	}
 	owned = false
@@ -360,6 +380,20 @@ func (s *Service) QueryBlocksForTransfer(ctx context.Context, req *pegadv1.Query
 	s.opts.Log.Debug().Str("session", resp.SessionId).Str("requester", node).Int("blocks", len(pinned)).
 		Int("missing", len(missing)).Msg("Transfer lock taken")
 	return resp, nil
+}
+
+// bindWindows binds the memory windows of resp's blocks (Options.Windows)
+// and puts their keys in resp; unbind is nil when there are none.
+func (s *Service) bindWindows(ctx context.Context, node, inc string, resp *pegadv1.QueryBlocksForTransferResponse) (unbind func(), err error) {
+	if s.opts.Windows == nil {
+		return nil, nil
+	}
+	resp.Windows, resp.WindowsHandshakeId, unbind, err = s.opts.Windows.BindLock(ctx, node, inc, resp.Blocks)
+	if err != nil {
+		s.opts.Log.Warn().Err(err).Str("remote_node", node).Int("blocks", len(resp.Blocks)).Msg("memory windows not bound: lock refused")
+		return nil, pegaderr.Status(codes.Unavailable, pegaderr.Connection, "memory windows: "+err.Error()).Err()
+	}
+	return unbind, nil
 }
 
 // locations lays out the answer's blocks: pinned, in request order (the

@@ -82,7 +82,7 @@ type incarnation struct {
 	inc  string
 }
 
-// session is one transfer lock. id, who, blocks, bytes, created and seq are
+// session is one transfer lock. id, who, blocks, bytes, created, seq and unbind are
 // immutable; prev and next are guarded by its node's mu; the rest by its
 // shard's mu. Its lease (deadline, renewals, expiry order) is a lease.Item
 // in its shard's lease.Queue.
@@ -100,6 +100,9 @@ type session struct {
 	// query is the requester's id of the query that opened it (0: none),
 	// so that a requester that lost the answer can still release it.
 	query uint64
+	// unbind invalidates the session's memory windows (Options.Windows;
+	// nil: none); finish calls it before the unpin.
+	unbind func()
 
 	prev, next *session // in who.node.sessions; guarded by that node's mu
 }

@@ -11,11 +11,12 @@ import (
 	"github.com/pegaflow/pegad/internal/store"
 )
 
-// TestSessionRecordSize: a session is one 112-byte record (issue 11.5: a
-// million live sessions at most 200 B each plus 16 B per locked block).
+// TestSessionRecordSize: a session is one 120-byte record (issue 11.5: a
+// million live sessions at most 200 B each plus 16 B per locked block;
+// the memory windows' unbind took it from 112 to 120).
 func TestSessionRecordSize(t *testing.T) {
-	if n := unsafe.Sizeof(session{}); n > 112 {
-		t.Fatalf("session record is %d bytes, want at most 112", n)
+	if n := unsafe.Sizeof(session{}); n > 120 {
+		t.Fatalf("session record is %d bytes, want at most 120", n)
 	}
 }
 

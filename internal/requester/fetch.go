@@ -460,16 +460,17 @@ func (e *Engine) stage(plan []*planBlock, sp *conn.StagingPlan) ([]extent, error
 }
 
 // buildOps makes one READ per segment (K and V) of every planned block;
-// opBlock[i] is the plan index of the block op i reads.
-func buildOps(plan []*planBlock) (ops []conn.ReadOp, opBlock []int) {
+// opBlock[i] is the plan index of the block op i reads. grant: the lock's
+// memory windows (nil: none).
+func buildOps(plan []*planBlock, grant *conn.Grant) (ops []conn.ReadOp, opBlock []int) {
 	for pi, b := range plan {
 		base := b.ext.Addr()
 		for j, s := range b.loc.GetSlots() {
 			l := b.layout[j]
 			k := s.GetK()
-			ops = append(ops, conn.ReadOp{LocalAddr: base + l.KOff, RemoteAddr: k.GetAddr(), Len: l.KLen, NUMA: int(k.GetNumaNode())})
+			ops = append(ops, conn.ReadOp{LocalAddr: base + l.KOff, RemoteAddr: k.GetAddr(), Len: l.KLen, NUMA: int(k.GetNumaNode()), Grant: grant})
 			if v := s.GetV(); v != nil {
-				ops = append(ops, conn.ReadOp{LocalAddr: base + l.VOff, RemoteAddr: v.GetAddr(), Len: l.VLen, NUMA: int(v.GetNumaNode())})
+				ops = append(ops, conn.ReadOp{LocalAddr: base + l.VOff, RemoteAddr: v.GetAddr(), Len: l.VLen, NUMA: int(v.GetNumaNode()), Grant: grant})
 			}
 		}
 		for len(opBlock) < len(ops) {

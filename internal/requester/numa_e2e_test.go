@@ -91,12 +91,14 @@ type numaNode struct {
 	store  *store.Store
 	m      *metrics.Metrics
 	engine *requester.Engine
+	holder *holder.Service
 	addr   string
 }
 
 // newNUMANode starts a node on the fake HCA's eight NICs over two NUMA
-// nodes; serve makes it a holder on 127.0.0.1:0.
-func newNUMANode(t *testing.T, id, sysfs string, serve bool, log *readLog) *numaNode {
+// nodes; serve makes it a holder on 127.0.0.1:0, with memory windows when
+// windows is set.
+func newNUMANode(t *testing.T, id, sysfs string, serve bool, log *readLog, windows ...bool) *numaNode {
 	t.Helper()
 	prov := verbs.NewWithOptions(verbs.Options{Library: verbs.FakeLibrary, SysfsRoot: sysfs})
 	var devs []ibv.Device
@@ -126,15 +128,20 @@ func newNUMANode(t *testing.T, id, sysfs string, serve bool, log *readLog) *numa
 	mgr, err := conn.NewManager(conn.Options{
 		NodeID: id, Incarnation: id + "-inc", Transport: "verbs", Devices: devs,
 		Memory: n.pool.Bytes(), QPsPerPeer: 1, Dial: conn.Dialer(peers.Get), Placement: n.pool,
-		Metrics: n.m, Log: zerolog.Nop(), HandshakeTimeout: 5 * time.Second,
+		Metrics: n.m, Log: zerolog.Nop(), HandshakeTimeout: 5 * time.Second, MemoryWindows: len(windows) > 0 && windows[0],
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = mgr.Close() })
 	if serve {
-		h := holder.New(holder.Options{Store: n.store, Acceptor: mgr, Metrics: n.m, Log: zerolog.Nop(),
-			NodeID: id, Incarnation: id + "-inc"})
+		ho := holder.Options{Store: n.store, Acceptor: mgr, Metrics: n.m, Log: zerolog.Nop(),
+			NodeID: id, Incarnation: id + "-inc"}
+		if mgr.WindowsEnabled() {
+			ho.Windows = mgr
+		}
+		n.holder = holder.New(ho)
+		h := n.holder
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			t.Fatal(err)
@@ -161,57 +168,14 @@ func newNUMANode(t *testing.T, id, sysfs string, serve bool, log *readLog) *numa
 // carries it (the pool is split over both nodes and staging is spread
 // over them).
 func TestFetchEveryNICOnItsNode(t *testing.T) {
-	root := t.TempDir()
-	numaOf := map[string]int{}
-	for i := range 8 {
-		name := "pegadfake" + strconv.Itoa(i)
-		numaOf[name] = i / 4
-		dir := filepath.Join(root, name, "device")
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, "numa_node"), []byte(strconv.Itoa(i/4)+"\n"), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	root, numaOf := numaSysfs(t)
 	log := &readLog{reads: map[string][]uint64{}}
 	h := newNUMANode(t, "holder", root, true, nil)
 	req := newNUMANode(t, "requester", root, false, log)
 	if got := req.pool.Nodes(); !slices.Equal(got, []int{0, 1}) {
 		t.Fatalf("requester pool parts on nodes %v, want [0 1]", got)
 	}
-
-	const blocks, bs = 64, 256 << 10
-	r := rand.New(rand.NewPCG(3, 5))
-	want := map[string][]byte{}
-	var hashes [][]byte
-	for i := range blocks {
-		hash := fmt.Sprintf("numa-%02d", i)
-		b := make([]byte, bs)
-		for j := range b {
-			b[j] = byte(r.Uint32())
-		}
-		if _, err := h.store.Put(store.Key{Namespace: "ns", Hash: hash}, []store.SlotSize{{KSize: bs}},
-			func(buf []byte) error { copy(buf, b); return nil }); err != nil {
-			t.Fatal(err)
-		}
-		want[hash] = b
-		hashes = append(hashes, []byte(hash))
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	res, err := req.engine.Prefetch(ctx, h.addr, "ns", hashes)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, b := range res.Blocks {
-		if b.Status != requester.StatusFetched {
-			t.Fatalf("%s: %v %v", b.Hash, b.Status, b.Err)
-		}
-		if !bytes.Equal(readStored(t, req.store, "ns", string(b.Hash)), want[string(b.Hash)]) {
-			t.Fatalf("%s: fetched bytes differ", b.Hash)
-		}
-	}
+	putAndFetch(t, h, req, 64, 256<<10)
 
 	per := map[string]float64{}
 	for name := range numaOf {
@@ -233,5 +197,81 @@ func TestFetchEveryNICOnItsNode(t *testing.T) {
 				t.Fatalf("a READ by %s (node %d) lands in staging on node %d", name, numaOf[name], got)
 			}
 		}
+	}
+}
+
+// numaSysfs is a sysfs with pegadfake0-3 on node 0 and pegadfake4-7 on
+// node 1, and that map.
+func numaSysfs(t *testing.T) (root string, numaOf map[string]int) {
+	t.Helper()
+	root = t.TempDir()
+	numaOf = map[string]int{}
+	for i := range 8 {
+		name := "pegadfake" + strconv.Itoa(i)
+		numaOf[name] = i / 4
+		dir := filepath.Join(root, name, "device")
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "numa_node"), []byte(strconv.Itoa(i/4)+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return root, numaOf
+}
+
+// putAndFetch puts blocks random blocks of bs bytes on h and prefetches
+// them to req: each must arrive byte for byte.
+func putAndFetch(t *testing.T, h, req *numaNode, blocks, bs int) {
+	t.Helper()
+	r := rand.New(rand.NewPCG(3, 5))
+	want := map[string][]byte{}
+	var hashes [][]byte
+	for i := range blocks {
+		hash := fmt.Sprintf("numa-%02d", i)
+		b := make([]byte, bs)
+		for j := range b {
+			b[j] = byte(r.Uint32())
+		}
+		if _, err := h.store.Put(store.Key{Namespace: "ns", Hash: hash}, []store.SlotSize{{KSize: uint64(bs)}},
+			func(buf []byte) error { copy(buf, b); return nil }); err != nil {
+			t.Fatal(err)
+		}
+		want[hash] = b
+		hashes = append(hashes, []byte(hash))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := req.engine.Prefetch(ctx, h.addr, "ns", hashes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range res.Blocks {
+		if b.Status != requester.StatusFetched {
+			t.Fatalf("%s: %v %v", b.Hash, b.Status, b.Err)
+		}
+		if !bytes.Equal(readStored(t, req.store, "ns", string(b.Hash)), want[string(b.Hash)]) {
+			t.Fatalf("%s: fetched bytes differ", b.Hash)
+		}
+	}
+}
+
+// TestFetchThroughMemoryWindows: a holder with memory windows (its pool
+// registered without remote read, so any READ with the pool rkey would
+// fail) serves a 64-block fetch over 8 NICs through the windows of each
+// lock window: every block arrives byte for byte, every NIC carries bytes,
+// and no lock (nor its windows) is left.
+func TestFetchThroughMemoryWindows(t *testing.T) {
+	root, numaOf := numaSysfs(t)
+	h := newNUMANode(t, "holder", root, true, nil, true)
+	req := newNUMANode(t, "requester", root, false, nil)
+	putAndFetch(t, h, req, 64, 256<<10)
+	for name := range numaOf {
+		if testutil.ToFloat64(req.m.NICReadBytes.WithLabelValues(name)) == 0 {
+			t.Fatalf("%s carried no bytes", name)
+		}
+	}
+	if n := h.holder.Locks().Len(); n != 0 {
+		t.Fatalf("%d locks left on the holder", n)
 	}
 }

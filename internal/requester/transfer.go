@@ -79,6 +79,12 @@ func (p *pipeline) transfer(w window) error {
 		l.stop()
 		return handled(PhaseConnect, l.pastDeadline(p, err), ErrConnection)
 	}
+	// A holder with memory windows serves this lock only through them.
+	grant, err := conn.NewGrant(resp.GetWindows(), resp.GetWindowsHandshakeId())
+	if err != nil {
+		l.stop()
+		return handled(PhaseLock, err, ErrRemote)
+	}
 	var total uint64
 	for _, b := range plan {
 		total += b.bytes
@@ -86,7 +92,7 @@ func (p *pipeline) transfer(w window) error {
 	st.addWindow(g.sid, len(plan), total)
 	stg := &staging{e: e, st: st, sid: g.sid}
 	defer stg.free() // after index: an indexed block holds its own reference
-	if rerr := p.read(&l.lease, stg, plan, tr, resp.GetHolderIncarnation()); rerr != nil {
+	if rerr := p.read(&l.lease, stg, plan, tr, resp.GetHolderIncarnation(), grant); rerr != nil {
 		return p.readFailed(&l.lease, plan, tr, rerr)
 	}
 	return p.release(g, plan, tr)
@@ -154,7 +160,7 @@ func (s *staging) free() {
 
 // read stages plan and reads it, bounded by the lease; once it returns,
 // the renewer is stopped and no READ can land in the staging memory.
-func (p *pipeline) read(l *lease, stg *staging, plan []*planBlock, tr *readTracker, holderInc string) error {
+func (p *pipeline) read(l *lease, stg *staging, plan []*planBlock, tr *readTracker, holderInc string, grant *conn.Grant) error {
 	e, st := p.e, p.st
 	e.hook(p.ctx, st, PhaseStage)
 	var sp *conn.StagingPlan
@@ -167,7 +173,7 @@ func (p *pipeline) read(l *lease, stg *staging, plan []*planBlock, tr *readTrack
 		l.stop()
 		return &stageError{serr}
 	}
-	ops, opBlock := buildOps(plan)
+	ops, opBlock := buildOps(plan, grant)
 	tr.opBlock = opBlock
 
 	e.hook(p.ctx, st, PhaseRead)

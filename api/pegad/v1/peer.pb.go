@@ -441,8 +441,19 @@ type QueryBlocksForTransferResponse struct {
 	// the live sessions of one requester identity, and of all peers, may pin.
 	MaxPinnedBytesPerPeer uint64 `protobuf:"varint,8,opt,name=max_pinned_bytes_per_peer,json=maxPinnedBytesPerPeer,proto3" json:"max_pinned_bytes_per_peer,omitempty"`
 	MaxPinnedBytes        uint64 `protobuf:"varint,9,opt,name=max_pinned_bytes,json=maxPinnedBytes,proto3" json:"max_pinned_bytes,omitempty"`
-	unknownFields         protoimpl.UnknownFields
-	sizeCache             protoimpl.SizeCache
+	// A holder started with --memory-windows registers its pool without
+	// remote read: the blocks of this lock are readable only through these
+	// type-2 memory windows (ibv_alloc_mw(3)), bound over the lock's extents
+	// when it was granted and invalidated when it ends. Empty: read with the
+	// pool rkey of the handshake. Each entry serves one of the requester's
+	// NICs, on one QP.
+	Windows []*MemoryWindows `protobuf:"bytes,10,rep,name=windows,proto3" json:"windows,omitempty"`
+	// The handshake whose QPs the windows are bound on: a type-2 window's
+	// rkey is valid only on the QP it was bound on, so a requester connected
+	// through another handshake cannot use them (it queries again).
+	WindowsHandshakeId string `protobuf:"bytes,11,opt,name=windows_handshake_id,json=windowsHandshakeId,proto3" json:"windows_handshake_id,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *QueryBlocksForTransferResponse) Reset() {
@@ -538,6 +549,149 @@ func (x *QueryBlocksForTransferResponse) GetMaxPinnedBytes() uint64 {
 	return 0
 }
 
+func (x *QueryBlocksForTransferResponse) GetWindows() []*MemoryWindows {
+	if x != nil {
+		return x.Windows
+	}
+	return nil
+}
+
+func (x *QueryBlocksForTransferResponse) GetWindowsHandshakeId() string {
+	if x != nil {
+		return x.WindowsHandshakeId
+	}
+	return ""
+}
+
+// MemoryWindows are the windows of one transfer lock on one of the
+// requester's NICs.
+type MemoryWindows struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Index of the requester's NIC in its handshake request.
+	Nic uint32 `protobuf:"varint,1,opt,name=nic,proto3" json:"nic,omitempty"`
+	// Index of the requester's endpoint on that NIC: READs with these rkeys
+	// must be posted on that endpoint's QP (any other QP gets a remote
+	// access error).
+	Qp uint32 `protobuf:"varint,2,opt,name=qp,proto3" json:"qp,omitempty"`
+	// One window per extent of the lock's blocks, by base address.
+	Keys          []*WindowKey `protobuf:"bytes,3,rep,name=keys,proto3" json:"keys,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MemoryWindows) Reset() {
+	*x = MemoryWindows{}
+	mi := &file_pegad_v1_peer_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MemoryWindows) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MemoryWindows) ProtoMessage() {}
+
+func (x *MemoryWindows) ProtoReflect() protoreflect.Message {
+	mi := &file_pegad_v1_peer_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MemoryWindows.ProtoReflect.Descriptor instead.
+func (*MemoryWindows) Descriptor() ([]byte, []int) {
+	return file_pegad_v1_peer_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *MemoryWindows) GetNic() uint32 {
+	if x != nil {
+		return x.Nic
+	}
+	return 0
+}
+
+func (x *MemoryWindows) GetQp() uint32 {
+	if x != nil {
+		return x.Qp
+	}
+	return 0
+}
+
+func (x *MemoryWindows) GetKeys() []*WindowKey {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+// WindowKey is one memory window: [base, base+length) of the holder's pool,
+// readable with rkey.
+type WindowKey struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Base          uint64                 `protobuf:"varint,1,opt,name=base,proto3" json:"base,omitempty"`
+	Length        uint64                 `protobuf:"varint,2,opt,name=length,proto3" json:"length,omitempty"`
+	Rkey          uint32                 `protobuf:"varint,3,opt,name=rkey,proto3" json:"rkey,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WindowKey) Reset() {
+	*x = WindowKey{}
+	mi := &file_pegad_v1_peer_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WindowKey) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WindowKey) ProtoMessage() {}
+
+func (x *WindowKey) ProtoReflect() protoreflect.Message {
+	mi := &file_pegad_v1_peer_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WindowKey.ProtoReflect.Descriptor instead.
+func (*WindowKey) Descriptor() ([]byte, []int) {
+	return file_pegad_v1_peer_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *WindowKey) GetBase() uint64 {
+	if x != nil {
+		return x.Base
+	}
+	return 0
+}
+
+func (x *WindowKey) GetLength() uint64 {
+	if x != nil {
+		return x.Length
+	}
+	return 0
+}
+
+func (x *WindowKey) GetRkey() uint32 {
+	if x != nil {
+		return x.Rkey
+	}
+	return 0
+}
+
 type ReleaseTransferLockRequest struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	SessionId   string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
@@ -554,7 +708,7 @@ type ReleaseTransferLockRequest struct {
 
 func (x *ReleaseTransferLockRequest) Reset() {
 	*x = ReleaseTransferLockRequest{}
-	mi := &file_pegad_v1_peer_proto_msgTypes[6]
+	mi := &file_pegad_v1_peer_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -566,7 +720,7 @@ func (x *ReleaseTransferLockRequest) String() string {
 func (*ReleaseTransferLockRequest) ProtoMessage() {}
 
 func (x *ReleaseTransferLockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pegad_v1_peer_proto_msgTypes[6]
+	mi := &file_pegad_v1_peer_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -579,7 +733,7 @@ func (x *ReleaseTransferLockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseTransferLockRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseTransferLockRequest) Descriptor() ([]byte, []int) {
-	return file_pegad_v1_peer_proto_rawDescGZIP(), []int{6}
+	return file_pegad_v1_peer_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ReleaseTransferLockRequest) GetSessionId() string {
@@ -625,7 +779,7 @@ type ReleaseTransferLockResponse struct {
 
 func (x *ReleaseTransferLockResponse) Reset() {
 	*x = ReleaseTransferLockResponse{}
-	mi := &file_pegad_v1_peer_proto_msgTypes[7]
+	mi := &file_pegad_v1_peer_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -637,7 +791,7 @@ func (x *ReleaseTransferLockResponse) String() string {
 func (*ReleaseTransferLockResponse) ProtoMessage() {}
 
 func (x *ReleaseTransferLockResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pegad_v1_peer_proto_msgTypes[7]
+	mi := &file_pegad_v1_peer_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -650,7 +804,7 @@ func (x *ReleaseTransferLockResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseTransferLockResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseTransferLockResponse) Descriptor() ([]byte, []int) {
-	return file_pegad_v1_peer_proto_rawDescGZIP(), []int{7}
+	return file_pegad_v1_peer_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ReleaseTransferLockResponse) GetReleasedBlocks() uint32 {
@@ -684,7 +838,7 @@ type RenewTransferLockRequest struct {
 
 func (x *RenewTransferLockRequest) Reset() {
 	*x = RenewTransferLockRequest{}
-	mi := &file_pegad_v1_peer_proto_msgTypes[8]
+	mi := &file_pegad_v1_peer_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -696,7 +850,7 @@ func (x *RenewTransferLockRequest) String() string {
 func (*RenewTransferLockRequest) ProtoMessage() {}
 
 func (x *RenewTransferLockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pegad_v1_peer_proto_msgTypes[8]
+	mi := &file_pegad_v1_peer_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -709,7 +863,7 @@ func (x *RenewTransferLockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewTransferLockRequest.ProtoReflect.Descriptor instead.
 func (*RenewTransferLockRequest) Descriptor() ([]byte, []int) {
-	return file_pegad_v1_peer_proto_rawDescGZIP(), []int{8}
+	return file_pegad_v1_peer_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RenewTransferLockRequest) GetSessionId() string {
@@ -737,7 +891,7 @@ type RenewTransferLockResponse struct {
 
 func (x *RenewTransferLockResponse) Reset() {
 	*x = RenewTransferLockResponse{}
-	mi := &file_pegad_v1_peer_proto_msgTypes[9]
+	mi := &file_pegad_v1_peer_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -749,7 +903,7 @@ func (x *RenewTransferLockResponse) String() string {
 func (*RenewTransferLockResponse) ProtoMessage() {}
 
 func (x *RenewTransferLockResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pegad_v1_peer_proto_msgTypes[9]
+	mi := &file_pegad_v1_peer_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -762,7 +916,7 @@ func (x *RenewTransferLockResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewTransferLockResponse.ProtoReflect.Descriptor instead.
 func (*RenewTransferLockResponse) Descriptor() ([]byte, []int) {
-	return file_pegad_v1_peer_proto_rawDescGZIP(), []int{9}
+	return file_pegad_v1_peer_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *RenewTransferLockResponse) GetExpiresAt() *timestamppb.Timestamp {
@@ -801,7 +955,7 @@ type Endpoint struct {
 
 func (x *Endpoint) Reset() {
 	*x = Endpoint{}
-	mi := &file_pegad_v1_peer_proto_msgTypes[10]
+	mi := &file_pegad_v1_peer_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -813,7 +967,7 @@ func (x *Endpoint) String() string {
 func (*Endpoint) ProtoMessage() {}
 
 func (x *Endpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_pegad_v1_peer_proto_msgTypes[10]
+	mi := &file_pegad_v1_peer_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -826,7 +980,7 @@ func (x *Endpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Endpoint.ProtoReflect.Descriptor instead.
 func (*Endpoint) Descriptor() ([]byte, []int) {
-	return file_pegad_v1_peer_proto_rawDescGZIP(), []int{10}
+	return file_pegad_v1_peer_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Endpoint) GetGid() []byte {
@@ -896,7 +1050,7 @@ type MemoryRegion struct {
 
 func (x *MemoryRegion) Reset() {
 	*x = MemoryRegion{}
-	mi := &file_pegad_v1_peer_proto_msgTypes[11]
+	mi := &file_pegad_v1_peer_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -908,7 +1062,7 @@ func (x *MemoryRegion) String() string {
 func (*MemoryRegion) ProtoMessage() {}
 
 func (x *MemoryRegion) ProtoReflect() protoreflect.Message {
-	mi := &file_pegad_v1_peer_proto_msgTypes[11]
+	mi := &file_pegad_v1_peer_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -921,7 +1075,7 @@ func (x *MemoryRegion) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemoryRegion.ProtoReflect.Descriptor instead.
 func (*MemoryRegion) Descriptor() ([]byte, []int) {
-	return file_pegad_v1_peer_proto_rawDescGZIP(), []int{11}
+	return file_pegad_v1_peer_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *MemoryRegion) GetBase() uint64 {
@@ -967,7 +1121,7 @@ type NicHandshake struct {
 
 func (x *NicHandshake) Reset() {
 	*x = NicHandshake{}
-	mi := &file_pegad_v1_peer_proto_msgTypes[12]
+	mi := &file_pegad_v1_peer_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -979,7 +1133,7 @@ func (x *NicHandshake) String() string {
 func (*NicHandshake) ProtoMessage() {}
 
 func (x *NicHandshake) ProtoReflect() protoreflect.Message {
-	mi := &file_pegad_v1_peer_proto_msgTypes[12]
+	mi := &file_pegad_v1_peer_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -992,7 +1146,7 @@ func (x *NicHandshake) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NicHandshake.ProtoReflect.Descriptor instead.
 func (*NicHandshake) Descriptor() ([]byte, []int) {
-	return file_pegad_v1_peer_proto_rawDescGZIP(), []int{12}
+	return file_pegad_v1_peer_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *NicHandshake) GetNic() string {
@@ -1051,7 +1205,7 @@ type RdmaHandshakeRequest struct {
 
 func (x *RdmaHandshakeRequest) Reset() {
 	*x = RdmaHandshakeRequest{}
-	mi := &file_pegad_v1_peer_proto_msgTypes[13]
+	mi := &file_pegad_v1_peer_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1063,7 +1217,7 @@ func (x *RdmaHandshakeRequest) String() string {
 func (*RdmaHandshakeRequest) ProtoMessage() {}
 
 func (x *RdmaHandshakeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pegad_v1_peer_proto_msgTypes[13]
+	mi := &file_pegad_v1_peer_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1076,7 +1230,7 @@ func (x *RdmaHandshakeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RdmaHandshakeRequest.ProtoReflect.Descriptor instead.
 func (*RdmaHandshakeRequest) Descriptor() ([]byte, []int) {
-	return file_pegad_v1_peer_proto_rawDescGZIP(), []int{13}
+	return file_pegad_v1_peer_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RdmaHandshakeRequest) GetRequester() *Requester {
@@ -1118,7 +1272,7 @@ type RdmaHandshakeResponse struct {
 
 func (x *RdmaHandshakeResponse) Reset() {
 	*x = RdmaHandshakeResponse{}
-	mi := &file_pegad_v1_peer_proto_msgTypes[14]
+	mi := &file_pegad_v1_peer_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1130,7 +1284,7 @@ func (x *RdmaHandshakeResponse) String() string {
 func (*RdmaHandshakeResponse) ProtoMessage() {}
 
 func (x *RdmaHandshakeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pegad_v1_peer_proto_msgTypes[14]
+	mi := &file_pegad_v1_peer_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1143,7 +1297,7 @@ func (x *RdmaHandshakeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RdmaHandshakeResponse.ProtoReflect.Descriptor instead.
 func (*RdmaHandshakeResponse) Descriptor() ([]byte, []int) {
-	return file_pegad_v1_peer_proto_rawDescGZIP(), []int{14}
+	return file_pegad_v1_peer_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RdmaHandshakeResponse) GetHolderNodeId() string {
@@ -1179,7 +1333,7 @@ type RdmaDisconnectRequest struct {
 
 func (x *RdmaDisconnectRequest) Reset() {
 	*x = RdmaDisconnectRequest{}
-	mi := &file_pegad_v1_peer_proto_msgTypes[15]
+	mi := &file_pegad_v1_peer_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1191,7 +1345,7 @@ func (x *RdmaDisconnectRequest) String() string {
 func (*RdmaDisconnectRequest) ProtoMessage() {}
 
 func (x *RdmaDisconnectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pegad_v1_peer_proto_msgTypes[15]
+	mi := &file_pegad_v1_peer_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1204,7 +1358,7 @@ func (x *RdmaDisconnectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RdmaDisconnectRequest.ProtoReflect.Descriptor instead.
 func (*RdmaDisconnectRequest) Descriptor() ([]byte, []int) {
-	return file_pegad_v1_peer_proto_rawDescGZIP(), []int{15}
+	return file_pegad_v1_peer_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RdmaDisconnectRequest) GetRequester() *Requester {
@@ -1231,7 +1385,7 @@ type RdmaDisconnectResponse struct {
 
 func (x *RdmaDisconnectResponse) Reset() {
 	*x = RdmaDisconnectResponse{}
-	mi := &file_pegad_v1_peer_proto_msgTypes[16]
+	mi := &file_pegad_v1_peer_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1243,7 +1397,7 @@ func (x *RdmaDisconnectResponse) String() string {
 func (*RdmaDisconnectResponse) ProtoMessage() {}
 
 func (x *RdmaDisconnectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pegad_v1_peer_proto_msgTypes[16]
+	mi := &file_pegad_v1_peer_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1256,7 +1410,7 @@ func (x *RdmaDisconnectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RdmaDisconnectResponse.ProtoReflect.Descriptor instead.
 func (*RdmaDisconnectResponse) Descriptor() ([]byte, []int) {
-	return file_pegad_v1_peer_proto_rawDescGZIP(), []int{16}
+	return file_pegad_v1_peer_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RdmaDisconnectResponse) GetQpsReleased() uint32 {
@@ -1291,7 +1445,7 @@ const file_pegad_v1_peer_proto_rawDesc = "" +
 	"\x01v\x18\x02 \x01(\v2\x11.pegad.v1.SegmentR\x01v\"I\n" +
 	"\rBlockLocation\x12\x12\n" +
 	"\x04hash\x18\x01 \x01(\fR\x04hash\x12$\n" +
-	"\x05slots\x18\x02 \x03(\v2\x0e.pegad.v1.SlotR\x05slots\"\xb2\x03\n" +
+	"\x05slots\x18\x02 \x03(\v2\x0e.pegad.v1.SlotR\x05slots\"\x97\x04\n" +
 	"\x1eQueryBlocksForTransferResponse\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12<\n" +
@@ -1303,7 +1457,18 @@ const file_pegad_v1_peer_proto_rawDesc = "" +
 	"\x12holder_incarnation\x18\x06 \x01(\tR\x11holderIncarnation\x12\x1a\n" +
 	"\bdeferred\x18\a \x03(\fR\bdeferred\x128\n" +
 	"\x19max_pinned_bytes_per_peer\x18\b \x01(\x04R\x15maxPinnedBytesPerPeer\x12(\n" +
-	"\x10max_pinned_bytes\x18\t \x01(\x04R\x0emaxPinnedBytes\"\xac\x01\n" +
+	"\x10max_pinned_bytes\x18\t \x01(\x04R\x0emaxPinnedBytes\x121\n" +
+	"\awindows\x18\n" +
+	" \x03(\v2\x17.pegad.v1.MemoryWindowsR\awindows\x120\n" +
+	"\x14windows_handshake_id\x18\v \x01(\tR\x12windowsHandshakeId\"Z\n" +
+	"\rMemoryWindows\x12\x10\n" +
+	"\x03nic\x18\x01 \x01(\rR\x03nic\x12\x0e\n" +
+	"\x02qp\x18\x02 \x01(\rR\x02qp\x12'\n" +
+	"\x04keys\x18\x03 \x03(\v2\x13.pegad.v1.WindowKeyR\x04keys\"K\n" +
+	"\tWindowKey\x12\x12\n" +
+	"\x04base\x18\x01 \x01(\x04R\x04base\x12\x16\n" +
+	"\x06length\x18\x02 \x01(\x04R\x06length\x12\x12\n" +
+	"\x04rkey\x18\x03 \x01(\rR\x04rkey\"\xac\x01\n" +
 	"\x1aReleaseTransferLockRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12!\n" +
@@ -1385,7 +1550,7 @@ func file_pegad_v1_peer_proto_rawDescGZIP() []byte {
 }
 
 var file_pegad_v1_peer_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_pegad_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_pegad_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_pegad_v1_peer_proto_goTypes = []any{
 	(SessionEnd)(0),                        // 0: pegad.v1.SessionEnd
 	(*Requester)(nil),                      // 1: pegad.v1.Requester
@@ -1394,54 +1559,58 @@ var file_pegad_v1_peer_proto_goTypes = []any{
 	(*Slot)(nil),                           // 4: pegad.v1.Slot
 	(*BlockLocation)(nil),                  // 5: pegad.v1.BlockLocation
 	(*QueryBlocksForTransferResponse)(nil), // 6: pegad.v1.QueryBlocksForTransferResponse
-	(*ReleaseTransferLockRequest)(nil),     // 7: pegad.v1.ReleaseTransferLockRequest
-	(*ReleaseTransferLockResponse)(nil),    // 8: pegad.v1.ReleaseTransferLockResponse
-	(*RenewTransferLockRequest)(nil),       // 9: pegad.v1.RenewTransferLockRequest
-	(*RenewTransferLockResponse)(nil),      // 10: pegad.v1.RenewTransferLockResponse
-	(*Endpoint)(nil),                       // 11: pegad.v1.Endpoint
-	(*MemoryRegion)(nil),                   // 12: pegad.v1.MemoryRegion
-	(*NicHandshake)(nil),                   // 13: pegad.v1.NicHandshake
-	(*RdmaHandshakeRequest)(nil),           // 14: pegad.v1.RdmaHandshakeRequest
-	(*RdmaHandshakeResponse)(nil),          // 15: pegad.v1.RdmaHandshakeResponse
-	(*RdmaDisconnectRequest)(nil),          // 16: pegad.v1.RdmaDisconnectRequest
-	(*RdmaDisconnectResponse)(nil),         // 17: pegad.v1.RdmaDisconnectResponse
-	(*durationpb.Duration)(nil),            // 18: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),          // 19: google.protobuf.Timestamp
+	(*MemoryWindows)(nil),                  // 7: pegad.v1.MemoryWindows
+	(*WindowKey)(nil),                      // 8: pegad.v1.WindowKey
+	(*ReleaseTransferLockRequest)(nil),     // 9: pegad.v1.ReleaseTransferLockRequest
+	(*ReleaseTransferLockResponse)(nil),    // 10: pegad.v1.ReleaseTransferLockResponse
+	(*RenewTransferLockRequest)(nil),       // 11: pegad.v1.RenewTransferLockRequest
+	(*RenewTransferLockResponse)(nil),      // 12: pegad.v1.RenewTransferLockResponse
+	(*Endpoint)(nil),                       // 13: pegad.v1.Endpoint
+	(*MemoryRegion)(nil),                   // 14: pegad.v1.MemoryRegion
+	(*NicHandshake)(nil),                   // 15: pegad.v1.NicHandshake
+	(*RdmaHandshakeRequest)(nil),           // 16: pegad.v1.RdmaHandshakeRequest
+	(*RdmaHandshakeResponse)(nil),          // 17: pegad.v1.RdmaHandshakeResponse
+	(*RdmaDisconnectRequest)(nil),          // 18: pegad.v1.RdmaDisconnectRequest
+	(*RdmaDisconnectResponse)(nil),         // 19: pegad.v1.RdmaDisconnectResponse
+	(*durationpb.Duration)(nil),            // 20: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),          // 21: google.protobuf.Timestamp
 }
 var file_pegad_v1_peer_proto_depIdxs = []int32{
 	1,  // 0: pegad.v1.QueryBlocksForTransferRequest.requester:type_name -> pegad.v1.Requester
 	3,  // 1: pegad.v1.Slot.k:type_name -> pegad.v1.Segment
 	3,  // 2: pegad.v1.Slot.v:type_name -> pegad.v1.Segment
 	4,  // 3: pegad.v1.BlockLocation.slots:type_name -> pegad.v1.Slot
-	18, // 4: pegad.v1.QueryBlocksForTransferResponse.lock_timeout:type_name -> google.protobuf.Duration
-	19, // 5: pegad.v1.QueryBlocksForTransferResponse.expires_at:type_name -> google.protobuf.Timestamp
+	20, // 4: pegad.v1.QueryBlocksForTransferResponse.lock_timeout:type_name -> google.protobuf.Duration
+	21, // 5: pegad.v1.QueryBlocksForTransferResponse.expires_at:type_name -> google.protobuf.Timestamp
 	5,  // 6: pegad.v1.QueryBlocksForTransferResponse.blocks:type_name -> pegad.v1.BlockLocation
-	1,  // 7: pegad.v1.ReleaseTransferLockRequest.requester:type_name -> pegad.v1.Requester
-	0,  // 8: pegad.v1.ReleaseTransferLockResponse.end:type_name -> pegad.v1.SessionEnd
-	1,  // 9: pegad.v1.RenewTransferLockRequest.requester:type_name -> pegad.v1.Requester
-	19, // 10: pegad.v1.RenewTransferLockResponse.expires_at:type_name -> google.protobuf.Timestamp
-	18, // 11: pegad.v1.RenewTransferLockResponse.lifetime_left:type_name -> google.protobuf.Duration
-	11, // 12: pegad.v1.NicHandshake.endpoints:type_name -> pegad.v1.Endpoint
-	12, // 13: pegad.v1.NicHandshake.memory:type_name -> pegad.v1.MemoryRegion
-	1,  // 14: pegad.v1.RdmaHandshakeRequest.requester:type_name -> pegad.v1.Requester
-	13, // 15: pegad.v1.RdmaHandshakeRequest.nics:type_name -> pegad.v1.NicHandshake
-	13, // 16: pegad.v1.RdmaHandshakeResponse.nics:type_name -> pegad.v1.NicHandshake
-	1,  // 17: pegad.v1.RdmaDisconnectRequest.requester:type_name -> pegad.v1.Requester
-	2,  // 18: pegad.v1.PeerService.QueryBlocksForTransfer:input_type -> pegad.v1.QueryBlocksForTransferRequest
-	7,  // 19: pegad.v1.PeerService.ReleaseTransferLock:input_type -> pegad.v1.ReleaseTransferLockRequest
-	9,  // 20: pegad.v1.PeerService.RenewTransferLock:input_type -> pegad.v1.RenewTransferLockRequest
-	14, // 21: pegad.v1.PeerService.RdmaHandshake:input_type -> pegad.v1.RdmaHandshakeRequest
-	16, // 22: pegad.v1.PeerService.RdmaDisconnect:input_type -> pegad.v1.RdmaDisconnectRequest
-	6,  // 23: pegad.v1.PeerService.QueryBlocksForTransfer:output_type -> pegad.v1.QueryBlocksForTransferResponse
-	8,  // 24: pegad.v1.PeerService.ReleaseTransferLock:output_type -> pegad.v1.ReleaseTransferLockResponse
-	10, // 25: pegad.v1.PeerService.RenewTransferLock:output_type -> pegad.v1.RenewTransferLockResponse
-	15, // 26: pegad.v1.PeerService.RdmaHandshake:output_type -> pegad.v1.RdmaHandshakeResponse
-	17, // 27: pegad.v1.PeerService.RdmaDisconnect:output_type -> pegad.v1.RdmaDisconnectResponse
-	23, // [23:28] is the sub-list for method output_type
-	18, // [18:23] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	7,  // 7: pegad.v1.QueryBlocksForTransferResponse.windows:type_name -> pegad.v1.MemoryWindows
+	8,  // 8: pegad.v1.MemoryWindows.keys:type_name -> pegad.v1.WindowKey
+	1,  // 9: pegad.v1.ReleaseTransferLockRequest.requester:type_name -> pegad.v1.Requester
+	0,  // 10: pegad.v1.ReleaseTransferLockResponse.end:type_name -> pegad.v1.SessionEnd
+	1,  // 11: pegad.v1.RenewTransferLockRequest.requester:type_name -> pegad.v1.Requester
+	21, // 12: pegad.v1.RenewTransferLockResponse.expires_at:type_name -> google.protobuf.Timestamp
+	20, // 13: pegad.v1.RenewTransferLockResponse.lifetime_left:type_name -> google.protobuf.Duration
+	13, // 14: pegad.v1.NicHandshake.endpoints:type_name -> pegad.v1.Endpoint
+	14, // 15: pegad.v1.NicHandshake.memory:type_name -> pegad.v1.MemoryRegion
+	1,  // 16: pegad.v1.RdmaHandshakeRequest.requester:type_name -> pegad.v1.Requester
+	15, // 17: pegad.v1.RdmaHandshakeRequest.nics:type_name -> pegad.v1.NicHandshake
+	15, // 18: pegad.v1.RdmaHandshakeResponse.nics:type_name -> pegad.v1.NicHandshake
+	1,  // 19: pegad.v1.RdmaDisconnectRequest.requester:type_name -> pegad.v1.Requester
+	2,  // 20: pegad.v1.PeerService.QueryBlocksForTransfer:input_type -> pegad.v1.QueryBlocksForTransferRequest
+	9,  // 21: pegad.v1.PeerService.ReleaseTransferLock:input_type -> pegad.v1.ReleaseTransferLockRequest
+	11, // 22: pegad.v1.PeerService.RenewTransferLock:input_type -> pegad.v1.RenewTransferLockRequest
+	16, // 23: pegad.v1.PeerService.RdmaHandshake:input_type -> pegad.v1.RdmaHandshakeRequest
+	18, // 24: pegad.v1.PeerService.RdmaDisconnect:input_type -> pegad.v1.RdmaDisconnectRequest
+	6,  // 25: pegad.v1.PeerService.QueryBlocksForTransfer:output_type -> pegad.v1.QueryBlocksForTransferResponse
+	10, // 26: pegad.v1.PeerService.ReleaseTransferLock:output_type -> pegad.v1.ReleaseTransferLockResponse
+	12, // 27: pegad.v1.PeerService.RenewTransferLock:output_type -> pegad.v1.RenewTransferLockResponse
+	17, // 28: pegad.v1.PeerService.RdmaHandshake:output_type -> pegad.v1.RdmaHandshakeResponse
+	19, // 29: pegad.v1.PeerService.RdmaDisconnect:output_type -> pegad.v1.RdmaDisconnectResponse
+	25, // [25:30] is the sub-list for method output_type
+	20, // [20:25] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_pegad_v1_peer_proto_init() }
@@ -1455,7 +1624,7 @@ func file_pegad_v1_peer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_pegad_v1_peer_proto_rawDesc), len(file_pegad_v1_peer_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   17,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

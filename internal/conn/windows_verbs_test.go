@@ -1,0 +1,184 @@
+//go:build linux && cgo && !noverbs
+
+package conn
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"testing"
+	"time"
+
+	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+	"github.com/pegaflow/pegad/internal/ibv"
+	"github.com/pegaflow/pegad/internal/ibv/ibvtest"
+	"github.com/pegaflow/pegad/internal/ibv/verbs"
+)
+
+// windowNodes is a holder with memory windows and a requester (two QPs per
+// NIC, so a key used on the wrong QP is tried), on the fake HCA, or on the
+// real device PEGAD_TEST_MW_DEVICE names (the verbs-e2e guest: rxe0). bounds
+// is false where the device does not enforce a window's range
+// (PEGAD_TEST_MW_NO_BOUNDS=1: rxe on Linux 6.1).
+func windowNodes(t *testing.T, memBytes int) (holder, req *fakeNode, bounds bool) {
+	t.Helper()
+	prov := func() *verbs.Provider {
+		return verbs.NewWithOptions(verbs.Options{Library: verbs.FakeLibrary, SysfsRoot: fakeSysfs(t, nil)})
+	}
+	names := []string{"pegadfake0"}
+	if dev := os.Getenv("PEGAD_TEST_MW_DEVICE"); dev != "" {
+		prov, names = verbs.New, []string{dev}
+	}
+	windows := func(o *Options) { o.MemoryWindows = true; o.QPsPerPeer = 2 }
+	holder = newProviderNode(t, "holder", prov(), names, nil, memBytes, nil, nil, windows)
+	ibvtest.Fill(holder.mem, 9)
+	req = newProviderNode(t, "requester", prov(), names, nil, memBytes, holder, nil, windows)
+	if !holder.mgr.WindowsEnabled() {
+		t.Fatalf("%s: memory windows not enabled", names[0])
+	}
+	return holder, req, os.Getenv("PEGAD_TEST_MW_NO_BOUNDS") != "1"
+}
+
+// TestFakeVerbsWindowsOnlyWhatWasLocked is issue 27 item 6: with memory
+// windows, a peer READs exactly what its lock covers, through the QP the
+// windows were bound on, until the lock ends. A READ with the pool's rkey,
+// outside the lock, on another QP, or after the lock's windows were
+// released completes with a remote access error and reads nothing; the
+// data behind it is never copied. On the old code, the pool's rkey (in
+// every handshake) read any byte of the pool.
+func TestFakeVerbsWindowsOnlyWhatWasLocked(t *testing.T) {
+	const blk = 64 << 10
+	holder, req, bounds := windowNodes(t, 16*blk)
+	hb, rb := base(holder.mem), base(req.mem)
+	locked := []Extent{{Addr: hb + 2*blk, Len: blk}, {Addr: hb + 3*blk, Len: blk}, {Addr: hb + 8*blk, Len: blk}}
+
+	bind := func(t *testing.T) (*Windows, *Grant) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if _, err := req.mgr.Get(ctx, "holder:1"); err != nil { // the lock follows the handshake
+			t.Fatal(err)
+		}
+		w, err := holder.mgr.BindWindows(ctx, "requester", "requester-1", MergeExtents(append([]Extent(nil), locked...)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(w.Close)
+		keys, hs := w.Proto()
+		if len(keys) != 1 || len(keys[0].Keys) != 2 { // blocks 2 and 3 merge
+			t.Fatalf("windows %v, want one NIC with 2 windows", keys)
+		}
+		g, err := NewGrant(keys, hs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return w, g
+	}
+	read := func(t *testing.T, g *Grant, remote, n uint64) error {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		c, err := req.mgr.Get(ctx, "holder:1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		clear(req.mem)
+		return c.Read(ctx, []ReadOp{{LocalAddr: rb, RemoteAddr: remote, Len: n, NUMA: -1, Grant: g}})
+	}
+	remoteAccess := func(t *testing.T, err error) {
+		t.Helper()
+		var se *ibv.StatusError
+		if !errors.As(err, &se) || se.Status != ibv.WCRemAccessErr {
+			t.Fatalf("Read = %v, want a remote access error", err)
+		}
+		if !bytes.Equal(req.mem[:blk], make([]byte, blk)) {
+			t.Fatal("bytes landed from a refused READ")
+		}
+	}
+	// forged is g with its keys moved: the requester claims a range (or a
+	// QP) the holder never bound them over; only the HCA stands between it
+	// and the memory.
+	forged := func(g *Grant, base uint64, qp int) *Grant {
+		f := &Grant{handshakeID: g.handshakeID, nics: map[int]grantNIC{}}
+		for nic, gn := range g.nics {
+			k := gn.keys[0]
+			f.nics[nic] = grantNIC{qp: qp, keys: []*pegadv1.WindowKey{{Base: base, Length: blk, Rkey: k.GetRkey()}}}
+		}
+		return f
+	}
+
+	t.Run("locked blocks read byte for byte", func(t *testing.T) {
+		_, g := bind(t)
+		for _, e := range locked {
+			if err := read(t, g, e.Addr, e.Len); err != nil {
+				t.Fatalf("read locked [%#x,+%d): %v", e.Addr, e.Len, err)
+			}
+			if off := e.Addr - hb; !bytes.Equal(req.mem[:e.Len], holder.mem[off:off+e.Len]) {
+				t.Fatalf("block at +%d: bytes differ", off)
+			}
+		}
+		// Two merged blocks in one READ: one window covers both.
+		if err := read(t, g, hb+2*blk, 2*blk); err != nil {
+			t.Fatalf("read across merged blocks: %v", err)
+		}
+	})
+	t.Run("pool rkey refused", func(t *testing.T) {
+		bind(t)
+		remoteAccess(t, read(t, nil, hb+2*blk, blk))
+	})
+	t.Run("unlocked block refused by the requester's plan", func(t *testing.T) {
+		_, g := bind(t)
+		if err := read(t, g, hb+5*blk, blk); !errors.Is(err, ErrRemoteMemory) {
+			t.Fatalf("Read = %v, want ErrRemoteMemory", err)
+		}
+	})
+	t.Run("unlocked block refused by the HCA", func(t *testing.T) {
+		if !bounds {
+			t.Skip("the device does not enforce a window's range (PEGAD_TEST_MW_NO_BOUNDS)")
+		}
+		_, g := bind(t)
+		remoteAccess(t, read(t, forged(g, hb+5*blk, g.nics[0].qp), hb+5*blk, blk))
+	})
+	t.Run("another QP refused", func(t *testing.T) {
+		_, g := bind(t)
+		remoteAccess(t, read(t, forged(g, hb+2*blk, 1-g.nics[0].qp), hb+2*blk, blk))
+	})
+	t.Run("after release refused", func(t *testing.T) {
+		w, g := bind(t)
+		w.Close()
+		remoteAccess(t, read(t, g, hb+2*blk, blk))
+	})
+	t.Run("stale handshake refused before posting", func(t *testing.T) {
+		_, g := bind(t)
+		stale := &Grant{handshakeID: "another", nics: g.nics}
+		if err := read(t, stale, hb+2*blk, blk); !errors.Is(err, ErrStaleGrant) {
+			t.Fatalf("Read = %v, want ErrStaleGrant", err)
+		}
+	})
+}
+
+// TestFakeVerbsWindowsNeedAConnection: no accepted connection of the
+// requester (or another incarnation's): nothing to bind on, a clear error,
+// nothing allocated.
+func TestFakeVerbsWindowsNeedAConnection(t *testing.T) {
+	holder, req, _ := windowNodes(t, 1<<20)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ext := []Extent{{Addr: base(holder.mem), Len: 4096}}
+	if _, err := holder.mgr.BindWindows(ctx, "requester", "requester-1", ext); !errors.Is(err, ErrNoWindows) {
+		t.Fatalf("before the handshake: %v, want ErrNoWindows", err)
+	}
+	if _, err := req.mgr.Get(ctx, "holder:1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := holder.mgr.BindWindows(ctx, "requester", "requester-0", ext); !errors.Is(err, ErrNoWindows) {
+		t.Fatalf("another incarnation: %v, want ErrNoWindows", err)
+	}
+	w, err := holder.mgr.BindWindows(ctx, "requester", "requester-1", ext)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	w.Close() // idempotent
+}
