@@ -338,15 +338,15 @@ type Manager struct {
 	connecting map[string]time.Time
 	closed     bool
 
-	liveQPs   atomic.Int64   // actual live QPs, both roles
+	liveQPs atomic.Int64 // actual live QPs, both roles
 	// windows: locks are served through memory windows (windows.go);
 	// immutable after NewManager. windowTurn rotates their QPs.
 	windows    bool
 	windowTurn atomic.Uint64
-	handshake sync.WaitGroup // running handshakes (requester side)
-	accepts   sync.WaitGroup // running Accepts and Disconnects (holder side)
-	conns     sync.WaitGroup // requester connections not yet torn down
-	workers   sync.WaitGroup // session worker goroutines
+	handshake  sync.WaitGroup // running handshakes (requester side)
+	accepts    sync.WaitGroup // running Accepts and Disconnects (holder side)
+	conns      sync.WaitGroup // requester connections not yet torn down
+	workers    sync.WaitGroup // session worker goroutines
 	// disconnects: RdmaDisconnect goroutines (goDisconnect). Adds happen
 	// only in connect (under handshake) and in teardown (under conns), so
 	// Close, which waits for those first, waits for every one.

@@ -121,11 +121,11 @@ const (
 
 // Options configure New. Zero values take the defaults.
 type Options struct {
-	Store       Pinner
-	Acceptor    Acceptor // nil: RdmaHandshake answers Unavailable
+	Store    Pinner
+	Acceptor Acceptor // nil: RdmaHandshake answers Unavailable
 	// Windows: locks are read through memory windows bound on their
 	// requester's connection (nil: through the pool's rkey).
-	Windows Windows
+	Windows     Windows
 	Metrics     *metrics.Metrics
 	Log         zerolog.Logger
 	NodeID      string
