@@ -106,11 +106,12 @@ rm -rf "$OV" && mkdir -p "$OV/usr/bin" "$OV/lib/$ARCH"
 cp "$ROOT/bin/pegad" "$ROOT/bin/pegactl" "$OV/usr/bin/"
 # The verbs package's tests, for the memory-window phase (TestMemoryWindowDevice).
 (cd "$ROOT" && "$GO" test -c -o "$OV/usr/bin/verbs.test" ./internal/ibv/verbs) || die "go test -c ./internal/ibv/verbs"
+(cd "$ROOT" && "$GO" test -c -o "$OV/usr/bin/conn.test" ./internal/conn) || die "go test -c ./internal/conn"
 cp "$HERE/guest-init.sh" "$OV/init" && chmod 0755 "$OV/init"
 # pegad's shared libraries, taken from Debian's packages where the base lacks them.
 S=$CACHE/stage
 [[ -d "$S/lib" ]] || { mkdir -p "$S"; for d in "$CACHE"/debs/*.deb; do dpkg-deb -x "$d" "$S"; done; }
-for lib in $(ldd "$ROOT/bin/pegad" "$ROOT/bin/pegactl" "$OV/usr/bin/verbs.test" 2>/dev/null | awk '/=>/ {print $1}' | sort -u); do
+for lib in $(ldd "$ROOT/bin/pegad" "$ROOT/bin/pegactl" "$OV/usr/bin/verbs.test" "$OV/usr/bin/conn.test" 2>/dev/null | awk '/=>/ {print $1}' | sort -u); do
 	for dir in "$S/lib/$ARCH" "$S/usr/lib/$ARCH"; do
 		[[ -f "$dir/$lib" ]] && { cp -L "$dir/$lib" "$OV/lib/$ARCH/"; break; }
 	done
