@@ -33,6 +33,8 @@ BENCHCOUNT=${BENCHCOUNT:-5}
 PAIRS=(
 	"tcp provider READ 64MiB vs plain TCP, 1 QP|./internal/ibv/tcp|BenchmarkReadVsTCP/qps=1|provider-MB/s|plain-tcp-MB/s|higher"
 	"tcp provider READ 64MiB vs plain TCP, 4 QPs|./internal/ibv/tcp|BenchmarkReadVsTCP/qps=4|provider-MB/s|plain-tcp-MB/s|higher"
+	"one 8MiB segment sliced in 1MiB WRs vs one WR (tcp, 2 NICs x 2 QPs)|./internal/conn|BenchmarkSliceVsWhole/segs=1|sliced-MB/s|whole-MB/s|higher"
+	"4 x 8MiB segments sliced in 1MiB WRs vs one WR each (tcp, 2 NICs x 2 QPs)|./internal/conn|BenchmarkSliceVsWhole/segs=4|sliced-MB/s|whole-MB/s|~1"
 	"query+release 32 blocks vs gRPC echo|./bench|BenchmarkLockVsEcho|lock-ns/op|echo-ns/op|lower"
 	"prefetch 16x4MiB (2 daemons) vs plain TCP|./bench|BenchmarkPrefetchVsTCP|prefetch-MB/s|tcp-MB/s|higher"
 	"pegactl prefetch 145x4MiB in lock windows (cap 350MiB, 1 QP) vs 1 TCP stream|./bench|BenchmarkPrefetchWindowsVsTCP|windows-MB/s|tcp-MB/s|higher"

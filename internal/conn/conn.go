@@ -159,6 +159,11 @@ type Options struct {
 	// blocks (BindWindows). A device without them turns it off, with a
 	// warning: then the pool's rkey serves every READ.
 	MemoryWindows bool
+	// SliceBytes splits a READ larger than it into slices, each placed on
+	// its own NIC and QP (as Mooncake slices a transfer), so that one
+	// large segment does not ride one NIC (default 1 MiB: large enough for
+	// line rate per WR, small enough that an 8 MiB segment spreads over 8).
+	SliceBytes uint64
 }
 
 // Placement is where local memory is, by NUMA node (*pool.Pool).
@@ -175,8 +180,8 @@ const (
 	defaultDisconnectTimeout = 2 * time.Second
 	// maxQPsPerPeer bounds what a handshake may ask a holder to create.
 	maxQPsPerPeer = limits.MaxQPsPerPeer
-	// maxWRBytes splits large ops so one segment spreads across QPs.
-	maxWRBytes = 8 << 20
+	// defaultSliceBytes: Options.SliceBytes.
+	defaultSliceBytes = 1 << 20
 	// drainTimeout bounds waiting for a QP in ERROR to flush; past it the
 	// QP is destroyed, which guarantees no WR touches memory afterwards.
 	drainTimeout = 30 * time.Second
@@ -398,6 +403,9 @@ func NewManager(opts Options) (m *Manager, err error) {
 	}
 	if opts.SQDepth <= 0 {
 		opts.SQDepth = defaultSQDepth
+	}
+	if opts.SliceBytes == 0 {
+		opts.SliceBytes = defaultSliceBytes
 	}
 	if opts.HandshakeTimeout <= 0 {
 		opts.HandshakeTimeout = defaultHandshakeTimeout

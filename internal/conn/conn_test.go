@@ -729,3 +729,55 @@ func BenchmarkRead(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkSliceVsWhole: Reads of segs segments of 8 MiB over the tcp
+// provider, 2 NICs x 2 QPs, sliced into 1 MiB WRs (the default) vs one WR
+// per segment (SliceBytes 8 MiB, the old planner), the two requesters
+// alternating on the same holder in every iteration.
+func BenchmarkSliceVsWhole(b *testing.B) {
+	for _, segs := range []int{1, 4} {
+		b.Run(fmt.Sprintf("segs=%d", segs), func(b *testing.B) { benchSliceVsWhole(b, segs) })
+	}
+}
+
+func benchSliceVsWhole(b *testing.B, segs int) {
+	const seg = 8 << 20
+	d := newDialers(b)
+	hold := newNode(b, d, nodeOpts{id: "holder", nics: 2, qps: 2, mem: 4 * seg})
+	sliced := newNode(b, d, nodeOpts{id: "sliced", nics: 2, qps: 2, mem: 4 * seg})
+	whole := newNode(b, d, nodeOpts{id: "whole", nics: 2, qps: 2, mem: 4 * seg, sliceBytes: seg})
+	spans := []span{{0, 3 * seg, seg}, {seg, 2 * seg, seg}, {2 * seg, seg, seg}, {3 * seg, 0, seg}}[:segs]
+	type side struct {
+		c   *AddrConnection
+		ops []ReadOp
+		d   time.Duration
+	}
+	var sides []*side
+	for _, n := range []*node{sliced, whole} {
+		c, err := n.mgr.Get(ctxT(b, 10*time.Second), hold.addr)
+		if err != nil {
+			b.Fatal(err)
+		}
+		s := &side{c: c, ops: opsOf(n, hold, spans)}
+		if err := c.Read(context.Background(), s.ops); err != nil { // warm up: first touch of the pages
+			b.Fatal(err)
+		}
+		sides = append(sides, s)
+	}
+	b.ResetTimer()
+	i := 0
+	for b.Loop() {
+		for k := range sides {
+			s := sides[(i+k)%2]
+			start := time.Now()
+			if err := s.c.Read(context.Background(), s.ops); err != nil {
+				b.Fatal(err)
+			}
+			s.d += time.Since(start)
+		}
+		i++
+	}
+	mb := float64(segs*seg) * float64(b.N) / 1e6
+	b.ReportMetric(mb/sides[0].d.Seconds(), "sliced-MB/s")
+	b.ReportMetric(mb/sides[1].d.Seconds(), "whole-MB/s")
+}

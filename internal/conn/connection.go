@@ -382,8 +382,8 @@ func (c *AddrConnection) plan(ops []ReadOp) ([]*batch, []uint64, error) {
 			return nil, nil, fmt.Errorf("%w: op %d: lock's windows on handshake %s, connection %s", ErrStaleGrant, i, g.handshakeID, c.handshakeID)
 		}
 		local := m.localNode(op.LocalAddr)
-		for off := uint64(0); off < op.Len; off += maxWRBytes {
-			n := min(uint64(maxWRBytes), op.Len-off)
+		for off := uint64(0); off < op.Len; off += m.opts.SliceBytes {
+			n := min(m.opts.SliceBytes, op.Len-off)
 			k := c.pickNIC(op.NUMA, local, n, pending, op.Grant)
 			if k < 0 {
 				return nil, nil, fmt.Errorf("%w: peer %s op %d: the lock's windows serve none of this connection's NICs", ErrRemoteMemory, c.peer, i)

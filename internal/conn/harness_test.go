@@ -50,6 +50,8 @@ type nodeOpts struct {
 	probeInterval time.Duration
 	// connectAttr replaces testConnectAttr() when set.
 	connectAttr *ibv.ConnectAttr
+	// sliceBytes is Options.SliceBytes (0: the default).
+	sliceBytes uint64
 }
 
 // node is one in-process pegad as far as conn is concerned: tcp devices,
@@ -213,6 +215,7 @@ func newNode(t testing.TB, d *dialers, o nodeOpts) *node {
 		Metrics: n.met, Log: zerolog.Nop(), HandshakeTimeout: 5 * time.Second,
 		DisconnectTimeout: o.disconnectTimeout,
 		IdleTimeout:       o.idleTimeout,
+		SliceBytes:        o.sliceBytes,
 		ReconnectDrain:    o.reconnectDrain,
 		ConnectAttr:       attr,
 		NoRelaxedOrdering: o.noRelaxedOrdering,

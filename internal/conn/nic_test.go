@@ -10,6 +10,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/pegaflow/pegad/internal/ibv"
+	"github.com/pegaflow/pegad/internal/ibv/ibvtest"
 )
 
 func TestNICSubnet(t *testing.T) {
@@ -272,6 +273,49 @@ func TestFailedPlanCountsNoBytes(t *testing.T) {
 	for _, name := range []string{"tcp0", "tcp1"} {
 		if got := testutil.ToFloat64(req.met.NICReadBytes.WithLabelValues(name)); got != mib {
 			t.Fatalf("%s read %v bytes after two 1 MiB ops, want %d (one op per NIC)", name, got, mib)
+		}
+	}
+}
+
+// TestLargeSegmentSpreads is issue 27 item 4b: one 8 MiB segment is sliced
+// (Options.SliceBytes, 1 MiB) over every NIC and QP, as Mooncake slices a
+// transfer, instead of riding one NIC: 2 NICs x 2 QPs carry 4 MiB per NIC
+// over all 4 QPs, byte for byte. On the old code (8 MiB per WR) it was one
+// WR on one QP of one NIC.
+func TestLargeSegmentSpreads(t *testing.T) {
+	const mib = 1 << 20
+	d := newDialers(t)
+	hold := newNode(t, d, nodeOpts{id: "holder", nics: 2, qps: 2, mem: 16 * mib})
+	req := newNode(t, d, nodeOpts{id: "req", nics: 2, qps: 2, mem: 16 * mib})
+	ibvtest.Fill(hold.mem, 3)
+	c, err := req.mgr.Get(ctxT(t, 5*time.Second), hold.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spans := []span{{local: 4 * mib, remote: 8 * mib, n: 8 * mib}}
+	batches, pending, err := c.plan(opsOf(req, hold, spans))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.settleNICBytes(pending)
+	qps := map[*session]int{}
+	for _, b := range batches {
+		qps[b.s] += len(b.wrs)
+	}
+	if len(qps) != 4 {
+		t.Fatalf("one 8 MiB segment planned on %d QPs, want all 4 (WRs per QP %v)", len(qps), qps)
+	}
+	before := map[string]float64{}
+	for _, name := range []string{"tcp0", "tcp1"} {
+		before[name] = testutil.ToFloat64(req.met.NICReadBytes.WithLabelValues(name))
+	}
+	if err := c.Read(ctxT(t, 10*time.Second), opsOf(req, hold, spans)); err != nil {
+		t.Fatal(err)
+	}
+	checkSpans(t, req, hold, spans)
+	for _, name := range []string{"tcp0", "tcp1"} {
+		if got := testutil.ToFloat64(req.met.NICReadBytes.WithLabelValues(name)) - before[name]; got != 4*mib {
+			t.Fatalf("%s read %v bytes of one 8 MiB segment, want 4 MiB", name, got)
 		}
 	}
 }

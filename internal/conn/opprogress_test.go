@@ -52,7 +52,7 @@ func TestOpProgress(t *testing.T) {
 			t.Errorf("op %d: %d bytes reported, want %d", i, got[i], s.n)
 		}
 	}
-	if want := len(spans) + 2; calls != want { // 20 MiB + 11 is three WRs of at most 8 MiB
+	if want := len(spans) + 20; calls != want { // 20 MiB + 11 is 21 WRs of at most 1 MiB (Options.SliceBytes)
 		t.Errorf("%d completions reported, want %d (one per WR)", calls, want)
 	}
 	if plain != 0 {
