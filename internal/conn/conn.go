@@ -268,6 +268,8 @@ type localNIC struct {
 	down atomic.Bool
 	// up is this NIC's series of NICUp, looked up once.
 	up prometheus.Gauge
+	// windows is this NIC's series of MemoryWindows, looked up once.
+	windows prometheus.Gauge
 
 	// holdMu guards holdCQ: the one CQ of every holder-side QP on this
 	// NIC, one per NIC, not one per QP. A holder posts nothing but window

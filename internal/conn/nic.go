@@ -347,6 +347,7 @@ func (m *Manager) registerNICs(opts Options) error {
 		n.subnet.Store(&subnet)
 		n.readBytes = m.met.NICReadBytes.WithLabelValues(n.info.Name) // at 0 from the start
 		n.up = m.met.NICUp.WithLabelValues(n.info.Name)
+		n.windows = m.met.MemoryWindows.WithLabelValues(n.info.Name)
 		n.up.Set(1)
 		m.nics = append(m.nics, n)
 		wg.Go(func() {

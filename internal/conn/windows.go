@@ -137,6 +137,7 @@ func (m *Manager) BindWindows(ctx context.Context, node, inc string, ext []Exten
 	a := m.accepted[node]
 	m.mu.Unlock()
 	if a == nil || a.incarnation != inc {
+		m.met.WindowBinds.WithLabelValues(resultError).Inc()
 		return nil, fmt.Errorf("%w: no connection of requester %s (incarnation %s) to bind them on", ErrNoWindows, node, inc)
 	}
 	ctx, cancel := context.WithTimeout(ctx, bindTimeout)
@@ -163,8 +164,10 @@ func (m *Manager) BindWindows(ctx context.Context, node, inc string, ext []Exten
 		}
 	}
 	if len(w.nics) == 0 {
+		m.met.WindowBinds.WithLabelValues(resultError).Inc()
 		return nil, fmt.Errorf("%w: requester %s: %w", ErrNoWindows, node, errors.Join(errs...))
 	}
+	m.met.WindowBinds.WithLabelValues(resultOK).Inc()
 	if len(errs) > 0 {
 		m.log.Warn().Err(errors.Join(errs...)).Str("remote_node", node).Int("nics", len(w.nics)).
 			Msg("memory windows bound on some NICs only")
@@ -207,6 +210,7 @@ func (m *Manager) bindBatch(ctx context.Context, wn *winNIC, pd ibv.MWPD, qp ibv
 			return fmt.Errorf("bind windows on %s: %w", n.info.Name, err)
 		}
 		wn.mws = append(wn.mws, mw)
+		n.windows.Inc()
 		id := n.win.expect(ch)
 		ids = append(ids, id)
 		rkey, err := qp.PostBindMW(mw, n.mr, e.Addr, e.Len, ibv.AccessRemoteRead, id, true)
@@ -321,6 +325,7 @@ func (wn *winNIC) dealloc(m *Manager) {
 		if err := mw.Dealloc(); err != nil {
 			m.log.Error().Err(err).Str("nic", wn.p.nic.info.Name).Uint32("qpn", wn.p.qpn).Msg("dealloc memory window")
 		}
+		wn.p.nic.windows.Dec()
 	}
 	wn.mws = nil
 }

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	"github.com/pegaflow/pegad/internal/ibv"
 	"github.com/pegaflow/pegad/internal/ibv/ibvtest"
@@ -179,6 +181,18 @@ func TestFakeVerbsWindowsNeedAConnection(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	nic := holder.mgr.nics[0].info.Name
+	if got := testutil.ToFloat64(holder.met.MemoryWindows.WithLabelValues(nic)); got != 1 {
+		t.Fatalf("pegaflow_rdma_memory_windows{nic=%q} = %v with one window bound, want 1", nic, got)
+	}
 	w.Close()
 	w.Close() // idempotent
+	if got := testutil.ToFloat64(holder.met.MemoryWindows.WithLabelValues(nic)); got != 0 {
+		t.Fatalf("pegaflow_rdma_memory_windows = %v after Close, want 0", got)
+	}
+	for result, want := range map[string]float64{resultOK: 1, resultError: 2} {
+		if got := testutil.ToFloat64(holder.met.WindowBinds.WithLabelValues(result)); got != want {
+			t.Fatalf("pegaflow_rdma_window_binds_total{result=%q} = %v, want %v", result, got, want)
+		}
+	}
 }

@@ -134,6 +134,8 @@ type Metrics struct {
 	NICReadBytes    *prometheus.CounterVec // nic
 	NICEvents       *prometheus.CounterVec // nic, event
 	NICUp           *prometheus.GaugeVec   // nic
+	MemoryWindows   *prometheus.GaugeVec   // nic
+	WindowBinds     *prometheus.CounterVec // result
 	// Batches answered "session invalidated before batch execution".
 	BatchesInvalidated prometheus.Counter
 	// QPs destroyed because they did not drain after ERROR.
@@ -295,6 +297,12 @@ func (m *Metrics) registerConns(reg prometheus.Registerer) {
 	m.NICUp = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "pegaflow_rdma_nic_up", Help: "1 while a local NIC's port is ACTIVE and the NIC carries READs, 0 while it is down (out of placement).",
 	}, []string{"nic"})
+	m.MemoryWindows = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "pegaflow_rdma_memory_windows", Help: "Memory windows bound for live transfer locks (--memory-windows), per local NIC.",
+	}, []string{"nic"})
+	m.WindowBinds = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "pegaflow_rdma_window_binds_total", Help: "Transfer locks whose memory windows were bound (ok) or could not be (error: the lock was refused).",
+	}, []string{"result"})
 	m.WorkCompletions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "pegaflow_rdma_work_completions_total", Help: "Work completions polled, by ibv_wc_status.",
 	}, []string{"status"})
@@ -312,7 +320,7 @@ func (m *Metrics) registerConns(reg prometheus.Registerer) {
 	}, []string{"reason"})
 	reg.MustRegister(
 		m.RDMAQPs, m.SessionWorkers, m.Conns, m.Handshakes, m.Invalidations, m.NICReadBytes, m.NICEvents, m.NICUp,
-		m.WorkCompletions, m.BatchesInvalidated, m.QPDrainFailures, m.TCPDataRefused, m.AcceptedReaped,
+		m.MemoryWindows, m.WindowBinds, m.WorkCompletions, m.BatchesInvalidated, m.QPDrainFailures, m.TCPDataRefused, m.AcceptedReaped,
 	)
 }
 
