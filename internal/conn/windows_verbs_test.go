@@ -7,10 +7,12 @@ import (
 	"context"
 	"errors"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/rs/zerolog"
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	"github.com/pegaflow/pegad/internal/ibv"
@@ -194,5 +196,38 @@ func TestFakeVerbsWindowsNeedAConnection(t *testing.T) {
 		if got := testutil.ToFloat64(holder.met.WindowBinds.WithLabelValues(result)); got != want {
 			t.Fatalf("pegaflow_rdma_window_binds_total{result=%q} = %v, want %v", result, got, want)
 		}
+	}
+}
+
+// TestFakeVerbsWindowsFallBack: --memory-windows on a NIC without type-2
+// windows (the fake's pegadfakeold0: max_mw 0) is turned off at start with
+// a warning naming the NIC, and the pool's rkey serves READs as before.
+func TestFakeVerbsWindowsFallBack(t *testing.T) {
+	prov := func() *verbs.Provider {
+		return verbs.NewWithOptions(verbs.Options{Library: verbs.FakeLibrary, SysfsRoot: fakeSysfs(t, nil)})
+	}
+	var logs bytes.Buffer
+	windows := func(o *Options) { o.MemoryWindows = true; o.Log = zerolog.New(&logs) }
+	names := []string{"pegadfakeold0"}
+	holder := newProviderNode(t, "holder", prov(), names, nil, 1<<20, nil, nil, windows)
+	ibvtest.Fill(holder.mem, 4)
+	req := newProviderNode(t, "requester", prov(), names, nil, 1<<20, holder, nil)
+	if holder.mgr.WindowsEnabled() {
+		t.Fatal("memory windows on over a NIC without them")
+	}
+	if !strings.Contains(logs.String(), `"nic":"pegadfakeold0"`) || !strings.Contains(logs.String(), "binds no type-2 memory windows") {
+		t.Fatalf("no warning naming the NIC: %s", logs.String())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := req.mgr.Get(ctx, "holder:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Read(ctx, []ReadOp{{LocalAddr: base(req.mem), RemoteAddr: base(holder.mem), Len: 64 << 10, NUMA: -1}}); err != nil {
+		t.Fatalf("read with the pool rkey: %v", err)
+	}
+	if !bytes.Equal(req.mem[:64<<10], holder.mem[:64<<10]) {
+		t.Fatal("bytes differ")
 	}
 }
