@@ -164,6 +164,11 @@ type Options struct {
 	// large segment does not ride one NIC (default 1 MiB: large enough for
 	// line rate per WR, small enough that an 8 MiB segment spreads over 8).
 	SliceBytes uint64
+	// Reopen opens Devices[i] again after it reported
+	// IBV_EVENT_DEVICE_FATAL (the provider's Open of the name it was
+	// opened with); nil: a fatal device stays out of placement until
+	// restart.
+	Reopen func(i int) (ibv.Device, error)
 }
 
 // Placement is where local memory is, by NUMA node (*pool.Pool).
@@ -248,9 +253,21 @@ const (
 type localNIC struct {
 	dev  ibv.Device
 	info ibv.DeviceInfo
-	rail string // Options.Rails; "" when not named
-	pd   ibv.PD
-	mr   ibv.MR
+	pos  int // in Options.Devices
+	// ownDev: the manager opened dev (a reopen after DEVICE_FATAL) and
+	// closes it; the caller's devices are the caller's to close.
+	ownDev bool
+	// fatal: the device reported DEVICE_FATAL; it is out of placement for
+	// good and retired once its QPs and windows are gone (fatal.go).
+	fatal atomic.Bool
+	// users counts the QPs and memory windows made on it: the NIC's PD,
+	// MR and device are released only once none is left.
+	users atomic.Int64
+	// released: releaseNIC has run (tests).
+	released atomic.Bool
+	rail     string // Options.Rails; "" when not named
+	pd       ibv.PD
+	mr       ibv.MR
 	// probeMR: Manager.probeMem registered here (keepalive READs land in
 	// it); nil when probing is off.
 	probeMR ibv.MR
@@ -306,10 +323,13 @@ func (n *localNIC) holderCQNow() ibv.CQ {
 
 // Manager is safe for concurrent use.
 type Manager struct {
-	opts    Options
-	log     zerolog.Logger
-	met     *metrics.Metrics
-	nics    []*localNIC
+	opts Options
+	log  zerolog.Logger
+	met  *metrics.Metrics
+	// nicSet is the NICs by position in Options.Devices; a fatal device's
+	// NIC is replaced by its reopened one (fatal.go), copy on write under
+	// mu. Read it with curNICs.
+	nicSet  atomic.Pointer[[]*localNIC]
 	memBase uint64
 	memLen  uint64
 	// probeMem: the keepalive's scratch page (probe.go); nil when
@@ -360,6 +380,7 @@ type Manager struct {
 	disconnects sync.WaitGroup
 	reaping     sync.WaitGroup // the reaper and prober goroutines
 	nicEvents   sync.WaitGroup // NIC event watchers (nic.go); stop with ctx
+	reopening   sync.WaitGroup // reopens of fatal devices and their retirements (fatal.go); stop with ctx
 	closeOnce   sync.Once
 
 	// drainTimeout bounds waiting for a QP in ERROR to flush (the
@@ -448,6 +469,9 @@ func NewManager(opts Options) (m *Manager, err error) {
 		}
 	}()
 	m.windows = m.memoryWindows(opts)
+	for _, r := range []string{resultOK, resultError} {
+		m.met.WindowBinds.WithLabelValues(r) // exported at 0 from the start
+	}
 	if err := m.registerNICs(opts); err != nil {
 		return nil, err
 	}
@@ -456,7 +480,7 @@ func NewManager(opts Options) (m *Manager, err error) {
 			return nil, err
 		}
 	}
-	m.placed = placedNUMA(m.nics, opts.Placement)
+	m.placed = placedNUMA(m.curNICs(), opts.Placement)
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	m.reaping.Add(1)
 	go m.reaper()
@@ -469,23 +493,12 @@ func NewManager(opts Options) (m *Manager, err error) {
 }
 
 func (m *Manager) releaseNICs() {
-	m.releaseProbe()
-	for _, n := range m.nics {
-		n.holdMu.Lock()
-		if n.holdCQ != nil {
-			if err := n.holdCQ.Close(); err != nil {
-				m.log.Warn().Err(err).Str("nic", n.info.Name).Msg("close holder cq")
-			}
-			n.holdCQ = nil
-		}
-		n.holdMu.Unlock()
-		if n.mr != nil {
-			_ = n.mr.Dereg()
-		}
-		if n.pd != nil {
-			_ = n.pd.Close()
+	for _, n := range m.curNICs() {
+		if n != nil {
+			m.releaseNIC(n)
 		}
 	}
+	m.releaseProbe()
 }
 
 // Get returns a connected AddrConnection to peer, handshaking if needed
@@ -609,6 +622,7 @@ func (m *Manager) Close() error {
 		m.conns.Wait()
 		m.workers.Wait()
 		m.disconnects.Wait() // each bounded by DisconnectTimeout
+		m.reopening.Wait()   // before nicEvents: a reopen starts a watcher
 		m.nicEvents.Wait()
 		m.releaseNICs()
 	})
@@ -697,6 +711,7 @@ func (m *Manager) newQPPair(nic *localNIC, holder bool) (*qpPair, error) {
 		return nil, fmt.Errorf("create qp on %s: %w", nic.info.Name, err)
 	}
 	m.liveQPs.Add(1)
+	nic.users.Add(1)
 	m.met.RDMAQPs.Inc()
 	return &qpPair{nic: nic, qp: qp, cq: cq, sharedCQ: holder, qpn: qp.QPN()}, nil
 }
@@ -719,6 +734,7 @@ func (p *qpPair) destroy(m *Manager) {
 			}
 		}
 		m.liveQPs.Add(-1)
+		p.nic.users.Add(-1)
 		m.met.RDMAQPs.Dec()
 	}
 }

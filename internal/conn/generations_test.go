@@ -196,7 +196,7 @@ func TestAbortCannotHitAnotherBatch(t *testing.T) {
 	var aBatch0 *batch
 	r.mgr.hookAbort = func(bs []*batch) {
 		for _, b := range bs {
-			if b.s.p.nic == r.mgr.nics[0] {
+			if b.s.p.nic == r.mgr.curNICs()[0] {
 				aBatch0 = b
 			}
 		}

@@ -711,5 +711,5 @@ func truncate(s string, n int) string {
 // QPs a peer may use, asks for (a requester configured like this node
 // always fits), and at least minMaxEndpoints.
 func (m *Manager) maxEndpoints() int {
-	return max(minMaxEndpoints, len(m.nics)*maxQPsPerPeer)
+	return max(minMaxEndpoints, len(m.curNICs())*maxQPsPerPeer)
 }

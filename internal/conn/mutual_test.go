@@ -216,7 +216,8 @@ func FuzzHandshakeDecode(f *testing.F) {
 	f.Add(resp)
 	f.Add([]byte{})
 	f.Add([]byte{0x1a, 0x02, 0x12, 0x00})
-	m := &Manager{opts: Options{Transport: "tcp", QPsPerPeer: 1}, nics: []*localNIC{{}}}
+	m := &Manager{opts: Options{Transport: "tcp", QPsPerPeer: 1}}
+	m.nicSet.Store(&[]*localNIC{{}})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var req pegadv1.RdmaHandshakeRequest
 		if proto.Unmarshal(data, &req) == nil {
@@ -232,7 +233,7 @@ func FuzzHandshakeDecode(f *testing.F) {
 		}
 		var r pegadv1.RdmaHandshakeResponse
 		if proto.Unmarshal(data, &r) == nil {
-			if nics, err := m.validateResponse(&r, len(m.nics)); err == nil {
+			if nics, err := m.validateResponse(&r, len(m.curNICs())); err == nil {
 				for _, n := range nics {
 					if len(n.regions) == 0 {
 						t.Fatal("accepted an empty memory snapshot")

@@ -1,6 +1,7 @@
 package conn
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -121,7 +122,7 @@ func (c *AddrConnection) usesNode(node int) bool {
 
 // hasNICOn reports whether a local NIC is on NUMA node node.
 func (m *Manager) hasNICOn(node int) bool {
-	for _, n := range m.nics {
+	for _, n := range m.curNICs() {
 		if n.info.NUMANode == node {
 			return true
 		}
@@ -271,7 +272,8 @@ const (
 // such a pair connects and then its READs time out). Among equals the least
 // used local NIC wins, then the one at the requester NIC's position.
 func (m *Manager) pairNICs(req []remoteNIC, log zerolog.Logger) []*localNIC {
-	uses := make([]int, len(m.nics))
+	nics := m.curNICs()
+	uses := make([]int, len(nics))
 	out := make([]*localNIC, len(req))
 	var byPosition []string
 	// A NIC whose port is down is paired with nothing while another is up
@@ -279,7 +281,7 @@ func (m *Manager) pairNICs(req []remoteNIC, log zerolog.Logger) []*localNIC {
 	skipDown := len(m.upNICs()) > 0
 	for i, r := range req {
 		best, bestMatch := -1, matchPosition
-		for j, n := range m.nics {
+		for j, n := range nics {
 			if skipDown && n.down.Load() {
 				continue
 			}
@@ -293,15 +295,15 @@ func (m *Manager) pairNICs(req []remoteNIC, log zerolog.Logger) []*localNIC {
 				mt = matchName
 			}
 			if best < 0 || mt > bestMatch || (mt == bestMatch && (uses[j] < uses[best] ||
-				(uses[j] == uses[best] && j == i%len(m.nics)))) {
+				(uses[j] == uses[best] && j == i%len(nics)))) {
 				best, bestMatch = j, mt
 			}
 		}
 		uses[best]++
-		out[i] = m.nics[best]
+		out[i] = nics[best]
 		if bestMatch == matchPosition {
 			byPosition = append(byPosition, fmt.Sprintf("%s(%s %s %s)->%s(%s %s %s)", r.name, r.rail, r.linkLayer, r.subnet,
-				m.nics[best].info.Name, m.nics[best].rail, m.nics[best].info.LinkLayer, m.nics[best].currentSubnet()))
+				nics[best].info.Name, nics[best].rail, nics[best].info.LinkLayer, nics[best].currentSubnet()))
 		}
 	}
 	if len(byPosition) > 0 && m.opts.Transport != "tcp" {
@@ -326,47 +328,55 @@ func (m *Manager) localEndpoint(p *qpPair) ibv.Endpoint {
 // registerNICs opens a PD on every device and registers the pool on it, all
 // devices at once: pinning a large pool takes seconds per NIC in the kernel,
 // and eight NICs in sequence can outlast systemd's start timeout. Every
-// localNIC is in m.nics, in device order, whatever fails (releaseNICs frees
+// localNIC is in m.curNICs(), in device order, whatever fails (releaseNICs frees
 // what was made). The error names the first NIC, in order, that failed.
 func (m *Manager) registerNICs(opts Options) error {
+	nics := make([]*localNIC, len(opts.Devices))
+	errs := make([]error, len(opts.Devices))
+	var wg sync.WaitGroup
+	for i, dev := range opts.Devices {
+		n := m.newLocalNIC(dev, i)
+		nics[i] = n
+		wg.Go(func() { errs[i] = m.registerNIC(n) })
+	}
+	wg.Wait()
+	m.nicSet.Store(&nics) // whatever failed: releaseNICs frees what was made
+	return errors.Join(errs...)
+}
+
+// newLocalNIC is the NIC of dev at position i of Options.Devices, not
+// registered yet, counted up.
+func (m *Manager) newLocalNIC(dev ibv.Device, i int) *localNIC {
+	n := &localNIC{dev: dev, info: dev.Info(), pos: i, win: newWindowWaiters()}
+	if m.opts.Rails != nil {
+		n.rail = m.opts.Rails[i]
+	}
+	subnet := nicSubnet(n.info)
+	n.subnet.Store(&subnet)
+	n.readBytes = m.met.NICReadBytes.WithLabelValues(n.info.Name) // at 0 from the start
+	n.up = m.met.NICUp.WithLabelValues(n.info.Name)
+	n.windows = m.met.MemoryWindows.WithLabelValues(n.info.Name)
+	n.up.Set(1)
+	return n
+}
+
+// registerNIC allocates n's PD and registers the pool on it (remote reads
+// only through memory windows when they are on).
+func (m *Manager) registerNIC(n *localNIC) error {
 	access := ibv.AccessLocalWrite | ibv.AccessRemoteRead | ibv.AccessRelaxedOrdering
 	if m.windows { // remote reads only through the windows of a lock
 		access = ibv.AccessLocalWrite | ibv.AccessMWBind | ibv.AccessRelaxedOrdering
 	}
-	if opts.NoRelaxedOrdering {
+	if m.opts.NoRelaxedOrdering {
 		access &^= ibv.AccessRelaxedOrdering
 	}
-	errs := make([]error, len(opts.Devices))
-	var wg sync.WaitGroup
-	for i, dev := range opts.Devices {
-		n := &localNIC{dev: dev, info: dev.Info(), win: newWindowWaiters()}
-		if opts.Rails != nil {
-			n.rail = opts.Rails[i]
-		}
-		subnet := nicSubnet(n.info)
-		n.subnet.Store(&subnet)
-		n.readBytes = m.met.NICReadBytes.WithLabelValues(n.info.Name) // at 0 from the start
-		n.up = m.met.NICUp.WithLabelValues(n.info.Name)
-		n.windows = m.met.MemoryWindows.WithLabelValues(n.info.Name)
-		n.up.Set(1)
-		m.nics = append(m.nics, n)
-		wg.Go(func() {
-			pd, err := dev.AllocPD()
-			if err != nil {
-				errs[i] = fmt.Errorf("conn: alloc pd on %s: %w", n.info.Name, err)
-				return
-			}
-			n.pd = pd
-			if n.mr, err = pd.RegMR(opts.Memory, access); err != nil {
-				errs[i] = fmt.Errorf("conn: register memory on %s: %w", n.info.Name, err)
-			}
-		})
+	pd, err := n.dev.AllocPD()
+	if err != nil {
+		return fmt.Errorf("conn: alloc pd on %s: %w", n.info.Name, err)
 	}
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			return err
-		}
+	n.pd = pd
+	if n.mr, err = pd.RegMR(m.opts.Memory, access); err != nil {
+		return fmt.Errorf("conn: register memory on %s: %w", n.info.Name, err)
 	}
 	return nil
 }
@@ -379,36 +389,49 @@ func (m *Manager) registerNICs(opts Options) error {
 // handshakes name for the NIC: the device re-resolved its GID, and the QPs
 // of the next handshake use it.
 func (m *Manager) watchNICEvents() {
-	for _, n := range m.nics {
-		// Every NIC's event series exist from the start, at 0.
-		for _, k := range []ibv.DeviceEventKind{ibv.PortDown, ibv.PortUp, ibv.AddressChange} {
-			m.met.NICEvents.WithLabelValues(n.info.Name, k.String())
-		}
-		ed, ok := n.dev.(ibv.EventDevice)
-		if !ok {
-			continue
-		}
-		evs := ed.Events()
-		m.nicEvents.Go(func() {
-			for {
-				select {
-				case <-m.ctx.Done():
-					return
-				case ev, ok := <-evs:
-					if !ok {
-						return
-					}
-					m.onNICEvent(n, ev)
-				}
-			}
-		})
+	for _, n := range m.curNICs() {
+		m.watchNIC(n)
 	}
+}
+
+// watchNIC follows n's events (watchNICEvents), until Close or its device
+// closes.
+func (m *Manager) watchNIC(n *localNIC) {
+	// Every NIC's event series exist from the start, at 0.
+	for _, k := range []ibv.DeviceEventKind{ibv.PortDown, ibv.PortUp, ibv.AddressChange, ibv.DeviceFatal} {
+		m.met.NICEvents.WithLabelValues(n.info.Name, k.String())
+	}
+	ed, ok := n.dev.(ibv.EventDevice)
+	if !ok {
+		return
+	}
+	evs := ed.Events()
+	m.nicEvents.Go(func() {
+		for {
+			select {
+			case <-m.ctx.Done():
+				return
+			case ev, ok := <-evs:
+				if !ok {
+					return
+				}
+				m.onNICEvent(n, ev)
+			}
+		}
+	})
 }
 
 func (m *Manager) onNICEvent(n *localNIC, ev ibv.DeviceEvent) {
 	name := n.info.Name
 	log := m.log.With().Str("nic", name).Str("event", ev.Kind.String()).Logger()
+	if n.fatal.Load() {
+		return // a dead context's last words: its reopened NIC has its own
+	}
 	switch ev.Kind {
+	case ibv.DeviceFatal:
+		m.met.NICEvents.WithLabelValues(name, ev.Kind.String()).Inc()
+		m.deviceFatal(n, log)
+		return
 	case ibv.PortDown:
 		m.met.NICEvents.WithLabelValues(name, ev.Kind.String()).Inc()
 		m.railDown(n, log)

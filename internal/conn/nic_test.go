@@ -81,7 +81,8 @@ func TestPairNICs(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			m := &Manager{nics: holder, opts: Options{Transport: "verbs"}}
+			m := &Manager{opts: Options{Transport: "verbs"}}
+			m.nicSet.Store(&holder)
 			got := m.pairNICs(tc.req, zerolog.Nop())
 			for i, n := range got {
 				if n.info.Name != tc.want[i] {

@@ -42,7 +42,7 @@ func (m *Manager) registerProbe() error {
 		return fmt.Errorf("conn: map keepalive buffer: %w", err)
 	}
 	m.probeMem = mem
-	for _, n := range m.nics {
+	for _, n := range m.curNICs() {
 		if n.probeMR, err = n.pd.RegMR(mem, ibv.AccessLocalWrite); err != nil {
 			return fmt.Errorf("conn: register keepalive buffer on %s: %w", n.info.Name, err)
 		}
@@ -53,8 +53,8 @@ func (m *Manager) registerProbe() error {
 // releaseProbe deregisters and unmaps the scratch page (Close, or a failed
 // NewManager), before the NICs' protection domains close.
 func (m *Manager) releaseProbe() {
-	for _, n := range m.nics {
-		if n.probeMR != nil {
+	for _, n := range m.curNICs() {
+		if n != nil && n.probeMR != nil {
 			_ = n.probeMR.Dereg()
 			n.probeMR = nil
 		}

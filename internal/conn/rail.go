@@ -69,8 +69,8 @@ func (c *AddrConnection) nicOfQP(qpn uint32) *localNIC {
 
 // upNICs returns the NICs whose port is up, in device order.
 func (m *Manager) upNICs() []*localNIC {
-	out := make([]*localNIC, 0, len(m.nics))
-	for _, n := range m.nics {
+	out := make([]*localNIC, 0, len(m.curNICs()))
+	for _, n := range m.curNICs() {
 		if !n.down.Load() {
 			out = append(out, n)
 		}

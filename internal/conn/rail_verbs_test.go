@@ -152,7 +152,7 @@ func TestFakeVerbsHolderPairsNoDownNIC(t *testing.T) {
 		return testutil.ToFloat64(holder.met.NICUp.WithLabelValues("pegadfake1")) == 0
 	})
 	// The requester's side comes back (only the holder's stays down).
-	req.mgr.nics[1].down.Store(false)
+	req.mgr.curNICs()[1].down.Store(false)
 	nics := []remoteNIC{{name: "pegadfake0"}, {name: "pegadfake1"}}
 	for i, n := range holder.mgr.pairNICs(nics, holder.mgr.log) {
 		if n.info.Name != "pegadfake0" {
@@ -246,4 +246,82 @@ func TestFakeVerbsRailFailsBeforeEvent(t *testing.T) {
 	if !bytes.Equal(req.mem, holder.mem) {
 		t.Fatal("bytes differ after the retry")
 	}
+}
+
+// TestFakeVerbsDeviceFatalReopen is issue 27 item 2's last part: a device
+// that reports IBV_EVENT_DEVICE_FATAL is taken out of placement (its READs
+// fail at once, as a dead HCA's do; fetches go on over the other rail), and
+// opened again once it is back: the new NIC takes its place, carries bytes
+// from the next connection on, and the dead one is released once its QPs
+// are gone. On the old code the event was acked and dropped: every
+// connection kept its QPs on the dead device.
+func TestFakeVerbsDeviceFatalReopen(t *testing.T) {
+	const bs = 64 << 10
+	t.Cleanup(verbs.FakeResetPorts)
+	sysfs := fakeSysfs(t, nil)
+	names := []string{"pegadfake0", "pegadfake1"}
+	prov := verbs.NewWithOptions(verbs.Options{Library: verbs.FakeLibrary, SysfsRoot: sysfs})
+	reopen := func(o *Options) { o.Reopen = func(i int) (ibv.Device, error) { return prov.Open(names[i]) } }
+	holder := newProviderNode(t, "holder", prov, names, nil, 64*bs, nil, nil, reopen)
+	ibvtest.Fill(holder.mem, 5)
+	req := newProviderNode(t, "requester", prov, names, nil, 64*bs, holder, nil, reopen)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	read := func(t *testing.T) *AddrConnection {
+		t.Helper()
+		for range 3 { // a Read cut by the fatal event fails flushed: read again on a fresh connection
+			c, err := req.mgr.Get(ctx, "holder:1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			clear(req.mem)
+			if err = c.Read(ctx, wholeOps(holder, req, bs)); err == nil {
+				if !bytes.Equal(req.mem, holder.mem) {
+					t.Fatal("bytes differ")
+				}
+				return c
+			}
+			if !IsConnectionClass(err) {
+				t.Fatalf("Read: %v", err)
+			}
+		}
+		t.Fatal("no Read completed in 3 tries")
+		return nil
+	}
+	read(t)
+	dead := req.mgr.curNICs()[1]
+
+	if told := verbs.FakePortEvent("pegadfake1", ibv.DeviceFatal); told < 2 {
+		t.Fatalf("fatal event told %d contexts, want both nodes'", told)
+	}
+	waitFor(t, "requester takes the dead NIC out", func() bool { return dead.down.Load() })
+	before := nicBytes(req, "pegadfake0")
+	if c := read(t); len(c.nics) != 1 || c.nics[0].nic.info.Name != "pegadfake0" {
+		t.Fatalf("connection while pegadfake1 is dead over %d NICs", len(c.nics))
+	}
+	if nicBytes(req, "pegadfake0")-before != float64(len(req.mem)) {
+		t.Fatal("the live rail did not carry the whole read")
+	}
+	if got := testutil.ToFloat64(req.met.NICUp.WithLabelValues("pegadfake1")); got != 0 {
+		t.Fatalf("nic_up of the dead NIC = %v, want 0", got)
+	}
+	if got := testutil.ToFloat64(req.met.NICEvents.WithLabelValues("pegadfake1", "device_fatal")); got != 1 {
+		t.Fatalf("device_fatal events counted %v, want 1", got)
+	}
+
+	// The device is back (reset done): the reopen loop brings it in.
+	verbs.FakePortState("pegadfake1", ibv.PortUp)
+	waitFor(t, "requester reopens pegadfake1", func() bool {
+		n := req.mgr.curNICs()[1]
+		return n != dead && !n.down.Load()
+	})
+	waitFor(t, "holder reopens pegadfake1", func() bool { return !holder.mgr.curNICs()[1].down.Load() })
+	before = nicBytes(req, "pegadfake1")
+	if c := read(t); len(c.nics) != 2 {
+		t.Fatalf("connection after the reopen over %d NICs, want 2", len(c.nics))
+	}
+	if nicBytes(req, "pegadfake1") == before {
+		t.Fatal("the reopened NIC carried no bytes")
+	}
+	waitFor(t, "dead NIC released", dead.released.Load)
 }

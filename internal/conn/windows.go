@@ -211,6 +211,7 @@ func (m *Manager) bindBatch(ctx context.Context, wn *winNIC, pd ibv.MWPD, qp ibv
 		}
 		wn.mws = append(wn.mws, mw)
 		n.windows.Inc()
+		n.users.Add(1)
 		id := n.win.expect(ch)
 		ids = append(ids, id)
 		rkey, err := qp.PostBindMW(mw, n.mr, e.Addr, e.Len, ibv.AccessRemoteRead, id, true)
@@ -326,6 +327,7 @@ func (wn *winNIC) dealloc(m *Manager) {
 			m.log.Error().Err(err).Str("nic", wn.p.nic.info.Name).Uint32("qpn", wn.p.qpn).Msg("dealloc memory window")
 		}
 		wn.p.nic.windows.Dec()
+		wn.p.nic.users.Add(-1)
 	}
 	wn.mws = nil
 }

@@ -183,7 +183,7 @@ func TestFakeVerbsWindowsNeedAConnection(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	nic := holder.mgr.nics[0].info.Name
+	nic := holder.mgr.curNICs()[0].info.Name
 	if got := testutil.ToFloat64(holder.met.MemoryWindows.WithLabelValues(nic)); got != 1 {
 		t.Fatalf("pegaflow_rdma_memory_windows{nic=%q} = %v with one window bound, want 1", nic, got)
 	}

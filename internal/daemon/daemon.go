@@ -360,6 +360,7 @@ func (d *Daemon) openComponents(cfg *config.Config) (err error) {
 
 		NoRelaxedOrdering: !cfg.RelaxedOrdering,
 		MemoryWindows:     cfg.MemoryWindows,
+		Reopen:            d.tr.reopen,
 		Placement:         d.pool,
 		Rails:             cfg.NICRails(), // same order as the devices (openTransport opens names in order)
 		Metrics:           d.metrics,

@@ -32,6 +32,9 @@ type transport struct {
 	devices        []ibv.Device
 	dataAddrs      []string // tcp: each device's advertised data address, in NIC order
 	close          func()
+	// reopen opens devices[i] again (verbs: after DEVICE_FATAL); nil: no
+	// reopening.
+	reopen func(i int) (ibv.Device, error)
 }
 
 // tcpConnectTimeout is the ack timeout exponent of QPs on the tcp provider:
@@ -313,6 +316,7 @@ func openVerbs(opts verbs.Options, count int, names []string, reason string) (*t
 			_ = d.Close()
 		}
 	}
+	t.reopen = func(i int) (ibv.Device, error) { return prov.Open(want[i]) }
 	return t, nil
 }
 

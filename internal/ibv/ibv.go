@@ -305,6 +305,10 @@ const (
 	// re-added, a bond failover, a new LID from the subnet manager); the
 	// device re-resolved it, and QPs created from now on use the new one.
 	AddressChange
+	// DeviceFatal: the device is unusable (IBV_EVENT_DEVICE_FATAL: a
+	// firmware or driver reset, a PCIe error). Every object of its context
+	// is dead; it must be closed, and opened again once it is back.
+	DeviceFatal
 )
 
 func (k DeviceEventKind) String() string {
@@ -315,6 +319,8 @@ func (k DeviceEventKind) String() string {
 		return "port_up"
 	case AddressChange:
 		return "address_change"
+	case DeviceFatal:
+		return "device_fatal"
 	}
 	return fmt.Sprintf("event(%d)", int(k))
 }

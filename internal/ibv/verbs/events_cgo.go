@@ -20,10 +20,11 @@ import (
 
 // Values of enum ibv_event_type the loop acts on.
 const (
-	eventPortActive = 9  // IBV_EVENT_PORT_ACTIVE
-	eventPortErr    = 10 // IBV_EVENT_PORT_ERR
-	eventLIDChange  = 11 // IBV_EVENT_LID_CHANGE
-	eventGIDChange  = 18 // IBV_EVENT_GID_CHANGE
+	eventDeviceFatal = 8  // IBV_EVENT_DEVICE_FATAL
+	eventPortActive  = 9  // IBV_EVENT_PORT_ACTIVE
+	eventPortErr     = 10 // IBV_EVENT_PORT_ERR
+	eventLIDChange   = 11 // IBV_EVENT_LID_CHANGE
+	eventGIDChange   = 18 // IBV_EVENT_GID_CHANGE
 )
 
 // asyncEvents reads a device's async events (ibv_get_async_event(3)) with
@@ -91,11 +92,13 @@ func (e *asyncEvents) run(raw syscall.RawConn) {
 
 func (e *asyncEvents) handle(typ int, port uint8) {
 	st := e.d.state()
-	if port != st.port.Num {
-		return
+	if typ != eventDeviceFatal && port != st.port.Num {
+		return // another port's; a fatal event names none
 	}
 	var kind ibv.DeviceEventKind
 	switch typ {
+	case eventDeviceFatal:
+		kind = ibv.DeviceFatal
 	case eventPortErr:
 		kind = ibv.PortDown
 	case eventPortActive:
@@ -162,11 +165,12 @@ func fakeResetPorts() { C.pv_fake_reset_ports() }
 // FakePortEvent raises kind on port 1 of device dev of the fake library
 // (FakeLibrary), changing the port to match: PortDown and PortUp set its
 // state, AddressChange moves its RoCE v2 GID to a new address in a new
-// /24. For other packages' tests; it returns how many open contexts of
+// /24, DeviceFatal fails every READ posted through it at once (as
+// FakeNetdevDown) until FakePortState(dev, PortUp). For other packages' tests; it returns how many open contexts of
 // dev were told.
 func FakePortEvent(dev string, kind ibv.DeviceEventKind) int {
 	typ := map[ibv.DeviceEventKind]int{ibv.PortDown: eventPortErr, ibv.PortUp: eventPortActive,
-		ibv.AddressChange: eventGIDChange}[kind]
+		ibv.AddressChange: eventGIDChange, ibv.DeviceFatal: eventDeviceFatal}[kind]
 	if typ == 0 {
 		return 0
 	}

@@ -351,7 +351,7 @@ void pv_fake_reset_ports(void) {
 
 // fk_set_port changes fake device i's port as event type says. Under fk_mu.
 static void fk_set_port(int i, int type) {
-	if (type == FK_PORT_ERR_FAST) {
+	if (type == FK_PORT_ERR_FAST || type == IBV_EVENT_DEVICE_FATAL) {
 		fk_port_down[i] = 2;
 	} else if (type == IBV_EVENT_PORT_ERR) {
 		fk_port_down[i] = 1;

@@ -1,0 +1,175 @@
+package conn
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/pegaflow/pegad/internal/ibv"
+)
+
+// A fatal device is closed and reopened. IBV_EVENT_DEVICE_FATAL (a
+// firmware reset, a PCIe error) kills every object of the device's context:
+// its QPs, CQs, MRs and PD. The NIC is taken out of placement as for a
+// port down (rail.go), for good: its QPs are flushed and the connections
+// through it invalidated, so fetches go on over the other NICs. A reopen
+// loop then opens the device again (Options.Reopen) until it is back,
+// registers the pool on it and puts the new NIC in the dead one's place;
+// the connections made without it are replaced. The dead NIC is retired
+// once the last QP and memory window made on it are gone: its holder CQ,
+// MRs and PD are released then (destroying them earlier would pull them
+// from under a QP still being torn down).
+
+const (
+	reopenFirst = 200 * time.Millisecond
+	reopenMax   = 5 * time.Second
+)
+
+// curNICs is the current NICs, by position in Options.Devices.
+func (m *Manager) curNICs() []*localNIC {
+	if p := m.nicSet.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// deviceFatal takes n out of placement for good and starts reopening it.
+func (m *Manager) deviceFatal(n *localNIC, log zerolog.Logger) {
+	if n.fatal.Swap(true) {
+		return
+	}
+	log.Error().Msg("nic device fatal: out of placement; reopening it")
+	m.railDown(n, log)
+	if m.opts.Reopen == nil {
+		log.Error().Msg("nic device fatal and no way to reopen it: it stays out until restart")
+		return
+	}
+	m.reopening.Go(func() { m.reopenLoop(n, log) })
+}
+
+// reopenLoop opens n's device again until it works or the manager closes,
+// then swaps the new NIC in and retires n.
+func (m *Manager) reopenLoop(n *localNIC, log zerolog.Logger) {
+	wait := reopenFirst
+	for attempt := 1; ; attempt++ {
+		select {
+		case <-m.ctx.Done():
+			m.retire(n, log)
+			return
+		case <-time.After(wait):
+		}
+		nn, err := m.reopen(n)
+		if err == nil {
+			m.swapNIC(n, nn, log, attempt)
+			m.retire(n, log)
+			return
+		}
+		log.Warn().Err(err).Int("attempt", attempt).Msg("nic reopen failed; trying again")
+		wait = min(2*wait, reopenMax)
+	}
+}
+
+// reopen opens n's device afresh and registers the pool on it (and the
+// keepalive page); nothing is left open on error.
+func (m *Manager) reopen(n *localNIC) (*localNIC, error) {
+	dev, err := m.opts.Reopen(n.pos)
+	if err != nil {
+		return nil, err
+	}
+	if ps, ok := dev.(ibv.PortStater); ok {
+		if active, err := ps.PortActive(); err != nil || !active {
+			_ = dev.Close()
+			return nil, fmt.Errorf("reopened %s: port not active (%v)", n.info.Name, err)
+		}
+	}
+	nn := m.newLocalNIC(dev, n.pos)
+	nn.ownDev = true
+	err = m.registerNIC(nn)
+	if err == nil && m.probeMem != nil {
+		if nn.probeMR, err = nn.pd.RegMR(m.probeMem, ibv.AccessLocalWrite); err != nil {
+			err = fmt.Errorf("conn: register keepalive buffer on %s: %w", nn.info.Name, err)
+		}
+	}
+	if err != nil {
+		m.releaseNIC(nn)
+		return nil, err
+	}
+	return nn, nil
+}
+
+// swapNIC puts nn in old's place and replaces the requester connections
+// made without it, as a port coming back does.
+func (m *Manager) swapNIC(old, nn *localNIC, log zerolog.Logger, attempts int) {
+	m.mu.Lock()
+	cur := m.curNICs()
+	next := make([]*localNIC, len(cur))
+	copy(next, cur)
+	next[old.pos] = nn
+	m.nicSet.Store(&next)
+	m.mu.Unlock()
+	m.watchNIC(nn)
+	var stale []*AddrConnection
+	for _, c := range m.requesterConns() {
+		if !c.uses(nn) {
+			stale = append(stale, c)
+		}
+	}
+	log.Info().Int("attempts", attempts).Int("replaced", len(stale)).Msg("nic reopened after device fatal: back in placement")
+	for _, c := range stale {
+		m.Invalidate(c, fmt.Errorf("%s was reopened: reconnect over every NIC", nn.info.Name))
+	}
+}
+
+// retire waits for the last QP and window made on dead NIC n to go (the
+// connections through it were invalidated; a holder's go when their
+// requesters reconnect or are reaped), then releases it. Once the manager
+// closes, Close has destroyed every QP: it waits at most drainTimeout more.
+func (m *Manager) retire(n *localNIC, log zerolog.Logger) {
+	var closing <-chan time.Time
+	for n.users.Load() > 0 {
+		select {
+		case <-m.ctx.Done():
+			if closing == nil {
+				closing = time.After(m.drainTimeout)
+			}
+		case <-closing:
+			log.Error().Int64("users", n.users.Load()).Msg("dead nic still has QPs or windows at close: released anyway")
+			m.releaseNIC(n)
+			return
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	m.releaseNIC(n)
+	log.Info().Msg("dead nic released")
+}
+
+// releaseNIC frees n's holder CQ, keepalive and pool registrations, PD and,
+// when the manager opened it, its device. Errors of a dead device are
+// expected and ignored.
+func (m *Manager) releaseNIC(n *localNIC) {
+	n.holdMu.Lock()
+	if n.holdCQ != nil {
+		if err := n.holdCQ.Close(); err != nil && !n.fatal.Load() {
+			m.log.Warn().Err(err).Str("nic", n.info.Name).Msg("close holder cq")
+		}
+		n.holdCQ = nil
+	}
+	n.holdMu.Unlock()
+	if n.probeMR != nil {
+		_ = n.probeMR.Dereg()
+		n.probeMR = nil
+	}
+	if n.mr != nil {
+		_ = n.mr.Dereg()
+		n.mr = nil
+	}
+	if n.pd != nil {
+		_ = n.pd.Close()
+		n.pd = nil
+	}
+	if n.ownDev {
+		_ = n.dev.Close()
+	}
+	n.released.Store(true)
+}
