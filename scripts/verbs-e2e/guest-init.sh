@@ -189,6 +189,20 @@ rate() {
 		awk '{ if ($2 > 0) printf "%.1f", $1 / $2 / 1e6; else print 0 }'
 }
 
+# report_tests LABEL OUT: one VE2E line per (sub)test result in the go test
+# -v output OUT (a skip here is a case rxe cannot check: it does not enforce
+# a window's bounds).
+report_tests() {
+	sed -En 's/^ *--- (PASS|FAIL|SKIP): ([^ ]*).*/\1 \2/p' "$2" >"$2.res"
+	while read -r res name; do
+		case $res in
+		PASS) ok "$1: $name" ;;
+		SKIP) info "$1: $name skipped (bounds not enforced by rxe)" ;;
+		*) bad "$1: $name" ;;
+		esac
+	done <"$2.res"
+}
+
 # ============================================================================
 # mw_phase: type-2 memory windows on rxe0 (issue 27 item 6), through the
 # verbs package's TestMemoryWindowDevice: a window's rkey reads its range
@@ -201,15 +215,8 @@ mw_phase() {
 	PEGAD_TEST_MW_DEVICE=rxe0 PEGAD_TEST_MW_NO_BOUNDS=1 timeout 120 verbs.test \
 		-test.run 'TestMemoryWindowDevice' -test.v -test.count=1 >/tmp/mw.out 2>&1
 	rc=$?
-	sed -En 's/^ *--- (PASS|FAIL|SKIP): TestMemoryWindowDevice\/([^ ]*).*/\1 \2/p' /tmp/mw.out >/tmp/mw.res
 	grep -A1 -- '--- SKIP' /tmp/mw.out | grep 'does not enforce' | sed 's/^ *mw_test.go:[0-9]*: /VE2E INFO: mw: /'
-	while read -r res name; do
-		case $res in
-		PASS) ok "mw: $name" ;;
-		SKIP) info "mw: $name skipped (bounds not enforced by rxe)" ;;
-		*) bad "mw: $name" ;;
-		esac
-	done </tmp/mw.res
+	report_tests mw /tmp/mw.out
 	if [ "$rc" = 0 ] && grep -q 'PASS: TestMemoryWindowDevice/after_invalidate' /tmp/mw.out; then
 		ok "memory-window violation refused: READ with an invalidated window's rkey failed with a remote access error"
 	else
@@ -230,14 +237,7 @@ windows_phase() {
 	PEGAD_TEST_MW_DEVICE=rxe0 PEGAD_TEST_MW_NO_BOUNDS=1 timeout 120 conn.test \
 		-test.run 'TestFakeVerbsWindows' -test.v -test.count=1 >/tmp/win.out 2>&1
 	rc=$?
-	sed -En 's/^ *--- (PASS|FAIL|SKIP): (TestFakeVerbsWindows[^ ]*).*/\1 \2/p' /tmp/win.out >/tmp/win.res
-	while read -r res name; do
-		case $res in
-		PASS) ok "windows: $name" ;;
-		SKIP) info "windows: $name skipped (bounds not enforced by rxe)" ;;
-		*) bad "windows: $name" ;;
-		esac
-	done </tmp/win.res
+	report_tests windows /tmp/win.out
 	if [ "$rc" = 0 ] && grep -q 'PASS: TestFakeVerbsWindowsOnlyWhatWasLocked/after_release_refused' /tmp/win.out &&
 		grep -q 'PASS: TestFakeVerbsWindowsOnlyWhatWasLocked/pool_rkey_refused' /tmp/win.out; then
 		ok "memory-window violation refused: the pool rkey, another QP and a released lock's keys failed with a remote access error"
