@@ -271,6 +271,9 @@ type localNIC struct {
 	// probeMR: Manager.probeMem registered here (keepalive READs land in
 	// it); nil when probing is off.
 	probeMR ibv.MR
+	// probeTargetMR: Manager.probeTarget registered here for remote read
+	// (peers' keepalives); nil without memory windows.
+	probeTargetMR ibv.MR
 	// readBytes is this NIC's series of NICReadBytes, looked up once: the
 	// planner adds to it per work request.
 	readBytes prometheus.Counter
@@ -335,6 +338,9 @@ type Manager struct {
 	// probeMem: the keepalive's scratch page (probe.go); nil when
 	// ProbeInterval is 0. Immutable after NewManager until Close.
 	probeMem []byte
+	// probeTarget: the zero page peers' keepalives READ when memory
+	// windows are on (probe.go); nil otherwise. Immutable like probeMem.
+	probeTarget []byte
 	// placed: READs go through NICs on their local memory's node
 	// (placedNUMA). Immutable after NewManager.
 	placed bool
@@ -477,6 +483,11 @@ func NewManager(opts Options) (m *Manager, err error) {
 	}
 	if opts.ProbeInterval > 0 {
 		if err := m.registerProbe(); err != nil {
+			return nil, err
+		}
+	}
+	if m.windows {
+		if err := m.registerProbeTarget(); err != nil {
 			return nil, err
 		}
 	}

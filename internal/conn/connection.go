@@ -46,6 +46,7 @@ type AddrConnection struct {
 type connNic struct {
 	nic      *localNIC
 	remote   []ibv.RemoteRegion
+	probe    ibv.RemoteRegion // the keepalive's target (Length 0: remote[0])
 	sessions []*session
 	rr       atomic.Uint64
 	bytes    atomic.Uint64 // READ bytes in flight on this NIC (pickNIC, settleNICBytes)

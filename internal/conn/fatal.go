@@ -91,6 +91,9 @@ func (m *Manager) reopen(n *localNIC) (*localNIC, error) {
 			err = fmt.Errorf("conn: register keepalive buffer on %s: %w", nn.info.Name, err)
 		}
 	}
+	if err == nil {
+		err = m.registerProbeTargetOn(nn)
+	}
 	if err != nil {
 		m.releaseNIC(nn)
 		return nil, err
@@ -159,6 +162,10 @@ func (m *Manager) releaseNIC(n *localNIC) {
 	if n.probeMR != nil {
 		_ = n.probeMR.Dereg()
 		n.probeMR = nil
+	}
+	if n.probeTargetMR != nil {
+		_ = n.probeTargetMR.Dereg()
+		n.probeTargetMR = nil
 	}
 	if n.mr != nil {
 		_ = n.mr.Dereg()

@@ -206,7 +206,7 @@ func (m *Manager) exchange(peer string, req *pegadv1.RdmaHandshakeRequest) (
 func (m *Manager) connectQPs(c *AddrConnection, remote []remoteNIC, prepared [][]*qpPair) error {
 	for i, qs := range prepared {
 		n := qs[0].nic // QPsPerPeer >= 1
-		cn := &connNic{nic: n, remote: remote[i].regions}
+		cn := &connNic{nic: n, remote: remote[i].regions, probe: remote[i].probe}
 		attr := m.connectAttr(n)
 		for q, p := range qs {
 			if err := p.qp.Connect(remote[i].endpoints[q], attr); err != nil {
@@ -260,6 +260,7 @@ type remoteNIC struct {
 	rail      string
 	endpoints []ibv.Endpoint
 	regions   []ibv.RemoteRegion
+	probe     ibv.RemoteRegion // the keepalive's target; Length 0: regions[0]
 }
 
 // validateResponse checks a holder's answer against what we asked for.
@@ -320,6 +321,12 @@ func (m *Manager) parseNIC(nh *pegadv1.NicHandshake, needMemory bool) (remoteNIC
 			return r, fmt.Errorf("%w: memory region %d malformed", ErrInvalidHandshake, j)
 		}
 		r.regions = append(r.regions, ibv.RemoteRegion{Base: mr.GetBase(), Length: mr.GetLength(), RKey: mr.GetRkey()})
+	}
+	if pr := nh.GetProbe(); pr != nil {
+		if pr.GetLength() == 0 || pr.GetBase()+pr.GetLength() < pr.GetBase() {
+			return r, fmt.Errorf("%w: probe region malformed", ErrInvalidHandshake)
+		}
+		r.probe = ibv.RemoteRegion{Base: pr.GetBase(), Length: pr.GetLength(), RKey: pr.GetRkey()}
 	}
 	return r, nil
 }
@@ -483,7 +490,7 @@ func (m *Manager) acceptQPs(ctx context.Context, a *acceptedConn, reqNICs []remo
 		n := pairs[i]
 		attr := m.connectAttr(n)
 		nh := &pegadv1.NicHandshake{Nic: n.info.Name, Memory: []*pegadv1.MemoryRegion{m.localRegion(n)},
-			LinkLayer: n.info.LinkLayer, Subnet: n.currentSubnet(), Rail: n.rail}
+			LinkLayer: n.info.LinkLayer, Subnet: n.currentSubnet(), Rail: n.rail, Probe: m.probeRegion(n)}
 		var qs []*qpPair
 		for _, rep := range rn.endpoints {
 			if err := ctx.Err(); err != nil {

@@ -8,6 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	"github.com/pegaflow/pegad/internal/ibv"
 )
 
@@ -50,6 +51,43 @@ func (m *Manager) registerProbe() error {
 	return nil
 }
 
+// registerProbeTarget maps the page a requester's keepalive READs from a
+// holder with memory windows (its pool is not readable without a lock)
+// and registers it for remote read on every NIC. Zeros, never written:
+// not the scratch page, where other holders' bytes land.
+func (m *Manager) registerProbeTarget() error {
+	mem, err := unix.Mmap(-1, 0, unix.Getpagesize(), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		return fmt.Errorf("conn: map keepalive target: %w", err)
+	}
+	m.probeTarget = mem
+	for _, n := range m.curNICs() {
+		if err := m.registerProbeTargetOn(n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (m *Manager) registerProbeTargetOn(n *localNIC) (err error) {
+	if m.probeTarget == nil {
+		return nil
+	}
+	if n.probeTargetMR, err = n.pd.RegMR(m.probeTarget, ibv.AccessRemoteRead); err != nil {
+		return fmt.Errorf("conn: register keepalive target on %s: %w", n.info.Name, err)
+	}
+	return nil
+}
+
+// probeRegion is what a handshake answer names as n's keepalive target:
+// nil without memory windows (the pool's first bytes serve).
+func (m *Manager) probeRegion(n *localNIC) *pegadv1.MemoryRegion {
+	if n.probeTargetMR == nil {
+		return nil
+	}
+	return &pegadv1.MemoryRegion{Base: n.probeTargetMR.Addr(), Length: n.probeTargetMR.Len(), Rkey: n.probeTargetMR.RKey()}
+}
+
 // releaseProbe deregisters and unmaps the scratch page (Close, or a failed
 // NewManager), before the NICs' protection domains close.
 func (m *Manager) releaseProbe() {
@@ -62,6 +100,10 @@ func (m *Manager) releaseProbe() {
 	if m.probeMem != nil {
 		_ = unix.Munmap(m.probeMem)
 		m.probeMem = nil
+	}
+	if m.probeTarget != nil {
+		_ = unix.Munmap(m.probeTarget)
+		m.probeTarget = nil
 	}
 }
 
@@ -104,7 +146,8 @@ func (c *AddrConnection) idleFor(now time.Time, d time.Duration) bool {
 	return !c.invalid && c.refs == 0 && now.Sub(last) >= d
 }
 
-// probe READs probeBytes from the start of the holder's first region on
+// probe READs probeBytes from the start of the holder's probe page (or,
+// from a holder that names none, its first region) on
 // one QP of every NIC (the QPs taking turns). nil when every READ
 // completed, or c was invalidated meanwhile; a failure has invalidated c.
 func (c *AddrConnection) probe(ctx context.Context) error {
@@ -122,6 +165,9 @@ func (c *AddrConnection) probe(ctx context.Context) error {
 			continue
 		}
 		r := cn.remote[0]
+		if cn.probe.Length > 0 {
+			r = cn.probe // a holder with memory windows: its pool reads nothing
+		}
 		s := cn.sessions[cn.rr.Add(1)%uint64(len(cn.sessions))]
 		batches = append(batches, &batch{s: s, ops: []int{0}, wrs: []ibv.SendWR{{
 			Op: ibv.OpRDMARead, Signaled: true,

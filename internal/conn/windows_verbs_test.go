@@ -231,3 +231,33 @@ func TestFakeVerbsWindowsFallBack(t *testing.T) {
 		t.Fatal("bytes differ")
 	}
 }
+
+// TestFakeVerbsWindowsKeepalive: a requester's keepalive READs the probe
+// page a holder with memory windows names in its handshake, not its pool
+// (which reads nothing without a lock): an idle connection stays
+// connected. Before the probe page, every probe failed with a remote
+// access error and invalidated the connection after one interval idle
+// (found in review).
+func TestFakeVerbsWindowsKeepalive(t *testing.T) {
+	prov := func() *verbs.Provider {
+		return verbs.NewWithOptions(verbs.Options{Library: verbs.FakeLibrary, SysfsRoot: fakeSysfs(t, nil)})
+	}
+	names := []string{"pegadfake0"}
+	holder := newProviderNode(t, "holder", prov(), names, nil, 1<<20, nil, nil, func(o *Options) { o.MemoryWindows = true })
+	req := newProviderNode(t, "requester", prov(), names, nil, 1<<20, holder, nil,
+		func(o *Options) { o.ProbeInterval = 20 * time.Millisecond })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := req.mgr.Get(ctx, "holder:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ok := func() float64 { return testutil.ToFloat64(req.met.WorkCompletions.WithLabelValues(wcLabel(ibv.WCSuccess))) }
+	waitFor(t, "probes completed", func() bool { return ok() >= 5 })
+	if c.Invalid() {
+		t.Fatalf("idle connection to a windows holder invalidated by its keepalive: %v", c.reason)
+	}
+	if got := testutil.ToFloat64(req.met.WorkCompletions.WithLabelValues(wcLabel(ibv.WCRemAccessErr))); got != 0 {
+		t.Fatalf("%v keepalive READs refused", got)
+	}
+}

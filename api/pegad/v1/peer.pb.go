@@ -1114,7 +1114,11 @@ type NicHandshake struct {
 	Subnet string `protobuf:"bytes,5,opt,name=subnet,proto3" json:"subnet,omitempty"`
 	// The rail the operator named for this NIC (--nics RAIL=DEVICE,...);
 	// NICs are paired by rail before subnet. Empty: not named.
-	Rail          string `protobuf:"bytes,6,opt,name=rail,proto3" json:"rail,omitempty"`
+	Rail string `protobuf:"bytes,6,opt,name=rail,proto3" json:"rail,omitempty"`
+	// A holder's page that the requester's keepalive READs (a holder with
+	// --memory-windows, whose pool reads nothing without a lock); never pool
+	// memory. Empty: the keepalive reads the first memory region.
+	Probe         *MemoryRegion `protobuf:"bytes,7,opt,name=probe,proto3" json:"probe,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1189,6 +1193,13 @@ func (x *NicHandshake) GetRail() string {
 		return x.Rail
 	}
 	return ""
+}
+
+func (x *NicHandshake) GetProbe() *MemoryRegion {
+	if x != nil {
+		return x.Probe
+	}
+	return nil
 }
 
 type RdmaHandshakeRequest struct {
@@ -1499,7 +1510,7 @@ const file_pegad_v1_peer_proto_rawDesc = "" +
 	"\fMemoryRegion\x12\x12\n" +
 	"\x04base\x18\x01 \x01(\x04R\x04base\x12\x16\n" +
 	"\x06length\x18\x02 \x01(\x04R\x06length\x12\x12\n" +
-	"\x04rkey\x18\x03 \x01(\rR\x04rkey\"\xcd\x01\n" +
+	"\x04rkey\x18\x03 \x01(\rR\x04rkey\"\xfb\x01\n" +
 	"\fNicHandshake\x12\x10\n" +
 	"\x03nic\x18\x01 \x01(\tR\x03nic\x120\n" +
 	"\tendpoints\x18\x02 \x03(\v2\x12.pegad.v1.EndpointR\tendpoints\x12.\n" +
@@ -1507,7 +1518,8 @@ const file_pegad_v1_peer_proto_rawDesc = "" +
 	"\n" +
 	"link_layer\x18\x04 \x01(\tR\tlinkLayer\x12\x16\n" +
 	"\x06subnet\x18\x05 \x01(\tR\x06subnet\x12\x12\n" +
-	"\x04rail\x18\x06 \x01(\tR\x04rail\"\xb6\x01\n" +
+	"\x04rail\x18\x06 \x01(\tR\x04rail\x12,\n" +
+	"\x05probe\x18\a \x01(\v2\x16.pegad.v1.MemoryRegionR\x05probe\"\xb6\x01\n" +
 	"\x14RdmaHandshakeRequest\x121\n" +
 	"\trequester\x18\x01 \x01(\v2\x13.pegad.v1.RequesterR\trequester\x12\x1c\n" +
 	"\ttransport\x18\x02 \x01(\tR\ttransport\x12*\n" +
@@ -1592,25 +1604,26 @@ var file_pegad_v1_peer_proto_depIdxs = []int32{
 	20, // 13: pegad.v1.RenewTransferLockResponse.lifetime_left:type_name -> google.protobuf.Duration
 	13, // 14: pegad.v1.NicHandshake.endpoints:type_name -> pegad.v1.Endpoint
 	14, // 15: pegad.v1.NicHandshake.memory:type_name -> pegad.v1.MemoryRegion
-	1,  // 16: pegad.v1.RdmaHandshakeRequest.requester:type_name -> pegad.v1.Requester
-	15, // 17: pegad.v1.RdmaHandshakeRequest.nics:type_name -> pegad.v1.NicHandshake
-	15, // 18: pegad.v1.RdmaHandshakeResponse.nics:type_name -> pegad.v1.NicHandshake
-	1,  // 19: pegad.v1.RdmaDisconnectRequest.requester:type_name -> pegad.v1.Requester
-	2,  // 20: pegad.v1.PeerService.QueryBlocksForTransfer:input_type -> pegad.v1.QueryBlocksForTransferRequest
-	9,  // 21: pegad.v1.PeerService.ReleaseTransferLock:input_type -> pegad.v1.ReleaseTransferLockRequest
-	11, // 22: pegad.v1.PeerService.RenewTransferLock:input_type -> pegad.v1.RenewTransferLockRequest
-	16, // 23: pegad.v1.PeerService.RdmaHandshake:input_type -> pegad.v1.RdmaHandshakeRequest
-	18, // 24: pegad.v1.PeerService.RdmaDisconnect:input_type -> pegad.v1.RdmaDisconnectRequest
-	6,  // 25: pegad.v1.PeerService.QueryBlocksForTransfer:output_type -> pegad.v1.QueryBlocksForTransferResponse
-	10, // 26: pegad.v1.PeerService.ReleaseTransferLock:output_type -> pegad.v1.ReleaseTransferLockResponse
-	12, // 27: pegad.v1.PeerService.RenewTransferLock:output_type -> pegad.v1.RenewTransferLockResponse
-	17, // 28: pegad.v1.PeerService.RdmaHandshake:output_type -> pegad.v1.RdmaHandshakeResponse
-	19, // 29: pegad.v1.PeerService.RdmaDisconnect:output_type -> pegad.v1.RdmaDisconnectResponse
-	25, // [25:30] is the sub-list for method output_type
-	20, // [20:25] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	14, // 16: pegad.v1.NicHandshake.probe:type_name -> pegad.v1.MemoryRegion
+	1,  // 17: pegad.v1.RdmaHandshakeRequest.requester:type_name -> pegad.v1.Requester
+	15, // 18: pegad.v1.RdmaHandshakeRequest.nics:type_name -> pegad.v1.NicHandshake
+	15, // 19: pegad.v1.RdmaHandshakeResponse.nics:type_name -> pegad.v1.NicHandshake
+	1,  // 20: pegad.v1.RdmaDisconnectRequest.requester:type_name -> pegad.v1.Requester
+	2,  // 21: pegad.v1.PeerService.QueryBlocksForTransfer:input_type -> pegad.v1.QueryBlocksForTransferRequest
+	9,  // 22: pegad.v1.PeerService.ReleaseTransferLock:input_type -> pegad.v1.ReleaseTransferLockRequest
+	11, // 23: pegad.v1.PeerService.RenewTransferLock:input_type -> pegad.v1.RenewTransferLockRequest
+	16, // 24: pegad.v1.PeerService.RdmaHandshake:input_type -> pegad.v1.RdmaHandshakeRequest
+	18, // 25: pegad.v1.PeerService.RdmaDisconnect:input_type -> pegad.v1.RdmaDisconnectRequest
+	6,  // 26: pegad.v1.PeerService.QueryBlocksForTransfer:output_type -> pegad.v1.QueryBlocksForTransferResponse
+	10, // 27: pegad.v1.PeerService.ReleaseTransferLock:output_type -> pegad.v1.ReleaseTransferLockResponse
+	12, // 28: pegad.v1.PeerService.RenewTransferLock:output_type -> pegad.v1.RenewTransferLockResponse
+	17, // 29: pegad.v1.PeerService.RdmaHandshake:output_type -> pegad.v1.RdmaHandshakeResponse
+	19, // 30: pegad.v1.PeerService.RdmaDisconnect:output_type -> pegad.v1.RdmaDisconnectResponse
+	26, // [26:31] is the sub-list for method output_type
+	21, // [21:26] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_pegad_v1_peer_proto_init() }
