@@ -39,6 +39,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+	"golang.org/x/sync/semaphore"
 	"golang.org/x/sync/singleflight"
 
 	"github.com/pegaflow/pegad/api/limits"
@@ -263,7 +264,11 @@ type localNIC struct {
 	// users counts the QPs and memory windows made on it: the NIC's PD,
 	// MR and device are released only once none is left.
 	users atomic.Int64
-	// released: releaseNIC has run (tests).
+	// life is held shared while a QP or window is made on the NIC
+	// (acquireUse), exclusively while it is released: a release never
+	// pulls the PD from under one being made.
+	life sync.RWMutex
+	// released: releaseNIC has run (under life).
 	released atomic.Bool
 	rail     string // Options.Rails; "" when not named
 	pd       ibv.PD
@@ -677,6 +682,9 @@ type qpPair struct {
 	cq       ibv.CQ
 	sharedCQ bool // cq is nic.holdCQ: not this QP's to close
 	qpn      uint32
+	// binds keeps the memory-window binds in flight on this (holder) QP
+	// within its send queue (windows.go).
+	binds *semaphore.Weighted
 
 	// mu guards destroyed: ToError must never reach a destroyed QP (with
 	// verbs that is a use after free), and destroy happens once.
@@ -697,10 +705,21 @@ func (p *qpPair) toError() {
 // requester's (holder false) on a CQ of its own, a holder's on the NIC's
 // shared holder CQ.
 func (m *Manager) newQPPair(nic *localNIC, holder bool) (*qpPair, error) {
+	if !nic.acquireUse() {
+		return nil, fmt.Errorf("create qp on %s: %w", nic.info.Name, ErrNICReleased)
+	}
 	var (
 		cq  ibv.CQ
 		err error
 	)
+	made := false
+	defer func() {
+		if made {
+			nic.endUse()
+		} else {
+			nic.releaseUse()
+		}
+	}()
 	if holder {
 		depth := 1
 		if m.windows {
@@ -721,10 +740,10 @@ func (m *Manager) newQPPair(nic *localNIC, holder bool) (*qpPair, error) {
 		}
 		return nil, fmt.Errorf("create qp on %s: %w", nic.info.Name, err)
 	}
+	made = true
 	m.liveQPs.Add(1)
-	nic.users.Add(1)
 	m.met.RDMAQPs.Inc()
-	return &qpPair{nic: nic, qp: qp, cq: cq, sharedCQ: holder, qpn: qp.QPN()}, nil
+	return &qpPair{nic: nic, qp: qp, cq: cq, sharedCQ: holder, qpn: qp.QPN(), binds: semaphore.NewWeighted(int64(m.opts.SQDepth))}, nil
 }
 
 // destroy releases the QP then its CQ, exactly once.

@@ -1,6 +1,7 @@
 package conn
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -26,6 +27,30 @@ const (
 	reopenMax   = 5 * time.Second
 )
 
+// ErrNICReleased: a QP or window was to be made on a dead NIC already
+// released (a handshake that paired it just before the swap).
+var ErrNICReleased = errors.New("conn: nic released after device fatal")
+
+// acquireUse admits one more QP or window on n, unless n was released:
+// on true the caller holds n's life lock shared until endUse (made: it
+// stays counted in users until destroyed) or releaseUse (failed).
+func (n *localNIC) acquireUse() bool {
+	n.life.RLock()
+	if n.released.Load() {
+		n.life.RUnlock()
+		return false
+	}
+	n.users.Add(1)
+	return true
+}
+
+func (n *localNIC) endUse() { n.life.RUnlock() }
+
+func (n *localNIC) releaseUse() {
+	n.users.Add(-1)
+	n.life.RUnlock()
+}
+
 // curNICs is the current NICs, by position in Options.Devices.
 func (m *Manager) curNICs() []*localNIC {
 	if p := m.nicSet.Load(); p != nil {
@@ -45,7 +70,14 @@ func (m *Manager) deviceFatal(n *localNIC, log zerolog.Logger) {
 		log.Error().Msg("nic device fatal and no way to reopen it: it stays out until restart")
 		return
 	}
-	m.reopening.Go(func() { m.reopenLoop(n, log) })
+	// Close waits for the loop; begin refuses once it has started.
+	if m.begin(&m.reopening) != nil {
+		return
+	}
+	go func() {
+		defer m.reopening.Done()
+		m.reopenLoop(n, log)
+	}()
 }
 
 // reopenLoop opens n's device again until it works or the manager closes,
@@ -130,7 +162,7 @@ func (m *Manager) swapNIC(old, nn *localNIC, log zerolog.Logger, attempts int) {
 // closes, Close has destroyed every QP: it waits at most drainTimeout more.
 func (m *Manager) retire(n *localNIC, log zerolog.Logger) {
 	var closing <-chan time.Time
-	for n.users.Load() > 0 {
+	for !m.releaseIdle(n) {
 		select {
 		case <-m.ctx.Done():
 			if closing == nil {
@@ -143,14 +175,30 @@ func (m *Manager) retire(n *localNIC, log zerolog.Logger) {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-	m.releaseNIC(n)
 	log.Info().Msg("dead nic released")
+}
+
+// releaseIdle releases n if nothing is made on it; false when something
+// still is (or is being made).
+func (m *Manager) releaseIdle(n *localNIC) bool {
+	n.life.Lock()
+	idle := n.users.Load() == 0
+	n.life.Unlock()
+	if idle {
+		m.releaseNIC(n)
+	}
+	return idle
 }
 
 // releaseNIC frees n's holder CQ, keepalive and pool registrations, PD and,
 // when the manager opened it, its device. Errors of a dead device are
 // expected and ignored.
 func (m *Manager) releaseNIC(n *localNIC) {
+	n.life.Lock()
+	defer n.life.Unlock()
+	if n.released.Swap(true) {
+		return
+	}
 	n.holdMu.Lock()
 	if n.holdCQ != nil {
 		if err := n.holdCQ.Close(); err != nil && !n.fatal.Load() {
@@ -178,5 +226,4 @@ func (m *Manager) releaseNIC(n *localNIC) {
 	if n.ownDev {
 		_ = n.dev.Close()
 	}
-	n.released.Store(true)
 }

@@ -486,6 +486,9 @@ func (m *Manager) newAccepted(ctx context.Context, req *pegadv1.RdmaHandshakeReq
 func (m *Manager) acceptQPs(ctx context.Context, a *acceptedConn, reqNICs []remoteNIC, log zerolog.Logger) (*pegadv1.RdmaHandshakeResponse, error) {
 	resp := &pegadv1.RdmaHandshakeResponse{HolderNodeId: m.opts.NodeID, HolderIncarnation: m.opts.Incarnation}
 	pairs := m.pairNICs(reqNICs, log)
+	if pairs == nil {
+		return nil, fmt.Errorf("conn: accept: %w", ErrNoActiveNIC)
+	}
 	for i, rn := range reqNICs {
 		n := pairs[i]
 		attr := m.connectAttr(n)

@@ -282,8 +282,8 @@ func (m *Manager) pairNICs(req []remoteNIC, log zerolog.Logger) []*localNIC {
 	for i, r := range req {
 		best, bestMatch := -1, matchPosition
 		for j, n := range nics {
-			if skipDown && n.down.Load() {
-				continue
+			if n.fatal.Load() || skipDown && n.down.Load() {
+				continue // a dead device's NIC never (it is being replaced)
 			}
 			mt := matchPosition
 			switch {
@@ -298,6 +298,9 @@ func (m *Manager) pairNICs(req []remoteNIC, log zerolog.Logger) []*localNIC {
 				(uses[j] == uses[best] && j == i%len(nics)))) {
 				best, bestMatch = j, mt
 			}
+		}
+		if best < 0 {
+			return nil // every NIC's device is dead
 		}
 		uses[best]++
 		out[i] = nics[best]

@@ -31,8 +31,9 @@ const (
 	// bind completions land there. windowSlots keeps the binds in flight
 	// per NIC within it.
 	holdCQDepthWindows = 1024
-	// bindBatch binds are posted before their completions are awaited: a
-	// QP's send queue holds them whatever its depth (Options.SQDepth).
+	// bindBatch binds (at most Options.SQDepth) are posted before their
+	// completions are awaited; qpPair.binds keeps the binds of concurrent
+	// locks on one QP within its send queue.
 	bindBatch = 32
 	// bindTimeout bounds waiting for a batch's bind completions (a
 	// completion takes microseconds; a QP in ERROR flushes them at once).
@@ -133,6 +134,11 @@ func (m *Manager) BindWindows(ctx context.Context, node, inc string, ext []Exten
 	if !m.windows {
 		return nil, fmt.Errorf("%w: memory windows are off", ErrNoWindows)
 	}
+	// Close waits for binds in flight before it destroys QPs and PDs.
+	if err := m.begin(&m.accepts); err != nil {
+		return nil, err
+	}
+	defer m.accepts.Done()
 	m.mu.Lock()
 	a := m.accepted[node]
 	m.mu.Unlock()
@@ -140,7 +146,9 @@ func (m *Manager) BindWindows(ctx context.Context, node, inc string, ext []Exten
 		m.met.WindowBinds.WithLabelValues(resultError).Inc()
 		return nil, fmt.Errorf("%w: no connection of requester %s (incarnation %s) to bind them on", ErrNoWindows, node, inc)
 	}
-	ctx, cancel := context.WithTimeout(ctx, bindTimeout)
+	// Not the caller's cancel: a bind given up on early would leave its
+	// completion owed to a CQ slot already handed to another bind.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), bindTimeout)
 	defer cancel()
 	w := &Windows{m: m, hsID: a.handshakeID}
 	defer func() {
@@ -185,13 +193,19 @@ func (m *Manager) bindOn(ctx context.Context, wn *winNIC, ext []Extent) error {
 		return fmt.Errorf("%w: %s binds no windows", ErrNoWindows, n.info.Name)
 	}
 	for len(ext) > 0 {
-		batch := ext[:min(len(ext), bindBatch)]
+		batch := ext[:min(len(ext), bindBatch, m.opts.SQDepth)]
 		ext = ext[len(batch):]
-		if err := n.win.slots.Acquire(ctx, int64(len(batch))); err != nil {
+		k := int64(len(batch))
+		if err := n.win.slots.Acquire(ctx, k); err != nil {
 			return fmt.Errorf("bind windows on %s: %w", n.info.Name, err)
 		}
+		if err := wn.p.binds.Acquire(ctx, k); err != nil {
+			n.win.slots.Release(k)
+			return fmt.Errorf("bind windows on %s qp %d: %w", n.info.Name, wn.p.qpn, err)
+		}
 		err := m.bindBatch(ctx, wn, pd, qp, batch)
-		n.win.slots.Release(int64(len(batch)))
+		wn.p.binds.Release(k)
+		n.win.slots.Release(k)
 		if err != nil {
 			return err
 		}
@@ -205,13 +219,17 @@ func (m *Manager) bindBatch(ctx context.Context, wn *winNIC, pd ibv.MWPD, qp ibv
 	var ids []uint64
 	defer func() { n.win.forget(ids) }()
 	for _, e := range batch {
+		if !n.acquireUse() {
+			return fmt.Errorf("bind windows on %s: %w", n.info.Name, ErrNICReleased)
+		}
 		mw, err := pd.AllocMW()
 		if err != nil {
+			n.releaseUse()
 			return fmt.Errorf("bind windows on %s: %w", n.info.Name, err)
 		}
+		n.endUse() // counted in users until dealloc
 		wn.mws = append(wn.mws, mw)
 		n.windows.Inc()
-		n.users.Add(1)
 		id := n.win.expect(ch)
 		ids = append(ids, id)
 		rkey, err := qp.PostBindMW(mw, n.mr, e.Addr, e.Len, ibv.AccessRemoteRead, id, true)

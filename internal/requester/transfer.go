@@ -188,7 +188,9 @@ func (p *pipeline) read(l *lease, stg *staging, plan []*planBlock, tr *readTrack
 	stg.readPending = true
 	before := st.done.Load() // bytes the windows before this one read
 	rerr := p.rd.Read(readCtx, ops)
-	if rerr != nil && innocent(rerr) && l.ctx.Err() == nil {
+	// Not with memory windows: they are bound on this connection's QPs
+	// only, so a fresh one cannot use them (the window fails, loudly).
+	if rerr != nil && grant == nil && innocent(rerr) && l.ctx.Err() == nil {
 		// The connection broke under us while our own context is fine:
 		// most often another fetch's cancel moved shared QPs to ERROR.
 		// Read returned, so nothing can land in the staging memory any

@@ -13,6 +13,7 @@ import (
 	"os"
 	"sync"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"github.com/pegaflow/pegad/internal/ibv"
@@ -110,11 +111,25 @@ func (e *asyncEvents) handle(typ int, port uint8) {
 	default:
 		return
 	}
+	ev := ibv.DeviceEvent{Kind: kind, Info: e.d.Info()}
+	if kind == ibv.DeviceFatal {
+		// Said once, never again: it must not be lost behind a burst of
+		// port events, so wait for room (bounded: a reader that went
+		// away does not hold the loop, and stop, for long).
+		select {
+		case e.out <- ev:
+		case <-time.After(fatalSendWait):
+		}
+		return
+	}
 	select {
-	case e.out <- ibv.DeviceEvent{Kind: kind, Info: e.d.Info()}:
+	case e.out <- ev:
 	default:
 	}
 }
+
+// fatalSendWait bounds waiting for room for a DeviceFatal event.
+const fatalSendWait = 5 * time.Second
 
 var _ ibv.PortStater = (*device)(nil)
 
