@@ -253,7 +253,9 @@ func TestFakeVerbsWindowsKeepalive(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ok := func() float64 { return testutil.ToFloat64(req.met.WorkCompletions.WithLabelValues(wcLabel(ibv.WCSuccess))) }
+	ok := func() float64 {
+		return testutil.ToFloat64(req.met.WorkCompletions.WithLabelValues(wcLabel(ibv.WCSuccess)))
+	}
 	waitFor(t, "probes completed", func() bool { return ok() >= 5 })
 	if c.Invalid() {
 		t.Fatalf("idle connection to a windows holder invalidated by its keepalive: %v", c.reason)
