@@ -260,6 +260,12 @@ windows_phase() {
 	checkblocks b mwb 8 && ok "all 8 blocks read through memory windows byte-identical"
 	wait_no_sessions a 20 && ok "A holds no session (and so no window) after the fetch" ||
 		bad "A still holds sessions after the windows fetch"
+	# B's keepalive READs A's probe page every second while idle, not A's
+	# pool (which reads nothing without a lock): the connection stays.
+	sleep 3
+	st=$(conn_state)
+	[ "$st" = connected ] && ok "B's idle connection to the windows holder still connected after 3 keepalive rounds" ||
+		bad "B's idle connection to the windows holder is $st after 3 s (keepalive refused?)"
 	# The same fetch from A without windows, in the same boot (TCG: only
 	# the ratio means anything, and little at that).
 	stop a
