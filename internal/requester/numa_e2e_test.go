@@ -92,6 +92,7 @@ type numaNode struct {
 	m      *metrics.Metrics
 	engine *requester.Engine
 	holder *holder.Service
+	mgr    *conn.Manager
 	addr   string
 }
 
@@ -129,6 +130,7 @@ func newNUMANode(t *testing.T, id, sysfs string, serve bool, log *readLog, windo
 		NodeID: id, Incarnation: id + "-inc", Transport: "verbs", Devices: devs,
 		Memory: n.pool.Bytes(), QPsPerPeer: 1, Dial: conn.Dialer(peers.Get), Placement: n.pool,
 		Metrics: n.m, Log: zerolog.Nop(), HandshakeTimeout: 5 * time.Second, MemoryWindows: len(windows) > 0 && windows[0],
+		IdleTimeout: 200 * time.Millisecond, // a holder reaps a requester 200 ms after its last session
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -141,6 +143,8 @@ func newNUMANode(t *testing.T, id, sysfs string, serve bool, log *readLog, windo
 			ho.Windows = mgr
 		}
 		n.holder = holder.New(ho)
+		mgr.SetRequesterActivity(n.holder.Locks())
+		n.mgr = mgr
 		h := n.holder
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
@@ -274,4 +278,37 @@ func TestFetchThroughMemoryWindows(t *testing.T) {
 	if n := h.holder.Locks().Len(); n != 0 {
 		t.Fatalf("%d locks left on the holder", n)
 	}
+
+	// The holder reaps the idle requester's connection; the requester,
+	// which has no keepalive here, still holds its side. The next lock is
+	// refused (no connection to bind its windows on): the requester
+	// handshakes again and asks once more. Before, that fetch failed.
+	deadline := time.Now().Add(10 * time.Second)
+	for holderConns(h) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the holder never reaped the idle requester's connection")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := h.store.Put(store.Key{Namespace: "ns", Hash: "after-reap"}, []store.SlotSize{{KSize: 4096}},
+		func(buf []byte) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	res, err := req.engine.Prefetch(ctx, h.addr, "ns", [][]byte{[]byte("after-reap")})
+	if err != nil || res.Blocks[0].Status != requester.StatusFetched {
+		t.Fatalf("fetch after the holder reaped our connection: %v %+v", err, res)
+	}
+}
+
+// holderConns counts the holder-side connections h accepted.
+func holderConns(h *numaNode) int {
+	n := 0
+	for _, c := range h.mgr.List() {
+		if c.Role == conn.RoleHolder {
+			n++
+		}
+	}
+	return n
 }

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/grpc/codes"
+
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	"github.com/pegaflow/pegad/api/pegaderr"
 	"github.com/pegaflow/pegad/internal/store"
@@ -71,7 +73,30 @@ func (e *Engine) fetch(ctx context.Context, st *fetchState, keys []store.Key, ou
 	if rerr := e.channelReady(ctx, p.client); rerr != nil {
 		return p.fail(PhaseLock, channelNotReady(e.reconnectWait, rerr), ErrRemote)
 	}
-	return p.run(p.lockWindow(all, true))
+	w := p.lockWindow(all, true)
+	if w.err != nil && connectionRefused(w.err) && ctx.Err() == nil {
+		// The holder has no connection of ours to bind the lock's memory
+		// windows on (it reaped ours as idle, or restarted): handshake
+		// again and ask once more. The refusal locked nothing. Only the
+		// first window: nothing reads through p.rd yet.
+		e.log.Info().Err(w.err).Str("req_id", st.reqID).Str("remote", st.peer).
+			Msg("lock refused: the holder has no connection of ours; reconnecting")
+		e.conns.Invalidate(p.rd, w.err)
+		rd, err := e.conns.Get(ctx, st.peer)
+		if err != nil {
+			return p.fail(PhaseConnect, err, ErrConnection)
+		}
+		p.rd = rd
+		w = p.lockWindow(all, true)
+	}
+	return p.run(w)
+}
+
+// connectionRefused reports whether a lock was refused because the holder
+// had no connection of this requester to serve it through (memory windows).
+func connectionRefused(err error) bool {
+	code, reason := pegaderr.FromStatus(err)
+	return code == codes.Unavailable && reason == pegaderr.Connection
 }
 
 // run transfers w and every window after it. The next window's query runs
