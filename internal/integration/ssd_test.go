@@ -263,7 +263,9 @@ func TestSSDCorruptedUnderDaemon(t *testing.T) {
 	n := cluster.Start(t, cluster.Named("corrupt"), cluster.WithConfig(ssdConfig(dir, 16<<20)))
 	ssdPutAll(t, n, 0, ssdBlocks)
 	before := ssdDrained(t, n)
-	corruptDataPages(t, filepath.Join(dir, ssd.LogName))
+	if flipped, err := testutil.CorruptSSDLog(filepath.Join(dir, ssd.LogName)); err != nil || flipped == 0 {
+		t.Fatalf("corrupt the log: %d pages flipped, %v", flipped, err)
+	}
 
 	// A get that promotes from SSD may first evict (and so spill) a DRAM
 	// block: that record is written after the corruption and is sound.
@@ -281,38 +283,6 @@ func TestSSDCorruptedUnderDaemon(t *testing.T) {
 	defer cancel()
 	if got, err := testutil.GetBlock(ctx, n.Local, ssdNS, ssdHash(1000)); err != nil || !bytes.Equal(got, ssdBody(1000)) {
 		t.Fatalf("put after corruption: %v", err)
-	}
-}
-
-// corruptDataPages flips the first byte of every non-zero 4 KiB page that
-// is not a record header.
-func corruptDataPages(t *testing.T, path string) {
-	t.Helper()
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	page := make([]byte, ssd.Align)
-	flipped := 0
-	for off := int64(0); ; off += ssd.Align {
-		if _, err := f.ReadAt(page, off); err != nil {
-			break
-		}
-		if string(page[:4]) == "PGSD" || bytes.Count(page, []byte{0}) == len(page) {
-			continue // a header ("PGSD" little endian), or never written
-		}
-		page[0] ^= 0xff
-		if _, err := f.WriteAt(page[:1], off); err != nil {
-			t.Fatal(err)
-		}
-		flipped++
-	}
-	if err := f.Sync(); err != nil {
-		t.Fatal(err)
-	}
-	if flipped == 0 {
-		t.Fatal("no data page to corrupt")
 	}
 }
 
@@ -370,7 +340,9 @@ func TestSSDFullDisk(t *testing.T) {
 	_ = os.RemoveAll(filepath.Join(dir, "big"))
 
 	n := cluster.Start(t, cluster.Named("full"), cluster.WithConfig(ssdConfig(filepath.Join(dir, "ssd"), 5<<20)))
-	fill(t, filepath.Join(dir, "filler"))
+	if err := testutil.FillDisk(filepath.Join(dir, "filler")); err != nil {
+		t.Fatalf("fill the disk: %v", err)
+	}
 	ssdPutAll(t, n, 0, ssdBlocks)
 	m := ssdDrained(t, n)
 	if m[`pegaflow_ssd_drops_total{reason="write_error"}`] != 0 || m["pegaflow_ssd_aged_out_total"] == 0 {
@@ -378,25 +350,6 @@ func TestSSDFullDisk(t *testing.T) {
 	}
 	if found := ssdCheckAll(t, n, ssdBlocks); float64(found) < m["pegaflow_ssd_blocks"] {
 		t.Fatalf("%d found, %v on SSD", found, m["pegaflow_ssd_blocks"])
-	}
-}
-
-// fill writes path until the file system is full.
-func fill(t *testing.T, path string) {
-	t.Helper()
-	f, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	chunk := make([]byte, 64<<10)
-	for {
-		if _, err := f.Write(chunk); err != nil {
-			if !strings.Contains(err.Error(), "no space left") {
-				t.Fatal(err)
-			}
-			return
-		}
 	}
 }
 

@@ -8,7 +8,6 @@ package reliability
 // or the documented loss of the pool at kill -9).
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -201,7 +200,7 @@ func runSSDKillSpills(c *cluster) {
 
 func runSSDFullDisk(c *cluster) {
 	a := c.n("a")
-	fillDisk(c, filepath.Join(a.ssdDir, "filler"))
+	c.require(testutil.FillDisk(filepath.Join(a.ssdDir, "filler")), "fill the disk")
 	c.fault("A's SSD file system filled (tmpfs of 40 MiB, 32 MiB log)")
 	// Another log on the full disk is refused at start.
 	code, out := startUnusable(c.t, filepath.Join(a.ssdDir, "big"), "16MiB")
@@ -231,7 +230,8 @@ func runSSDCorrupt(c *cluster) {
 	a := c.n("a")
 	bs := c.ssdPutMany(a, 96) // 24 MiB: 64 blocks on SSD only
 	onSSD := c.ssdDrained(a)[mSSDBlocks]
-	pages := corruptDataPages(c, filepath.Join(a.ssdDir, "pegad-ssd.log"))
+	pages, err := testutil.CorruptSSDLog(filepath.Join(a.ssdDir, "pegad-ssd.log"))
+	c.require(err, "corrupt the log")
 	c.fault("every data page of A's log flipped under the running daemon (%d pages, %.0f blocks)", pages, onSSD)
 	tl := c.ssdReadAll(a, bs)
 	m, err := a.scrape()
@@ -301,44 +301,4 @@ func startUnusable(t testing.TB, path, size string) (int, string) {
 func lastLine(s string) string {
 	lines := strings.Split(strings.TrimSpace(s), "\n")
 	return lines[len(lines)-1]
-}
-
-// fillDisk writes path until its file system is full.
-func fillDisk(c *cluster, path string) {
-	c.t.Helper()
-	f, err := os.Create(path)
-	c.require(err, "create filler")
-	defer f.Close()
-	chunk := make([]byte, 64<<10)
-	for {
-		if _, err := f.Write(chunk); err != nil {
-			c.expect(errors.Is(err, syscall.ENOSPC), "filling the disk: %v", err)
-			return
-		}
-	}
-}
-
-// corruptDataPages flips the first byte of every written 4 KiB page of
-// the log that is not a record header ("PGSD"), and returns how many.
-func corruptDataPages(c *cluster, path string) int {
-	c.t.Helper()
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
-	c.require(err, "open the log")
-	defer f.Close()
-	page := make([]byte, 4096)
-	flipped := 0
-	for off := int64(0); ; off += int64(len(page)) {
-		if _, err := f.ReadAt(page, off); err != nil {
-			break
-		}
-		if string(page[:4]) == "PGSD" || bytes.Count(page, []byte{0}) == len(page) {
-			continue // a header (magic 0x44534750 little endian: "PGSD"), or never written
-		}
-		page[0] ^= 0xff
-		_, err := f.WriteAt(page[:1], off)
-		c.require(err, "corrupt a page")
-		flipped++
-	}
-	c.require(f.Sync(), "sync the log")
-	return flipped
 }

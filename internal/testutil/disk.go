@@ -1,0 +1,58 @@
+package testutil
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"syscall"
+
+	"github.com/pegaflow/pegad/internal/ssd"
+)
+
+// CorruptSSDLog flips the first byte of every written page (ssd.Align) of
+// the SSD tier's log at path that is not a record header, syncs the file,
+// and returns how many pages it flipped: every block's data then fails its
+// checksum, while the headers still parse.
+func CorruptSSDLog(path string) (int, error) {
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	page := make([]byte, ssd.Align)
+	flipped := 0
+	for off := int64(0); ; off += ssd.Align {
+		if _, err := f.ReadAt(page, off); err != nil {
+			break
+		}
+		if string(page[:4]) == "PGSD" || bytes.Count(page, []byte{0}) == len(page) {
+			continue // a header (magic 0x44534750 little endian: "PGSD"), or never written
+		}
+		page[0] ^= 0xff
+		if _, err := f.WriteAt(page[:1], off); err != nil {
+			return flipped, fmt.Errorf("corrupt page at %d: %w", off, err)
+		}
+		flipped++
+	}
+	return flipped, f.Sync()
+}
+
+// FillDisk writes path until its file system is full: nil once a write
+// fails with ENOSPC, else the error that stopped it.
+func FillDisk(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	chunk := make([]byte, 64<<10)
+	for {
+		if _, err := f.Write(chunk); err != nil {
+			if errors.Is(err, syscall.ENOSPC) {
+				return nil
+			}
+			return err
+		}
+	}
+}
