@@ -97,25 +97,15 @@ func ssdDrained(t *testing.T, n *cluster.Node) map[string]float64 {
 	var m map[string]float64
 	cluster.Eventually(t, "SSD write queue drained", 20*time.Second, func() error {
 		m = n.Scrape(t)
-		done := m["pegaflow_ssd_writes_total"] + ssdDrops(m)
-		if m["pegaflow_ssd_write_queue_depth"] != 0 || done < m["pegaflow_block_evictions_total"] {
+		if !testutil.SSDDrained(m) {
 			return fmt.Errorf("queue %v, written+dropped %v of %v evicted", m["pegaflow_ssd_write_queue_depth"],
-				done, m["pegaflow_block_evictions_total"])
+				m["pegaflow_ssd_writes_total"]+testutil.SSDDrops(m), m["pegaflow_block_evictions_total"])
 		}
 		return nil
 	})
 	return m
 }
 
-func ssdDrops(m map[string]float64) float64 {
-	var d float64
-	for k, v := range m {
-		if strings.HasPrefix(k, "pegaflow_ssd_drops_total") {
-			d += v
-		}
-	}
-	return d
-}
 
 // TestSSDSpillAndPromote: four pools' worth of blocks all come back with
 // their bytes, through get (local) and through a peer's query (prefetch
@@ -125,8 +115,8 @@ func TestSSDSpillAndPromote(t *testing.T) {
 	a := cluster.Start(t, cluster.Named("a"), cluster.WithConfig(ssdConfig(dir, 16<<20)))
 	ssdPutAll(t, a, 0, ssdBlocks)
 	m := ssdDrained(t, a)
-	if m["pegaflow_ssd_writes_total"] < ssdBlocks/2 || ssdDrops(m) != 0 {
-		t.Fatalf("writes %v, drops %v: want most evictions written, none dropped", m["pegaflow_ssd_writes_total"], ssdDrops(m))
+	if m["pegaflow_ssd_writes_total"] < ssdBlocks/2 || testutil.SSDDrops(m) != 0 {
+		t.Fatalf("writes %v, drops %v: want most evictions written, none dropped", m["pegaflow_ssd_writes_total"], testutil.SSDDrops(m))
 	}
 	listTiers(t, a, 10) // pages of 10: through the pool's pages into the SSD's
 	if got := ssdCheckAll(t, a, ssdBlocks); got != ssdBlocks {

@@ -30,7 +30,6 @@ import (
 // SSD metrics the scenarios read.
 const (
 	mSSDWrites     = "pegaflow_ssd_writes_total"
-	mSSDDrops      = "pegaflow_ssd_drops_total"
 	mSSDChecksum   = "pegaflow_ssd_checksum_failures_total"
 	mSSDReadErrors = "pegaflow_ssd_read_errors_total"
 	mSSDAgedOut    = "pegaflow_ssd_aged_out_total"
@@ -39,7 +38,6 @@ const (
 	mSSDQueue      = "pegaflow_ssd_write_queue_depth"
 	mSSDTombstones = `pegaflow_ssd_tombstones_total{result="written"}`
 	mSSDWriteErr   = `pegaflow_ssd_drops_total{reason="write_error"}`
-	mEvictions     = "pegaflow_block_evictions_total"
 
 	ssdBlock = 256 << 10 // every SSD scenario's block size (K+V)
 	ssdPool  = "8MiB"    // 32 blocks: the rest spill
@@ -95,13 +93,7 @@ func (c *cluster) ssdReadAll(n *node, blocks []block) ssdTally {
 // ssdCounted is the blocks the tier dropped and counted: not written
 // (drops), dropped when read (checksum, read errors), aged out.
 func ssdCounted(m map[string]float64) float64 {
-	d := m[mSSDChecksum] + m[mSSDReadErrors] + m[mSSDAgedOut]
-	for k, v := range m {
-		if strings.HasPrefix(k, mSSDDrops+"{") {
-			d += v
-		}
-	}
-	return d
+	return testutil.SSDDrops(m) + m[mSSDChecksum] + m[mSSDReadErrors] + m[mSSDAgedOut]
 }
 
 // ssdDrained waits until every eviction so far was written or dropped,
@@ -113,13 +105,7 @@ func (c *cluster) ssdDrained(n *node) map[string]float64 {
 		var err error
 		m, err = n.scrape()
 		c.require(err, "scrape")
-		var drops float64
-		for k, v := range m {
-			if strings.HasPrefix(k, mSSDDrops+"{") {
-				drops += v
-			}
-		}
-		return m[mSSDQueue] == 0 && m[mSSDWrites]+drops >= m[mEvictions]
+		return testutil.SSDDrained(m)
 	})
 	return m
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"syscall"
 
 	"github.com/pegaflow/pegad/internal/ssd"
@@ -55,4 +56,22 @@ func FillDisk(path string) error {
 			return err
 		}
 	}
+}
+
+// SSDDrops sums a scrape's pegaflow_ssd_drops_total series (every reason).
+func SSDDrops(m map[string]float64) float64 {
+	var d float64
+	for k, v := range m {
+		if strings.HasPrefix(k, "pegaflow_ssd_drops_total{") {
+			d += v
+		}
+	}
+	return d
+}
+
+// SSDDrained reports whether a scrape shows the SSD tier's write queue
+// empty and every block evicted so far written or dropped.
+func SSDDrained(m map[string]float64) bool {
+	return m["pegaflow_ssd_write_queue_depth"] == 0 &&
+		m["pegaflow_ssd_writes_total"]+SSDDrops(m) >= m["pegaflow_block_evictions_total"]
 }
