@@ -106,7 +106,6 @@ func ssdDrained(t *testing.T, n *cluster.Node) map[string]float64 {
 	return m
 }
 
-
 // TestSSDSpillAndPromote: four pools' worth of blocks all come back with
 // their bytes, through get (local) and through a peer's query (prefetch
 // from another node), counted as SSD hits.

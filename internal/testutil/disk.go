@@ -7,11 +7,13 @@ import (
 	"os"
 	"strings"
 	"syscall"
-
-	"github.com/pegaflow/pegad/internal/ssd"
 )
 
-// CorruptSSDLog flips the first byte of every written page (ssd.Align) of
+// ssdPage is the SSD tier's page, ssd.Align (not imported: the store's
+// tests import testutil, and ssd imports store).
+const ssdPage = 4096
+
+// CorruptSSDLog flips the first byte of every written page (ssdPage) of
 // the SSD tier's log at path that is not a record header, syncs the file,
 // and returns how many pages it flipped: every block's data then fails its
 // checksum, while the headers still parse.
@@ -21,9 +23,9 @@ func CorruptSSDLog(path string) (int, error) {
 		return 0, err
 	}
 	defer f.Close()
-	page := make([]byte, ssd.Align)
+	page := make([]byte, ssdPage)
 	flipped := 0
-	for off := int64(0); ; off += ssd.Align {
+	for off := int64(0); ; off += ssdPage {
 		if _, err := f.ReadAt(page, off); err != nil {
 			break
 		}
