@@ -129,8 +129,8 @@ type winNIC struct {
 // accepted connection of requester node of incarnation inc, one QP per NIC
 // (rotating over the connection's QPs from lock to lock), and returns them
 // once every bind completed. A NIC whose binds fail is left out; none
-// left is an error wrapping ErrNoWindows. Nothing is left bound on error.
-func (m *Manager) BindWindows(ctx context.Context, node, inc string, ext []Extent) (_ *Windows, err error) {
+// left is an error wrapping ErrNoWindows, with nothing left bound.
+func (m *Manager) BindWindows(ctx context.Context, node, inc string, ext []Extent) (*Windows, error) {
 	if !m.windows {
 		return nil, fmt.Errorf("%w: memory windows are off", ErrNoWindows)
 	}
@@ -151,11 +151,6 @@ func (m *Manager) BindWindows(ctx context.Context, node, inc string, ext []Exten
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), bindTimeout)
 	defer cancel()
 	w := &Windows{m: m, hsID: a.handshakeID}
-	defer func() {
-		if err != nil {
-			w.Close()
-		}
-	}()
 	turn := m.windowTurn.Add(1)
 	var errs []error
 	for i, qs := range a.nics {
@@ -164,12 +159,12 @@ func (m *Manager) BindWindows(ctx context.Context, node, inc string, ext []Exten
 		}
 		q := int(turn % uint64(len(qs)))
 		wn := &winNIC{reqNIC: i, qp: q, p: qs[q]}
-		w.nics = append(w.nics, wn) // bound or not, Close deallocates what it holds
 		if err := m.bindOn(ctx, wn, ext); err != nil {
 			errs = append(errs, err)
-			w.nics = w.nics[:len(w.nics)-1]
-			wn.dealloc(m)
+			wn.dealloc(m) // what it bound before the failure
+			continue
 		}
+		w.nics = append(w.nics, wn)
 	}
 	if len(w.nics) == 0 {
 		m.met.WindowBinds.WithLabelValues(resultError).Inc()
@@ -213,34 +208,40 @@ func (m *Manager) bindOn(ctx context.Context, wn *winNIC, ext []Extent) error {
 	return nil
 }
 
+// bindBatch allocates and binds a window per extent of batch, then awaits
+// every bind it posted, also when one failed to be made or posted (their
+// completions are owed to the CQ slots the caller holds).
 func (m *Manager) bindBatch(ctx context.Context, wn *winNIC, pd ibv.MWPD, qp ibv.MWQP, batch []Extent) error {
 	n := wn.p.nic
 	ch := make(chan ibv.WorkCompletion, len(batch))
-	var ids []uint64
+	var ids []uint64 // of the binds posted
 	defer func() { n.win.forget(ids) }()
+	var failed error
 	for _, e := range batch {
 		if !n.acquireUse() {
-			return fmt.Errorf("bind windows on %s: %w", n.info.Name, ErrNICReleased)
+			failed = fmt.Errorf("bind windows on %s: %w", n.info.Name, ErrNICReleased)
+			break
 		}
 		mw, err := pd.AllocMW()
 		if err != nil {
 			n.releaseUse()
-			return fmt.Errorf("bind windows on %s: %w", n.info.Name, err)
+			failed = fmt.Errorf("bind windows on %s: %w", n.info.Name, err)
+			break
 		}
 		n.endUse() // counted in users until dealloc
 		wn.mws = append(wn.mws, mw)
 		n.windows.Inc()
 		id := n.win.expect(ch)
-		ids = append(ids, id)
 		rkey, err := qp.PostBindMW(mw, n.mr, e.Addr, e.Len, ibv.AccessRemoteRead, id, true)
 		if err != nil {
-			n.win.forget(ids[len(ids)-1:])
-			ids = ids[:len(ids)-1]
-			return m.awaitBinds(ctx, n, ch, len(ids), fmt.Errorf("bind windows on %s qp %d: %w", n.info.Name, wn.p.qpn, err))
+			n.win.forget([]uint64{id})
+			failed = fmt.Errorf("bind windows on %s qp %d: %w", n.info.Name, wn.p.qpn, err)
+			break
 		}
+		ids = append(ids, id)
 		wn.keys = append(wn.keys, &pegadv1.WindowKey{Base: e.Addr, Length: e.Len, Rkey: rkey})
 	}
-	return m.awaitBinds(ctx, n, ch, len(ids), nil)
+	return m.awaitBinds(ctx, n, ch, len(ids), failed)
 }
 
 // awaitBinds collects count completions from ch, polling n's holder CQ,
