@@ -143,6 +143,7 @@ func (m *Manager) swapNIC(old, nn *localNIC, log zerolog.Logger, attempts int) {
 	next[old.pos] = nn
 	m.nicSet.Store(&next)
 	m.mu.Unlock()
+	nn.up.Set(1)
 	m.watchNIC(nn)
 	var stale []*AddrConnection
 	for _, c := range m.requesterConns() {
@@ -161,13 +162,13 @@ func (m *Manager) swapNIC(old, nn *localNIC, log zerolog.Logger, attempts int) {
 // requesters reconnect or are reaped), then releases it. Once the manager
 // closes, Close has destroyed every QP: it waits at most drainTimeout more.
 func (m *Manager) retire(n *localNIC, log zerolog.Logger) {
+	done := m.ctx.Done()
 	var closing <-chan time.Time
 	for !m.releaseIdle(n) {
 		select {
-		case <-m.ctx.Done():
-			if closing == nil {
-				closing = time.After(m.drainTimeout)
-			}
+		case <-done:
+			done = nil // once: a closed channel would spin this loop
+			closing = time.After(m.drainTimeout)
 		case <-closing:
 			log.Error().Int64("users", n.users.Load()).Msg("dead nic still has QPs or windows at close: released anyway")
 			m.releaseNIC(n)

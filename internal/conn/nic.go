@@ -339,6 +339,7 @@ func (m *Manager) registerNICs(opts Options) error {
 	var wg sync.WaitGroup
 	for i, dev := range opts.Devices {
 		n := m.newLocalNIC(dev, i)
+		n.up.Set(1)
 		nics[i] = n
 		wg.Go(func() { errs[i] = m.registerNIC(n) })
 	}
@@ -348,7 +349,7 @@ func (m *Manager) registerNICs(opts Options) error {
 }
 
 // newLocalNIC is the NIC of dev at position i of Options.Devices, not
-// registered yet, counted up.
+// registered yet (nor counted up: its caller does once it is placed).
 func (m *Manager) newLocalNIC(dev ibv.Device, i int) *localNIC {
 	n := &localNIC{dev: dev, info: dev.Info(), pos: i, win: newWindowWaiters()}
 	if m.opts.Rails != nil {
@@ -359,7 +360,6 @@ func (m *Manager) newLocalNIC(dev ibv.Device, i int) *localNIC {
 	n.readBytes = m.met.NICReadBytes.WithLabelValues(n.info.Name) // at 0 from the start
 	n.up = m.met.NICUp.WithLabelValues(n.info.Name)
 	n.windows = m.met.MemoryWindows.WithLabelValues(n.info.Name)
-	n.up.Set(1)
 	return n
 }
 
