@@ -1,6 +1,7 @@
 package conn
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"slices"
@@ -43,15 +44,7 @@ func NewGrant(ws []*pegadv1.MemoryWindows, handshakeID string) (*Grant, error) {
 			return nil, fmt.Errorf("%w: window grant for nic %d qp %d", ErrRemoteMemory, nic, w.GetQp())
 		}
 		keys := slices.Clone(w.GetKeys())
-		slices.SortFunc(keys, func(a, b *pegadv1.WindowKey) int {
-			switch {
-			case a.GetBase() < b.GetBase():
-				return -1
-			case a.GetBase() > b.GetBase():
-				return 1
-			}
-			return 0
-		})
+		slices.SortFunc(keys, func(a, b *pegadv1.WindowKey) int { return cmp.Compare(a.GetBase(), b.GetBase()) })
 		for i, k := range keys {
 			if k.GetLength() == 0 || k.GetBase()+k.GetLength() < k.GetBase() ||
 				(i > 0 && keys[i-1].GetBase()+keys[i-1].GetLength() > k.GetBase()) {

@@ -1,6 +1,7 @@
 package conn
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -50,15 +51,7 @@ type Extent struct{ Addr, Len uint64 }
 
 // MergeExtents sorts ranges and merges those that overlap or touch.
 func MergeExtents(ext []Extent) []Extent {
-	slices.SortFunc(ext, func(a, b Extent) int {
-		switch {
-		case a.Addr < b.Addr:
-			return -1
-		case a.Addr > b.Addr:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(ext, func(a, b Extent) int { return cmp.Compare(a.Addr, b.Addr) })
 	out := ext[:0]
 	for _, e := range ext {
 		if e.Len == 0 {
