@@ -1,12 +1,9 @@
 package ctl
 
 import (
-	"compress/gzip"
 	"context"
 	"fmt"
 	"io"
-	"os"
-	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -48,7 +45,7 @@ daemon or a namespace of its own: blocks already stored count as hits.`,
 			if namespace == "" {
 				return usageErrorf("--namespace must not be empty")
 			}
-			reqs, err := readTraceFile(tracePath)
+			reqs, err := replay.ReadTraceFile(tracePath)
 			if err != nil {
 				return usageErrorf("%v", err)
 			}
@@ -64,28 +61,6 @@ daemon or a namespace of its own: blocks already stored count as hits.`,
 	cmd.Flags().StringVar(&namespace, "namespace", "pegad-replay", "namespace of the replayed blocks")
 	_ = cmd.MarkFlagRequired("trace")
 	return cmd
-}
-
-func readTraceFile(path string) ([]replay.Request, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	var r io.Reader = f
-	if strings.HasSuffix(path, ".gz") {
-		zr, err := gzip.NewReader(f)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", path, err)
-		}
-		defer zr.Close()
-		r = zr
-	}
-	reqs, err := replay.ReadTrace(r)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	return reqs, nil
 }
 
 // replay runs the trace against the daemon. It takes no --timeout: a

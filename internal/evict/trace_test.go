@@ -1,8 +1,6 @@
 package evict
 
 import (
-	"compress/gzip"
-	"os"
 	"testing"
 
 	"github.com/pegaflow/pegad/internal/replay"
@@ -66,16 +64,7 @@ func simulate(t testing.TB, reqs []replay.Request, capacity int, p policy) repla
 
 func loadTrace(t testing.TB) []replay.Request {
 	t.Helper()
-	f, err := os.Open("../replay/testdata/mooncake_fast25_synthetic_trace.jsonl.gz")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { f.Close() })
-	zr, err := gzip.NewReader(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	reqs, err := replay.ReadTrace(zr)
+	reqs, err := replay.ReadTraceFile("../replay/testdata/mooncake_fast25_synthetic_trace.jsonl.gz")
 	if err != nil {
 		t.Fatal(err)
 	}

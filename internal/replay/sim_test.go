@@ -1,9 +1,7 @@
 package replay
 
 import (
-	"compress/gzip"
 	"math"
-	"os"
 	"strings"
 	"testing"
 )
@@ -79,16 +77,7 @@ func TestSimulatorsMooncakeTrace(t *testing.T) {
 
 func loadMooncake(t testing.TB) []Request {
 	t.Helper()
-	f, err := os.Open("testdata/mooncake_fast25_synthetic_trace.jsonl.gz")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	zr, err := gzip.NewReader(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	reqs, err := ReadTrace(zr)
+	reqs, err := ReadTraceFile("testdata/mooncake_fast25_synthetic_trace.jsonl.gz")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,9 +7,11 @@ package replay
 
 import (
 	"bufio"
+	"compress/gzip"
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 )
 
@@ -25,6 +27,30 @@ type Request struct {
 // maxLine bounds one JSONL line: 1 MiB holds ~100k block ids, far past any
 // prompt a trace has.
 const maxLine = 1 << 20
+
+// ReadTraceFile reads the JSONL trace in the file at path, gunzipped when
+// its name ends in .gz.
+func ReadTraceFile(path string) ([]Request, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var r io.Reader = f
+	if strings.HasSuffix(path, ".gz") {
+		zr, err := gzip.NewReader(f)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		defer zr.Close()
+		r = zr
+	}
+	reqs, err := ReadTrace(r)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return reqs, nil
+}
 
 // ReadTrace reads a JSONL trace: one Request per line, blank lines skipped.
 // A line that is not a request is an error naming the line.

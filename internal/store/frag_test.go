@@ -1,10 +1,8 @@
 package store
 
 import (
-	"compress/gzip"
 	"encoding/binary"
 	"fmt"
-	"os"
 	"testing"
 
 	"github.com/pegaflow/pegad/internal/evict"
@@ -79,16 +77,7 @@ func TestFragmentationTrace(t *testing.T) {
 	if testing.Short() {
 		t.Skip("trace replay")
 	}
-	f, err := os.Open("../replay/testdata/mooncake_fast25_synthetic_trace.jsonl.gz")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	zr, err := gzip.NewReader(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	reqs, err := replay.ReadTrace(zr)
+	reqs, err := replay.ReadTraceFile("../replay/testdata/mooncake_fast25_synthetic_trace.jsonl.gz")
 	if err != nil {
 		t.Fatal(err)
 	}
