@@ -146,14 +146,7 @@ func (t *LockTable) ObserveIncarnation(nodeID, inc string) (reclaimed int, err e
 	if nodeID == "" || inc == "" {
 		return 0, nil
 	}
-	n := t.lockNode(nodeID, t.clock.Now())
-	prev := n.current
-	victims, err := n.observeLocked(inc)
-	n.mu.Unlock()
-	if err != nil {
-		return 0, err
-	}
-	return t.reclaim(nodeID, prev, inc, victims), nil
+	return t.observeUnlock(t.lockNode(nodeID, t.clock.Now()), nodeID, inc)
 }
 
 // observeKnown is ObserveIncarnation for a node the table already tracks;
@@ -176,14 +169,21 @@ func (t *LockTable) observeKnown(nodeID, inc string) (reclaimed int, err error) 
 			n.mu.Unlock()
 			continue // evicted meanwhile: look again
 		}
-		prev := n.current
-		victims, err := n.observeLocked(inc)
-		n.mu.Unlock()
-		if err != nil {
-			return 0, err
-		}
-		return t.reclaim(nodeID, prev, inc, victims), nil
+		return t.observeUnlock(n, nodeID, inc)
 	}
+}
+
+// observeUnlock applies incarnation inc to n, whose mu the caller holds
+// and this releases, then reclaims the sessions of the incarnations it
+// replaced.
+func (t *LockTable) observeUnlock(n *nodeState, nodeID, inc string) (reclaimed int, err error) {
+	prev := n.current
+	victims, err := n.observeLocked(inc)
+	n.mu.Unlock()
+	if err != nil {
+		return 0, err
+	}
+	return t.reclaim(nodeID, prev, inc, victims), nil
 }
 
 func (t *LockTable) reclaim(nodeID, prev, inc string, victims []*session) int {
