@@ -92,3 +92,44 @@ func TestKVEvents(t *testing.T) {
 		t.Fatalf("error %q does not name --kv-events-endpoint", err)
 	}
 }
+
+// TestKVEventsHostileFrame: one unauthenticated connection that greets
+// and then declares a 2^50-byte frame ended the daemon (exit 2, zmq4's
+// makeslice panic; issue 33). Now that connection alone is cut and
+// counted, and the node serves puts and subscribers as before.
+func TestKVEventsHostileFrame(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.KVEventsEndpoint = "tcp://127.0.0.1:0"
+	n := startNode(t, cfg)
+	nc, err := net.Dial("tcp", n.d.KVEventsAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	greeting := make([]byte, 64)
+	greeting[0], greeting[9], greeting[10] = 0xFF, 0x7F, 3
+	copy(greeting[12:], "NULL")
+	body := append([]byte{5}, "READY"...)
+	body = append(append(append(body, 11), "Socket-Type"...), 0, 0, 0, 3)
+	body = append(body, "SUB"...)
+	ready := append([]byte{0x04, byte(len(body))}, body...) // a command frame
+	bomb := binary.BigEndian.AppendUint64([]byte{0x02}, 1<<50)
+	if _, err := nc.Write(append(append(greeting, ready...), bomb...)); err != nil {
+		t.Fatal(err)
+	}
+	_ = nc.SetReadDeadline(time.Now().Add(5 * time.Second))
+	var buf [256]byte
+	for {
+		if _, err := nc.Read(buf[:]); err != nil {
+			if ne, ok := err.(net.Error); ok && ne.Timeout() {
+				t.Fatal("the hostile connection is still open after 5 s")
+			}
+			break
+		}
+	}
+	putBlock(t, n, "model-a", []byte("0123456789abcdef-after"), []byte("kv bytes"), false)
+	m := cluster.Scrape(t, n.d.MetricsAddr())
+	if got := m[`pegaflow_kv_events_connections_refused_total{reason="frame"}`]; got != 1 {
+		t.Errorf("refused{reason=frame} = %v, want 1", got)
+	}
+}

@@ -37,7 +37,7 @@ func startServer(t *testing.T, wrap func(net.Listener) net.Listener) *server {
 		t.Fatal(err)
 	}
 	p := &Publisher{o: Options{Log: zerolog.Nop(), SubscriberQueue: 8, Metrics: metrics.NewKVEventsForTest()}}
-	s := &server{kind: kindPub, ln: wrap(ln), p: p, conns: map[*peer]struct{}{}}
+	s := newServer(kindPub, wrap(ln), p)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); s.serve(ctx) }()

@@ -1,6 +1,7 @@
 package kvevents
 
 import (
+	"container/list"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -10,20 +11,15 @@ import (
 	"sync"
 	"time"
 
-	"github.com/go-zeromq/zmq4"
-	"github.com/go-zeromq/zmq4/security/null"
-
 	"github.com/pegaflow/pegad/internal/metrics"
 )
 
-// The ZeroMQ side. github.com/go-zeromq/zmq4 (pure Go, so CGO_ENABLED=0
-// builds keep the publisher) does the ZMTP greeting and NULL handshake on
-// each accepted connection (zmq4.Open) and frames the messages. Its own
-// PUB socket is not used: it sends to every subscriber in turn from one
-// queue, so one subscriber that stops reading stalls the others, and it
-// drops past its high-water mark without saying so. Here every
-// subscriber has its own bounded queue and writer goroutine, and what a
-// full queue drops is counted.
+// The ZeroMQ side: the sockets, over zmtpconn.go's ZMTP codec (pure Go,
+// so CGO_ENABLED=0 builds keep the publisher). Unlike a ZeroMQ PUB socket,
+// which sends to every subscriber in turn from one queue (one subscriber
+// that stops reading stalls the others) and drops past its high-water
+// mark without saying so, every subscriber here has its own bounded queue
+// and writer goroutine, and what a full queue drops is counted.
 
 type serverKind int
 
@@ -49,7 +45,12 @@ func listen(endpoint string, kind serverKind, p *Publisher) (*server, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &server{kind: kind, ln: ln, p: p, conns: map[*peer]struct{}{}}, nil
+	return newServer(kind, ln, p), nil
+}
+
+func newServer(kind serverKind, ln net.Listener, p *Publisher) *server {
+	return &server{kind: kind, ln: ln, p: p, conns: map[*peer]struct{}{},
+		half: newHalfOpen(maxHalfOpen, maxHalfOpenPerSource)}
 }
 
 // server accepts ZMTP connections on one endpoint. Lock order: server.mu,
@@ -59,6 +60,7 @@ type server struct {
 	kind serverKind
 	ln   net.Listener
 	p    *Publisher
+	half *halfOpen // connections in their handshake
 
 	mu     sync.Mutex // guards conns and closed
 	conns  map[*peer]struct{}
@@ -67,7 +69,7 @@ type server struct {
 
 // peer is one connection: a subscriber (topics, out) or a replay client.
 type peer struct {
-	c   *zmq4.Conn
+	c   *zmtpConn
 	out chan message // PUB only: bounded, filled by fanOut
 
 	mu     sync.Mutex // guards topics
@@ -125,30 +127,39 @@ func (s *server) serve(ctx context.Context) {
 		if tc, ok := nc.(*net.TCPConn); ok && s.p.o.sndBuf > 0 {
 			_ = tc.SetWriteBuffer(s.p.o.sndBuf)
 		}
-		wg.Go(func() { s.handle(ctx, nc) })
+		e, evicted, reason := s.half.enter(nc)
+		if evicted != nil {
+			_ = evicted.Close()
+			s.p.o.Metrics.Refused.WithLabelValues(reason).Inc()
+		}
+		wg.Go(func() { s.handle(ctx, nc, e) })
 	}
 }
 
-// handle runs one connection until it fails or the server closes.
-func (s *server) handle(ctx context.Context, nc net.Conn) {
-	typ := zmq4.Pub
+// handle runs one connection until it fails or the server closes; e is
+// its place among the half-open connections until its handshake ends.
+func (s *server) handle(ctx context.Context, nc net.Conn, e *list.Element) {
+	typ := "PUB"
 	if s.kind == kindReplay {
-		typ = zmq4.Router
+		typ = "ROUTER"
 	}
-	// Open runs the handshake; a peer that never greets is cut when the
-	// server closes (close() cannot see it yet, so watch ctx here).
+	// A peer that never greets is cut when the server closes (close()
+	// cannot see it yet, so watch ctx here), at the handshake's deadline,
+	// or when newer connections evict it.
 	stop := context.AfterFunc(ctx, func() { _ = nc.Close() })
 	defer stop()
-	// A peer that connects and never greets holds a goroutine and a file
-	// only for the handshake's deadline.
 	_ = nc.SetDeadline(time.Now().Add(handshakeTimeout))
-	c, err := zmq4.Open(nc, null.Security(), typ, zmq4.SocketIdentity(""), true, nil)
+	c, err := zmtpAccept(nc, typ)
 	if err == nil {
 		err = nc.SetDeadline(time.Time{})
 	}
+	if !s.half.leave(e) {
+		_ = nc.Close() // evicted, and counted, while in its handshake
+		return
+	}
 	if err != nil {
 		_ = nc.Close()
-		s.p.o.Log.Debug().Err(err).Str("remote", nc.RemoteAddr().String()).Msg("KV events: handshake failed")
+		s.refused(nc, err, metrics.KVRefusedHandshake)
 		return
 	}
 	pe := &peer{c: c}
@@ -174,7 +185,9 @@ func (s *server) handle(ctx context.Context, nc net.Conn) {
 		_ = c.Close()
 	}()
 	if s.kind == kindReplay {
-		s.serveReplay(pe)
+		if err := s.serveReplay(pe); errors.Is(err, errProtocol) {
+			s.refused(nc, err, metrics.KVRefusedFrame)
+		}
 		return
 	}
 	quit := make(chan struct{})
@@ -183,7 +196,9 @@ func (s *server) handle(ctx context.Context, nc net.Conn) {
 		defer close(done)
 		pe.write(quit)
 	}()
-	pe.readSubscriptions()
+	if err := pe.readSubscriptions(); errors.Is(err, errProtocol) {
+		s.refused(nc, err, metrics.KVRefusedFrame)
+	}
 	close(quit)
 	_ = c.Close() // ends the writer's blocked send, if any
 	<-done
@@ -196,7 +211,7 @@ func (pe *peer) write(quit <-chan struct{}) {
 		case <-quit:
 			return
 		case m := <-pe.out:
-			if err := pe.c.SendMsg(zmq4.NewMsgFrom(m.topic, seqBytes(m.seq), m.payload)); err != nil {
+			if err := pe.c.send(m.topic, seqBytes(m.seq), m.payload); err != nil {
 				_ = pe.c.Close() // the reader fails next and handle ends
 				return
 			}
@@ -205,38 +220,48 @@ func (pe *peer) write(quit <-chan struct{}) {
 }
 
 // readSubscriptions applies a subscriber's (un)subscribe messages (ZMTP
-// 3.0: a first byte of 1 or 0, then the topic prefix) until the
-// connection fails.
-func (pe *peer) readSubscriptions() {
+// 3.0: a first byte of 1 or 0, then the topic prefix; 3.1 also: SUBSCRIBE
+// and CANCEL commands) until the connection fails. Other messages to a
+// PUB are dropped, as libzmq's XPUB does.
+func (pe *peer) readSubscriptions() error {
 	for {
-		msg, err := pe.c.RecvMsg()
+		msg, err := pe.c.recv()
 		if err != nil {
-			return
+			return err
 		}
-		if msg.Type == zmq4.CmdMsg || len(msg.Frames) == 0 || len(msg.Frames[0]) == 0 {
-			continue
-		}
-		f := msg.Frames[0]
-		topic := string(f[1:])
-		pe.mu.Lock()
-		switch f[0] {
-		case 1:
-			if len(pe.topics) >= maxSubscriptions {
-				pe.mu.Unlock()
-				_ = pe.c.Close() // every event would scan an unbounded list
-				return
+		sub := msg.sub
+		if sub == nil {
+			if len(msg.frames) != 1 || len(msg.frames[0]) == 0 || msg.frames[0][0] > 1 {
+				continue
 			}
-			pe.topics = append(pe.topics, topic)
-		case 0:
-			for i, t := range pe.topics {
-				if t == topic {
-					pe.topics = append(pe.topics[:i], pe.topics[i+1:]...)
-					break
-				}
-			}
+			sub = &subscription{on: msg.frames[0][0] == 1, topic: msg.frames[0][1:]}
 		}
-		pe.mu.Unlock()
+		if !pe.apply(sub) {
+			_ = pe.c.Close() // every event would scan an unbounded list
+			return fmt.Errorf("%w: more than %d subscriptions", errProtocol, maxSubscriptions)
+		}
 	}
+}
+
+// apply adds or removes one subscription; false: too many.
+func (pe *peer) apply(sub *subscription) bool {
+	topic := string(sub.topic)
+	pe.mu.Lock()
+	defer pe.mu.Unlock()
+	if sub.on {
+		if len(pe.topics) >= maxSubscriptions {
+			return false
+		}
+		pe.topics = append(pe.topics, topic)
+		return true
+	}
+	for i, t := range pe.topics {
+		if t == topic {
+			pe.topics = append(pe.topics[:i], pe.topics[i+1:]...)
+			break
+		}
+	}
+	return true
 }
 
 // wants: a subscription is a prefix of topic.
@@ -287,31 +312,48 @@ func (s *server) subscribed() int {
 // sends the first sequence it missed as 8 big-endian bytes; it gets
 // ["", seq, payload] for every remembered message from there on, then
 // ["", -1 as 8 bytes, ""].
-func (s *server) serveReplay(pe *peer) {
+func (s *server) serveReplay(pe *peer) error {
 	for {
-		msg, err := pe.c.RecvMsg()
+		msg, err := pe.c.recv()
 		if err != nil {
-			return
+			return err
 		}
-		frames := msg.Frames
-		if msg.Type == zmq4.CmdMsg {
+		frames := msg.frames
+		if msg.sub != nil {
 			continue
 		}
 		if len(frames) == 2 && len(frames[0]) == 0 { // the REQ/DEALER delimiter
 			frames = frames[1:]
 		}
 		if len(frames) != 1 || len(frames[0]) != 8 {
-			s.p.o.Log.Warn().Int("frames", len(msg.Frames)).Msg("KV events: invalid replay request")
-			continue
+			return fmt.Errorf("%w: replay request of %d frames, want one 8-byte sequence", errProtocol, len(msg.frames))
 		}
 		s.p.o.Metrics.Replays.Inc()
 		for _, m := range s.p.since(binary.BigEndian.Uint64(frames[0])) {
-			if err := pe.c.SendMsg(zmq4.NewMsgFrom([]byte{}, seqBytes(m.seq), m.payload)); err != nil {
-				return
+			if err := pe.c.send([]byte{}, seqBytes(m.seq), m.payload); err != nil {
+				return err
 			}
 		}
-		if err := pe.c.SendMsg(zmq4.NewMsgFrom([]byte{}, endSeq, []byte{})); err != nil {
-			return
+		if err := pe.c.send([]byte{}, endSeq, []byte{}); err != nil {
+			return err
 		}
 	}
+}
+
+// refused counts a connection pegad ended for a protocol violation or a
+// handshake past its deadline, and says why at debug level: a flood of
+// them must not flood the log (the metric shows it). A peer that just
+// closed (a TCP health probe) is not counted.
+func (s *server) refused(nc net.Conn, err error, reason string) {
+	var ne net.Error
+	switch {
+	case errors.Is(err, errProtocol):
+	case reason == metrics.KVRefusedHandshake && errors.As(err, &ne) && ne.Timeout():
+		reason = metrics.KVRefusedTimeout
+	default:
+		s.p.o.Log.Debug().Err(err).Str("remote", nc.RemoteAddr().String()).Msg("KV events: connection ended")
+		return
+	}
+	s.p.o.Metrics.Refused.WithLabelValues(reason).Inc()
+	s.p.o.Log.Debug().Err(err).Str("remote", nc.RemoteAddr().String()).Str("reason", reason).Msg("KV events: connection refused")
 }

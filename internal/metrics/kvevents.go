@@ -12,6 +12,23 @@ const (
 	KVDropSubscriberSlow = "subscriber_slow"
 )
 
+// Reasons used as the reason label of KVEvents.Refused: connections to
+// the KV-events sockets ended by pegad.
+const (
+	// KVRefusedHandshake: the greeting or READY was malformed, of another
+	// mechanism or version, or of an incompatible socket type.
+	KVRefusedHandshake = "handshake"
+	// KVRefusedTimeout: no complete handshake within its deadline.
+	KVRefusedTimeout = "handshake_timeout"
+	// KVRefusedFrame: a malformed or oversized frame after the handshake.
+	KVRefusedFrame = "frame"
+	// KVRefusedSourceLimit, KVRefusedTotalLimit: evicted while still in
+	// its handshake, to make room for a newer connection from the same
+	// source, or from anywhere.
+	KVRefusedSourceLimit = "source_limit"
+	KVRefusedTotalLimit  = "total_limit"
+)
+
 // KVEvents are the metrics of the KV-events publisher
 // (--kv-events-endpoint, docs/operations.md), registered whether it is
 // on or not. Counts are of block changes (one per block stored, evicted
@@ -21,6 +38,7 @@ type KVEvents struct {
 	Dropped     *prometheus.CounterVec // reason
 	Subscribers prometheus.Gauge
 	Replays     prometheus.Counter
+	Refused     *prometheus.CounterVec // reason
 }
 
 // NewKVEvents creates and registers the KV-events metrics on reg.
@@ -39,7 +57,13 @@ func NewKVEvents(reg prometheus.Registerer) *KVEvents {
 			Name: "pegaflow_kv_events_replays_total", Help: "Replay requests served on --kv-events-replay-endpoint.",
 		}),
 	}
-	reg.MustRegister(m.Published, m.Dropped, m.Subscribers, m.Replays)
+	m.Refused = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "pegaflow_kv_events_connections_refused_total", Help: "Connections to the KV-events sockets that pegad ended, by reason (handshake, handshake_timeout, frame, source_limit, total_limit).",
+	}, []string{"reason"})
+	reg.MustRegister(m.Published, m.Dropped, m.Subscribers, m.Replays, m.Refused)
+	for _, r := range []string{KVRefusedHandshake, KVRefusedTimeout, KVRefusedFrame, KVRefusedSourceLimit, KVRefusedTotalLimit} {
+		m.Refused.WithLabelValues(r)
+	}
 	for _, k := range []string{"stored", "evicted", "deleted"} {
 		m.Published.WithLabelValues(k)
 	}
