@@ -12,6 +12,10 @@ import (
 
 var _ store.Lower = (*Tier)(nil)
 
+// writeHook runs in a path's writer before it writes each job, with no
+// lock held; tests hold a writer there.
+var writeHook = func(*job) {}
+
 // Spill queues an evicted block for writing (store.Lower). It runs under
 // the store's lock: it reserves room in a path's write queue (or drops
 // the block and counts why), then copies the block into a fresh record
@@ -54,7 +58,7 @@ func (t *Tier) spill(key store.Key, sizes []store.SlotSize, size uint64, fill fu
 		}
 		return false
 	}
-	j := &job{key: key, sizes: append([]store.SlotSize(nil), sizes...), dataLen: size}
+	j := &job{key: key, sizes: append([]store.SlotSize(nil), sizes...), dataLen: size, dev: d}
 	t.pending[key] = j
 	t.mu.Unlock()
 
@@ -66,6 +70,8 @@ func (t *Tier) spill(key store.Key, sizes []store.SlotSize, size uint64, fill fu
 	defer t.mu.Unlock()
 	sent := false
 	if !t.closed { // Close closes the queues under mu
+		t.seq++ // given as it is queued, under mu: the tier's order (a gap if it is not)
+		j.seq = t.seq
 		select {
 		case d.queue <- j:
 			sent = true
@@ -130,7 +136,9 @@ func (t *Tier) Has(key store.Key) bool {
 // Forget drops key and cancels its queued write (store.Delete). The
 // record stays on disk until its segment is reclaimed, so a tombstone is
 // queued after it: a restart does not find the block again. A write
-// already under way when Forget runs gets its tombstone from the writer.
+// already under way when Forget runs gets its tombstone now, on its path
+// behind it and with a higher seq, and before any record of the key
+// spilled again after the Forget: that one comes back after a restart.
 func (t *Tier) Forget(key store.Key) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -139,6 +147,9 @@ func (t *Tier) Forget(key store.Key) bool {
 		j.forgotten = true
 		delete(t.pending, key)
 		had = true
+		if j.writing {
+			t.tombLocked(j.dev, key)
+		}
 	}
 	if l, ok := t.index[key]; ok && t.forgetLocked(key, l) {
 		had = true
@@ -158,7 +169,8 @@ func (t *Tier) tombLocked(d *device, key store.Key) {
 		return
 	}
 	rl := headerLen(key, 0)
-	j := &job{key: key, tomb: true, rec: getBuf(rl)}
+	t.seq++
+	j := &job{key: key, tomb: true, rec: getBuf(rl), dev: d, seq: t.seq}
 	select {
 	case d.queue <- j:
 		d.queuedBytes += rl
@@ -214,6 +226,9 @@ func (t *Tier) load(key store.Key) (sizes []store.SlotSize, data, buf []byte, er
 	if l.dev.segEpoch[l.seg] != l.epoch {
 		return fail(ErrNotFound) // aged out while we read: not corruption
 	}
+	if cur, ok := t.index[key]; !ok || !cur.same(l) {
+		return fail(ErrNotFound) // forgotten (deleted) while we read: the delete wins
+	}
 	if rerr != nil {
 		if t.forgetLocked(key, l) {
 			t.tombLocked(l.dev, key)
@@ -227,7 +242,7 @@ func (t *Tier) load(key store.Key) (sizes []store.SlotSize, data, buf []byte, er
 		return fail(fmt.Errorf("ssd: read %s: %w", l.dev.path, rerr))
 	}
 	h, _, err := decodeHeader(buf)
-	if err == nil && (h.key != key || h.epoch != l.epoch || h.dataLen != l.dataLen) {
+	if err == nil && (h.key != key || h.epoch != l.epoch || h.dataLen != l.dataLen || (h.version == version && h.seq != l.seq)) {
 		err = errors.New("header names another block")
 	}
 	if err == nil {
@@ -261,7 +276,9 @@ func (t *Tier) write(d *device, j *job) {
 	rl := uint64(len(j.rec))
 	t.mu.Lock()
 	forgotten := j.forgotten
+	j.writing = !forgotten // a Forget from here on queues its tombstone (Forget)
 	t.mu.Unlock()
+	writeHook(j)
 	var err error
 	var l loc
 	if j.tomb || !forgotten {
@@ -269,11 +286,11 @@ func (t *Tier) write(d *device, j *job) {
 			t.advance(d)
 		}
 		l = loc{dev: d, seg: d.cur, epoch: d.nextEpoch - 1, off: int64(uint64(d.cur)*d.segSize + d.wpos),
-			hdrLen: uint32(headerLen(j.key, len(j.sizes))), dataLen: j.dataLen, sizes: j.sizes}
+			hdrLen: uint32(headerLen(j.key, len(j.sizes))), dataLen: j.dataLen, sizes: j.sizes, seq: j.seq}
 		if j.tomb {
-			encodeTombstone(j.rec, l.epoch, j.key)
+			encodeTombstone(j.rec, l.epoch, j.seq, j.key)
 		} else {
-			encodeHeader(j.rec, l.epoch, j.key, j.sizes, j.dataLen)
+			encodeHeader(j.rec, l.epoch, j.seq, j.key, j.sizes, j.dataLen)
 		}
 		_, err = d.f.WriteAt(j.rec, l.off)
 		// Even a failed write used the space: the next record goes after
@@ -302,8 +319,7 @@ func (t *Tier) write(d *device, j *job) {
 	case err != nil:
 		t.drop(metrics.SSDDropWriteError)
 		t.log.Error().Err(err).Str("path", d.path).Int64("offset", l.off).Msg("SSD write failed: block dropped")
-	case j.forgotten: // deleted during the write: its record is on disk now
-		t.tombLocked(d, j.key)
+	case j.forgotten: // deleted during the write: Forget queued its tombstone behind it
 	default:
 		t.indexLocked(j.key, l)
 		t.emitLocked(store.Stored, j.key)

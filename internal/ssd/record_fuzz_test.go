@@ -19,7 +19,7 @@ func FuzzDecodeHeader(f *testing.F) {
 			total += s.KSize + s.VSize
 		}
 		rec := make([]byte, headerLen(k, len(sz))+alignUp(total))
-		encodeHeader(rec, 3, k, sz, total)
+		encodeHeader(rec, 3, 1, k, sz, total)
 		f.Add(rec)
 	}
 	f.Add(make([]byte, Align))

@@ -10,7 +10,9 @@
 // forgotten (aged out, in write order: FIFO over evictions). At start the
 // index is rebuilt from the records' headers (recover.go), so blocks
 // survive a restart, clean or kill -9. A block deleted or dropped from
-// the tier gets a tombstone record after it, so it stays gone.
+// the tier gets a tombstone record after it, so it stays gone. Every
+// record carries the tier's write order over all paths (seq): at start a
+// key's newest record, a block or a tombstone, wins, on whichever path.
 //
 // It must never make the store wait: Spill (under the store's lock) only
 // copies the block into a queue buffer, or drops it and counts why when
@@ -78,7 +80,10 @@ type loc struct {
 	hdrLen  uint32
 	dataLen uint64
 	sizes   []store.SlotSize // the block's slots (listing)
-	seq     uint64           // index order (set by indexLocked), for paged listings
+	// seq is the record's place in the tier's write order (on disk in
+	// version 2; recover numbers version 1 records below them): the
+	// newest record of a key wins at start, and listings page by it.
+	seq uint64
 }
 
 // same reports whether a and b are the same record.
@@ -86,12 +91,17 @@ func (a loc) same(b loc) bool { return a.dev == b.dev && a.off == b.off && a.epo
 
 // job is an evicted block waiting for its writer.
 type job struct {
-	key       store.Key
-	sizes     []store.SlotSize
-	rec       []byte // aligned record: header room, then the data
-	dataLen   uint64
-	forgotten bool // guarded by Tier.mu: deleted while queued
-	tomb      bool // a tombstone of key (rec is its header room)
+	key     store.Key
+	sizes   []store.SlotSize
+	rec     []byte // aligned record: header room, then the data
+	dataLen uint64
+	tomb    bool    // a tombstone of key (rec is its header room)
+	dev     *device // the path whose queue it is on
+	seq     uint64  // its record's seq, given when queued
+
+	// Guarded by Tier.mu.
+	forgotten bool // deleted while queued or being written
+	writing   bool // its writer has started writing the record
 }
 
 // Tier is safe for concurrent use.
@@ -109,7 +119,7 @@ type Tier struct {
 	index   map[store.Key]loc
 	pending map[store.Key]*job // queued, not yet written
 	bytes   uint64             // data bytes of the indexed blocks
-	seq     uint64             // last loc.seq given out
+	seq     uint64             // last record seq given out (recover resumes after the highest on disk)
 	queued  int                // jobs queued over all devices
 	closed  bool
 	// Subscribers (hooks.go), called under mu.
@@ -171,11 +181,9 @@ func Open(o Options) (*Tier, error) {
 		}
 		t.devs = append(t.devs, d)
 	}
-	for _, d := range t.devs {
-		if err := t.recover(d); err != nil {
-			t.closeFiles()
-			return nil, fmt.Errorf("%w: %s: recover: %w", ErrUnusable, d.path, err)
-		}
+	if err := t.recover(); err != nil {
+		t.closeFiles()
+		return nil, err
 	}
 	if t.m != nil {
 		t.m.Capacity.Set(float64(o.Size) * float64(len(o.Paths)))
@@ -210,28 +218,40 @@ func (t *Tier) openDevice(dir string) (*device, error) {
 	if err != nil {
 		return fail(err)
 	}
-	if cur := uint64(fi.Size()); cur != 0 && cur != t.opts.Size {
-		// Another size means another geometry: the old records cannot
-		// be found again, so start empty rather than misread them.
-		t.log.Warn().Str("path", path).Uint64("was", cur).Uint64("size", t.opts.Size).
-			Msg("SSD log has another size: starting it empty")
+	segSize, nseg := geometry(t.opts.Size, t.opts.SegmentSize)
+	if nseg < 1 || segSize < Align*2 {
+		return fail(fmt.Errorf("segment size %d does not fit size %d", segSize, t.opts.Size))
+	}
+	lf, why, err := readFormat(f, uint64(fi.Size()), t.opts.Size, segSize)
+	if err != nil {
+		return fail(err)
+	}
+	if why != "" {
+		// Another size or format means records this pegad cannot find
+		// again or read: start empty rather than misread them.
+		t.log.Warn().Str("path", path).Int64("was", fi.Size()).Uint64("size", t.opts.Size).Str("why", why).
+			Msg("SSD log has another size or format: starting it empty")
 		if err := f.Truncate(0); err != nil {
 			return fail(err)
 		}
 	}
-	prealloc, err := reserve(f, int64(t.opts.Size))
+	if lf == formatV1 {
+		t.log.Info().Str("path", path).Msg("SSD log of format 1: its records are read, new ones are format 2")
+	}
+	prealloc, err := reserve(f, int64(t.opts.Size+Align)) // the ring, then its format page
 	if err != nil {
-		return fail(fmt.Errorf("reserve %d bytes: %w", t.opts.Size, err))
+		return fail(fmt.Errorf("reserve %d bytes: %w", t.opts.Size+Align, err))
+	}
+	if lf != formatMarked {
+		if err := markFormat(f, t.opts.Size, segSize); err != nil {
+			return fail(err)
+		}
 	}
 	if !direct {
 		t.log.Warn().Str("path", path).Msg("File system refuses O_DIRECT: SSD tier uses buffered I/O (page cache)")
 	}
 	if !prealloc {
 		t.log.Warn().Str("path", path).Msg("File system lacks fallocate: SSD log is sparse and may meet a full disk")
-	}
-	segSize, nseg := geometry(t.opts.Size, t.opts.SegmentSize)
-	if nseg < 1 || segSize < Align*2 {
-		return fail(fmt.Errorf("segment size %d does not fit size %d", segSize, t.opts.Size))
 	}
 	return &device{
 		path: path, f: f, direct: direct, segSize: segSize, nseg: nseg,
@@ -315,13 +335,11 @@ func (t *Tier) drop(reason string) {
 	}
 }
 
-// indexLocked records key at l, replacing an older copy.
+// indexLocked records key at l (l.seq set), replacing an older copy.
 func (t *Tier) indexLocked(key store.Key, l loc) {
 	if old, ok := t.index[key]; ok {
 		t.bytes -= old.dataLen
 	}
-	t.seq++
-	l.seq = t.seq
 	t.index[key] = l
 	t.bytes += l.dataLen
 	l.dev.segKeys[l.seg] = append(l.dev.segKeys[l.seg], key)

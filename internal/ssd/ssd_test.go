@@ -112,9 +112,9 @@ func TestRecordRoundTrip(t *testing.T) {
 		rec := alignedBuf(recordLen(k, 2, n))
 		hl := headerLen(k, 2)
 		copy(rec[hl:], pattern(1, n))
-		encodeHeader(rec, 7, k, sizes2(n), n)
+		encodeHeader(rec, 7, 9, k, sizes2(n), n)
 		h, need, err := decodeHeader(rec[:Align])
-		if err != nil || need != 0 || h.key != k || h.epoch != 7 || h.dataLen != n {
+		if err != nil || need != 0 || h.key != k || h.epoch != 7 || h.seq != 9 || h.dataLen != n {
 			t.Fatalf("n=%d: decode = %+v need %d err %v", n, h, need, err)
 		}
 		if data, err := verify(rec, h); err != nil || !bytes.Equal(data, pattern(1, n)) {

@@ -19,6 +19,15 @@ package store
 // local put (which may evict, and so spill, other blocks), then pinned.
 // A caller of Pin whose key is only on the tier therefore waits for one
 // read: it answers after the read, never "loading".
+//
+// A Delete wins over a promotion that races it. The read runs with no
+// lock held, so a Delete can come between it and the promoted Put: it
+// finds nothing in the pool and the tier forgets the block. Each key
+// being promoted therefore has a generation (Store.promoting) that Delete
+// bumps under the store's lock, and the promoted Put commits only if the
+// generation is the one its promotion started at: else the block is not
+// put back (it would resurrect a deleted block, and refuse a re-put of
+// the key with new bytes as already indexed).
 
 import (
 	"context"
@@ -110,21 +119,81 @@ func (s *Store) FlushLower(ctx context.Context) (int, error) {
 	return n, nil
 }
 
+// errPromotionCanceled: the key was deleted while its promotion read it
+// back; the promoted Put does not commit.
+var errPromotionCanceled = errors.New("store: deleted during its promotion")
+
+// promoteGapHook runs in promote between the tier's read and the Put that
+// commits it, with no lock held; tests delete the key there.
+var promoteGapHook = func() {}
+
+// promotion is the promotions of one key in flight (Store.promoting).
+type promotion struct {
+	n   int    // promotions of the key under way
+	gen uint64 // bumped by each Delete of the key while n > 0
+}
+
+// promoteGuard is what one promotion's Put checks before it commits:
+// the generation its promotion started at.
+type promoteGuard struct {
+	p   *promotion
+	gen uint64
+}
+
+// beginPromote registers a promotion of key; endPromote ends it.
+func (s *Store) beginPromote(key Key) *promoteGuard {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.promoting == nil {
+		s.promoting = make(map[Key]*promotion)
+	}
+	p := s.promoting[key]
+	if p == nil {
+		p = &promotion{}
+		s.promoting[key] = p
+	}
+	p.n++
+	return &promoteGuard{p: p, gen: p.gen}
+}
+
+func (s *Store) endPromote(key Key, g *promoteGuard) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if g.p.n--; g.p.n == 0 {
+		delete(s.promoting, key)
+	}
+}
+
+// cancelPromotionsLocked makes the promotions of key under way fail to
+// commit (Delete).
+func (s *Store) cancelPromotionsLocked(key Key) {
+	if p := s.promoting[key]; p != nil {
+		p.gen++
+	}
+}
+
+// canceledLocked reports whether g's promotion lost to a Delete; a nil g
+// (not a promotion) never did.
+func (g *promoteGuard) canceledLocked() bool { return g != nil && g.p.gen != g.gen }
+
 // promote reads key back from the lower tier into the pool; it reports
 // whether the key is indexed now (promoted, or put meanwhile by someone
-// else).
+// else). A Delete of key during the read wins: nothing is put back.
 func (s *Store) promote(key Key) bool {
 	if s.lower == nil || !s.lower.Has(key) {
 		return false
 	}
+	g := s.beginPromote(key)
+	defer s.endPromote(key, g)
 	err := s.lower.Load(key, func(sizes []SlotSize, data []byte) error {
-		_, err := s.Put(key, sizes, func(buf []byte) error {
+		promoteGapHook()
+		_, err := s.put(key, sizes, func(buf []byte) error {
 			if len(buf) != len(data) {
 				return errors.New("lower tier block size disagrees with its slots")
 			}
 			copy(buf, data)
 			return nil
-		})
+		}, g)
 		return err
 	})
 	if err != nil {

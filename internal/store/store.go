@@ -221,6 +221,9 @@ type Store struct {
 	lower       Lower                          // set by SetLower before use, then immutable; nil: none (lower.go)
 	tierMetrics *metrics.Tier                  // set with lower; may be nil
 	onEvents    atomic.Pointer[func([]Change)] // ordered subscriber, called under mu (events.go)
+	// promoting: the keys being read back from the lower tier, guarded
+	// by mu; Delete bumps their generation (lower.go).
+	promoting map[Key]*promotion
 }
 
 // New creates a store over p that evicts in LRU order. m may be nil (no
@@ -327,17 +330,19 @@ func inside(off, n, limit uint64) bool { return off <= limit && n <= limit-off }
 // e). created is false when key was already indexed (the old block is kept
 // and nothing changes). ErrInvalid for a layout outside e or bad key.
 func (s *Store) Insert(key Key, e *Extent, slots []SlotLayout) (created bool, err error) {
-	return s.insert(key, e, slots, false)
+	return s.insert(key, e, slots, false, nil)
 }
 
 // InsertFetched is Insert of a block copied from another node that holds
 // it too (a prefetch): the policy evicts such copies before the blocks
 // only this node holds.
 func (s *Store) InsertFetched(key Key, e *Extent, slots []SlotLayout) (created bool, err error) {
-	return s.insert(key, e, slots, true)
+	return s.insert(key, e, slots, true, nil)
 }
 
-func (s *Store) insert(key Key, e *Extent, slots []SlotLayout, fetched bool) (created bool, err error) {
+// insert is Insert; g is the promotion it commits (nil: none), which a
+// Delete since the promotion began cancels.
+func (s *Store) insert(key Key, e *Extent, slots []SlotLayout, fetched bool, g *promoteGuard) (created bool, err error) {
 	if err := validKey(key); err != nil {
 		return false, err
 	}
@@ -384,6 +389,9 @@ func (s *Store) insert(key Key, e *Extent, slots []SlotLayout, fetched bool) (cr
 	if _, ok := s.index[key]; ok {
 		return false, nil
 	}
+	if g.canceledLocked() {
+		return false, errPromotionCanceled
+	}
 	e.refs++
 	b.elem = s.lru.PushFront(b)
 	s.policy.Insert(&b.node, s.parentLocked(key), fetched)
@@ -402,6 +410,11 @@ func (s *Store) insert(key Key, e *Extent, slots []SlotLayout, fetched bool) (cr
 // the buffer it is given. Nothing is stored when fill returns an error.
 // A key already indexed returns created=false without calling fill.
 func (s *Store) Put(key Key, sizes []SlotSize, fill func(buf []byte) error) (created bool, err error) {
+	return s.put(key, sizes, fill, nil)
+}
+
+// put is Put; g is the promotion it commits (nil: a local put).
+func (s *Store) put(key Key, sizes []SlotSize, fill func(buf []byte) error, g *promoteGuard) (created bool, err error) {
 	if err := validKey(key); err != nil {
 		return false, err
 	}
@@ -438,7 +451,7 @@ func (s *Store) Put(key Key, sizes []SlotSize, fill func(buf []byte) error) (cre
 	if err := fill(e.mem[:total]); err != nil {
 		return false, fmt.Errorf("store: fill %s/%x: %w", key.Namespace, key.Hash, err)
 	}
-	return s.Insert(key, e, layout)
+	return s.insert(key, e, layout, false, g)
 }
 
 // Has reports whether key is indexed (no LRU touch).
@@ -589,12 +602,14 @@ func (s *Store) removeLocked(b *Block, why ChangeKind) (freed bool) {
 	return freed
 }
 
-// Delete removes key from the index, and from the lower tier. deferred:
+// Delete removes key from the index, and from the lower tier; a
+// promotion of key under way does not put it back (lower.go). deferred:
 // pinned, memory freed later.
 func (s *Store) Delete(key Key) (deferred bool, err error) {
 	s.mu.Lock()
 	defer s.unlockNotify()
 	onLower := s.lower != nil && s.lower.Forget(key) // a leaf lock (lower.go)
+	s.cancelPromotionsLocked(key)                    // a promotion under way must not put it back
 	b, ok := s.index[key]
 	if !ok {
 		if onLower {
