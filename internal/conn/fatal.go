@@ -200,6 +200,7 @@ func (m *Manager) releaseNIC(n *localNIC) {
 	if n.released.Swap(true) {
 		return
 	}
+	m.releaseStuck(n) // before the MR they are bound over
 	n.holdMu.Lock()
 	if n.holdCQ != nil {
 		if err := n.holdCQ.Close(); err != nil && !n.fatal.Load() {

@@ -36,9 +36,15 @@ const (
 	// completions are awaited; qpPair.binds keeps the binds of concurrent
 	// locks on one QP within its send queue.
 	bindBatch = 32
-	// bindTimeout bounds waiting for a batch's bind completions (a
-	// completion takes microseconds; a QP in ERROR flushes them at once).
-	bindTimeout = 5 * time.Second
+)
+
+// bindTimeout bounds waiting for a lock's bind completions (a completion
+// takes microseconds; a QP in ERROR flushes them at once), and
+// bindFlushTimeout the wait for those still owed once their QP was moved
+// to ERROR (flushBinds). Variables so that tests can shorten them.
+var (
+	bindTimeout      = 5 * time.Second
+	bindFlushTimeout = 5 * time.Second
 )
 
 // ErrNoWindows: the holder cannot bind windows for this requester: it has
@@ -75,6 +81,11 @@ type windowWaiters struct {
 	mu      sync.Mutex
 	waiting map[uint64]chan ibv.WorkCompletion
 	next    uint64
+
+	// stuckMu guards stuck: windows whose dealloc failed (quarantine.go),
+	// kept allocated and retried when the NIC is released.
+	stuckMu sync.Mutex
+	stuck   []ibv.MW
 }
 
 func newWindowWaiters() windowWaiters {
@@ -108,10 +119,12 @@ type Windows struct {
 	hsID string
 	nics []*winNIC
 	once sync.Once
+	err  error // Close's, set once under once
 }
 
 // winNIC is a lock's windows on one of the requester's NICs.
 type winNIC struct {
+	a          *acceptedConn // the connection whose QP p is
 	reqNIC, qp int
 	p          *qpPair
 	mws        []ibv.MW
@@ -122,7 +135,12 @@ type winNIC struct {
 // accepted connection of requester node of incarnation inc, one QP per NIC
 // (rotating over the connection's QPs from lock to lock), and returns them
 // once every bind completed. A NIC whose binds fail is left out; none
-// left is an error wrapping ErrNoWindows, with nothing left bound.
+// left is an error wrapping ErrNoWindows, with nothing left bound. Binds
+// that did not complete in time, or windows that could not be
+// deallocated after a failure, fail the whole lock closed (failClosed):
+// the error is then also an *InvalidationError (ErrWindowsLive) when a
+// window may still be valid over ext, whose memory the caller must then
+// never reuse.
 func (m *Manager) BindWindows(ctx context.Context, node, inc string, ext []Extent) (*Windows, error) {
 	if !m.windows {
 		return nil, fmt.Errorf("%w: memory windows are off", ErrNoWindows)
@@ -146,18 +164,27 @@ func (m *Manager) BindWindows(ctx context.Context, node, inc string, ext []Exten
 	w := &Windows{m: m, hsID: a.handshakeID}
 	turn := m.windowTurn.Add(1)
 	var errs []error
+	broken := false // a NIC's QP failed closed: the connection is gone
 	for i, qs := range a.nics {
 		if len(qs) == 0 || qs[0].nic.down.Load() {
 			continue
 		}
 		q := int(turn % uint64(len(qs)))
-		wn := &winNIC{reqNIC: i, qp: q, p: qs[q]}
-		if err := m.bindOn(ctx, wn, ext); err != nil {
-			errs = append(errs, err)
-			wn.dealloc(m) // what it bound before the failure
+		wn := &winNIC{a: a, reqNIC: i, qp: q, p: qs[q]}
+		err := m.bindOn(ctx, wn, ext)
+		if err == nil {
+			w.nics = append(w.nics, wn)
 			continue
 		}
-		w.nics = append(w.nics, wn)
+		errs = append(errs, err)
+		broken = broken || errors.Is(err, errBindsOwed)
+		if derr := m.invalidate(wn); derr != nil { // what it bound before the failure
+			errs = append(errs, derr)
+			broken = true
+		}
+	}
+	if broken {
+		return nil, m.bindFailedClosed(w, node, errs)
 	}
 	if len(w.nics) == 0 {
 		m.met.WindowBinds.WithLabelValues(resultError).Inc()
@@ -193,7 +220,7 @@ func (m *Manager) bindOn(ctx context.Context, wn *winNIC, ext []Extent) error {
 		}
 		err := m.bindBatch(ctx, wn, pd, qp, batch)
 		wn.p.binds.Release(k)
-		n.win.slots.Release(k)
+		n.win.slots.Release(k) // bindBatch returns with no completion owed
 		if err != nil {
 			return err
 		}
@@ -203,7 +230,9 @@ func (m *Manager) bindOn(ctx context.Context, wn *winNIC, ext []Extent) error {
 
 // bindBatch allocates and binds a window per extent of batch, then awaits
 // every bind it posted, also when one failed to be made or posted (their
-// completions are owed to the CQ slots the caller holds).
+// completions are owed to the CQ slots the caller holds). Completions
+// still owed when ctx ends are flushed (flushBinds): it never returns
+// with one owed, so the caller's slots can be handed on.
 func (m *Manager) bindBatch(ctx context.Context, wn *winNIC, pd ibv.MWPD, qp ibv.MWQP, batch []Extent) error {
 	n := wn.p.nic
 	ch := make(chan ibv.WorkCompletion, len(batch))
@@ -234,16 +263,21 @@ func (m *Manager) bindBatch(ctx context.Context, wn *winNIC, pd ibv.MWPD, qp ibv
 		ids = append(ids, id)
 		wn.keys = append(wn.keys, &pegadv1.WindowKey{Base: e.Addr, Length: e.Len, Rkey: rkey})
 	}
-	return m.awaitBinds(ctx, n, ch, len(ids), failed)
+	got, err := m.awaitBinds(ctx, n, ch, len(ids), failed)
+	if got < len(ids) {
+		err = m.flushBinds(wn, ch, len(ids)-got, err)
+	}
+	return err
 }
 
 // awaitBinds collects count completions from ch, polling n's holder CQ,
-// and returns failed (if not nil), else the first failed completion's
-// error, else ctx's error if it ends first.
-func (m *Manager) awaitBinds(ctx context.Context, n *localNIC, ch chan ibv.WorkCompletion, count int, failed error) error {
+// and returns how many it got and failed (if not nil), else the first
+// failed completion's error, else ctx's error if it ends first.
+func (m *Manager) awaitBinds(ctx context.Context, n *localNIC, ch chan ibv.WorkCompletion, count int, failed error) (int, error) {
 	first := failed
 	pause := time.Microsecond
-	for got := 0; got < count; {
+	got := 0
+	for got < count {
 		select {
 		case wc := <-ch:
 			got++
@@ -264,12 +298,12 @@ func (m *Manager) awaitBinds(ctx context.Context, n *localNIC, ch chan ibv.WorkC
 			if first == nil {
 				first = fmt.Errorf("bind windows on %s: %d of %d completions: %w", n.info.Name, got, count, err)
 			}
-			return first
+			return got, first
 		}
 		time.Sleep(pause)
 		pause = min(2*pause, time.Millisecond)
 	}
-	return first
+	return got, first
 }
 
 // expect registers a completion to route to ch and returns its wr_id.
@@ -324,31 +358,32 @@ func (w *Windows) Proto() ([]*pegadv1.MemoryWindows, string) {
 }
 
 // Close deallocates every window, which invalidates it: when Close
-// returns, no READ through them touches memory. Idempotent.
-func (w *Windows) Close() {
+// returns nil, no READ through them touches memory. A window that could
+// not be deallocated fails closed (failClosed: its QP is moved to ERROR,
+// its connection invalidated) and Close returns an *InvalidationError
+// (ErrWindowsLive): the memory under the lock must then never be reused.
+// Idempotent: a second call returns the first's result.
+func (w *Windows) Close() error {
 	w.once.Do(func() {
+		var errs []error
 		for _, wn := range w.nics {
-			wn.dealloc(w.m)
+			if err := w.m.invalidate(wn); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		if len(errs) > 0 {
+			w.m.met.WindowBinds.WithLabelValues(resultQuarantined).Inc()
+			w.err = errors.Join(errs...)
 		}
 	})
-}
-
-func (wn *winNIC) dealloc(m *Manager) {
-	for _, mw := range wn.mws {
-		if err := mw.Dealloc(); err != nil {
-			m.log.Error().Err(err).Str("nic", wn.p.nic.info.Name).Uint32("qpn", wn.p.qpn).Msg("dealloc memory window")
-		}
-		wn.p.nic.windows.Dec()
-		wn.p.nic.users.Add(-1)
-	}
-	wn.mws = nil
+	return w.err
 }
 
 // BindLock is BindWindows over the segments of a lock's blocks, for the
 // holder (holder.Windows): the answer's windows, the handshake they are
-// bound on, and the release that invalidates them.
+// bound on, and the release that invalidates them (Windows.Close).
 func (m *Manager) BindLock(ctx context.Context, node, inc string, blocks []*pegadv1.BlockLocation) (
-	[]*pegadv1.MemoryWindows, string, func(), error) {
+	[]*pegadv1.MemoryWindows, string, func() error, error) {
 	var ext []Extent
 	for _, b := range blocks {
 		for _, s := range b.GetSlots() {

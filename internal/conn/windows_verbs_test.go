@@ -69,7 +69,7 @@ func TestFakeVerbsWindowsOnlyWhatWasLocked(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(w.Close)
+		t.Cleanup(func() { _ = w.Close() })
 		keys, hs := w.Proto()
 		if len(keys) != 1 || len(keys[0].Keys) != 2 { // blocks 2 and 3 merge
 			t.Fatalf("windows %v, want one NIC with 2 windows", keys)

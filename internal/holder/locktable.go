@@ -116,6 +116,7 @@ type LockTable struct {
 	liveSessions atomic.Int64
 	lockedBlocks atomic.Int64
 	openSeq      atomic.Uint64 // last session seq given out
+	quarantined  quarantineSet // locks whose windows could not be invalidated
 }
 
 func newLockTable(opts Options) *LockTable {
@@ -153,7 +154,7 @@ func (t *LockTable) open(owner, inc string, blocks []*store.Block, bytes uint64)
 }
 
 // openQuery is open for the query with the requester's id query (0: none).
-func (t *LockTable) openQuery(owner, inc string, query uint64, blocks []*store.Block, bytes uint64, unbind func()) (*session, error) {
+func (t *LockTable) openQuery(owner, inc string, query uint64, blocks []*store.Block, bytes uint64, unbind func() error) (*session, error) {
 	now := t.clock.Now()
 	n := t.lockNode(owner, now)
 	prev := n.current
@@ -219,12 +220,21 @@ func (t *LockTable) removeLocked(sh *shard, s *session, why EndReason) {
 // finish does what follows a removal, outside the shard lock: invalidate
 // its memory windows, then unpin (the single unpin of this session), gauges, and the node's session set. The
 // node state is the session's own: a node with live sessions is never
-// forgotten (evictIdleNodesLocked).
-func (t *LockTable) finish(s *session) {
+// forgotten (evictIdleNodesLocked). Windows that could not be invalidated
+// quarantine the blocks instead of unpinning them (quarantine.go). It
+// returns the blocks it unpinned.
+func (t *LockTable) finish(s *session) (unpinned int) {
+	quarantined := false
 	if s.unbind != nil {
-		s.unbind() // no READ through its windows from here on
+		if err := s.unbind(); err != nil { // else no READ through its windows from here on
+			t.quarantine(s.owner(), s.id.String(), s.blocks, s.bytes, err, true)
+			quarantined = true
+		}
 	}
-	t.pins.Unpin(s.blocks)
+	if !quarantined {
+		t.pins.Unpin(s.blocks)
+		unpinned = len(s.blocks)
+	}
 	t.liveSessions.Add(-1)
 	t.lockedBlocks.Add(-int64(len(s.blocks)))
 	t.m.SessionsActive.Dec()
@@ -233,8 +243,13 @@ func (t *LockTable) finish(s *session) {
 	n.gauge.Dec()
 	n.mu.Lock()
 	n.sessions.remove(s)
-	t.unadmit(n, s)
+	if quarantined {
+		n.pinned -= s.bytes // the node-wide pin count keeps them (quarantine)
+	} else {
+		t.unadmit(n, s)
+	}
 	n.mu.Unlock()
+	return unpinned
 }
 
 // liveLocked returns id's session if its lease still runs at nowS. A

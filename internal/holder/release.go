@@ -45,8 +45,8 @@ func (t *LockTable) Release(wireID, owner, inc string) (ReleaseResult, error) {
 		}
 		t.removeLocked(sh, s, EndReleased)
 		sh.mu.Unlock()
-		t.finish(s)
-		return ReleaseResult{Released: len(s.blocks), WasLive: true, End: EndReleased, Age: now.Sub(t.clock.At(s.created))}, nil
+		released := t.finish(s)
+		return ReleaseResult{Released: released, WasLive: true, End: EndReleased, Age: now.Sub(t.clock.At(s.created))}, nil
 	}
 	ts, ok := t.gone(sh, id, lapsed, now)
 	if !ok {
@@ -162,11 +162,11 @@ func (t *LockTable) ForceRelease(wireID, operator string) (released int, err err
 	}
 	t.removeLocked(sh, s, EndForceReleased)
 	sh.mu.Unlock()
-	t.finish(s)
+	released = t.finish(s)
 	t.m.LockForceReleases.Inc()
 	t.log.Warn().Stringer("session", id).Str("operator", operator).Str("requester", s.owner()).
 		Int("blocks", len(s.blocks)).Dur("age", now.Sub(t.clock.At(s.created))).Msg("Transfer lock force-released")
-	return len(s.blocks), nil
+	return released, nil
 }
 
 // ReleaseAll ends every live session (daemon shutdown) and returns how

@@ -102,10 +102,20 @@ type Disconnector interface {
 // --memory-windows): over the segments of blocks, for the requester's
 // accepted connection. It returns the answer's windows, the handshake they
 // are bound on, and unbind, which invalidates them (the holder calls it
-// once, before the blocks are unpinned).
+// once, before the blocks are unpinned). Invalidation fails closed: an
+// unbind that returns an error could not prove the windows invalid, and
+// the holder then keeps the blocks pinned for good (quarantine.go); so
+// does a BindLock error for which errors.As finds a LiveWindows.
 type Windows interface {
 	BindLock(ctx context.Context, node, inc string, blocks []*pegadv1.BlockLocation) (
-		windows []*pegadv1.MemoryWindows, handshakeID string, unbind func(), err error)
+		windows []*pegadv1.MemoryWindows, handshakeID string, unbind func() error, err error)
+}
+
+// LiveWindows is an error of Windows saying that windows may still be
+// valid over the blocks of the lock (internal/conn.InvalidationError).
+type LiveWindows interface {
+	error
+	WindowsLive() bool
 }
 
 // Defaults and bounds.
@@ -352,12 +362,19 @@ func (s *Service) QueryBlocksForTransfer(ctx context.Context, req *pegadv1.Query
 
 	unbind, err := s.bindWindows(ctx, node, inc, resp)
 	if err != nil {
-		return nil, err
+		if isLive(err) { // a window may be valid over the blocks: never unpinned
+			s.locks.quarantine(node, "", pinned, bytes, err, false)
+			owned = false
+		}
+		return nil, pegaderr.Status(codes.Unavailable, pegaderr.Connection, "memory windows: "+err.Error()).Err()
 	}
 	sess, err := s.locks.openQuery(node, inc, req.GetQueryId(), pinned, bytes, unbind)
 	if err != nil {
 		if unbind != nil {
-			unbind() // before the deferred unpin
+			if uerr := unbind(); uerr != nil { // before the deferred unpin
+				s.locks.quarantine(node, "", pinned, bytes, uerr, false)
+				owned = false
+			}
 		}
 		return nil, toStatus(err)
 	}
@@ -383,15 +400,17 @@ func (s *Service) QueryBlocksForTransfer(ctx context.Context, req *pegadv1.Query
 }
 
 // bindWindows binds the memory windows of resp's blocks (Options.Windows)
-// and puts their keys in resp; unbind is nil when there are none.
-func (s *Service) bindWindows(ctx context.Context, node, inc string, resp *pegadv1.QueryBlocksForTransferResponse) (unbind func(), err error) {
+// and puts their keys in resp; unbind is nil when there are none. Its
+// error is BindLock's, for the caller to check (isLive) and answer
+// Unavailable (CONNECTION).
+func (s *Service) bindWindows(ctx context.Context, node, inc string, resp *pegadv1.QueryBlocksForTransferResponse) (unbind func() error, err error) {
 	if s.opts.Windows == nil {
 		return nil, nil
 	}
 	resp.Windows, resp.WindowsHandshakeId, unbind, err = s.opts.Windows.BindLock(ctx, node, inc, resp.Blocks)
 	if err != nil {
 		s.opts.Log.Warn().Err(err).Str("remote_node", node).Int("blocks", len(resp.Blocks)).Msg("memory windows not bound: lock refused")
-		return nil, pegaderr.Status(codes.Unavailable, pegaderr.Connection, "memory windows: "+err.Error()).Err()
+		return nil, err
 	}
 	return unbind, nil
 }

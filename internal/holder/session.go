@@ -101,8 +101,9 @@ type session struct {
 	// so that a requester that lost the answer can still release it.
 	query uint64
 	// unbind invalidates the session's memory windows (Options.Windows;
-	// nil: none); finish calls it before the unpin.
-	unbind func()
+	// nil: none); finish calls it before the unpin, which an error of it
+	// turns into a quarantine.
+	unbind func() error
 
 	prev, next *session // in who.node.sessions; guarded by that node's mu
 }

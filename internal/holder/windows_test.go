@@ -18,6 +18,8 @@ import (
 type fakeWindows struct {
 	pins *fakePinner
 	fail error
+	// unbindErr is what every unbind returns (windows not invalidated).
+	unbindErr error
 
 	mu sync.Mutex // guards the fields below
 	// bound: binds made; unbound: unbind calls; early: unbinds that
@@ -26,7 +28,7 @@ type fakeWindows struct {
 }
 
 func (w *fakeWindows) BindLock(ctx context.Context, node, inc string, blocks []*pegadv1.BlockLocation) (
-	[]*pegadv1.MemoryWindows, string, func(), error) {
+	[]*pegadv1.MemoryWindows, string, func() error, error) {
 	if w.fail != nil {
 		return nil, "", nil, w.fail
 	}
@@ -35,7 +37,7 @@ func (w *fakeWindows) BindLock(ctx context.Context, node, inc string, blocks []*
 	w.mu.Unlock()
 	pinnedAtBind := w.pins.outstanding()
 	var once sync.Once
-	unbind := func() {
+	unbind := func() error {
 		w.mu.Lock()
 		defer w.mu.Unlock()
 		w.unbound++
@@ -47,6 +49,7 @@ func (w *fakeWindows) BindLock(ctx context.Context, node, inc string, blocks []*
 		if w.pins.outstanding() < pinnedAtBind {
 			w.early++
 		}
+		return w.unbindErr
 	}
 	return []*pegadv1.MemoryWindows{{Nic: 0, Qp: 1, Keys: []*pegadv1.WindowKey{{Base: 4096, Length: 4096, Rkey: 7}}}},
 		"hs-1", unbind, nil

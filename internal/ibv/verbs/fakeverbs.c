@@ -87,6 +87,9 @@ static pthread_mutex_t fk_mu = PTHREAD_MUTEX_INITIALIZER;
 static fk_mr *fk_mrs[FK_MAX];
 static fk_qp *fk_qps[FK_MAX];
 static void fk_release_held(fk_qp *q);
+static void fk_run_binds(uint64_t now, uint32_t qpn, int drop); // fakemw.h
+static int fk_mw_in_pd(struct ibv_pd *pd);
+static uint64_t fk_now(void);
 // pv_fake_port_state's type for a port down whose WRs fail at once (rxe).
 #define FK_PORT_ERR_FAST 0x10000
 static fk_cq *fk_cqs[FK_MAX];
@@ -420,7 +423,7 @@ static struct ibv_pd *fk_alloc_pd(struct ibv_context *ctx) {
 static int fk_dealloc_pd(struct ibv_pd *pd) {
 	pthread_mutex_lock(&fk_mu);
 	for (int i = 0; i < fk_hi; i++)
-		if ((fk_mrs[i] && fk_mrs[i]->mr.pd == pd) || (fk_qps[i] && fk_qps[i]->qp.pd == pd)) {
+		if ((fk_mrs[i] && fk_mrs[i]->mr.pd == pd) || (fk_qps[i] && fk_qps[i]->qp.pd == pd) || fk_mw_in_pd(pd)) {
 			pthread_mutex_unlock(&fk_mu);
 			return EBUSY;
 		}
@@ -759,6 +762,7 @@ static int fk_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *a, int mask) {
 	} else if (a->qp_state == IBV_QPS_ERR) {
 		q->state = IBV_QPS_ERR;
 		fk_release_held(q); // ibv_modify_qp(3): ERROR flushes outstanding WRs
+		fk_run_binds(0, qp->qp_num, 0);
 	} else if (a->qp_state == IBV_QPS_INIT) {
 		int need = IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
 		// A P_Key index past the port's table is EINVAL (the kernel's
@@ -826,6 +830,7 @@ static fk_qp *fk_find_qp(uint32_t qpn) {
 static int fk_destroy_qp(struct ibv_qp *qp) {
 	fk_qp *q = (fk_qp *)qp;
 	pthread_mutex_lock(&fk_mu);
+	fk_run_binds(0, q->qp.qp_num, 1); // its delayed binds go with it
 	fk_del((void **)fk_qps, q);
 	// Like mlx5, drop the destroyed QP's entries from its CQ.
 	fk_cq *c = (fk_cq *)q->qp.send_cq;
@@ -988,6 +993,7 @@ static void fk_release_held(fk_qp *q) {
 static int fk_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad) {
 	fk_qp *q = (fk_qp *)qp;
 	pthread_mutex_lock(&fk_mu);
+	fk_run_binds(fk_now(), 0, 0);
 	for (; wr != NULL; wr = wr->next) {
 		int rc = 0;
 		if (q->state != IBV_QPS_RTS && q->state != IBV_QPS_ERR)
@@ -1004,6 +1010,8 @@ static int fk_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_se
 		}
 		q->outstanding++;
 		int mst = fk_mw_execute(q, wr);
+		if (mst == FK_DEFERRED)
+			continue;
 		enum ibv_wc_status st = mst >= 0 ? (enum ibv_wc_status)mst : fk_execute(q, wr);
 		if (st == FK_HELD) {
 			fk_hold(q, wr);
@@ -1029,6 +1037,7 @@ static int fk_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc) {
 		pthread_mutex_unlock(&fk_mu);
 		return FK_POLL_ERR;
 	}
+	fk_run_binds(fk_now(), 0, 0);
 	fk_add(c, fk_now());
 	for (; k < n && c->count > 0 && c->ring[c->head].added; k++) {
 		wc[k] = c->ring[c->head].wc;

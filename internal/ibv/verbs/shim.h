@@ -193,5 +193,13 @@ void pv_fake_reset_ports(void);
 // pv_fake_mr_access is the access flags the fake MR with lkey was
 // registered with, or -1.
 int pv_fake_mr_access(uint32_t lkey);
+// pv_fake_mw_faults sets the fake's memory-window faults (fakemw.h):
+// binds executed bind_delay_ns after posting (UINT64_MAX: only a flush
+// ends them; 0: at post), binds completing with bind_status (0: as they
+// execute), ibv_dealloc_mw failing with dealloc_errno (0: it works).
+void pv_fake_mw_faults(uint64_t bind_delay_ns, int bind_status, int dealloc_errno);
+// pv_fake_mws counts the fake's bound windows, and those a peer's READ
+// can use (their QP is in RTR or RTS).
+void pv_fake_mws(int *bound, int *usable);
 
 #endif
