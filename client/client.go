@@ -22,11 +22,15 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/pegaflow/pegad/api/localwire"
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+	"github.com/pegaflow/pegad/api/pegaderr"
 )
 
 // DataSocketSuffix names the data socket next to the local API socket.
@@ -62,11 +66,18 @@ func AllowStreamFallback() Option { return func(o *options) { o.fallback = true 
 type Client struct {
 	local pegadv1.LocalServiceClient
 	cc    *grpc.ClientConn // nil with WithConn
-	data  *dataConn        // nil without the data socket (fallback)
+	data  *dataLink        // nil without the data socket (fallback)
 }
 
 // Dial connects to the daemon whose local API listens on socket, and to
 // its data socket next to it.
+//
+// The client outlives its connections: after the daemon restarts (or a
+// call broke the data connection) the next call dials the data socket
+// again, and gRPC redials its channel. A request that was sent when its
+// connection broke is never sent again (the daemon may have applied it):
+// that call returns ErrUnavailable. Writers, Readers and Pins end with the
+// connection that made them.
 func Dial(ctx context.Context, socket string, opts ...Option) (*Client, error) {
 	o := options{dataSocket: socket + DataSocketSuffix}
 	for _, f := range opts {
@@ -76,7 +87,7 @@ func Dial(ctx context.Context, socket string, opts ...Option) (*Client, error) {
 	data, err := dialData(ctx, o.dataSocket)
 	switch {
 	case err == nil:
-		c.data = data
+		c.data = newDataLink(o.dataSocket, data)
 	case o.fallback && errors.Is(err, ErrUnavailable):
 	default:
 		return nil, err
@@ -85,6 +96,9 @@ func Dial(ctx context.Context, socket string, opts ...Option) (*Client, error) {
 	if cc == nil {
 		conn, err := grpc.NewClient("passthrough:///pegad",
 			grpc.WithTransportCredentials(insecure.NewCredentials()),
+			// gRPC's default backoff grows to 2 minutes while the daemon
+			// is down; a restarted daemon is found within a second.
+			grpc.WithConnectParams(grpc.ConnectParams{Backoff: reconnectBackoff, MinConnectTimeout: 5 * time.Second}),
 			grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
 				var d net.Dialer
 				return d.DialContext(ctx, "unix", socket)
@@ -112,7 +126,7 @@ func (c *Client) LeaseTimeout() time.Duration {
 	if c.data == nil {
 		return 0
 	}
-	return c.data.leaseTimeout
+	return c.data.current().leaseTimeout
 }
 
 // Close closes the connections; the daemon ends every lease still held,
@@ -196,7 +210,11 @@ func (c *Client) Put(ctx context.Context, namespace string, hash, data []byte, o
 	if c.data == nil {
 		return c.putStream(ctx, namespace, hash, data, opts, created)
 	}
-	if c.data.version >= 2 {
+	d, err := c.data.get(ctx)
+	if err != nil {
+		return err
+	}
+	if d.version >= 2 {
 		slots, err := slotsFor(len(data), opts)
 		if err != nil {
 			return err
@@ -208,7 +226,7 @@ func (c *Client) Put(ctx context.Context, namespace string, hash, data []byte, o
 		if err != nil {
 			return err
 		}
-		ok, err := c.data.put(ctx, k, slots, data)
+		ok, err := d.put(ctx, k, slots, data)
 		created(ok)
 		return err
 	}
@@ -297,7 +315,23 @@ func (c *Client) GetTo(ctx context.Context, namespace string, hash []byte, w io.
 // until its last lease ends).
 func (c *Client) Delete(ctx context.Context, namespace string, hash []byte) error {
 	_, err := c.local.DeleteBlock(ctx, &pegadv1.DeleteBlockRequest{Namespace: namespace, Hash: hash})
-	return fromStatus(err)
+	return c.grpcErr(err)
+}
+
+// reconnectBackoff bounds the wait between the gRPC channel's attempts to
+// reach a daemon that is down.
+var reconnectBackoff = backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second}
+
+// grpcErr is fromStatus(err); after ErrUnavailable the channel's backoff
+// is reset, so the next call tries the socket at once (a restarted
+// daemon). Nothing is resent: gRPC retries only calls that never reached
+// the daemon.
+func (c *Client) grpcErr(err error) error {
+	err = fromStatus(err)
+	if c.cc != nil && errors.Is(err, ErrUnavailable) {
+		c.cc.ResetConnectBackoff()
+	}
+	return err
 }
 
 // PrefetchOption configures Prefetch.
@@ -340,12 +374,25 @@ type PrefetchResult struct {
 // FromPeer names, or without it from the nodes the cluster index says hold
 // them. On a failed prefetch the result (when the daemon sent one) says
 // which blocks failed and how, beside the error.
+//
+// The daemon is asked to answer a failed fetch with the failure in the
+// response (failure_in_response) rather than as the call's status, whose
+// trailer cannot carry thousands of outcomes; the error returned is the
+// same either way. A daemon older than that field answers as before.
 func (c *Client) Prefetch(ctx context.Context, namespace string, hashes [][]byte, opts ...PrefetchOption) (*PrefetchResult, error) {
-	req := &pegadv1.PrefetchRequest{Namespace: namespace, Hashes: hashes}
+	if len(hashes) == 0 {
+		// No hashes (a ClusterHit's hashes[Local:N] with nothing
+		// missing) is a no-op: an empty result, nothing sent.
+		return &PrefetchResult{}, nil
+	}
+	req := &pegadv1.PrefetchRequest{Namespace: namespace, Hashes: hashes, FailureInResponse: true}
 	for _, f := range opts {
 		f(req)
 	}
 	resp, err := c.local.Prefetch(ctx, req)
+	if f := resp.GetError(); err == nil && f != nil {
+		return prefetchResult(resp), fromStatus(PrefetchFailureStatus(f).Err())
+	}
 	if err != nil {
 		var res *PrefetchResult
 		if st, ok := statusOf(err); ok {
@@ -355,9 +402,22 @@ func (c *Client) Prefetch(ctx context.Context, namespace string, hashes [][]byte
 				}
 			}
 		}
-		return res, fromStatus(err)
+		return res, c.grpcErr(err)
 	}
 	return prefetchResult(resp), nil
+}
+
+// PrefetchFailureStatus is the gRPC status a failed prefetch's
+// PrefetchResponse.error stands for (its code, pegad reason and message),
+// for callers of the generated LocalService client that branch on
+// status codes or pegaderr reasons. A code of 0 (a malformed answer) is
+// Unknown: a failure is never OK.
+func PrefetchFailureStatus(f *pegadv1.PrefetchFailure) *status.Status {
+	code := codes.Code(f.GetCode())
+	if code == codes.OK {
+		code = codes.Unknown
+	}
+	return pegaderr.Status(code, pegaderr.Reason(f.GetReason()), f.GetMessage())
 }
 
 func prefetchResult(pr *pegadv1.PrefetchResponse) *PrefetchResult {

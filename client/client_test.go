@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -65,8 +66,14 @@ func TestPutGetDelete(t *testing.T) {
 				if err := c.Delete(ctx, "ns", hash); err != nil {
 					t.Fatal(err)
 				}
-				if _, err := c.Get(ctx, "ns", hash, dst); !errors.Is(err, client.ErrNotFound) {
+				_, err = c.Get(ctx, "ns", hash, dst)
+				if !errors.Is(err, client.ErrNotFound) {
 					t.Fatalf("Get after Delete: %v, want ErrNotFound", err)
+				}
+				// Both paths name the block, in the daemon's words, once.
+				want := fmt.Sprintf("block not found: namespace=ns hash=%x", hash)
+				if !strings.HasSuffix(err.Error(), want) || strings.Count(err.Error(), "not found") != 1 {
+					t.Fatalf("Get after Delete: %q, want it to end %q", err, want)
 				}
 				if err := c.Delete(ctx, "ns", hash); !errors.Is(err, client.ErrNotFound) {
 					t.Fatalf("second Delete: %v, want ErrNotFound", err)
@@ -119,7 +126,7 @@ func TestInvalidInput(t *testing.T) {
 		}},
 		{"larger than the pool", client.ErrPoolFull, func() error { return c.Put(ctx, "ns", []byte("h"), make([]byte, 2<<20)) }},
 		{"lease of a missing block", client.ErrNotFound, func() error { _, err := c.Lease(ctx, "ns", []byte("nope")); return err }},
-		{"prefetch of no blocks", client.ErrInvalid, func() error { _, err := c.Prefetch(ctx, "ns", nil); return err }},
+		{"prefetch of no blocks is a no-op", nil, func() error { _, err := c.Prefetch(ctx, "ns", nil); return err }},
 		{"prefetch without a peer nor an index", client.ErrNoIndex, func() error {
 			_, err := c.Prefetch(ctx, "ns", [][]byte{[]byte("h")})
 			return err
@@ -386,7 +393,8 @@ func TestLeaseExpiry(t *testing.T) {
 
 // TestContext: a context already done fails the call and leaves the
 // connection usable; a context that ends while the daemon is busy breaks
-// the connection (its leases end) and later calls say so.
+// the connection (its leases end, and their releases say so), and the
+// next call dials a new one.
 func TestContext(t *testing.T) {
 	n := startNode(t, nil)
 	c := n.dial(t)
@@ -409,8 +417,12 @@ func TestContext(t *testing.T) {
 	if _, err := c.Lease(contextWithoutErr{dctx}, "ns", []byte("a")); !errors.Is(err, client.ErrUnavailable) {
 		t.Fatalf("Lease past its deadline: %v", err)
 	}
-	if _, err := c.Lease(context.Background(), "ns", []byte("a")); !errors.Is(err, client.ErrUnavailable) {
-		t.Fatalf("Lease on a broken connection: %v, want ErrUnavailable", err)
+	r2, err := c.Lease(context.Background(), "ns", []byte("a"))
+	if err != nil {
+		t.Fatalf("Lease after the break: %v, want a new connection", err)
+	}
+	if err := r2.Release(); err != nil {
+		t.Fatal(err)
 	}
 	if err := r.Release(); !errors.Is(err, client.ErrUnavailable) {
 		t.Fatalf("Release on a broken connection: %v", err)

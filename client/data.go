@@ -23,16 +23,17 @@ type dataConn struct {
 	leaseTimeout time.Duration // immutable
 	version      uint32        // the protocol version the daemon answered; immutable
 
-	mu     sync.Mutex // guards everything below and serializes requests
-	c      *net.UnixConn
-	r      *bufio.Reader
-	seq    uint32
-	out    []byte
-	hdr    [localwire.HeaderLen]byte
-	body   []byte
-	broken error // set once the connection failed; every later call returns it
-	closed bool
-	spare  *spare // room reserved for the next Put (put.go); nil: none
+	mu      sync.Mutex // guards everything below and serializes requests
+	c       *net.UnixConn
+	r       *bufio.Reader
+	seq     uint32
+	out     []byte
+	hdr     [localwire.HeaderLen]byte
+	body    []byte
+	broken  error // set once the connection failed; every later call returns it
+	closed  bool
+	retired bool   // replaced by a new connection (redial.go); its mapping is anonymous memory now
+	spare   *spare // room reserved for the next Put (put.go); nil: none
 }
 
 // errRefusedHello: the daemon answered HELLO with a frame-level refusal
@@ -158,8 +159,8 @@ func (d *dataConn) readFrame() (localwire.Header, []byte, error) {
 
 // call sends one request of count items (appended to the frame by enc) and
 // returns its decoded results. Any failure of the connection itself breaks
-// it for good: the daemon then ends its leases, and the client must be
-// dialled again.
+// it for good: the daemon then ends its leases, and the client's next call
+// dials a new connection (dataLink).
 func (d *dataConn) call(ctx context.Context, op localwire.Op, count int, enc func(b []byte) []byte) ([]localwire.Result, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err

@@ -62,11 +62,34 @@ func fromWire(op localwire.Op, st localwire.Status, msg string) error {
 	default:
 		sentinel = ErrInternal
 	}
-	if msg == "" {
+	// The daemon's message often is the sentinel's own words ("block not
+	// found"): saying them twice ("pegad: block not found: block not
+	// found") tells the reader nothing more.
+	if msg == "" || "pegad: "+msg == sentinel.Error() {
 		return fmt.Errorf("%v: %w", op, sentinel)
 	}
 	return fmt.Errorf("%v: %w: %s", op, sentinel, msg)
 }
+
+// notFound is ErrNotFound for one named block. It reads as the daemon's
+// gRPC answer does ("block not found: namespace=NS hash=HEX"), so a caller
+// and pegactl (docs/pegactl.md, exit 3) see the same words whichever path,
+// the data socket or a gRPC stream, the call took.
+func notFound(namespace string, hash []byte) error {
+	return &keyError{
+		sentinel: ErrNotFound,
+		msg:      fmt.Sprintf("block not found: namespace=%s hash=%x", namespace, hash),
+	}
+}
+
+// keyError is a typed error whose text names the block it is about.
+type keyError struct {
+	sentinel error
+	msg      string
+}
+
+func (e *keyError) Error() string { return e.msg }
+func (e *keyError) Unwrap() error { return e.sentinel }
 
 // byReason is the typed error of each pegaderr reason the daemon sends.
 var byReason = map[pegaderr.Reason]error{

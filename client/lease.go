@@ -32,7 +32,7 @@ func (w *Writer) Bytes() []byte { return w.mem }
 // not be written. A block someone else committed under the same key first
 // wins: Commit returns nil and Created reports false.
 func (w *Writer) Commit(ctx context.Context) error {
-	return commitBatch(ctx, w.d, []*Writer{w})
+	return commitBatch(ctx, []*Writer{w})
 }
 
 // Created reports whether Commit stored this block (false: the key was
@@ -203,6 +203,13 @@ func (c *Client) AllocBatch(ctx context.Context, reqs []AllocRequest) ([]AllocRe
 			todo = append(todo, i)
 		}
 	}
+	if len(todo) == 0 {
+		return out, nil
+	}
+	d, err := c.data.get(ctx)
+	if err != nil {
+		return nil, err
+	}
 	for len(todo) > 0 {
 		n, size := 0, 0
 		for n < len(todo) && n < localwire.MaxBatch {
@@ -216,14 +223,14 @@ func (c *Client) AllocBatch(ctx context.Context, reqs []AllocRequest) ([]AllocRe
 		}
 		batch := todo[:n]
 		todo = todo[n:]
-		res, err := c.data.call(ctx, localwire.OpAlloc, n, func(b []byte) []byte {
+		res, err := d.call(ctx, localwire.OpAlloc, n, func(b []byte) []byte {
 			for _, i := range batch {
 				b = localwire.AppendAllocItem(b, items[i])
 			}
 			return b
 		})
 		if err != nil {
-			abortAll(c.data, out)
+			abortAll(d, out)
 			return nil, err
 		}
 		for j, i := range batch {
@@ -232,13 +239,13 @@ func (c *Client) AllocBatch(ctx context.Context, reqs []AllocRequest) ([]AllocRe
 				out[i].Err = fromWire(localwire.OpAlloc, r.Status, r.Msg)
 				continue
 			}
-			mem, ok := c.data.slice(r.Seg.Off, r.Seg.Len)
+			mem, ok := d.slice(r.Seg.Off, r.Seg.Len)
 			if !ok {
 				out[i].Err = fmt.Errorf("%w: alloc at [%d,+%d) outside the pool", ErrProtocol, r.Seg.Off, r.Seg.Len)
-				_ = cleanupFinish(c.data, localwire.OpAbort, []uint64{r.Lease})
+				_ = cleanupFinish(d, localwire.OpAbort, []uint64{r.Lease})
 				continue
 			}
-			out[i].Writer = &Writer{d: c.data, id: r.Lease, mem: mem}
+			out[i].Writer = &Writer{d: d, id: r.Lease, mem: mem}
 		}
 	}
 	return out, nil
@@ -261,7 +268,7 @@ func (c *Client) CommitBatch(ctx context.Context, ws []*Writer) error {
 	if c.data == nil {
 		return ErrNoZeroCopy
 	}
-	return commitBatch(ctx, c.data, ws)
+	return commitBatch(ctx, ws)
 }
 
 func writersIDs(ws []*Writer) []uint64 {
@@ -284,13 +291,30 @@ func readersIDs(rs []*Reader) []uint64 {
 	return ids
 }
 
-func commitBatch(ctx context.Context, d *dataConn, ws []*Writer) error {
-	live := make([]*Writer, 0, len(ws))
+// commitBatch commits each writer on its own connection: a lease id is
+// sent only on the connection that took it (after a reconnect an old id
+// may name another lease on the new one).
+func commitBatch(ctx context.Context, ws []*Writer) error {
+	var order []*dataConn
+	byConn := map[*dataConn][]*Writer{}
 	for _, w := range ws {
 		if w != nil && w.take() {
-			live = append(live, w)
+			if byConn[w.d] == nil {
+				order = append(order, w.d)
+			}
+			byConn[w.d] = append(byConn[w.d], w)
 		}
 	}
+	var errs []error
+	for _, d := range order {
+		if err := commitOn(ctx, d, byConn[d]); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func commitOn(ctx context.Context, d *dataConn, live []*Writer) error {
 	var errs []error
 	for len(live) > 0 {
 		batch := live[:min(len(live), localwire.MaxBatch)]
@@ -389,10 +413,17 @@ func (c *Client) LeaseBatch(ctx context.Context, namespace string, hashes [][]by
 		keys[i] = k
 		todo = append(todo, i)
 	}
+	if len(todo) == 0 {
+		return out, nil
+	}
+	d, err := c.data.get(ctx)
+	if err != nil {
+		return nil, err
+	}
 	for len(todo) > 0 {
 		batch := todo[:min(len(todo), localwire.MaxBatch)]
 		todo = todo[len(batch):]
-		res, err := c.data.call(ctx, localwire.OpLease, len(batch), func(b []byte) []byte {
+		res, err := d.call(ctx, localwire.OpLease, len(batch), func(b []byte) []byte {
 			for _, i := range batch {
 				b = localwire.AppendKeyItem(b, keys[i])
 			}
@@ -403,19 +434,23 @@ func (c *Client) LeaseBatch(ctx context.Context, namespace string, hashes [][]by
 			for _, r := range out {
 				rs = append(rs, r.Reader)
 			}
-			_ = cleanupFinish(c.data, localwire.OpRelease, readersIDs(rs))
+			_ = cleanupFinish(d, localwire.OpRelease, readersIDs(rs))
 			return nil, err
 		}
 		for j, i := range batch {
 			r := res[j]
+			if r.Status == localwire.StatusNotFound {
+				out[i].Err = notFound(namespace, hashes[i])
+				continue
+			}
 			if r.Status != localwire.StatusOK {
 				out[i].Err = fromWire(localwire.OpLease, r.Status, r.Msg)
 				continue
 			}
-			rd, err := c.data.reader(r)
+			rd, err := d.reader(r)
 			if err != nil {
 				out[i].Err = err
-				_ = cleanupFinish(c.data, localwire.OpRelease, []uint64{r.Lease})
+				_ = cleanupFinish(d, localwire.OpRelease, []uint64{r.Lease})
 				continue
 			}
 			out[i].Reader = rd
@@ -467,5 +502,21 @@ func (c *Client) ReleaseBatch(rs []*Reader) error {
 	}
 	ctx, cancel := cleanupContext()
 	defer cancel()
-	return finishBatch(ctx, c.data, localwire.OpRelease, readersIDs(rs))
+	var order []*dataConn
+	byConn := map[*dataConn][]*Reader{}
+	for _, r := range rs {
+		if r != nil {
+			if byConn[r.d] == nil {
+				order = append(order, r.d)
+			}
+			byConn[r.d] = append(byConn[r.d], r)
+		}
+	}
+	var errs []error
+	for _, d := range order { // each lease on its own connection (see commitBatch)
+		if err := finishBatch(ctx, d, localwire.OpRelease, readersIDs(byConn[d])); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }

@@ -44,7 +44,8 @@ type ClusterHit struct {
 
 type lookupResult struct {
 	res localwire.Result
-	err error // the item's status, as an error
+	err error     // the item's status, as an error
+	d   *dataConn // the connection that answered (an ADOPT's leases are on it)
 }
 
 // lookupCall sends one version-3 request (one item) and returns its result.
@@ -52,15 +53,19 @@ func (c *Client) lookupCall(ctx context.Context, op localwire.Op, enc func([]byt
 	if c.data == nil {
 		return lookupResult{}, ErrNoZeroCopy
 	}
-	if c.data.version < lookupVersion {
-		return lookupResult{}, fmt.Errorf("%w: %v needs data protocol %d, the daemon speaks %d (upgrade pegad)",
-			ErrProtocol, op, lookupVersion, c.data.version)
-	}
-	res, err := c.data.call(ctx, op, 1, enc)
+	d, err := c.data.get(ctx)
 	if err != nil {
 		return lookupResult{}, err
 	}
-	r := lookupResult{res: res[0]}
+	if d.version < lookupVersion {
+		return lookupResult{}, fmt.Errorf("%w: %v needs data protocol %d, the daemon speaks %d (upgrade pegad)",
+			ErrProtocol, op, lookupVersion, d.version)
+	}
+	res, err := d.call(ctx, op, 1, enc)
+	if err != nil {
+		return lookupResult{}, err
+	}
+	r := lookupResult{res: res[0], d: d}
 	if r.res.Status != localwire.StatusOK {
 		r.err = fromWire(op, r.res.Status, r.res.Msg)
 	}
@@ -151,13 +156,13 @@ func (c *Client) Adopt(ctx context.Context, token []byte) ([]*Reader, error) {
 	}
 	out := make([]*Reader, 0, len(r.res.Adopted))
 	for _, l := range r.res.Adopted {
-		rd, err := c.data.reader(localwire.Result{Lease: l.Lease, Slots: l.Slots})
+		rd, err := r.d.reader(localwire.Result{Lease: l.Lease, Slots: l.Slots})
 		if err != nil {
 			ids := readersIDs(out)
 			for _, l := range r.res.Adopted[len(out):] {
 				ids = append(ids, l.Lease)
 			}
-			_ = cleanupFinish(c.data, localwire.OpRelease, ids)
+			_ = cleanupFinish(r.d, localwire.OpRelease, ids)
 			return nil, err
 		}
 		out = append(out, rd)

@@ -18,7 +18,6 @@ import (
 	"github.com/rs/zerolog"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/pegaflow/pegad/api/limits"
@@ -221,9 +220,12 @@ func blockHeader(b *store.Block, now time.Time) *pegadv1.BlockInfo {
 // ListBlocks lists a page of blocks, newest first. The store is locked
 // only to find the page; rows are built after.
 func (l *Local) ListBlocks(_ context.Context, req *pegadv1.ListBlocksRequest) (*pegadv1.ListBlocksResponse, error) {
-	// An empty namespace lists every namespace.
-	if len(req.GetNamespace()) > limits.MaxNamespaceLen {
-		return nil, invalidf("namespace is more than %d bytes", limits.MaxNamespaceLen)
+	// An empty namespace lists every namespace; any other is held to the
+	// key rules, as no block could be stored under one that breaks them.
+	if ns := req.GetNamespace(); ns != "" {
+		if err := limits.ValidNamespace(ns); err != nil {
+			return nil, invalidf("%v", err)
+		}
 	}
 	if strings.HasPrefix(req.GetCursor(), lowerCursor) {
 		before, err := parseLowerCursor(req.GetCursor())
@@ -376,7 +378,12 @@ func (l *Local) Prefetch(ctx context.Context, req *pegadv1.PrefetchRequest) (*pe
 	// An empty peer asks the cluster index (requester.Cluster).
 	hashes := req.GetHashes()
 	if len(hashes) == 0 {
-		return nil, invalidf("no hashes")
+		// Nothing missing (hashes[hit.local:hit.n] of a cluster hit
+		// this node already holds): nothing to fetch, no session.
+		if err := limits.ValidNamespace(req.GetNamespace()); err != nil {
+			return nil, invalidf("%v", err)
+		}
+		return &pegadv1.PrefetchResponse{}, nil
 	}
 	if len(hashes) > MaxPrefetchHashes {
 		return nil, invalidf("%d hashes, more than %d per request", len(hashes), MaxPrefetchHashes)
@@ -403,52 +410,10 @@ func (l *Local) Prefetch(ctx context.Context, req *pegadv1.PrefetchRequest) (*pe
 	l.store.Promote(keys)
 	res, err := l.fetcher.Prefetch(ctx, req.GetPeer(), req.GetNamespace(), hashes)
 	if err != nil {
-		// The per-block outcomes travel as a detail of the error status,
-		// so pegactl can show which blocks failed and how.
-		st := status.Convert(toStatus(err))
-		if res != nil {
-			if ds, derr := st.WithDetails(prefetchResponse(res)); derr == nil {
-				st = ds
-			}
-		}
-		return nil, st.Err()
+		return failedPrefetch(res, err, req.GetFailureInResponse())
 	}
 	if res == nil {
 		return nil, statusf(codes.Internal, pegaderr.Internal, "prefetch returned no result")
 	}
 	return prefetchResponse(res), nil
-}
-
-func prefetchResponse(res *requester.Result) *pegadv1.PrefetchResponse {
-	out := &pegadv1.PrefetchResponse{
-		Bytes:     res.Bytes,
-		Duration:  durationpb.New(res.Duration),
-		SessionId: res.SessionID,
-	}
-	for _, b := range res.Blocks {
-		r := &pegadv1.PrefetchBlockResult{Hash: b.Hash, Status: prefetchStatus(b.Status), Node: b.Node}
-		if b.Err != nil {
-			r.Error = b.Err.Error()
-		}
-		out.Blocks = append(out.Blocks, r)
-	}
-	return out
-}
-
-func prefetchStatus(s requester.Status) pegadv1.PrefetchBlockStatus {
-	switch s {
-	case requester.StatusFetched:
-		return pegadv1.PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_FETCHED
-	case requester.StatusAlreadyLocal:
-		return pegadv1.PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_ALREADY_LOCAL
-	case requester.StatusMissingOnPeer:
-		return pegadv1.PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_MISSING_ON_PEER
-	case requester.StatusFailed:
-		return pegadv1.PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_FAILED
-	case requester.StatusDiscarded:
-		return pegadv1.PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_DISCARDED
-	case requester.StatusNotFound:
-		return pegadv1.PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_NOT_FOUND
-	}
-	return pegadv1.PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_UNSPECIFIED
 }

@@ -385,8 +385,8 @@ func TestBadRequests(t *testing.T) {
 			_, err := e.local.ListBlocks(ctx, &pegadv1.ListBlocksRequest{Namespace: string(make([]byte, limits.MaxNamespaceLen+1))})
 			return err
 		}, codes.InvalidArgument},
-		{"prefetch no hashes", func() error {
-			_, err := e.local.Prefetch(ctx, &pegadv1.PrefetchRequest{Peer: "h:1", Namespace: "ns"})
+		{"prefetch no hashes, no namespace", func() error {
+			_, err := e.local.Prefetch(ctx, &pegadv1.PrefetchRequest{Peer: "h:1"})
 			return err
 		}, codes.InvalidArgument},
 		{"prefetch too many hashes", func() error {

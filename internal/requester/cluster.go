@@ -90,7 +90,13 @@ func (c *Cluster) Prefetch(ctx context.Context, peer, namespace string, hashes [
 		ctx, cancel = context.WithTimeout(ctx, c.defaultTimeout)
 		defer cancel()
 	}
-	r := &clusterRun{c: c, ns: namespace, res: &Result{Blocks: make([]BlockResult, len(hashes)), ReqID: newReqID()}}
+	// One keep set for every holder's fetch: no group's staging evicts
+	// what another group (or the check for local blocks) made local.
+	keep := newKeepSet(c.store)
+	defer keep.release()
+	ctx = withKeep(ctx, keep)
+	r := &clusterRun{c: c, ns: namespace, keep: keep,
+		res: &Result{Blocks: make([]BlockResult, len(hashes)), ReqID: newReqID()}}
 	byHash := r.wanted(hashes)
 	if err := r.locate(ctx); err != nil {
 		return nil, err
@@ -113,6 +119,7 @@ type want struct {
 type clusterRun struct {
 	c     *Cluster
 	ns    string
+	keep  *keepSet
 	wants []*want
 	// mu guards every want, res.Bytes and sessions while a round runs.
 	mu       sync.Mutex
@@ -130,7 +137,7 @@ func (r *clusterRun) wanted(hashes [][]byte) map[string]*want {
 		}
 		w := &want{hash: h, res: BlockResult{Hash: h, Status: StatusNotFound}}
 		byHash[string(h)] = w
-		if r.c.store.Has(store.Key{Namespace: r.ns, Hash: string(h)}) {
+		if r.keep.local(store.Key{Namespace: r.ns, Hash: string(h)}) {
 			w.done, w.res.Status = true, StatusAlreadyLocal
 			continue
 		}
@@ -232,6 +239,11 @@ func (r *clusterRun) fetchGroup(ctx context.Context, g group[*want]) {
 		case StatusFetched, StatusAlreadyLocal:
 			w.done = true
 			w.res = BlockResult{Hash: w.hash, Status: br.Status, Node: g.holder.NodeID}
+		case StatusNotFetched:
+			// This node's pool is what is short, not the holder: no
+			// other holder is asked.
+			w.done = true
+			w.res = BlockResult{Hash: w.hash, Status: br.Status, Err: br.Err, Node: g.holder.NodeID}
 		case StatusMissingOnPeer:
 			// Stale hint: next holder. NotFound stays unless another
 			// holder failed it.

@@ -54,6 +54,9 @@ type blockStore interface {
 	// with slots inside x (taking its own reference): the store's policy
 	// evicts such copies first (store.InsertFetched).
 	Insert(key store.Key, x extent, slots []store.SlotLayout) (created bool, err error)
+	// Hold pins key, an indexed block, so no allocation evicts it until
+	// release; size is its bytes. ok is false when it is not indexed.
+	Hold(key store.Key) (release func(), size uint64, ok bool)
 }
 
 // stagingPlanner is a reader that places staging by NUMA node
@@ -115,6 +118,18 @@ func (a storeAdapter) AllocStagingOn(node int, n uint64) (extent, error) {
 }
 
 func (a storeAdapter) ReleaseStaging(x extent) { a.s.ReleaseExtent(x.(*storeExtent).e) }
+
+// Hold pins one key at a time: a pin of several keys is a chain lookup
+// to the eviction policy (store.Pin learns parent hints from it), and the
+// blocks a prefetch found local need not be one. A pin counts as an
+// access, as the engine's use of the block about to follow would.
+func (a storeAdapter) Hold(key store.Key) (func(), uint64, bool) {
+	pinned, _ := a.s.Pin([]store.Key{key})
+	if len(pinned) == 0 {
+		return nil, 0, false
+	}
+	return func() { a.s.Unpin(pinned) }, pinned[0].Size(), true
+}
 
 func (a storeAdapter) Insert(key store.Key, x extent, slots []store.SlotLayout) (bool, error) {
 	se, ok := x.(*storeExtent)

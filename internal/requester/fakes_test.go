@@ -432,6 +432,16 @@ func (s *fakeStore) Insert(key store.Key, x extent, slots []store.SlotLayout) (b
 	return true, nil
 }
 
+func (s *fakeStore) Hold(key store.Key) (func(), uint64, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	x, ok := s.index[key]
+	if !ok {
+		return nil, 0, false
+	}
+	return func() {}, x.n, true
+}
+
 // covered reports whether [addr, addr+n) lies inside a live extent.
 func (s *fakeStore) covered(addr, n uint64) bool {
 	s.mu.Lock()

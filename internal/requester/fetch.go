@@ -382,6 +382,8 @@ func (e *Engine) plan(keys []store.Key, asked []int, resp *pegadv1.QueryBlocksFo
 		}
 		plan = append(plan, b)
 	}
+	// Request order: staging keeps a prefix of it when the pool is short.
+	sort.Slice(plan, func(i, j int) bool { return plan[i].idx < plan[j].idx })
 	deferred := make(map[string]bool, len(resp.GetDeferred()))
 	for _, h := range resp.GetDeferred() {
 		deferred[string(h)] = true
@@ -394,69 +396,71 @@ func (e *Engine) plan(keys []store.Key, asked []int, resp *pegadv1.QueryBlocksFo
 	return plan, nil
 }
 
-// stage places every planned block in staging extents. Blocks are grouped
-// by the local NUMA node sp places them on (without sp: by their remote
-// NUMA node, staged anywhere); each extent is sized min(bytes of that
-// group still to place, maxChunk, the largest allocation the pool can
-// hold: one NUMA part) and never less than the block being
+// stage places the planned blocks, in plan order, in staging extents.
+// Blocks are grouped by the local NUMA node sp places them on (without sp:
+// by their remote NUMA node, staged anywhere); each extent is sized
+// min(bytes of that group still to place, maxChunk, the largest allocation
+// the pool can hold: one NUMA part) and never less than the block being
 // placed (lesson 5): large fetches bound eviction amplification, small
-// fetches work on small pools. It returns every extent it allocated, also
+// fetches work on small pools. A chunk the pool has no room for is asked
+// again the size of its first block, so a pool nearly full still takes
+// the blocks that fit. It stops at the first block it cannot place:
+// plan[:placed] are placed, and it returns every extent it allocated, also
 // on error.
-func (e *Engine) stage(plan []*planBlock, sp *conn.StagingPlan) ([]extent, error) {
+func (e *Engine) stage(plan []*planBlock, sp *conn.StagingPlan) (exts []extent, placed int, err error) {
 	ns, onNode := e.store.(nodeStore)
 	onNode = onNode && sp != nil
-	groups := make(map[int][]*planBlock)
-	var keys []int
-	for _, b := range plan {
+	type group struct {
+		remaining, used uint64
+		cur             extent
+	}
+	groups := make(map[int]*group)
+	keyOf := make([]int, len(plan))
+	for i, b := range plan {
 		k := b.numa
 		if onNode {
 			k = sp.Place(b.numa, b.size)
 		}
-		if _, ok := groups[k]; !ok {
-			keys = append(keys, k)
+		keyOf[i] = k
+		if groups[k] == nil {
+			groups[k] = &group{}
 		}
-		groups[k] = append(groups[k], b)
+		groups[k].remaining += b.size
 	}
-	sort.Ints(keys)
+	alloc := func(key int, n uint64) (extent, error) {
+		if onNode {
+			return ns.AllocStagingOn(key, n)
+		}
+		return e.store.AllocStaging(n)
+	}
 	// No allocation can exceed one part of a NUMA-split pool: a chunk
 	// larger than that fails although its blocks fit in smaller ones.
 	chunk := min(e.maxChunk, e.store.MaxStaging())
-	var exts []extent
-	for _, key := range keys {
-		var remaining uint64
-		for _, b := range groups[key] {
-			remaining += b.size
-		}
-		var cur extent
-		var used uint64
-		for _, b := range groups[key] {
-			if cur == nil || cur.Len()-used < b.size {
-				n := max(b.size, min(remaining, chunk))
-				var x extent
-				var err error
-				if onNode {
-					x, err = ns.AllocStagingOn(key, n)
-				} else {
-					x, err = e.store.AllocStaging(n)
-				}
-				if err != nil {
-					return exts, fmt.Errorf("staging %d bytes (NUMA group %d): %w", n, key, err)
-				}
-				exts = append(exts, x)
-				cur, used = x, 0
+	for i, b := range plan {
+		key, g := keyOf[i], groups[keyOf[i]]
+		if g.cur == nil || g.cur.Len()-g.used < b.size {
+			n := max(b.size, min(g.remaining, chunk))
+			x, aerr := alloc(key, n)
+			if aerr != nil && n > b.size && errors.Is(aerr, store.ErrNoSpace) {
+				x, aerr = alloc(key, b.size)
 			}
-			b.ext = cur
-			for j := range b.layout {
-				b.layout[j].KOff += used
-				if b.layout[j].VLen > 0 {
-					b.layout[j].VOff += used
-				}
+			if aerr != nil {
+				return exts, i, fmt.Errorf("staging %d bytes (NUMA group %d): %w", n, key, aerr)
 			}
-			used += b.size
-			remaining -= b.size
+			exts = append(exts, x)
+			g.cur, g.used = x, 0
 		}
+		b.ext = g.cur
+		for j := range b.layout {
+			b.layout[j].KOff += g.used
+			if b.layout[j].VLen > 0 {
+				b.layout[j].VOff += g.used
+			}
+		}
+		g.used += b.size
+		g.remaining -= b.size
 	}
-	return exts, nil
+	return exts, len(plan), nil
 }
 
 // buildOps makes one READ per segment (K and V) of every planned block;

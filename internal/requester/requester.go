@@ -85,6 +85,10 @@ const (
 	StatusDiscarded
 	// StatusNotFound: no live node has it (prefetch without a peer).
 	StatusNotFound
+	// StatusNotFetched: the pool had no room for it without evicting a
+	// block this prefetch had already made local (ErrPoolTooSmall); nor
+	// was any block after it fetched, so what was kept is a prefix.
+	StatusNotFetched
 )
 
 func (s Status) String() string {
@@ -101,6 +105,8 @@ func (s Status) String() string {
 		return "discarded"
 	case StatusNotFound:
 		return "not_found"
+	case StatusNotFetched:
+		return "not_fetched"
 	}
 	return fmt.Sprintf("status(%d)", int(s))
 }
@@ -193,6 +199,8 @@ type fetchState struct {
 	peer    string
 	ns      string
 	started time.Time
+	// keep holds what this prefetch made local until it returns.
+	keep *keepSet
 
 	mu      sync.Mutex // guards phase, session, blocks, bytes
 	phase   string
@@ -353,7 +361,15 @@ func (e *Engine) Prefetch(ctx context.Context, peer, namespace string, hashes []
 		defer c()
 	}
 
-	st := &fetchState{reqID: newReqID(), peer: peer, ns: namespace, started: start}
+	// What this prefetch makes local stays until it returns (or until the
+	// Cluster prefetch that shares the set does), so its own staging never
+	// evicts it.
+	keep := keepOf(ctx)
+	if keep == nil {
+		keep = newKeepSet(e.store)
+		defer keep.release()
+	}
+	st := &fetchState{reqID: newReqID(), peer: peer, ns: namespace, started: start, keep: keep}
 	res := &Result{Blocks: make([]BlockResult, len(hashes)), ReqID: st.reqID}
 	for i, h := range hashes {
 		res.Blocks[i] = BlockResult{Hash: h, Status: StatusFailed}

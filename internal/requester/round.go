@@ -26,6 +26,13 @@ func (r *prefetchRun) round(ctx context.Context, pending [][]byte) (retry [][]by
 	c := e.flights.claim(st.peer, st.ns, pending, e.store.Has)
 	owned, ownedFlights, joined := c.owned, c.ownedFlights, c.joined
 	for _, key := range c.local {
+		// Pinned until the prefetch returns: "already_local" must still
+		// be true when the engine reads it, whatever this prefetch stages
+		// next. One evicted since it was found is fetched next round.
+		if !st.keep.local(key) {
+			retry = append(retry, []byte(key.Hash))
+			continue
+		}
 		r.outcome[key.Hash] = BlockResult{Status: StatusAlreadyLocal}
 	}
 
@@ -60,6 +67,12 @@ func (r *prefetchRun) round(ctx context.Context, pending [][]byte) (retry [][]by
 		select {
 		case <-j.f.done:
 			if j.f.status == StatusFailed && j.f.ownerGone && ctx.Err() == nil {
+				retry = append(retry, []byte(j.key.Hash))
+				continue
+			}
+			if ok := j.f.status == StatusFetched || j.f.status == StatusAlreadyLocal; ok && !st.keep.local(j.key) {
+				// Its owner's prefetch returned and let it go, and it was
+				// evicted since: fetch it again.
 				retry = append(retry, []byte(j.key.Hash))
 				continue
 			}

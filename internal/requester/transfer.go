@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 
 	"github.com/pegaflow/pegad/internal/conn"
+	"github.com/pegaflow/pegad/internal/store"
 )
 
 // lease is one window's lock while it is read: its guard, and the renewer
@@ -92,7 +93,9 @@ func (p *pipeline) transfer(w window) error {
 	st.addWindow(g.sid, len(plan), total)
 	stg := &staging{e: e, st: st, sid: g.sid}
 	defer stg.free() // after index: an indexed block holds its own reference
-	if rerr := p.read(&l.lease, stg, plan, tr, resp.GetHolderIncarnation(), grant); rerr != nil {
+	// read may keep only a prefix of plan: the blocks the pool has room for.
+	plan, rerr := p.read(&l.lease, stg, plan, tr, resp.GetHolderIncarnation(), grant)
+	if rerr != nil {
 		return p.readFailed(&l.lease, plan, tr, rerr)
 	}
 	return p.release(g, plan, tr)
@@ -139,6 +142,9 @@ type staging struct {
 	readPending bool
 }
 
+// free hands the staging to the prefetch's keep set, which releases it
+// when the prefetch returns: the blocks indexed in it stay unevictable
+// until then (keepSet). Quarantined instead while a READ may land in it.
 func (s *staging) free() {
 	if s.readPending {
 		// Read never returned (it panicked): a QP may still write into
@@ -153,25 +159,34 @@ func (s *staging) free() {
 			Uint64("bytes", n).Msg("staging memory quarantined: read did not return")
 		return
 	}
-	for _, x := range s.exts {
-		s.e.store.ReleaseStaging(x)
-	}
+	s.st.keep.extents(s.exts)
 }
 
 // read stages plan and reads it, bounded by the lease; once it returns,
-// the renewer is stopped and no READ can land in the staging memory.
-func (p *pipeline) read(l *lease, stg *staging, plan []*planBlock, tr *readTracker, holderInc string, grant *conn.Grant) error {
+// the renewer is stopped and no READ can land in the staging memory. It
+// returns the blocks it read: plan, or the prefix of it the pool had room
+// for beside what the prefetch keeps (fitting).
+func (p *pipeline) read(l *lease, stg *staging, plan []*planBlock, tr *readTracker, holderInc string, grant *conn.Grant) ([]*planBlock, error) {
 	e, st := p.e, p.st
 	e.hook(p.ctx, st, PhaseStage)
 	var sp *conn.StagingPlan
 	if sp2, ok := p.rd.(stagingPlanner); ok {
 		sp = sp2.StagingPlan()
 	}
-	var serr error
-	stg.exts, serr = e.stage(plan, sp)
+	var (
+		serr   error
+		placed int
+	)
+	stg.exts, placed, serr = e.stage(plan, sp)
 	if serr != nil {
-		l.stop()
-		return &stageError{serr}
+		if plan = p.fitting(plan, placed, serr); plan == nil {
+			l.stop()
+			return plan, &stageError{serr}
+		}
+		if len(plan) == 0 {
+			l.stop()
+			return plan, nil // nothing of this window fits: release it unread
+		}
 	}
 	ops, opBlock := buildOps(plan, grant)
 	tr.opBlock = opBlock
@@ -221,7 +236,35 @@ func (p *pipeline) read(l *lease, stg *staging, plan []*planBlock, tr *readTrack
 			e.conns.Invalidate(p.rd, rerr)
 		}
 	}
-	return rerr
+	return plan, rerr
+}
+
+// fitting decides what a window whose staging stopped at plan[placed]
+// (serr) reads. When the pool is full and this prefetch keeps blocks of
+// its own (earlier windows, blocks found local, or this window's placed
+// prefix), those are what is in the way, and they are not to be evicted
+// for later ones (issue 33, item 7): the blocks placed are read, the rest
+// of the window and of the fetch are StatusNotFetched, and the pipeline
+// stops after this window. Otherwise (a pool full of others' pins, a
+// failure that is not a full pool) it returns nil: the fetch fails as
+// before.
+func (p *pipeline) fitting(plan []*planBlock, placed int, serr error) []*planBlock {
+	var staged uint64
+	for _, b := range plan[:placed] {
+		staged += b.size
+	}
+	held := p.st.keep.held() + staged
+	if held == 0 || !errors.Is(serr, store.ErrNoSpace) {
+		return nil
+	}
+	p.full = tooSmall(plan[placed].size, held, serr)
+	for _, b := range plan[placed:] {
+		p.out.status[b.idx], p.out.errs[b.idx] = StatusNotFetched, p.full
+	}
+	p.e.log.Warn().Str("req_id", p.st.reqID).Str("remote", p.st.peer).Int("placed", placed).
+		Int("not_fetched", len(plan)-placed).Uint64("held_bytes", held).Err(serr).
+		Msg("pool too small for the whole prefetch: fetching what fits, in order; the rest is not fetched")
+	return plan[:placed]
 }
 
 // stageError is a staging failure, as read returns it.

@@ -50,6 +50,10 @@ type pipeline struct {
 	// refuses a window at a pin limit.
 	maxHashes int
 	sessions  []string
+	// full is set (ErrPoolTooSmall) once a window found no room for its
+	// next block beside what the prefetch keeps: no later block is
+	// fetched, so what the prefetch keeps is a prefix of what it asked.
+	full error
 }
 
 // fetch runs connect → (lock window → transfer → release → index)… for
@@ -124,6 +128,13 @@ func (p *pipeline) run(w window) (err error) {
 		}
 		if err := p.transfer(w); err != nil {
 			return err
+		}
+		if p.full != nil {
+			// The deferred drop releases the next window's lock unread.
+			for _, i := range w.rest {
+				p.out.status[i], p.out.errs[i] = StatusNotFetched, p.full
+			}
+			return nil
 		}
 		if next == nil {
 			return nil

@@ -37,6 +37,10 @@ const (
 	PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_DISCARDED       PrefetchBlockStatus = 5
 	// Prefetch without a peer: no live node in the cluster index has it.
 	PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_NOT_FOUND PrefetchBlockStatus = 6
+	// The pool had no room for it without evicting a block this same
+	// prefetch had made local; no block after it was fetched either (error
+	// says how much did not fit). A prefetch never evicts its own blocks.
+	PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_NOT_FETCHED PrefetchBlockStatus = 7
 )
 
 // Enum value maps for PrefetchBlockStatus.
@@ -49,6 +53,7 @@ var (
 		4: "PREFETCH_BLOCK_STATUS_FAILED",
 		5: "PREFETCH_BLOCK_STATUS_DISCARDED",
 		6: "PREFETCH_BLOCK_STATUS_NOT_FOUND",
+		7: "PREFETCH_BLOCK_STATUS_NOT_FETCHED",
 	}
 	PrefetchBlockStatus_value = map[string]int32{
 		"PREFETCH_BLOCK_STATUS_UNSPECIFIED":     0,
@@ -58,6 +63,7 @@ var (
 		"PREFETCH_BLOCK_STATUS_FAILED":          4,
 		"PREFETCH_BLOCK_STATUS_DISCARDED":       5,
 		"PREFETCH_BLOCK_STATUS_NOT_FOUND":       6,
+		"PREFETCH_BLOCK_STATUS_NOT_FETCHED":     7,
 	}
 )
 
@@ -818,9 +824,18 @@ type PrefetchRequest struct {
 	Namespace string   `protobuf:"bytes,2,opt,name=namespace,proto3" json:"namespace,omitempty"`
 	Hashes    [][]byte `protobuf:"bytes,3,rep,name=hashes,proto3" json:"hashes,omitempty"`
 	// 0: server default.
-	Timeout       *durationpb.Duration `protobuf:"bytes,4,opt,name=timeout,proto3" json:"timeout,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Timeout *durationpb.Duration `protobuf:"bytes,4,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	// True: a fetch that fails as a whole still answers OK, with the
+	// failure in PrefetchResponse.error and every block's outcome in
+	// PrefetchResponse.blocks, however many blocks there are. False (clients
+	// older than this field): the call fails with the failure's status, and
+	// the outcomes ride along as a PrefetchResponse status detail only while
+	// that fits in the grpc-status-details-bin trailer's bound (a few KiB;
+	// past it the message says how many outcomes were left out), because a
+	// trailer past the client's header-list limit resets the stream.
+	FailureInResponse bool `protobuf:"varint,5,opt,name=failure_in_response,json=failureInResponse,proto3" json:"failure_in_response,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *PrefetchRequest) Reset() {
@@ -879,6 +894,13 @@ func (x *PrefetchRequest) GetTimeout() *durationpb.Duration {
 		return x.Timeout
 	}
 	return nil
+}
+
+func (x *PrefetchRequest) GetFailureInResponse() bool {
+	if x != nil {
+		return x.FailureInResponse
+	}
+	return false
 }
 
 type PrefetchBlockResult struct {
@@ -951,11 +973,15 @@ func (x *PrefetchBlockResult) GetNode() string {
 }
 
 type PrefetchResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Blocks        []*PrefetchBlockResult `protobuf:"bytes,1,rep,name=blocks,proto3" json:"blocks,omitempty"`
-	Bytes         uint64                 `protobuf:"varint,2,opt,name=bytes,proto3" json:"bytes,omitempty"`
-	Duration      *durationpb.Duration   `protobuf:"bytes,3,opt,name=duration,proto3" json:"duration,omitempty"`
-	SessionId     string                 `protobuf:"bytes,4,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Blocks    []*PrefetchBlockResult `protobuf:"bytes,1,rep,name=blocks,proto3" json:"blocks,omitempty"`
+	Bytes     uint64                 `protobuf:"varint,2,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	Duration  *durationpb.Duration   `protobuf:"bytes,3,opt,name=duration,proto3" json:"duration,omitempty"`
+	SessionId string                 `protobuf:"bytes,4,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// With PrefetchRequest.failure_in_response: set when the fetch failed as
+	// a whole (what the call would otherwise have failed with); unset on
+	// success.
+	Error         *PrefetchFailure `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1018,6 +1044,77 @@ func (x *PrefetchResponse) GetSessionId() string {
 	return ""
 }
 
+func (x *PrefetchResponse) GetError() *PrefetchFailure {
+	if x != nil {
+		return x.Error
+	}
+	return nil
+}
+
+// A failed prefetch, as its gRPC status would say it.
+type PrefetchFailure struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The gRPC status code (google.rpc.Code numbering), never 0.
+	Code int32 `protobuf:"varint,1,opt,name=code,proto3" json:"code,omitempty"`
+	// pegad's reason (api/pegaderr: "CONNECTION", "LOCAL_RESOURCE", ...);
+	// empty when the error has none.
+	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	Message       string `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PrefetchFailure) Reset() {
+	*x = PrefetchFailure{}
+	mi := &file_pegad_v1_local_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PrefetchFailure) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PrefetchFailure) ProtoMessage() {}
+
+func (x *PrefetchFailure) ProtoReflect() protoreflect.Message {
+	mi := &file_pegad_v1_local_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PrefetchFailure.ProtoReflect.Descriptor instead.
+func (*PrefetchFailure) Descriptor() ([]byte, []int) {
+	return file_pegad_v1_local_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *PrefetchFailure) GetCode() int32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *PrefetchFailure) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *PrefetchFailure) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
 var File_pegad_v1_local_proto protoreflect.FileDescriptor
 
 const file_pegad_v1_local_proto_rawDesc = "" +
@@ -1069,23 +1166,29 @@ const file_pegad_v1_local_proto_rawDesc = "" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04hash\x18\x02 \x01(\fR\x04hash\"1\n" +
 	"\x13DeleteBlockResponse\x12\x1a\n" +
-	"\bdeferred\x18\x01 \x01(\bR\bdeferred\"\x90\x01\n" +
+	"\bdeferred\x18\x01 \x01(\bR\bdeferred\"\xc0\x01\n" +
 	"\x0fPrefetchRequest\x12\x12\n" +
 	"\x04peer\x18\x01 \x01(\tR\x04peer\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x16\n" +
 	"\x06hashes\x18\x03 \x03(\fR\x06hashes\x123\n" +
-	"\atimeout\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\atimeout\"\x8a\x01\n" +
+	"\atimeout\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\atimeout\x12.\n" +
+	"\x13failure_in_response\x18\x05 \x01(\bR\x11failureInResponse\"\x8a\x01\n" +
 	"\x13PrefetchBlockResult\x12\x12\n" +
 	"\x04hash\x18\x01 \x01(\fR\x04hash\x125\n" +
 	"\x06status\x18\x02 \x01(\x0e2\x1d.pegad.v1.PrefetchBlockStatusR\x06status\x12\x14\n" +
 	"\x05error\x18\x03 \x01(\tR\x05error\x12\x12\n" +
-	"\x04node\x18\x04 \x01(\tR\x04node\"\xb5\x01\n" +
+	"\x04node\x18\x04 \x01(\tR\x04node\"\xe6\x01\n" +
 	"\x10PrefetchResponse\x125\n" +
 	"\x06blocks\x18\x01 \x03(\v2\x1d.pegad.v1.PrefetchBlockResultR\x06blocks\x12\x14\n" +
 	"\x05bytes\x18\x02 \x01(\x04R\x05bytes\x125\n" +
 	"\bduration\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\bduration\x12\x1d\n" +
 	"\n" +
-	"session_id\x18\x04 \x01(\tR\tsessionId*\x9f\x02\n" +
+	"session_id\x18\x04 \x01(\tR\tsessionId\x12/\n" +
+	"\x05error\x18\x05 \x01(\v2\x19.pegad.v1.PrefetchFailureR\x05error\"W\n" +
+	"\x0fPrefetchFailure\x12\x12\n" +
+	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x18\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage*\xc6\x02\n" +
 	"\x13PrefetchBlockStatus\x12%\n" +
 	"!PREFETCH_BLOCK_STATUS_UNSPECIFIED\x10\x00\x12!\n" +
 	"\x1dPREFETCH_BLOCK_STATUS_FETCHED\x10\x01\x12'\n" +
@@ -1093,7 +1196,8 @@ const file_pegad_v1_local_proto_rawDesc = "" +
 	"%PREFETCH_BLOCK_STATUS_MISSING_ON_PEER\x10\x03\x12 \n" +
 	"\x1cPREFETCH_BLOCK_STATUS_FAILED\x10\x04\x12#\n" +
 	"\x1fPREFETCH_BLOCK_STATUS_DISCARDED\x10\x05\x12#\n" +
-	"\x1fPREFETCH_BLOCK_STATUS_NOT_FOUND\x10\x062\xf0\x02\n" +
+	"\x1fPREFETCH_BLOCK_STATUS_NOT_FOUND\x10\x06\x12%\n" +
+	"!PREFETCH_BLOCK_STATUS_NOT_FETCHED\x10\a2\xf0\x02\n" +
 	"\fLocalService\x12C\n" +
 	"\bPutBlock\x12\x19.pegad.v1.PutBlockRequest\x1a\x1a.pegad.v1.PutBlockResponse(\x01\x12C\n" +
 	"\bGetBlock\x12\x19.pegad.v1.GetBlockRequest\x1a\x1a.pegad.v1.GetBlockResponse0\x01\x12G\n" +
@@ -1115,7 +1219,7 @@ func file_pegad_v1_local_proto_rawDescGZIP() []byte {
 }
 
 var file_pegad_v1_local_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_pegad_v1_local_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_pegad_v1_local_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_pegad_v1_local_proto_goTypes = []any{
 	(PrefetchBlockStatus)(0),      // 0: pegad.v1.PrefetchBlockStatus
 	(*SlotSize)(nil),              // 1: pegad.v1.SlotSize
@@ -1132,36 +1236,38 @@ var file_pegad_v1_local_proto_goTypes = []any{
 	(*PrefetchRequest)(nil),       // 12: pegad.v1.PrefetchRequest
 	(*PrefetchBlockResult)(nil),   // 13: pegad.v1.PrefetchBlockResult
 	(*PrefetchResponse)(nil),      // 14: pegad.v1.PrefetchResponse
-	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 16: google.protobuf.Duration
+	(*PrefetchFailure)(nil),       // 15: pegad.v1.PrefetchFailure
+	(*timestamppb.Timestamp)(nil), // 16: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 17: google.protobuf.Duration
 }
 var file_pegad_v1_local_proto_depIdxs = []int32{
 	1,  // 0: pegad.v1.PutBlockHeader.slots:type_name -> pegad.v1.SlotSize
 	2,  // 1: pegad.v1.PutBlockRequest.header:type_name -> pegad.v1.PutBlockHeader
 	7,  // 2: pegad.v1.GetBlockResponse.header:type_name -> pegad.v1.BlockInfo
 	1,  // 3: pegad.v1.BlockInfo.slots:type_name -> pegad.v1.SlotSize
-	15, // 4: pegad.v1.BlockInfo.created_at:type_name -> google.protobuf.Timestamp
-	15, // 5: pegad.v1.BlockInfo.last_access:type_name -> google.protobuf.Timestamp
+	16, // 4: pegad.v1.BlockInfo.created_at:type_name -> google.protobuf.Timestamp
+	16, // 5: pegad.v1.BlockInfo.last_access:type_name -> google.protobuf.Timestamp
 	7,  // 6: pegad.v1.ListBlocksResponse.blocks:type_name -> pegad.v1.BlockInfo
-	16, // 7: pegad.v1.PrefetchRequest.timeout:type_name -> google.protobuf.Duration
+	17, // 7: pegad.v1.PrefetchRequest.timeout:type_name -> google.protobuf.Duration
 	0,  // 8: pegad.v1.PrefetchBlockResult.status:type_name -> pegad.v1.PrefetchBlockStatus
 	13, // 9: pegad.v1.PrefetchResponse.blocks:type_name -> pegad.v1.PrefetchBlockResult
-	16, // 10: pegad.v1.PrefetchResponse.duration:type_name -> google.protobuf.Duration
-	3,  // 11: pegad.v1.LocalService.PutBlock:input_type -> pegad.v1.PutBlockRequest
-	5,  // 12: pegad.v1.LocalService.GetBlock:input_type -> pegad.v1.GetBlockRequest
-	8,  // 13: pegad.v1.LocalService.ListBlocks:input_type -> pegad.v1.ListBlocksRequest
-	10, // 14: pegad.v1.LocalService.DeleteBlock:input_type -> pegad.v1.DeleteBlockRequest
-	12, // 15: pegad.v1.LocalService.Prefetch:input_type -> pegad.v1.PrefetchRequest
-	4,  // 16: pegad.v1.LocalService.PutBlock:output_type -> pegad.v1.PutBlockResponse
-	6,  // 17: pegad.v1.LocalService.GetBlock:output_type -> pegad.v1.GetBlockResponse
-	9,  // 18: pegad.v1.LocalService.ListBlocks:output_type -> pegad.v1.ListBlocksResponse
-	11, // 19: pegad.v1.LocalService.DeleteBlock:output_type -> pegad.v1.DeleteBlockResponse
-	14, // 20: pegad.v1.LocalService.Prefetch:output_type -> pegad.v1.PrefetchResponse
-	16, // [16:21] is the sub-list for method output_type
-	11, // [11:16] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	17, // 10: pegad.v1.PrefetchResponse.duration:type_name -> google.protobuf.Duration
+	15, // 11: pegad.v1.PrefetchResponse.error:type_name -> pegad.v1.PrefetchFailure
+	3,  // 12: pegad.v1.LocalService.PutBlock:input_type -> pegad.v1.PutBlockRequest
+	5,  // 13: pegad.v1.LocalService.GetBlock:input_type -> pegad.v1.GetBlockRequest
+	8,  // 14: pegad.v1.LocalService.ListBlocks:input_type -> pegad.v1.ListBlocksRequest
+	10, // 15: pegad.v1.LocalService.DeleteBlock:input_type -> pegad.v1.DeleteBlockRequest
+	12, // 16: pegad.v1.LocalService.Prefetch:input_type -> pegad.v1.PrefetchRequest
+	4,  // 17: pegad.v1.LocalService.PutBlock:output_type -> pegad.v1.PutBlockResponse
+	6,  // 18: pegad.v1.LocalService.GetBlock:output_type -> pegad.v1.GetBlockResponse
+	9,  // 19: pegad.v1.LocalService.ListBlocks:output_type -> pegad.v1.ListBlocksResponse
+	11, // 20: pegad.v1.LocalService.DeleteBlock:output_type -> pegad.v1.DeleteBlockResponse
+	14, // 21: pegad.v1.LocalService.Prefetch:output_type -> pegad.v1.PrefetchResponse
+	17, // [17:22] is the sub-list for method output_type
+	12, // [12:17] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_pegad_v1_local_proto_init() }
@@ -1183,7 +1289,7 @@ func file_pegad_v1_local_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_pegad_v1_local_proto_rawDesc), len(file_pegad_v1_local_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   14,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -4,6 +4,7 @@ lock; it must never copy block bytes through the socket.
 """
 
 import mmap
+import select
 import socket
 import threading
 import time
@@ -176,6 +177,37 @@ class DataConn:
                 raise
         finally:
             self._lock.release()
+
+    def alive(self) -> bool:
+        """Whether a call could be sent now: not closed, not broken, and not
+        closed by the daemon meanwhile (a restarted or stopped daemon). Only
+        answers, never reads: between calls the daemon sends nothing, so a
+        socket that is readable then has been closed by it (or sent bytes
+        no request asked for): the connection is marked broken without
+        sending anything. Waits for a call in flight on another thread."""
+        with self._lock:
+            if self._closed or self._broken is not None:
+                return False
+            p = select.poll()
+            p.register(self._sock, select.POLLIN | select.POLLPRI)
+            if not p.poll(0) and self._rstart == self._rend:
+                return True
+            self._broken = errors.Unavailable("the daemon closed the data connection")
+            self._sock.close()
+            return False
+
+    def retire(self) -> None:
+        """Stop using a broken connection (the client dialled a new one):
+        its socket is closed and every later call on it raises Unavailable.
+        The mapping stays while the leases' views of it are referenced (a
+        mapping is freed when its last view is), so a view an engine still
+        holds never points at unmapped memory."""
+        with self._spare_lock:
+            self._spare = None
+        with self._lock:
+            if self._broken is None:
+                self._broken = errors.Unavailable("replaced by a new connection")
+            self._sock.close()
 
     def span(self, off, ln, what):
         """The pool's view of [off, off+ln), which the daemon named for

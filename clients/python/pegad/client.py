@@ -13,8 +13,8 @@ import time
 import threading
 from collections import namedtuple
 
-from . import _data
 from . import _wire as wire
+from ._redial import DataLink
 from . import errors
 
 __all__ = [
@@ -25,6 +25,10 @@ __all__ = [
 # Threads of a client's executor (the *_async calls). Data-socket calls
 # are serialized on the connection anyway; prefetches (gRPC) overlap.
 ASYNC_WORKERS = 4
+
+# Seconds between the asks of lookup_cluster(..., wait=...): about the
+# publisher's batching window (20 ms), so a wait costs a few round trips.
+CLUSTER_POLL = 0.01
 
 ClusterHit = namedtuple("ClusterHit", ["peer", "n", "local", "peer_id"], defaults=[""])
 ClusterHit.__doc__ = ("lookup_cluster's answer: local blocks of the chain are on this node; the node at peer (its "
@@ -45,7 +49,8 @@ AllocRequest.__doc__ = "One block of alloc_batch: size bytes, or the shape given
 
 class BlockStatus(str):
     """A block's prefetch status, lower-case as pegactl prints it: fetched, already_local,
-    missing_on_peer, failed, discarded, not_found. The upper-case names of 0.1.0 (FETCHED, ...)
+    missing_on_peer, failed, discarded, not_found, not_fetched (the pool had no room beside what
+    the prefetch kept). The upper-case names of 0.1.0 (FETCHED, ...)
     are deprecated aliases: they still compare equal (BlockStatus("fetched") == "FETCHED"),
     but as dict keys or set members only the lower-case names match."""
 
@@ -174,17 +179,23 @@ class Writer(_Once):
         self.created = False  # after commit: stored by this writer (False: someone else's copy won)
         self._commit_error = None
 
+    @property
+    def pool(self):
+        """The mapped pool buffer lies in (the client's pool when the lease
+        was taken; a daemon restart since gives the client a new one)."""
+        return self._d.view
+
     def commit(self):
         """Index the block; after it the block is immutable. Returns
         created (False: the key was stored by someone else first)."""
-        errs = _commit(self._d, [self])
+        errs = _commit([self])
         if errs:
             raise errs[0]
         return self.created
 
     def abort(self):
         """Give the room back. After commit or abort it does nothing."""
-        _finish(self._d, wire.OP_ABORT, _ids([self]))
+        _finish_all(wire.OP_ABORT, [self])
 
     def renew(self):
         """Push the lease's deadline back by the lease timeout."""
@@ -226,7 +237,12 @@ class Reader(_Once):
     def release(self):
         """Unpin the block. Raises LeaseEnded when the lease had expired
         meanwhile: bytes read under it may be torn. Later calls do nothing."""
-        _finish(self._d, wire.OP_RELEASE, _ids([self]))
+        _finish_all(wire.OP_RELEASE, [self])
+
+    @property
+    def pool(self):
+        """The mapped pool the block's views lie in (see Writer.pool)."""
+        return self._d.view
 
     def renew(self):
         """Push the lease's deadline back by the lease timeout."""
@@ -274,11 +290,28 @@ def _release_views(o):
                 _drop(s.v)
 
 
-def _commit(d, writers):
+def _by_conn(objs):
+    """objs grouped by the connection that holds their leases, in order: a
+    lease id is sent only on its own connection (after a reconnect an old
+    id may name another lease on the new one)."""
+    groups = {}
+    for o in objs:
+        groups.setdefault(o._d, []).append(o)
+    return groups.items()
+
+
+def _commit(writers):
     """Commit the writers not finished; a list of the per-writer errors."""
     live = [w for w in writers if w is not None and w._take()]
     for w in live:
         _drop(w.buffer)
+    errs = []
+    for d, group in _by_conn(live):
+        errs.extend(_commit_on(d, group))
+    return errs
+
+
+def _commit_on(d, live):
     errs = []
     for i in range(0, len(live), wire.MAX_BATCH):
         batch = live[i:i + wire.MAX_BATCH]
@@ -290,6 +323,22 @@ def _commit(d, writers):
             else:
                 w.created = r
     return errs
+
+
+def _finish_all(op, objs):
+    """ABORT or RELEASE the writers or readers not finished yet, each on its
+    own connection; raises the first item error after trying them all."""
+    live = [o for o in objs if o is not None and o._take()]
+    for o in live:
+        _release_views(o)
+    first = None
+    for d, group in _by_conn(live):
+        try:
+            _finish(d, op, [o._id for o in group])
+        except errors.PegadError as e:
+            first = first or e
+    if first is not None:
+        raise first
 
 
 def _finish(d, op, ids):
@@ -357,18 +406,43 @@ class Client:
 
     def __init__(self, socket=DEFAULT_SOCKET, data_socket=None, timeout=None):
         """timeout (seconds, None: none) bounds each call; a call that
-        times out breaks the data connection (its leases end)."""
+        times out breaks the data connection (its leases end).
+
+        The client outlives its connections: after the daemon restarts (or
+        a call broke the data connection) the next call dials again, the
+        data socket and the gRPC channel alike. A request that was sent
+        when its connection broke is never sent again (the daemon may have
+        applied it): that call raises Unavailable. Writers, readers and
+        pins end with the connection that made them; pool then names the
+        new daemon's pool (see reconnects)."""
         if not isinstance(socket, (str, os.PathLike)) or not isinstance(data_socket, (str, os.PathLike, type(None))):
             raise errors.WrongType(f"socket must be a path, not {type(socket).__name__}")
         socket = os.fspath(socket)
         data_socket = os.fspath(data_socket) if data_socket is not None else None
         self.socket = socket
         self._timeout = timeout
-        self._data = _data.DataConn(data_socket or socket + DATA_SOCKET_SUFFIX, timeout)
+        self._link = DataLink(data_socket or socket + DATA_SOCKET_SUFFIX, timeout)
         self._grpc_lock = threading.Lock()  # guards _channel, _stub, _pool
         self._channel = None
         self._stub = None
         self._pool = None  # the executor of the *_async calls, made on first use
+
+    @property
+    def _data(self):
+        """The data connection in use now (no I/O; possibly broken)."""
+        return self._link.current
+
+    def _conn(self):
+        """The data connection for the next call: dialled again when the
+        daemon closed the last one (before anything is sent on it)."""
+        return self._link.get()
+
+    @property
+    def reconnects(self):
+        """How many times the data connection was dialled again (a daemon
+        restart): each time pool is a new mapping, to register again where
+        an engine registered it (cudaHostRegister)."""
+        return self._link.reconnects
 
     @property
     def pool_size(self):
@@ -399,7 +473,11 @@ class Client:
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True)  # started calls finish; their futures resolve
-        self._data.close()
+        with self._grpc_lock:
+            channel, self._channel, self._stub = self._channel, None, None
+        if channel is not None:
+            channel.close()
+        self._link.close()
         with self._grpc_lock:
             if self._channel is not None:
                 self._channel.close()
@@ -439,7 +517,9 @@ class Client:
                 out[i] = e
             except TypeError as e:
                 out[i] = errors.WrongType(f"alloc request {i}: {e}")
-        d = self._data
+        if not items:
+            return out
+        d = self._conn()
         pos = 0
         while pos < len(items):
             n, size = 0, 0
@@ -471,13 +551,13 @@ class Client:
     def commit_batch(self, writers):
         """Commit many writers, one round trip per 4096; raises the first
         writer's error after trying them all (each writer's created is set)."""
-        errs = _commit(self._data, list(writers))
+        errs = _commit(list(writers))
         if errs:
             raise errs[0]
 
     def abort_batch(self, writers):
         """Abort many writers in one round trip per 4096."""
-        _finish(self._data, wire.OP_ABORT, _ids(writers))
+        _finish_all(wire.OP_ABORT, list(writers))
 
     def lease(self, namespace, hash):
         """Pin a stored block to read it in place: a Reader. Raises NotFound
@@ -499,7 +579,9 @@ class Client:
                 items.append((i, wire.key(ns, _hash(h))))
             except errors.PegadError as e:
                 out[i] = e
-        d = self._data
+        if not items:
+            return out
+        d = self._conn()
         for p in range(0, len(items), wire.MAX_BATCH):
             batch = items[p:p + wire.MAX_BATCH]
             try:
@@ -512,14 +594,14 @@ class Client:
                     out[i] = r
                     continue
                 try:
-                    out[i] = self._reader(*r)
+                    out[i] = self._reader(d, *r)
                 except errors.ProtocolError as e:
                     out[i] = e
                     _finish_quietly(d, wire.OP_RELEASE, [r[0]])
         return out
 
-    def _reader(self, lease, places):
-        d = self._data
+    @staticmethod
+    def _reader(d, lease, places):
         slots = []
         size = 0
         contiguous = True
@@ -545,7 +627,7 @@ class Client:
 
     def release_batch(self, readers):
         """Release many readers, one round trip per 4096."""
-        _finish(self._data, wire.OP_RELEASE, _ids(readers))
+        _finish_all(wire.OP_RELEASE, list(readers))
 
     # --- one copy: put and get --------------------------------------------
 
@@ -555,8 +637,10 @@ class Client:
         True when stored, False when a block was already stored under the
         key (it is kept)."""
         mv = _bytes_view(data)
-        if self._data.version >= 2:
-            return self._put_reserved(_namespace(namespace), _hash(hash), _slots(mv.nbytes, slots), mv)
+        ns, h, sl = _namespace(namespace), _hash(hash), _slots(mv.nbytes, slots)
+        d = self._conn()
+        if d.version >= 2:
+            return self._put_reserved(ns, h, sl, mv, d)
         try:
             w = self.alloc(namespace, hash, mv.nbytes, slots)
         except errors.Exists:
@@ -564,15 +648,16 @@ class Client:
         try:
             w.buffer[:] = mv
         except BaseException:
-            _finish_quietly(self._data, wire.OP_ABORT, _ids([w]))
+            _finish_quietly(w._d, wire.OP_ABORT, _ids([w]))
             raise
         return w.commit()
 
-    def _put_reserved(self, ns, h, slots, mv):
-        """put in one round trip: copy into the room the previous put
-        reserved, then PUT commits it and reserves the next (RESERVE first
-        when there is no fitting spare)."""
-        d = self._data
+    def _put_reserved(self, ns, h, slots, mv, d=None):
+        """put in one round trip on d (the connection for the next call):
+        copy into the room the previous put reserved, then PUT commits it
+        and reserves the next (RESERVE first when there is no fitting
+        spare)."""
+        d = d or self._conn()
         size = mv.nbytes
         if size == 0:
             raise errors.InvalidArgument("block of 0 bytes")
@@ -591,7 +676,7 @@ class Client:
                 raise
             if other is not None:
                 _finish_quietly(d, wire.OP_ABORT, [other[0]])
-            sp = self._spare_at(r[0], r[1], r[2], size, sent)
+            sp = _spare_at(d, r[0], r[1], r[2], size, sent)
         try:
             sp[1][:] = mv
         except BaseException:
@@ -608,22 +693,10 @@ class Client:
             raise r
         created, nst, lease, off, ln = r
         if nst == wire.ST_OK and lease:
-            nsp = self._spare_at(lease, off, ln, size, sent)
+            nsp = _spare_at(d, lease, off, ln, size, sent)
             if not d.keep_spare(nsp):
                 _finish_quietly(d, wire.OP_ABORT, [lease])
         return created
-
-    def _spare_at(self, lease, off, ln, size, sent):
-        """The spare (lease, view, sent) of a reservation the daemon made;
-        one of the wrong size or outside the pool is aborted."""
-        d = self._data
-        try:
-            if ln != size:
-                raise errors.ProtocolError(f"reservation of {ln} bytes, asked for {size}")
-            return (lease, d.span(off, ln, "reservation"), sent)
-        except errors.ProtocolError:
-            _finish_quietly(d, wire.OP_ABORT, [lease])
-            raise
 
     def put_batch(self, namespace, blocks):
         """put of many (hash, data) pairs of one namespace: one alloc and one
@@ -654,9 +727,9 @@ class Client:
                 r.buffer[:] = mv
                 writers.append((i, r))
         try:
-            errs = _commit(self._data, [w for _, w in writers])
+            errs = _commit([w for _, w in writers])
         except BaseException:
-            _finish_quietly(self._data, wire.OP_ABORT, _ids(w for _, w in writers))
+            _abort_quietly([w for _, w in writers])
             raise
         del errs  # per writer below
         for i, w in writers:
@@ -675,7 +748,7 @@ class Client:
     def _copy_out(self, r, dst):
         n = r.size
         if dst.nbytes < n:
-            _finish_quietly(self._data, wire.OP_RELEASE, _ids([r]))
+            _finish_quietly(r._d, wire.OP_RELEASE, _ids([r]))
             raise errors.ShortBuffer(f"buffer of {dst.nbytes} bytes for a block of {n}", n)
         if r.buffer is not None:
             dst[:n] = r.buffer
@@ -714,8 +787,9 @@ class Client:
                 off += seg.nbytes
             result[i] = off
         ids = _ids(readers)
+        d = readers[0]._d if readers else None  # one lease_batch: one connection
         for p in range(0, len(ids), wire.MAX_BATCH):
-            rel = self._data.call(wire.OP_RELEASE, [wire.lease_id(x) for x in ids[p:p + wire.MAX_BATCH]])
+            rel = d.call(wire.OP_RELEASE, [wire.lease_id(x) for x in ids[p:p + wire.MAX_BATCH]])
             # As in get: an ended lease means the bytes copied may be torn.
             for x, st in zip(ids[p:p + wire.MAX_BATCH], rel):
                 if isinstance(st, Exception):
@@ -733,6 +807,21 @@ class Client:
                 self._channel, self._stub = _grpc.dial(self.socket)
             return self._stub
 
+    def _grpc_call(self, fn, *args):
+        """fn(stub, *args) on the gRPC channel; after Unavailable the
+        channel is dropped, so the next call dials the socket afresh rather
+        than wait out the old channel's reconnect backoff (a restarted
+        daemon). Calls still running on it finish on it; nothing is
+        resent."""
+        stub = self._local()
+        try:
+            return fn(stub, *args)
+        except errors.Unavailable:
+            with self._grpc_lock:
+                if self._stub is stub:
+                    self._channel, self._stub = None, None
+            raise
+
     def delete(self, namespace, hash):
         """Remove the block from the index (a pinned block's memory stays
         until its last lease ends). Returns deferred (True: it was pinned).
@@ -740,7 +829,7 @@ class Client:
         from . import _grpc
         ns = _namespace(namespace).decode("utf-8")
         h = _hash(hash)
-        return _grpc.delete(self._local(), ns, h, self._timeout)
+        return self._grpc_call(_grpc.delete, ns, h, self._timeout)
 
     def prefetch(self, namespace, hashes, peer=None, timeout=None):
         """Ask the daemon to fetch blocks from peer (its gRPC host:port) into
@@ -748,26 +837,30 @@ class Client:
         hold them (FailedPrecondition when the daemon has no --cluster-redis);
         timeout (seconds) bounds the fetch on the daemon's side.
         Returns a PrefetchResult. On failure the exception's .result (when
-        the daemon sent one) says which blocks failed and how."""
+        the daemon sent one) says which blocks failed and how. No hashes
+        (hashes[hit.local:hit.n] with nothing missing) is a no-op: an empty
+        result, nothing sent."""
         from . import _grpc
         ns = _namespace(namespace).decode("utf-8")
         hs = [_hash(h) for h in hashes]
         if peer is not None and not isinstance(peer, str):
             raise errors.WrongType(f"peer must be str, not {type(peer).__name__}")
-        return _grpc.prefetch(self._local(), ns, hs, peer or "", timeout, self._timeout)
+        if not hs:
+            return PrefetchResult([], 0, 0.0, "")
+        return self._grpc_call(_grpc.prefetch, ns, hs, peer or "", timeout, self._timeout)
 
 
     # --- prefix lookups (data protocol version 3) ------------------------
 
-    def _chain_call(self, op, namespace, hashes):
+    def _chain_call(self, op, namespace, hashes, d=None):
         ns = _namespace(namespace)
         hs = [_hash(h) for h in hashes]
         if len(hs) > wire.MAX_BATCH:
             raise errors.InvalidArgument(f"{len(hs)} hashes in one call (max {wire.MAX_BATCH})")
-        return self._v3_call(op, wire.chain_item(ns, hs))
+        return self._v3_call(op, wire.chain_item(ns, hs), d)
 
-    def _v3_call(self, op, item):
-        d = self._data
+    def _v3_call(self, op, item, d=None):
+        d = d or self._conn()
         if d.version < 3:
             raise errors.ProtocolError(f"{wire.OP_NAMES[op]} needs data protocol 3, the daemon speaks "
                                        f"{d.version} (upgrade pegad)")
@@ -815,8 +908,9 @@ class Client:
         adopt: a Pin. Unadopted, it ends at the lease timeout or on
         release. Pin.n may be less than lookup's answer when the blocks'
         places would not fit one ADOPT answer (16 MiB)."""
-        n, tok = self._chain_call(wire.OP_LOOKUP_PIN, namespace, list(hashes))
-        return Pin(self._data, n, tok)
+        d = self._conn()
+        n, tok = self._chain_call(wire.OP_LOOKUP_PIN, namespace, list(hashes), d)
+        return Pin(d, n, tok)
 
     def adopt(self, token):
         """Take over the pin token names: its blocks become Readers of this
@@ -827,28 +921,45 @@ class Client:
             token = token.token
         if not isinstance(token, (bytes, bytearray, memoryview)):
             raise errors.WrongType(f"token must be bytes, not {type(token).__name__}")
-        leases = self._v3_call(wire.OP_ADOPT, wire.token_item(bytes(token)))
+        d = self._conn()
+        leases = self._v3_call(wire.OP_ADOPT, wire.token_item(bytes(token)), d)
         out = []
         try:
             for lease, places in leases:
-                out.append(self._reader(lease, places))
+                out.append(self._reader(d, lease, places))
         except errors.ProtocolError:
-            _finish_quietly(self._data, wire.OP_RELEASE, [lease for lease, _ in leases])
+            _finish_quietly(d, wire.OP_RELEASE, [lease for lease, _ in leases])
             raise
         return out
 
-    def lookup_cluster(self, namespace, hashes):
+    def lookup_cluster(self, namespace, hashes, wait=0.0):
         """The stored prefix of the chain (up to 4096 hashes) here, and the
         other node the cluster index says holds the longest prefix: a
-        ClusterHit. InvalidArgument when the daemon has no --cluster-redis."""
-        local, n, peer_id, peer = self._chain_call(wire.OP_LOOKUP_CLUSTER, namespace, list(hashes))
-        return ClusterHit(peer or None, n, local, peer_id)
+        ClusterHit. InvalidArgument when the daemon has no --cluster-redis.
+
+        The index lags the nodes (docs/cluster.md, "Index lag": a block put
+        on another node is listed some 20-50 ms later). wait (seconds) bounds
+        how long to ask again, every CLUSTER_POLL seconds, while no other
+        node is listed holding more of the chain than this one (hit.n <=
+        hit.local, the chain not all here); the last answer is returned
+        either way. 0: one round trip."""
+        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or wait < 0:
+            raise errors.InvalidArgument(f"wait must be seconds >= 0, not {wait!r}")
+        hashes = list(hashes)
+        deadline = time.monotonic() + wait
+        while True:
+            local, n, peer_id, peer = self._chain_call(wire.OP_LOOKUP_CLUSTER, namespace, hashes)
+            hit = ClusterHit(peer or None, n, local, peer_id)
+            left = deadline - time.monotonic()
+            if n > local or local >= len(hashes) or left <= 0:
+                return hit
+            time.sleep(min(CLUSTER_POLL, left))
 
     # --- asynchronous calls -------------------------------------------------
 
     def _submit(self, fn, *args):
         with self._grpc_lock:
-            if self._data._closed:
+            if self._link.closed:
                 raise errors.ClientClosed("pegad client closed")
             if self._pool is None:
                 self._pool = concurrent.futures.ThreadPoolExecutor(ASYNC_WORKERS, thread_name_prefix="pegad")
@@ -868,6 +979,25 @@ class Client:
         """put_batch without blocking: a Future of its results. The
         blocks' buffers must stay untouched until it is done."""
         return self._submit(self.put_batch, namespace, list(blocks))
+
+
+def _spare_at(d, lease, off, ln, size, sent):
+    """The spare (lease, view, sent) of a reservation the daemon made on d;
+    one of the wrong size or outside the pool is aborted."""
+    try:
+        if ln != size:
+            raise errors.ProtocolError(f"reservation of {ln} bytes, asked for {size}")
+        return (lease, d.span(off, ln, "reservation"), sent)
+    except errors.ProtocolError:
+        _finish_quietly(d, wire.OP_ABORT, [lease])
+        raise
+
+
+def _abort_quietly(writers):
+    try:
+        _finish_all(wire.OP_ABORT, writers)
+    except errors.PegadError:
+        pass
 
 
 def _finish_quietly(d, op, ids):

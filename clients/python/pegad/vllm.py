@@ -147,6 +147,10 @@ class PegadConnector(KVConnectorBase_V1):
         self.cluster = bool(extra.get("cluster", False))
         self.pin = bool(extra.get("pin", True))  # scheduler pins, workers adopt (when the daemon can)
         self.prefetch_timeout = float(extra.get("prefetch_timeout", 5.0))  # the longest a request waits on it
+        # Seconds a miss waits for the cluster index to list another node's
+        # prefix (the index lags puts by some 20-50 ms, docs/cluster.md);
+        # off the scheduler thread, the request answering None meanwhile.
+        self.cluster_wait = float(extra.get("cluster_wait", 0.0))
         self.link = _engine.Link(extra.get("socket") or os.environ.get("PEGAD_SOCKET") or DEFAULT_SOCKET,
                                  timeout=float(extra.get("timeout", 5.0)), retry=float(extra.get("retry", 1.0)))
         self.stats = {"lookups": 0, "hit_blocks": 0, "loaded_blocks": 0, "load_error_blocks": 0,
@@ -199,10 +203,13 @@ class PegadConnector(KVConnectorBase_V1):
                 self.link.failed(client, e)
                 n = 0
         self._count(lookups=1, hit_blocks=n)
-        if self.cluster and client is not None and n < len(hashes) and fut is None and \
-                self._elsewhere(client, hashes, n):
-            self._prefetch[rid] = self._start_prefetch(client, hashes[n:])
-            return None, False
+        if self.cluster and client is not None and n < len(hashes) and fut is None:
+            if self._elsewhere(client, hashes, n):
+                self._prefetch[rid] = self._start_prefetch(client, hashes[n:])
+                return None, False
+            if self.cluster_wait > 0:  # the index may not list it yet: wait for it off this thread
+                self._prefetch[rid] = self._start_prefetch(client, hashes[n:], chain=(hashes, n))
+                return None, False
         self._matched[rid] = (start, n)
         return max(0, (start + n) * bs - num_computed_tokens), False
 
@@ -218,13 +225,23 @@ class PegadConnector(KVConnectorBase_V1):
             return False
         return hit.peer is not None and hit.n > n
 
-    def _start_prefetch(self, client, hashes):
+    def _start_prefetch(self, client, hashes, chain=None):
         """Fetch hashes from whichever nodes the cluster index names, for every
-        rank's namespace, off the scheduler thread."""
+        rank's namespace, off the scheduler thread. chain (the request's
+        hashes, the n here): first wait up to cluster_wait for the index to
+        list a node holding more than n, and fetch only then."""
         if self._prefetcher is None:
             self._prefetcher = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pegad-prefetch")
 
         def run():
+            if chain is not None:
+                try:
+                    hit = client.lookup_cluster(self.namespaces[0], chain[0], wait=self.cluster_wait)
+                except _engine.FAILURES as e:
+                    log.info("cluster lookup: %s", e)
+                    return
+                if hit.peer is None or hit.n <= chain[1]:
+                    return
             for ns in self.namespaces:
                 try:
                     client.prefetch(ns, hashes, timeout=self.prefetch_timeout)
@@ -384,7 +401,8 @@ class PegadConnector(KVConnectorBase_V1):
         extra = [r for r in res[bad:] if not isinstance(r, Exception)]
         if extra:  # after a missing block nothing of the chain is loaded
             _release(client, extra)
-        self._load.extend(self._runs(client, run.block_ids[:bad], [r.buffer for r in good]))
+        if good:
+            self._load.extend(self._runs(good[0].pool, run.block_ids[:bad], [r.buffer for r in good]))
         self._load_readers.extend((run, i, r) for i, r in enumerate(good))
         if bad < len(res):
             self._load_failed(run, bad)
@@ -407,11 +425,13 @@ class PegadConnector(KVConnectorBase_V1):
         missing = [errors.NotFound("not pinned by the scheduler")] * (len(run.hashes) - len(readers))
         return list(readers[:len(run.hashes)]) + missing
 
-    def _runs(self, client, block_ids, bufs):
+    def _runs(self, pool, block_ids, bufs):
         """Group blocks whose pool buffers lie back to back (a batch's
         blocks mostly do) into runs copied by one numpy call per layer
-        instead of one per block: [(block ids, view [n, layers, 2, half])]."""
-        pool = np.frombuffer(client.pool, np.uint8)
+        instead of one per block: [(block ids, view [n, layers, 2, half])].
+        pool: the mapping the buffers lie in (their lease's: after a daemon
+        restart the client maps a new pool, leases of one call share one)."""
+        pool = np.frombuffer(pool, np.uint8)
         base = pool.ctypes.data
         size = self.block_bytes
         out = []
@@ -457,7 +477,8 @@ class PegadConnector(KVConnectorBase_V1):
                 continue
             self._writers.append((rid, w))
             ids.append(bid)
-        self._save = self._runs(client, ids, [w.buffer for _, w in self._writers])
+        if self._writers:
+            self._save = self._runs(self._writers[0][1].pool, ids, [w.buffer for _, w in self._writers])
 
     def wait_for_layer_load(self, layer_name):
         """Copy every pinned block's part of this layer (and of any earlier
@@ -496,12 +517,14 @@ class PegadConnector(KVConnectorBase_V1):
         client = self._load_client
         try:
             client.release_batch([r for _, _, r in readers])
-        except errors.LeaseEnded:
+        except _engine.FAILURES as e:
+            # An ended lease, or a connection that broke (a daemon
+            # restart): nothing proves the bytes were not reused meanwhile.
             for run, i, _ in readers:
                 if i == 0:
                     self._load_failed(run, 0)
-        except _engine.FAILURES as e:
-            self.link.failed(client, e)
+            if not isinstance(e, errors.LeaseEnded):
+                self.link.failed(client, e)
 
     def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
         """Queue the copy of this layer of the step's full blocks into the

@@ -37,14 +37,24 @@ class Daemon:
         self.dir = tempfile.mkdtemp(prefix=f"pegad-py-{name}-")
         self.socket = os.path.join(self.dir, "p.sock")
         self.log_path = os.path.join(self.dir, "pegad.log")
+        self._args = [bins["pegad"], "--node-id", name, "--transport", "tcp", "--socket", self.socket,
+                      "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
+                      "--tcp-data-listen", "127.0.0.1:0", "--pool-size", pool_size,
+                      "--log-format", "json", *extra]
         self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(
-            [bins["pegad"], "--node-id", name, "--transport", "tcp", "--socket", self.socket,
-             "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
-             "--tcp-data-listen", "127.0.0.1:0", "--pool-size", pool_size,
-             "--log-format", "json", *extra],
-            stdout=self._log, stderr=subprocess.STDOUT)
+        self._start()
+
+    def _start(self):
+        self.proc = subprocess.Popen(self._args, stdout=self._log, stderr=subprocess.STDOUT)
         self.listen = self._wait_ready(60)
+
+    def restart(self):
+        """Stop pegad (SIGTERM, as systemctl restart does) and start a new
+        one on the same socket: an empty pool, new ports."""
+        self._terminate()
+        self._log.truncate(0)  # _wait_ready looks for the new process's ready line
+        self._log.seek(0)
+        self._start()
 
     def _wait_ready(self, timeout):
         deadline = time.monotonic() + timeout
@@ -73,7 +83,7 @@ class Daemon:
     def stats(self):
         return json.loads(self.ctl("stats", "-o", "json").stdout)
 
-    def stop(self):
+    def _terminate(self):
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -81,6 +91,9 @@ class Daemon:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+    def stop(self):
+        self._terminate()
         self._log.close()
         subprocess.run(["rm", "-rf", self.dir], check=False)
 
