@@ -195,28 +195,48 @@ func (d *Daemon) drainInterceptor() grpc.UnaryServerInterceptor {
 			d.draining.Load() && ctx.Err() == nil && status.Code(err) == codes.Canceled {
 			err = shutdownAbort(err)
 		}
+		if r, ok := resp.(*pegadv1.PrefetchResponse); ok && err == nil && d.draining.Load() && ctx.Err() == nil &&
+			codes.Code(r.GetError().GetCode()) == codes.Canceled {
+			// The same restatement when the failure is in the response
+			// (PrefetchRequest.failure_in_response).
+			resp = shutdownAbortResponse(r)
+		}
 		return resp, err
 	}
 }
+
+// shutdownAbortResponse is shutdownAbort for a failure carried in the
+// response.
+func shutdownAbortResponse(r *pegadv1.PrefetchResponse) *pegadv1.PrefetchResponse {
+	r = proto.Clone(r).(*pegadv1.PrefetchResponse)
+	r.Error = &pegadv1.PrefetchFailure{Code: int32(codes.Unavailable), Message: shutdownAbortReason}
+	markShutdownAborted(r)
+	return r
+}
+
+func markShutdownAborted(r *pegadv1.PrefetchResponse) {
+	for _, b := range r.GetBlocks() {
+		if b.GetStatus() == pegadv1.PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_FAILED {
+			b.Error = "aborted: pegad shut down"
+		}
+	}
+}
+
+const shutdownAbortReason = "aborted: pegad shut down before the fetch finished (shutdown-timeout)"
 
 // shutdownAbort restates a prefetch the shutdown cut short: UNAVAILABLE
 // (retryable, on another node or after the restart) with a one-line
 // reason, keeping the per-block results the status carries.
 func shutdownAbort(err error) error {
-	const reason = "aborted: pegad shut down before the fetch finished (shutdown-timeout)"
 	st := status.Convert(err)
-	out := status.New(codes.Unavailable, reason)
+	out := status.New(codes.Unavailable, shutdownAbortReason)
 	for _, d := range st.Details() {
 		res, ok := d.(*pegadv1.PrefetchResponse)
 		if !ok {
 			continue
 		}
 		res = proto.Clone(res).(*pegadv1.PrefetchResponse)
-		for _, b := range res.GetBlocks() {
-			if b.GetStatus() == pegadv1.PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_FAILED {
-				b.Error = "aborted: pegad shut down"
-			}
-		}
+		markShutdownAborted(res)
 		if ds, derr := out.WithDetails(res); derr == nil {
 			out = ds
 		}
