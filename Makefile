@@ -47,8 +47,28 @@ test-short: ## quick tests (-short), no race detector
 	cd $(K8S_MOD) && $(GO) test -short -count=1 -timeout 5m ./...
 
 .PHONY: k8s-manifests
-k8s-manifests: ## regenerate deploy/kubernetes/pegad.yaml from the Helm chart's defaults
+k8s-manifests: ## regenerate deploy/kubernetes/pegad.yaml and pegad-monitoring.yaml from the Helm chart's defaults, and the chart's copy of the alert rules
 	cd $(K8S_MOD) && PEGAD_UPDATE_MANIFESTS=1 $(GO) test -count=1 -run '^TestManifests$$' .
+
+# The images (deploy/image; docs/kubernetes.md, Image). pegad's is tagged
+# with the chart's appVersion, the one place the chart, the manifests and
+# this name it; the engine image with vLLM's release (vllm.Dockerfile's
+# VLLM_VERSION) and the Python package's version, the tag
+# deploy/kubernetes/examples/vllm.yaml runs. DOCKER=podman or buildah
+# work too (both take build -f -t --build-arg). Nothing here pushes.
+DOCKER ?= docker
+IMAGE_REPO ?= $(shell sed -n 's/^  repository: *//p' deploy/helm/pegad/values.yaml)
+IMAGE_TAG ?= $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\} *$$/\1/p' deploy/helm/pegad/Chart.yaml)
+VLLM_VERSION ?= $(shell sed -n 's/^ARG VLLM_VERSION=//p' deploy/image/vllm.Dockerfile)
+PY_VERSION ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' clients/python/pyproject.toml)
+ENGINE_IMAGE ?= ghcr.io/pegaflow/vllm-pegad:$(VLLM_VERSION)-pegad$(PY_VERSION)
+
+.PHONY: image image-vllm
+image: ## pegad's image (deploy/image/Dockerfile), version-stamped, tagged with the chart's appVersion (DOCKER=docker|podman|buildah)
+	$(DOCKER) build -f deploy/image/Dockerfile --build-arg VERSION=$(VERSION) --build-arg COMMIT=$(COMMIT) -t $(IMAGE_REPO):$(IMAGE_TAG) .
+
+image-vllm: ## the vLLM engine image with the pegad Python package (deploy/image/vllm.Dockerfile), which examples/vllm.yaml runs
+	$(DOCKER) build -f deploy/image/vllm.Dockerfile -t $(ENGINE_IMAGE) .
 
 bench: ## paired benchmarks: pegad paths vs baselines measured in the same run, table of ratios (BENCHTIME, BENCHCOUNT)
 	BENCHTIME=$(BENCHTIME) BENCHCOUNT=$(BENCHCOUNT) GO=$(GO) scripts/bench.sh

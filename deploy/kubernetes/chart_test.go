@@ -35,16 +35,23 @@ import (
 )
 
 const (
-	chartDir    = "../helm/pegad"
-	manifests   = "pegad.yaml"
-	engineFile  = "examples/vllm.yaml"
-	alertsFile  = "../prometheus/alerts.yaml"
-	releaseName = "pegad"
-	namespace   = "pegad"
+	chartDir = "../helm/pegad"
+	// manifests holds the objects every cluster has the API of;
+	// monitoringManifests the Prometheus Operator's (their CRDs must be
+	// installed first).
+	manifests           = "pegad.yaml"
+	monitoringManifests = "pegad-monitoring.yaml"
+	engineFile          = "examples/vllm.yaml"
+	alertsFile          = "../prometheus/alerts.yaml"
+	// vendoredAlerts is the chart's copy of alertsFile, so that the chart
+	// works when copied alone.
+	vendoredAlerts = chartDir + "/files/alerts.yaml"
+	releaseName    = "pegad"
+	namespace      = "pegad"
 )
 
-// TestMain quiets Helm's loader, which logs at INFO that it follows
-// files/alerts.yaml's link to deploy/prometheus/alerts.yaml.
+// TestMain quiets Helm's loader, which logs at INFO (on links in the
+// chart, say).
 func TestMain(m *testing.M) {
 	slog.SetDefault(slog.New(slog.NewTextHandler(io.Discard, nil)))
 	os.Exit(m.Run())
@@ -600,45 +607,197 @@ func checkRules(t *testing.T, rule *monitoringv1.PrometheusRule) {
 	}
 }
 
-// renderedManifests is the chart's default render as one YAML stream.
-func renderedManifests(t *testing.T) string {
+// operatorGroup is the API group of the Prometheus Operator's objects.
+const operatorGroup = "monitoring.coreos.com/"
+
+// manifestHeader heads each generated file.
+func manifestHeader(what string) string {
+	return "# pegad for Kubernetes without Helm: " + what + "\n" +
+		"# deploy/helm/pegad rendered with its default values (release \"pegad\",\n" +
+		"# namespace \"pegad\"). Generated: edit the chart, then run\n" +
+		"# `make k8s-manifests`; deploy/kubernetes/chart_test.go fails when this\n" +
+		"# file and the chart differ.\n"
+}
+
+// renderedManifests is the chart's default render as two YAML streams:
+// the objects of built-in APIs (pegad.yaml), which apply on any cluster,
+// and the Prometheus Operator's (pegad-monitoring.yaml), which need its
+// CRDs.
+func renderedManifests(t *testing.T) map[string]string {
 	t.Helper()
 	o := decode(t, render(t, ""))
-	var b strings.Builder
-	b.WriteString("# pegad for Kubernetes without Helm: deploy/helm/pegad rendered with its\n" +
-		"# default values (release \"pegad\", namespace \"pegad\"). Generated: edit the\n" +
-		"# chart, then run `make k8s-manifests`; deploy/kubernetes/chart_test.go\n" +
-		"# fails when this file and the chart differ.\n")
+	core, mon := new(strings.Builder), new(strings.Builder)
+	core.WriteString(manifestHeader("the DaemonSet and its ConfigMap. The\n" +
+		"# PodMonitor and PrometheusRule are in pegad-monitoring.yaml (they need the\n" +
+		"# Prometheus Operator's CRDs)."))
+	mon.WriteString(manifestHeader("the Prometheus Operator's objects\n" +
+		"# (scrape and alert rules), beside pegad.yaml. Apply only where the\n" +
+		"# Operator's CRDs are installed."))
 	for _, d := range o.docs {
+		var tm metav1.TypeMeta
+		if err := yaml.Unmarshal([]byte(d), &tm); err != nil {
+			t.Fatal(err)
+		}
+		b := core
+		if strings.HasPrefix(tm.APIVersion, operatorGroup) {
+			b = mon
+		}
 		b.WriteString("---\n")
 		b.WriteString(strings.TrimLeft(strings.TrimRight(d, "\n"), "\n"))
 		b.WriteString("\n")
 	}
-	return b.String()
+	return map[string]string{manifests: core.String(), monitoringManifests: mon.String()}
 }
 
-// TestManifests: pegad.yaml is the chart's default render
-// (PEGAD_UPDATE_MANIFESTS=1 rewrites it: make k8s-manifests).
-func TestManifests(t *testing.T) {
-	want := renderedManifests(t)
-	if os.Getenv("PEGAD_UPDATE_MANIFESTS") == "1" {
-		if err := os.WriteFile(manifests, []byte(want), 0o644); err != nil {
+// generated are the files `make k8s-manifests` writes
+// (PEGAD_UPDATE_MANIFESTS=1), in order: the chart's copy of the alert
+// rules first, as the manifests are rendered from it.
+var generated = []struct {
+	file string
+	want func(t *testing.T) string
+}{
+	{vendoredAlerts, func(t *testing.T) string {
+		t.Helper()
+		raw, err := os.ReadFile(alertsFile)
+		if err != nil {
 			t.Fatal(err)
 		}
+		return string(raw)
+	}},
+	{manifests, func(t *testing.T) string { t.Helper(); return renderedManifests(t)[manifests] }},
+	{monitoringManifests, func(t *testing.T) string { t.Helper(); return renderedManifests(t)[monitoringManifests] }},
+}
+
+// TestManifests: the chart's files/alerts.yaml is deploy/prometheus/
+// alerts.yaml byte for byte (a real file, not a link out of the chart),
+// and pegad.yaml and pegad-monitoring.yaml are the chart's default
+// render (PEGAD_UPDATE_MANIFESTS=1 rewrites all three: make k8s-manifests).
+func TestManifests(t *testing.T) {
+	for _, g := range generated {
+		t.Run(filepath.Base(g.file), func(t *testing.T) {
+			want := g.want(t)
+			if os.Getenv("PEGAD_UPDATE_MANIFESTS") == "1" {
+				if fi, err := os.Lstat(g.file); err == nil && fi.Mode()&os.ModeSymlink != 0 {
+					if err := os.Remove(g.file); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if err := os.WriteFile(g.file, []byte(want), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			fi, err := os.Lstat(g.file)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !fi.Mode().IsRegular() {
+				t.Fatalf("%s is a %s, not a regular file: the chart breaks when copied alone (run make k8s-manifests)", g.file, fi.Mode().Type())
+			}
+			got, err := os.ReadFile(g.file)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(got) != want {
+				t.Fatalf("%s differs from what it is generated from: run make k8s-manifests", g.file)
+			}
+		})
 	}
-	got, err := os.ReadFile(manifests)
+}
+
+// TestManifestsApplyWithoutOperator: pegad.yaml holds only objects of
+// built-in APIs, so `kubectl apply -f pegad.yaml` works on a cluster
+// without the Prometheus Operator; pegad-monitoring.yaml holds only the
+// Operator's objects, and the two together are the whole default render.
+func TestManifestsApplyWithoutOperator(t *testing.T) {
+	builtin := map[string]bool{"v1": true, "apps/v1": true}
+	cases := []struct {
+		file     string
+		allowed  func(apiVersion string) bool
+		problems string
+	}{
+		{manifests, func(v string) bool { return builtin[v] }, "needs a CRD: a cluster without the Prometheus Operator refuses the file"},
+		{monitoringManifests, func(v string) bool { return strings.HasPrefix(v, operatorGroup) }, "is not a Prometheus Operator object"},
+	}
+	total := 0
+	for _, tc := range cases {
+		t.Run(tc.file, func(t *testing.T) {
+			raw, err := os.ReadFile(tc.file)
+			if err != nil {
+				t.Fatal(err)
+			}
+			docs := splitDocs(string(raw))
+			if len(docs) == 0 {
+				t.Fatalf("%s holds no object", tc.file)
+			}
+			for _, d := range docs {
+				var tm metav1.TypeMeta
+				if err := yaml.Unmarshal([]byte(d), &tm); err != nil {
+					t.Fatal(err)
+				}
+				if !tc.allowed(tm.APIVersion) {
+					t.Errorf("%s: %s %s %s", tc.file, tm.APIVersion, tm.Kind, tc.problems)
+				}
+				total++
+			}
+		})
+	}
+	if want := len(decode(t, render(t, "")).docs); total != want {
+		t.Errorf("the two files hold %d objects; the default render has %d", total, want)
+	}
+}
+
+// TestChartStandsAlone: the chart copied on its own (as `helm package`
+// or a copy into another repository takes it: links kept as links)
+// loads, and its PrometheusRule still carries every alert.
+func TestChartStandsAlone(t *testing.T) {
+	dst := filepath.Join(t.TempDir(), "pegad")
+	if err := copyKeepingLinks(chartDir, dst); err != nil {
+		t.Fatal(err)
+	}
+	ch, err := loader.Load(dst)
+	if err != nil {
+		t.Fatalf("the chart copied alone does not load: %v", err)
+	}
+	rv, err := util.ToRenderValues(ch, map[string]any{}, common.ReleaseOptions{Name: releaseName, Namespace: namespace, IsInstall: true}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if string(got) != want {
-		t.Fatalf("%s differs from the chart's default render: run make k8s-manifests", manifests)
+	out, err := engine.Render(ch, rv)
+	if err != nil {
+		t.Fatalf("the chart copied alone does not render: %v", err)
 	}
-	for _, d := range splitDocs(string(got)) {
-		var u map[string]any
-		if err := yaml.Unmarshal([]byte(d), &u); err != nil {
-			t.Fatal(err)
+	o := decode(t, out)
+	if o.rule == nil {
+		t.Fatal("the chart copied alone renders no PrometheusRule")
+	}
+	checkRules(t, o.rule)
+}
+
+// copyKeepingLinks copies the tree at src to dst, links as links.
+func copyKeepingLinks(src, dst string) error {
+	return filepath.WalkDir(src, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
 		}
-	}
+		rel, _ := filepath.Rel(src, p)
+		to := filepath.Join(dst, rel)
+		switch {
+		case d.Type()&os.ModeSymlink != 0:
+			target, err := os.Readlink(p)
+			if err != nil {
+				return err
+			}
+			return os.Symlink(target, to)
+		case d.IsDir():
+			return os.MkdirAll(to, 0o755)
+		default:
+			raw, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			return os.WriteFile(to, raw, 0o644)
+		}
+	})
 }
 
 // TestEngineExample: examples/vllm.yaml decodes strictly, runs where

@@ -73,8 +73,9 @@ func TestDocs(t *testing.T) {
 			t.Errorf("docs/kubernetes.md documents %s, which values.yaml does not have", k)
 		}
 	}
-	for _, p := range []string{"deploy/helm/pegad", "deploy/kubernetes/pegad.yaml", "deploy/kubernetes/examples/vllm.yaml",
-		"deploy/prometheus/alerts.yaml", "configs/pegad.yaml"} {
+	for _, p := range []string{"deploy/helm/pegad", "deploy/kubernetes/pegad.yaml", "deploy/kubernetes/pegad-monitoring.yaml",
+		"deploy/kubernetes/examples/vllm.yaml", "deploy/prometheus/alerts.yaml", "configs/pegad.yaml",
+		"deploy/image/Dockerfile", "deploy/image/vllm.Dockerfile", "deploy/image/Dockerfile.dockerignore"} {
 		if !strings.Contains(doc, p) {
 			t.Errorf("docs/kubernetes.md does not mention %s", p)
 		}
