@@ -1,7 +1,9 @@
 package conn
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 	"sync/atomic"
@@ -12,8 +14,11 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/rs/zerolog"
+
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	"github.com/pegaflow/pegad/internal/ibv"
+	"github.com/pegaflow/pegad/internal/logging"
 )
 
 func TestAcceptRejectsMalformed(t *testing.T) {
@@ -187,5 +192,44 @@ func TestAcceptSupersededAttemptAborts(t *testing.T) {
 	hold.checkQPs(t, 2)
 	if l := hold.mgr.List(); len(l) != 1 || l[0].QPs != 2 {
 		t.Fatalf("List = %+v", l)
+	}
+}
+
+// A flood of malformed handshakes (issue 33: 5,000 bad calls wrote 5,000
+// lines) logs the first and then at most one line per invalidLogEvery,
+// which says how many were suppressed; the metric counts every one.
+func TestMalformedHandshakeLogIsRateLimited(t *testing.T) {
+	const calls = 5000
+	var logs bytes.Buffer
+	log := zerolog.New(zerolog.SyncWriter(&logs))
+	hold := newNode(t, newDialers(t), nodeOpts{id: "holder", log: &log})
+	bad := &pegadv1.RdmaHandshakeRequest{Requester: &pegadv1.Requester{NodeId: "r", Incarnation: "i"}, Transport: "bogus"}
+	for i := 0; i < calls; i++ {
+		if _, err := hold.mgr.Accept(context.Background(), bad); !errors.Is(err, ErrInvalidHandshake) {
+			t.Fatalf("Accept %d = %v, want ErrInvalidHandshake", i, err)
+		}
+	}
+	lines := strings.Count(logs.String(), "rejected malformed rdma handshake")
+	if lines < 1 || lines > 2 { // a slow run may cross one interval
+		t.Errorf("%d calls wrote %d warnings, want 1 (at most 2)", calls, lines)
+	}
+	if got := testutil.ToFloat64(hold.met.Handshakes.WithLabelValues(RoleHolder, resultInvalid)); got != calls {
+		t.Errorf("invalid handshakes counted %v, want %d", got, calls)
+	}
+
+	// After the interval the next one is logged with the count it stands for.
+	hold.mgr.invalidLog = logging.NewLimiter(200 * time.Millisecond)
+	for i := 0; i < 4; i++ { // the first is logged, the rest suppressed
+		_, _ = hold.mgr.Accept(context.Background(), bad)
+	}
+	time.Sleep(250 * time.Millisecond)
+	logs.Reset()
+	_, _ = hold.mgr.Accept(context.Background(), bad)
+	var line struct {
+		Msg        string `json:"message"`
+		Suppressed uint64 `json:"suppressed"`
+	}
+	if err := json.Unmarshal(logs.Bytes(), &line); err != nil || line.Msg != "rejected malformed rdma handshake" || line.Suppressed == 0 {
+		t.Errorf("line after the interval %q (%v), want the warning with suppressed > 0", logs.String(), err)
 	}
 }

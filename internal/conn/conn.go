@@ -45,6 +45,7 @@ import (
 	"github.com/pegaflow/pegad/api/limits"
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	"github.com/pegaflow/pegad/internal/ibv"
+	"github.com/pegaflow/pegad/internal/logging"
 	"github.com/pegaflow/pegad/internal/metrics"
 )
 
@@ -191,6 +192,9 @@ const (
 	// drainTimeout bounds waiting for a QP in ERROR to flush; past it the
 	// QP is destroyed, which guarantees no WR touches memory afterwards.
 	drainTimeout = 30 * time.Second
+	// invalidLogEvery: at most one "rejected malformed rdma handshake"
+	// line per this, after the first (Manager.invalidLog).
+	invalidLogEvery = 10 * time.Second
 )
 
 // ReadOp is one RDMA READ: Len bytes from the peer's RemoteAddr into local
@@ -334,6 +338,10 @@ type Manager struct {
 	opts Options
 	log  zerolog.Logger
 	met  *metrics.Metrics
+	// invalidLog limits "rejected malformed rdma handshake" lines (anyone
+	// who reaches the peer port can send them); every one is still
+	// counted in pegaflow_rdma_handshakes_total{result="invalid"}.
+	invalidLog *logging.Limiter
 	// nicSet is the NICs by position in Options.Devices; a fatal device's
 	// NIC is replaced by its reopened one (fatal.go), copy on write under
 	// mu. Read it with curNICs.
@@ -460,14 +468,15 @@ func NewManager(opts Options) (m *Manager, err error) {
 		opts.Metrics = metrics.NewForTest()
 	}
 	m = &Manager{
-		opts:     opts,
-		log:      opts.Log,
-		met:      opts.Metrics,
-		memBase:  uint64(uintptr(unsafe.Pointer(&opts.Memory[0]))),
-		memLen:   uint64(len(opts.Memory)),
-		peers:    make(map[string]*AddrConnection),
-		accepted: make(map[string]*acceptedConn),
-		retired:  make(map[*acceptedConn]time.Time),
+		opts:       opts,
+		log:        opts.Log,
+		met:        opts.Metrics,
+		invalidLog: logging.NewLimiter(invalidLogEvery),
+		memBase:    uint64(uintptr(unsafe.Pointer(&opts.Memory[0]))),
+		memLen:     uint64(len(opts.Memory)),
+		peers:      make(map[string]*AddrConnection),
+		accepted:   make(map[string]*acceptedConn),
+		retired:    make(map[*acceptedConn]time.Time),
 
 		connecting: make(map[string]time.Time),
 
@@ -480,7 +489,7 @@ func NewManager(opts Options) (m *Manager, err error) {
 		}
 	}()
 	m.windows = m.memoryWindows(opts)
-	for _, r := range []string{resultOK, resultError} {
+	for _, r := range []string{resultOK, resultError, resultQuarantined} {
 		m.met.WindowBinds.WithLabelValues(r) // exported at 0 from the start
 	}
 	if err := m.registerNICs(opts); err != nil {

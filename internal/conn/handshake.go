@@ -426,7 +426,10 @@ func (m *Manager) Accept(ctx context.Context, req *pegadv1.RdmaHandshakeRequest)
 	reqNICs, err := m.validateRequest(req)
 	if err != nil {
 		result = resultInvalid
-		m.log.Warn().Err(err).Str("session", truncate(req.GetHandshakeId(), maxHandshakeID)).Msg("rejected malformed rdma handshake")
+		if ok, suppressed := m.invalidLog.Allow(); ok {
+			m.log.Warn().Err(err).Str("session", truncate(req.GetHandshakeId(), maxHandshakeID)).
+				Uint64("suppressed", suppressed).Msg("rejected malformed rdma handshake")
+		}
 		return nil, err
 	}
 	a := m.newAccepted(ctx, req, began)

@@ -52,6 +52,8 @@ type nodeOpts struct {
 	connectAttr *ibv.ConnectAttr
 	// sliceBytes is Options.SliceBytes (0: the default).
 	sliceBytes uint64
+	// log is Options.Log (nil: none).
+	log *zerolog.Logger
 }
 
 // node is one in-process pegad as far as conn is concerned: tcp devices,
@@ -205,6 +207,10 @@ func newNode(t testing.TB, d *dialers, o nodeOpts) *node {
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(srv.Stop)
 
+	log := zerolog.Nop()
+	if o.log != nil {
+		log = *o.log
+	}
 	attr := testConnectAttr()
 	if o.connectAttr != nil {
 		attr = *o.connectAttr
@@ -212,7 +218,7 @@ func newNode(t testing.TB, d *dialers, o nodeOpts) *node {
 	n.mgr, err = NewManager(Options{
 		NodeID: o.id, Incarnation: o.incarnation, Transport: "tcp", Devices: devs,
 		Memory: n.mem, QPsPerPeer: o.qps, SQDepth: o.sqDepth, Dial: d.dial,
-		Metrics: n.met, Log: zerolog.Nop(), HandshakeTimeout: 5 * time.Second,
+		Metrics: n.met, Log: log, HandshakeTimeout: 5 * time.Second,
 		DisconnectTimeout: o.disconnectTimeout,
 		IdleTimeout:       o.idleTimeout,
 		SliceBytes:        o.sliceBytes,

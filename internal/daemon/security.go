@@ -95,7 +95,7 @@ func (d *Daemon) peerServerOptions() (opts []grpc.ServerOption, unary []grpc.Una
 	if d.tls == nil {
 		return nil, nil, nil
 	}
-	return []grpc.ServerOption{grpc.Creds(d.tls.ServerCredentials())},
+	return []grpc.ServerOption{grpc.Creds(passCreds{d.tls.ServerCredentials()})},
 		[]grpc.UnaryServerInterceptor{d.tls.UnaryInterceptor()},
 		[]grpc.StreamServerInterceptor{d.tls.StreamInterceptor()}
 }

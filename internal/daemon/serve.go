@@ -22,6 +22,7 @@ import (
 	"github.com/pegaflow/pegad/internal/localapi"
 	"github.com/pegaflow/pegad/internal/localdata"
 	"github.com/pegaflow/pegad/internal/metrics"
+	"github.com/pegaflow/pegad/internal/netgate"
 )
 
 // listen opens and serves the peer port, the local socket, the data
@@ -39,21 +40,21 @@ func (d *Daemon) listen() error {
 		d.serveMetrics()
 	}
 	if d.bound.debug != nil {
-		d.serveDebug(take(&d.bound.debug))
+		d.serveDebug(d.gated(metrics.PortDebug, take(&d.bound.debug), netgate.HTTP1()))
 	}
 	return nil
 }
 
 // servePeer serves the holder's PeerService and health on the peer port.
 func (d *Daemon) servePeer(srvMetrics *grpcprom.ServerMetrics) {
-	peerLis := take(&d.bound.peer)
+	peerLis, connTimeout := d.gatedGRPC(metrics.PortPeer, take(&d.bound.peer), d.tls != nil)
 	d.warnPlaintext(peerLis.Addr())
 	secOpts, peerUnary, peerStream := d.peerServerOptions()
 	peerUnary = append(peerUnary, srvMetrics.UnaryServerInterceptor(), holder.RecoveryInterceptor(d.log), d.drainInterceptor())
 	if d.opts.peerInterceptor != nil {
 		peerUnary = append(peerUnary, d.opts.peerInterceptor)
 	}
-	d.peerSrv = grpc.NewServer(append(secOpts,
+	d.peerSrv = grpc.NewServer(append(secOpts, connTimeout,
 		grpc.ChainUnaryInterceptor(peerUnary...),
 		grpc.ChainStreamInterceptor(append(peerStream, srvMetrics.StreamServerInterceptor(), streamRecovery(d.log))...),
 	)...)
@@ -72,10 +73,10 @@ func (d *Daemon) servePeer(srvMetrics *grpcprom.ServerMetrics) {
 // and health on the local unix socket.
 func (d *Daemon) serveLocal(srvMetrics *grpcprom.ServerMetrics, engine *metrics.Engine) {
 	cfg := &d.cfg
-	localLis := take(&d.bound.local)
+	localLis, connTimeout := d.gatedGRPC(metrics.PortLocal, take(&d.bound.local), false)
 	d.socket = cfg.Socket
 	d.localSrv = grpc.NewServer(
-		grpc.Creds(localapi.PeerCredentials()),
+		grpc.Creds(localapi.PeerCredentials()), connTimeout,
 		grpc.MaxRecvMsgSize(localapi.MaxRecvMsgSize),
 		grpc.ChainUnaryInterceptor(srvMetrics.UnaryServerInterceptor(), holder.RecoveryInterceptor(d.log), d.drainInterceptor()),
 		grpc.ChainStreamInterceptor(srvMetrics.StreamServerInterceptor(), streamRecovery(d.log)),
@@ -121,6 +122,7 @@ func (d *Daemon) serveData(engine *metrics.Engine) {
 		Engine:       engine,
 		Locator:      d.locator(),
 		Self:         d.cfg.NodeID,
+		Refused:      d.halfOpenRefused(metrics.PortData),
 		Log:          d.log.With().Str("component", "localdata").Logger(),
 	})
 	d.serve("data", func() error { return d.data.Serve(dataLis) })
@@ -129,7 +131,7 @@ func (d *Daemon) serveData(engine *metrics.Engine) {
 // serveMetrics serves /metrics and /healthz (503 "starting" until READY,
 // "draining" once shutdown began).
 func (d *Daemon) serveMetrics() {
-	ml := take(&d.bound.metrics)
+	ml := d.gated(metrics.PortMetrics, take(&d.bound.metrics), netgate.HTTP1())
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{Registry: d.reg}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/pegaflow/pegad/internal/metrics"
+	"github.com/pegaflow/pegad/internal/netgate"
 )
 
 // What a ZeroMQ client sends, built by hand so that tests can bend it.
@@ -132,7 +133,7 @@ func TestZMTP31Commands(t *testing.T) {
 }
 
 // TestHalfOpenBounded: 1,000 connections that never greet hold at most
-// maxHalfOpenPerSource goroutines and files between them (each newer one
+// netgate.DefaultMaxHalfOpenPerSource goroutines and files between them (each newer one
 // evicts the oldest of its source), and a real subscriber still gets in.
 func TestHalfOpenBounded(t *testing.T) {
 	s := startServer(t, func(ln net.Listener) net.Listener { return ln })
@@ -147,12 +148,12 @@ func TestHalfOpenBounded(t *testing.T) {
 		conns = append(conns, dial(t, s))
 	}
 	waitFor(t, func() bool {
-		return testutil.ToFloat64(s.p.o.Metrics.Refused.WithLabelValues(metrics.KVRefusedSourceLimit)) == 1000-maxHalfOpenPerSource
+		return testutil.ToFloat64(s.p.o.Metrics.Refused.WithLabelValues(metrics.KVRefusedSourceLimit)) == 1000-netgate.DefaultMaxHalfOpenPerSource
 	})
-	if n := s.half.waiting(); n > maxHalfOpenPerSource {
-		t.Fatalf("%d connections in their handshake, at most %d allowed", n, maxHalfOpenPerSource)
+	if n := s.half.Waiting(); n > netgate.DefaultMaxHalfOpenPerSource {
+		t.Fatalf("%d connections in their handshake, at most %d allowed", n, netgate.DefaultMaxHalfOpenPerSource)
 	}
-	if g := runtime.NumGoroutine() - base; g > maxHalfOpenPerSource+16 {
+	if g := runtime.NumGoroutine() - base; g > netgate.DefaultMaxHalfOpenPerSource+16 {
 		t.Fatalf("%d goroutines for 1,000 silent connections", g)
 	}
 	good := dial(t, s)

@@ -1,7 +1,6 @@
 package kvevents
 
 import (
-	"container/list"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	"github.com/pegaflow/pegad/internal/metrics"
+	"github.com/pegaflow/pegad/internal/netgate"
 )
 
 // The ZeroMQ side: the sockets, over zmtpconn.go's ZMTP codec (pure Go,
@@ -50,7 +50,7 @@ func listen(endpoint string, kind serverKind, p *Publisher) (*server, error) {
 
 func newServer(kind serverKind, ln net.Listener, p *Publisher) *server {
 	return &server{kind: kind, ln: ln, p: p, conns: map[*peer]struct{}{},
-		half: newHalfOpen(maxHalfOpen, maxHalfOpenPerSource)}
+		half: netgate.New[net.Conn](netgate.DefaultMaxHalfOpen, netgate.DefaultMaxHalfOpenPerSource)}
 }
 
 // server accepts ZMTP connections on one endpoint. Lock order: server.mu,
@@ -60,7 +60,12 @@ type server struct {
 	kind serverKind
 	ln   net.Listener
 	p    *Publisher
-	half *halfOpen // connections in their handshake
+	// half bounds the connections in their handshake: each holds a
+	// goroutine, a file and two 4 KiB buffers until handshakeTimeout, and
+	// anyone who reaches the port can open them. A newer one evicts the
+	// oldest of its source (64), else of all (512): a flood cannot lock a
+	// router out, only make it reconnect (ZeroMQ does by itself).
+	half *netgate.Gate[net.Conn]
 
 	mu     sync.Mutex // guards conns and closed
 	conns  map[*peer]struct{}
@@ -127,9 +132,9 @@ func (s *server) serve(ctx context.Context) {
 		if tc, ok := nc.(*net.TCPConn); ok && s.p.o.sndBuf > 0 {
 			_ = tc.SetWriteBuffer(s.p.o.sndBuf)
 		}
-		e, evicted, reason := s.half.enter(nc)
+		e, evicted, reason := s.half.Enter(nc, netgate.SourceOf(nc))
 		if evicted != nil {
-			_ = evicted.Close()
+			_ = evicted.Value().Close()
 			s.p.o.Metrics.Refused.WithLabelValues(reason).Inc()
 		}
 		wg.Go(func() { s.handle(ctx, nc, e) })
@@ -138,7 +143,7 @@ func (s *server) serve(ctx context.Context) {
 
 // handle runs one connection until it fails or the server closes; e is
 // its place among the half-open connections until its handshake ends.
-func (s *server) handle(ctx context.Context, nc net.Conn, e *list.Element) {
+func (s *server) handle(ctx context.Context, nc net.Conn, e *netgate.Entry[net.Conn]) {
 	typ := "PUB"
 	if s.kind == kindReplay {
 		typ = "ROUTER"
@@ -153,7 +158,7 @@ func (s *server) handle(ctx context.Context, nc net.Conn, e *list.Element) {
 	if err == nil {
 		err = nc.SetDeadline(time.Time{})
 	}
-	if !s.half.leave(e) {
+	if !s.half.Leave(e) {
 		_ = nc.Close() // evicted, and counted, while in its handshake
 		return
 	}

@@ -32,7 +32,11 @@ func PeerCredentials() credentials.TransportCredentials { return peerCreds{} }
 type peerCreds struct{}
 
 func (peerCreds) ServerHandshake(c net.Conn) (net.Conn, credentials.AuthInfo, error) {
-	uc, ok := c.(*net.UnixConn)
+	under := c
+	if w, ok := c.(interface{ NetConn() net.Conn }); ok {
+		under = w.NetConn() // a listener's wrapper (internal/netgate's half-open gate)
+	}
+	uc, ok := under.(*net.UnixConn)
 	if !ok {
 		return c, nil, nil
 	}

@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"time"
 
@@ -27,6 +28,7 @@ import (
 	"github.com/pegaflow/pegad/api/localwire"
 	"github.com/pegaflow/pegad/internal/lease"
 	"github.com/pegaflow/pegad/internal/metrics"
+	"github.com/pegaflow/pegad/internal/netgate"
 	"github.com/pegaflow/pegad/internal/store"
 )
 
@@ -64,6 +66,16 @@ type Options struct {
 	// HelloTimeout bounds the wait for a new connection's HELLO; 0:
 	// DefaultHelloTimeout.
 	HelloTimeout time.Duration
+	// MaxHalfOpen and MaxHalfOpenPerUID bound the connections still
+	// waiting for their HELLO, in all and per client uid (SO_PEERCRED);
+	// 0: netgate's defaults (512, 64). When one is reached the oldest
+	// waiting connection (of that uid, else of all) is closed, not the new
+	// one (internal/netgate).
+	MaxHalfOpen, MaxHalfOpenPerUID int
+	// Refused is told of every connection closed before its HELLO ended:
+	// evicted by those limits or out of HelloTimeout (netgate's Reason*
+	// strings); nil: not counted.
+	Refused func(reason string)
 	// MaxVersion is the newest protocol version served; 0:
 	// localwire.Version. Tests set it to play an older daemon.
 	MaxVersion uint32
@@ -137,6 +149,11 @@ type Server struct {
 	hello     time.Duration // immutable
 	maxVer    uint32        // immutable
 	log       zerolog.Logger
+	// halfOpen holds the connections waiting for their HELLO (immutable
+	// pointer); refused counts the ones it, or the HELLO timeout, closed
+	// (immutable; never nil).
+	halfOpen *netgate.Gate[*net.UnixConn]
+	refused  func(reason string)
 	// insert is store.Insert (immutable); tests make it fail after a
 	// lease was taken, which the checks before make a daemon bug.
 	insert func(store.Key, *store.Extent, []store.SlotLayout) (bool, error)
@@ -163,6 +180,11 @@ func New(o Options) *Server {
 	s := &Server{store: o.Store, log: o.Log, hello: o.HelloTimeout, maxVer: o.MaxVersion, conns: make(map[net.Conn]struct{}),
 		maxLeases: o.MaxLeases, locator: o.Locator, self: o.Self}
 	s.insert = s.store.Insert
+	s.halfOpen = netgate.New[*net.UnixConn](o.MaxHalfOpen, o.MaxHalfOpenPerUID)
+	s.refused = o.Refused
+	if s.refused == nil {
+		s.refused = func(string) {}
+	}
 	s.leases = lease.New(o.LeaseTimeout, o.MaxLeases, s.end, nil)
 	s.pins = lease.New(o.LeaseTimeout, o.MaxLeases, s.endPin, nil) // at most MaxLeases unadopted pins in all
 	s.pinOwner = s.pins.NewOwner()
@@ -255,9 +277,10 @@ func (s *Server) Serve(l net.Listener) error {
 		s.conns[c] = struct{}{}
 		s.wg.Add(1)
 		s.mu.Unlock()
+		cred, ge := s.enter(uc)
 		go func() {
 			defer s.wg.Done()
-			s.handle(uc)
+			s.handle(uc, cred, ge)
 			s.mu.Lock()
 			delete(s.conns, c)
 			s.mu.Unlock()
@@ -306,8 +329,26 @@ type conn struct {
 	out     []byte
 }
 
-func (s *Server) handle(c *net.UnixConn) {
-	cred := peerCred(c)
+// enter admits a new connection as waiting for its HELLO, closing the
+// oldest waiting one when a half-open limit is reached.
+func (s *Server) enter(c *net.UnixConn) (*unix.Ucred, *netgate.Entry[*net.UnixConn]) {
+	cred := netgate.PeerCred(c)
+	src := netgate.Source{}
+	if cred != nil {
+		src = netgate.UIDSource(cred.Uid)
+	}
+	ge, victim, why := s.halfOpen.Enter(c, src)
+	if victim != nil {
+		s.refused(why)
+		s.log.Debug().Str("reason", why).Msg("Local data connection dropped before its hello")
+		victim.Value().Close()
+	}
+	return cred, ge
+}
+
+// handle serves one connection; ge is its place among the connections
+// waiting for their HELLO.
+func (s *Server) handle(c *net.UnixConn, cred *unix.Ucred, ge *netgate.Entry[*net.UnixConn]) {
 	cn := &conn{s: s, c: c, r: bufio.NewReaderSize(c, 64<<10), owner: s.leases.NewOwner(),
 		log: s.log.With().Str("remote", credString(cred)).Logger()}
 	if cred == nil {
@@ -326,7 +367,14 @@ func (s *Server) handle(c *net.UnixConn) {
 	// A client gets HelloTimeout to say hello; after that, a connection may
 	// idle as long as it likes (its leases still expire).
 	_ = c.SetReadDeadline(time.Now().Add(s.hello))
-	if err := cn.hello(); err != nil {
+	err := cn.hello()
+	if !s.halfOpen.Leave(ge) {
+		return // evicted while waiting (and counted there)
+	}
+	if err != nil {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			s.refused(netgate.ReasonTimeout)
+		}
 		cn.log.Debug().Err(err).Msg("Local data handshake failed")
 		return
 	}
@@ -357,17 +405,6 @@ func (s *Server) handle(c *net.UnixConn) {
 			cn.out = nil
 		}
 	}
-}
-
-// peerCred is the client's SO_PEERCRED; nil when unknown.
-func peerCred(c *net.UnixConn) *unix.Ucred {
-	raw, err := c.SyscallConn()
-	if err != nil {
-		return nil
-	}
-	var cred *unix.Ucred
-	_ = raw.Control(func(fd uintptr) { cred, _ = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) })
-	return cred
 }
 
 // credString is a peer's credentials for logs.

@@ -1,6 +1,7 @@
 // Package logging builds pegad's zerolog logger from the log-level and
-// log-format settings. It owns only logger construction; it must never hold
-// global state beyond zerolog's own time-field configuration.
+// log-format settings, and rate-limits lines the network can repeat
+// (Limiter). It owns only logger construction and those limiters; it must
+// never hold global state beyond zerolog's own time-field configuration.
 package logging
 
 import (

@@ -63,9 +63,23 @@ var (
 	TCPRefusedReasons = []string{"source_limit", "total_limit", "bad_hello", "hello_timeout", "rejected"}
 	// ReapReasons: internal/conn's reap* reasons.
 	ReapReasons = []string{"idle", "drain_timeout"}
+	// HalfOpenPorts: the port label of HalfOpenRefused, one per pegad
+	// listener (internal/daemon); HalfOpenReasons: internal/netgate's
+	// Reason* strings.
+	HalfOpenPorts   = []string{PortPeer, PortLocal, PortData, PortMetrics, PortDebug}
+	HalfOpenReasons = []string{"source_limit", "total_limit", "timeout"}
 	// LocalLeaseEndReasons: internal/lease's Reason strings, and
 	// LocalSpareExpired for an unused reservation (internal/localdata).
 	LocalLeaseEndReasons = []string{"disconnected", "expired", "shutdown", LocalSpareExpired}
+)
+
+// Ports of HalfOpenRefused.
+const (
+	PortPeer    = "peer"    // --listen: peer gRPC
+	PortLocal   = "local"   // --socket: local gRPC
+	PortData    = "data"    // the data socket beside --socket
+	PortMetrics = "metrics" // --metrics-listen
+	PortDebug   = "debug"   // --debug-listen
 )
 
 // LocalSpareExpired is the pegaflow_local_lease_ends_total reason of a
@@ -142,6 +156,9 @@ type Metrics struct {
 	QPDrainFailures prometheus.Counter
 	// tcp provider: data connections dropped before or at their hello.
 	TCPDataRefused *prometheus.CounterVec // reason
+	// Connections of pegad's ports dropped before their protocol's first
+	// step (internal/netgate): evicted by a half-open limit, or too slow.
+	HalfOpenRefused *prometheus.CounterVec // port, reason
 	// Holder-side connections torn down because their requester is gone
 	// (idle, no data connection) or their drain time after a reconnect ran out.
 	AcceptedReaped *prometheus.CounterVec // reason
@@ -158,9 +175,9 @@ type Metrics struct {
 	PinnedDeferred prometheus.Gauge   // evicted/deleted blocks whose memory waits for the last pin
 	PoolPinned     prometheus.Gauge   // bytes of pinned blocks: what eviction cannot free
 
-	// Process.
-	buildInfo     *prometheus.GaugeVec
-	transportInfo *prometheus.GaugeVec
+	// Process (info.go): each under its name and its deprecated one.
+	buildInfo     []*prometheus.GaugeVec
+	transportInfo []*prometheus.GaugeVec
 
 	// Peer-port protection (security.go).
 	Security
@@ -315,12 +332,16 @@ func (m *Metrics) registerConns(reg prometheus.Registerer) {
 	m.TCPDataRefused = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "pegaflow_tcp_data_conns_refused_total", Help: "tcp provider data connections dropped before or at their hello, by reason.",
 	}, []string{"reason"})
+	m.HalfOpenRefused = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "pegaflow_half_open_conns_refused_total", Help: "Connections to pegad's ports closed before they completed their protocol's first step (hello, HTTP/2 preface, request header, TLS handshake), by port and reason (source_limit, total_limit: evicted by the half-open limits; timeout).",
+	}, []string{"port", "reason"})
 	m.AcceptedReaped = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "pegaflow_rdma_accepted_reaped_total", Help: "Holder-side connections torn down without a disconnect from their requester, by reason (idle, drained).",
 	}, []string{"reason"})
 	reg.MustRegister(
 		m.RDMAQPs, m.SessionWorkers, m.Conns, m.Handshakes, m.Invalidations, m.NICReadBytes, m.NICEvents, m.NICUp,
 		m.MemoryWindows, m.WindowBinds, m.WorkCompletions, m.BatchesInvalidated, m.QPDrainFailures, m.TCPDataRefused, m.AcceptedReaped,
+		m.HalfOpenRefused,
 	)
 }
 
@@ -362,19 +383,6 @@ func (m *Metrics) registerPool(reg prometheus.Registerer) {
 	)
 }
 
-// registerProcess creates and registers the metrics of which build and transport run.
-func (m *Metrics) registerProcess(reg prometheus.Registerer) {
-	m.buildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "pegad_build_info", Help: "Always 1; the labels say which build runs.",
-	}, []string{"version", "commit", "goversion"})
-	m.transportInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "pegad_transport_info", Help: "Always 1; the labels say which data transport runs and why (requested, auto, fallback: verbs unavailable).",
-	}, []string{"transport", "reason"})
-	reg.MustRegister(
-		m.buildInfo, m.transportInfo,
-	)
-}
-
 // initSeries creates every known labelled series at zero.
 func (m *Metrics) initSeries() {
 	for _, rpc := range RPCs {
@@ -410,6 +418,11 @@ func (m *Metrics) initSeries() {
 	}
 	for _, r := range ReapReasons {
 		m.AcceptedReaped.WithLabelValues(r)
+	}
+	for _, p := range HalfOpenPorts {
+		for _, r := range HalfOpenReasons {
+			m.HalfOpenRefused.WithLabelValues(p, r)
+		}
 	}
 }
 
@@ -455,25 +468,6 @@ func (m *Metrics) oldestSessionAge() float64 {
 		return (*f)().Seconds()
 	}
 	return 0
-}
-
-// SetBuildInfo sets pegad_build_info's one series.
-func (m *Metrics) SetBuildInfo(version, commit, goversion string) {
-	m.buildInfo.Reset()
-	m.buildInfo.WithLabelValues(version, commit, goversion).Set(1)
-}
-
-// Transport reasons, the reason label of pegad_transport_info.
-const (
-	TransportRequested = "requested" // --transport named it
-	TransportAuto      = "auto"      // --transport auto found verbs devices
-	TransportFallback  = "fallback"  // --transport auto: verbs unavailable, tcp instead
-)
-
-// SetTransport sets pegad_transport_info's one series.
-func (m *Metrics) SetTransport(transport, reason string) {
-	m.transportInfo.Reset()
-	m.transportInfo.WithLabelValues(transport, reason).Set(1)
 }
 
 // NewForTest returns metrics on a private registry.

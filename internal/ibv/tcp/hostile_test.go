@@ -90,7 +90,7 @@ func TestPreHelloMemoryBounded(t *testing.T) {
 		hostileHello(t, d.Info().Addr, n)
 	}
 	waitFor(t, "hostile connections accepted", 5*time.Second, func() bool {
-		return d.gate.waiting()+int(metrics.Value(met.TCPDataRefused.WithLabelValues(refusedBadHello))) == conns
+		return d.gate.Waiting()+int(metrics.Value(met.TCPDataRefused.WithLabelValues(refusedBadHello))) == conns
 	})
 	time.Sleep(50 * time.Millisecond) // let every responder block in its read
 	grew := int64(heapInuse()) - int64(before)
@@ -112,7 +112,7 @@ func TestPreHelloGate(t *testing.T) {
 	waitFor(t, "evictions", 5*time.Second, func() bool {
 		return metrics.Value(met.TCPDataRefused.WithLabelValues(refusedSourceLimit)) == 2*perSource
 	})
-	if n := d.gate.waiting(); n != perSource {
+	if n := d.gate.Waiting(); n != perSource {
 		t.Fatalf("%d connections wait for a hello, want %d", n, perSource)
 	}
 	// The oldest were dropped: they read EOF, the newest are still open.

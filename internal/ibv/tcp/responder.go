@@ -1,7 +1,6 @@
 package tcp
 
 import (
-	"container/list"
 	"crypto/subtle"
 	"errors"
 	"net"
@@ -9,6 +8,7 @@ import (
 	"time"
 
 	"github.com/pegaflow/pegad/internal/ibv"
+	"github.com/pegaflow/pegad/internal/netgate"
 )
 
 // acceptLoop accepts data connections until the listener is closed; each
@@ -34,11 +34,12 @@ func (d *Device) acceptLoop() {
 			c.Close()
 			return
 		}
-		ge, victim, why := d.gate.enter(c)
+		ge, victim, why := d.gate.Enter(c, netgate.SourceOf(c.c))
 		if victim != nil {
+			v := victim.Value()
 			d.refused(why)
-			d.log.Debug().Str("peer", victim.c.RemoteAddr().String()).Str("reason", why).Msg("data connection dropped before its hello")
-			victim.Close()
+			d.log.Debug().Str("peer", v.c.RemoteAddr().String()).Str("reason", why).Msg("data connection dropped before its hello")
+			v.Close()
 		}
 		d.wg.Add(1)
 		go d.serve(c, ge)
@@ -61,14 +62,14 @@ func (d *Device) refused(reason string) {
 // Before the hello the connection holds only a hello-sized buffer, for at
 // most helloTimeout, and counts against the device's helloGate; frame
 // buffers are taken only after a valid hello.
-func (d *Device) serve(c *dconn, ge *list.Element) {
+func (d *Device) serve(c *dconn, ge *gateEntry) {
 	defer d.wg.Done()
 	defer d.untrackConn(c)
 	defer c.Close()
 
 	_ = c.c.SetReadDeadline(time.Now().Add(helloTimeout))
 	m, err := readHello(c.c)
-	if !d.gate.leave(ge) {
+	if !d.gate.Leave(ge) {
 		return // evicted by the gate (and counted there)
 	}
 	if err != nil {
