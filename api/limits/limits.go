@@ -13,6 +13,9 @@ package limits
 import (
 	"errors"
 	"fmt"
+	"strings"
+	"unicode"
+	"unicode/utf8"
 )
 
 const (
@@ -45,12 +48,26 @@ func ValidKey[H ~string | ~[]byte](ns string, hash H) error {
 
 // ValidNamespace is ValidKey's namespace half, for a request that names
 // one namespace and many hashes.
+//
+// A namespace is printed (pegactl's tables, logs, KV-events topics) and
+// sent as a protobuf string, so beyond its length it must be valid UTF-8
+// (gRPC could not carry it, and a block put over the data socket could
+// then never be listed) and hold no control character (a newline or a tab
+// breaks every table and log line it is printed in).
 func ValidNamespace(ns string) error {
 	switch {
 	case ns == "":
 		return fmt.Errorf("%w: namespace is empty", ErrInvalidKey)
 	case len(ns) > MaxNamespaceLen:
 		return fmt.Errorf("%w: namespace is %d bytes, more than %d", ErrInvalidKey, len(ns), MaxNamespaceLen)
+	}
+	for i, r := range ns {
+		switch {
+		case r == utf8.RuneError && !strings.HasPrefix(ns[i:], string(utf8.RuneError)):
+			return fmt.Errorf("%w: namespace is not valid UTF-8 (byte %d)", ErrInvalidKey, i)
+		case unicode.IsControl(r):
+			return fmt.Errorf("%w: namespace has a control character (%U) at byte %d", ErrInvalidKey, r, i)
+		}
 	}
 	return nil
 }

@@ -17,6 +17,14 @@ func TestValidKey(t *testing.T) {
 		{"long namespace", strings.Repeat("n", MaxNamespaceLen+1), "h", "namespace is 257 bytes"},
 		{"empty hash", "n", "", "hash is empty"},
 		{"long hash", "n", strings.Repeat("h", MaxHashLen+1), "hash is 65 bytes"},
+		{"binary hash", "n", "\x00\n\xff", ""},
+		{"printable unicode namespace", "llama3-70b@tp0/Zürich·模型\uFFFD", "h", ""},
+		{"newline in namespace", "ns\nx", "h", "control character (U+000A) at byte 2"},
+		{"tab in namespace", "\tns", "h", "control character (U+0009) at byte 0"},
+		{"NUL in namespace", "ns\x00", "h", "control character (U+0000)"},
+		{"DEL in namespace", "ns\x7f", "h", "control character (U+007F)"},
+		{"C1 control in namespace", "ns\u0085", "h", "control character (U+0085)"},
+		{"invalid UTF-8 namespace", "ns\xff", "h", "not valid UTF-8 (byte 2)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

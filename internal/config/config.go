@@ -472,17 +472,23 @@ func readFile(path string, known map[string]bool) (map[string]any, error) {
 		return nil, fmt.Errorf("config: read %s: %w", path, err)
 	}
 	var unknown []string
+	guessed := true
 	for _, k := range fv.AllKeys() {
 		if !known[k] {
-			unknown = append(unknown, k)
+			unknown = append(unknown, k+": "+unknownKeyReason(k))
+			guessed = guessed && closestKey(k) != ""
 		}
 	}
-	if len(unknown) > 0 {
-		sort.Strings(unknown)
-		return nil, fmt.Errorf("config: %s: unknown key(s) %s (valid keys: %s)",
-			path, strings.Join(unknown, ", "), strings.Join(Keys(), ", "))
+	if len(unknown) == 0 {
+		return fv.AllSettings(), nil
 	}
-	return fv.AllSettings(), nil
+	sort.Strings(unknown)
+	msg := fmt.Sprintf("config: %s: %s", path, strings.Join(unknown, "; "))
+	if !guessed {
+		// A key nothing is close to: the list is the reader's only help.
+		msg += " (valid keys: " + strings.Join(Keys(), ", ") + ")"
+	}
+	return nil, errors.New(msg)
 }
 
 var (

@@ -180,6 +180,10 @@ func TestInvalid(t *testing.T) {
 		{"unknown file key", nil, nil, "pool-size: 32MiB\npoolsize: 1\n", []string{"unknown key", "poolsize"}},
 		{"unknown nested key", nil, nil, "pool:\n  size: 1\n", []string{"unknown key", "pool.size"}},
 		{"config key in file", nil, nil, "config: /etc/x\n", []string{"unknown key", "config"}},
+		{"typo of a key", nil, nil, "lock-timout: 5s\n", []string{"lock-timout: unknown key (did you mean lock-timeout?)"}},
+		{"two typos", nil, nil, "lock-timout: 5s\nlog-levl: debug\n", []string{
+			"lock-timout: unknown key (did you mean lock-timeout?); log-levl: unknown key (did you mean log-level?)"}},
+		{"key far from any", nil, nil, "zzzzzzzz: 1\n", []string{"zzzzzzzz: unknown key (valid keys: ", "pool-size"}},
 		{"missing file", []string{"--config=/nonexistent/pegad.yaml"}, nil, "", []string{"/nonexistent/pegad.yaml"}},
 		{"malformed yaml", nil, nil, "pool-size: [1\n", []string{"pegad.yaml"}},
 		{"bad size flag", []string{"--pool-size=lots"}, nil, "", []string{"pool-size", "lots"}},

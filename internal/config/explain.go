@@ -181,11 +181,7 @@ func CheckFile(path string) ([]Problem, error) {
 	c := Default()
 	for _, k := range fv.AllKeys() {
 		if !known[k] {
-			reason := "unknown key"
-			if s := closestKey(k); s != "" {
-				reason += fmt.Sprintf(" (did you mean %s?)", s)
-			}
-			probs = append(probs, Problem{k, reason})
+			probs = append(probs, Problem{k, unknownKeyReason(k)})
 			continue
 		}
 		// One key at a time, so each bad value is reported on its own.
@@ -214,6 +210,16 @@ func decodeReason(key string, err error) string {
 	s := cleanDecodeError(err)
 	s = strings.TrimPrefix(s, "'"+key+"' ")
 	return s
+}
+
+// unknownKeyReason says why k is refused, with the nearest settable key
+// when one is close: config check and serve's start-up both use it, so a
+// typo gets the same suggestion whichever finds it.
+func unknownKeyReason(k string) string {
+	if s := closestKey(k); s != "" {
+		return fmt.Sprintf("unknown key (did you mean %s?)", s)
+	}
+	return "unknown key"
 }
 
 // closestKey is the settable key nearest to k by edit distance, if close.

@@ -93,10 +93,7 @@ func benchBytes(h []byte, b []byte) {
 
 // NewBenchCommand groups the acceptance bench.
 func NewBenchCommand(g *globalFlags) *cobra.Command {
-	cmd := &cobra.Command{
-		Use:   "bench",
-		Short: "Acceptance bench between two pegads: seed blocks on a holder, fetch and check them from a requester",
-	}
+	cmd := newGroupCommand("bench", "Acceptance bench between two pegads: seed blocks on a holder, fetch and check them from a requester")
 	cmd.AddCommand(newBenchSeedCommand(g), newBenchFetchCommand(g), newBenchReplayCommand(g))
 	return cmd
 }

@@ -36,19 +36,40 @@ func NewBlocksPutCommand(g *globalFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			var created bool
-			err = g.withBlockClient(cmd.Context(), func(ctx context.Context, c *pegaclient.Client) error {
-				return c.Put(ctx, ref.namespace, hash, data, pegaclient.WithSlots(clientSlots(slots)...), pegaclient.WasCreated(&created))
+			var (
+				created bool
+				evicted uint64
+			)
+			err = g.withClient(cmd.Context(), func(ctx context.Context, c *client) error {
+				// A put into a full pool evicts the least valuable blocks
+				// without a word, and a peer asking for them later finds
+				// them gone (issue 33, item 7): the pool's eviction count
+				// around the put says whether that happened.
+				before, known := poolEvictions(ctx, c)
+				bc, err := pegaclient.Dial(ctx, c.socket, pegaclient.WithConn(c.conn), pegaclient.AllowStreamFallback())
+				if err != nil {
+					return exitOf(err)
+				}
+				defer bc.Close()
+				err = bc.Put(ctx, ref.namespace, hash, data, pegaclient.WithSlots(clientSlots(slots)...), pegaclient.WasCreated(&created))
+				if err != nil {
+					return exitOf(err)
+				}
+				if after, ok := poolEvictions(ctx, c); known && ok && after > before {
+					evicted = after - before
+				}
+				return nil
 			})
 			if err != nil {
 				return err
 			}
 			return g.printer(cmd.OutOrStdout()).print(&putResult{
-				Namespace: ref.namespace,
-				Hash:      hexOf(hash),
-				Bytes:     uint64(len(data)),
-				Created:   created,
-				Slots:     slotsOf(slots),
+				Namespace:     ref.namespace,
+				Hash:          hexOf(hash),
+				Bytes:         uint64(len(data)),
+				Created:       created,
+				Slots:         slotsOf(slots),
+				EvictedBlocks: evicted,
 			})
 		},
 	}
@@ -144,6 +165,19 @@ type putResult struct {
 	Bytes     uint64     `json:"bytes"`
 	Created   bool       `json:"created"`
 	Slots     []slotJSON `json:"slots"`
+	// EvictedBlocks: blocks the pool evicted while the put ran, to make
+	// room for it (or for another writer at the same moment).
+	EvictedBlocks uint64 `json:"evicted_blocks"`
+}
+
+// poolEvictions is the daemon's eviction count; false when its stats
+// cannot be read (the put goes on without saying).
+func poolEvictions(ctx context.Context, c *client) (uint64, bool) {
+	st, err := c.admin.Stats(ctx, &pegadv1.StatsRequest{})
+	if err != nil {
+		return 0, false
+	}
+	return st.GetEvictions(), true
 }
 
 func (r *putResult) writeTable(w io.Writer) error {
@@ -151,7 +185,17 @@ func (r *putResult) writeTable(w io.Writer) error {
 	if !r.Created {
 		state = "already present (kept the stored copy)"
 	}
+	if r.EvictedBlocks > 0 {
+		state += fmt.Sprintf("; pool full: %d %s evicted to make room", r.EvictedBlocks, plural(r.EvictedBlocks, "block", "blocks"))
+	}
 	fmt.Fprintln(w, "NAMESPACE\tHASH\tBYTES\tSLOTS\tRESULT")
 	_, err := fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", r.Namespace, r.Hash, humanBytes(r.Bytes), slotsSummary(r.Slots), state)
 	return err
+}
+
+func plural(n uint64, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
 }

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	"github.com/pegaflow/pegad/internal/config"
@@ -46,9 +45,9 @@ func TestBlocksPutGetZeroCopy(t *testing.T) {
 		t.Fatalf("get wrote %d bytes (%v), not the K then V put", len(got), err)
 	}
 	r = run(t, nil, append(sock, "blocks", "get", "--namespace", "ns", "--hash", "ff", "--out", out)...)
-	// "lease: ..." is the data socket's answer (gRPC's would be GetBlock's).
-	if r.code != ExitNotFound || !strings.HasPrefix(r.stderr, "Error: lease: ") {
-		t.Fatalf("get of a missing block: code %d stderr %q, want %d from the data socket", r.code, r.stderr, ExitNotFound)
+	// The data socket's answer reads as GetBlock's does (docs/pegactl.md).
+	if want := "Error: block not found: namespace=ns hash=ff\n"; r.code != ExitNotFound || r.stderr != want {
+		t.Fatalf("get of a missing block: code %d stderr %q, want %d and %q", r.code, r.stderr, ExitNotFound, want)
 	}
 	r = run(t, nil, append(sock, "blocks", "put", "--namespace", "ns", "--hash", string(bytes.Repeat([]byte("ab"), 65)), "--file", k)...)
 	if r.code != ExitUsage {

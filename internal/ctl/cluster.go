@@ -111,14 +111,17 @@ func NewBlocksWhereCommand(g *globalFlags) *cobra.Command {
 				}
 				req.Hashes = append(req.Hashes, h)
 			}
-			var res *pegadv1.LocateBlocksResponse
-			err := g.withClient(cmd.Context(), func(ctx context.Context, c *client) error {
-				var err error
-				res, err = c.cluster().LocateBlocks(ctx, req)
-				return err
-			})
-			if err != nil {
-				return err
+			// One LocateBlocks per batch of the request limit (batch.go).
+			res := &pegadv1.LocateBlocksResponse{}
+			for _, hashes := range batches(req.Hashes) {
+				err := g.withClient(cmd.Context(), func(ctx context.Context, c *client) error {
+					one, err := c.cluster().LocateBlocks(ctx, &pegadv1.LocateBlocksRequest{Namespace: namespace, Hashes: hashes})
+					res.Blocks = append(res.Blocks, one.GetBlocks()...)
+					return err
+				})
+				if err != nil {
+					return err
+				}
 			}
 			out := whereOf(namespace, res)
 			if err := g.printer(cmd.OutOrStdout()).print(out); err != nil {

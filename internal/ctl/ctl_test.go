@@ -428,6 +428,7 @@ func TestPrefetch(t *testing.T) {
 		{"missing", pegadv1.PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_MISSING_ON_PEER, ExitNotFound, "1 of 2 blocks not fetched from 127.0.0.1:50055 (1 missing_on_peer)"},
 		{"failed", pegadv1.PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_FAILED, ExitError, "(1 failed)"},
 		{"discarded", pegadv1.PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_DISCARDED, ExitError, "(1 discarded)"},
+		{"not fetched", pegadv1.PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_NOT_FETCHED, ExitError, "(1 not_fetched)"},
 	}
 	for _, tc := range partial {
 		t.Run(tc.name, func(t *testing.T) {

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+	pegaclient "github.com/pegaflow/pegad/client"
 )
 
 // prefetchGrace is how much longer than the fetch timeout pegactl waits
@@ -57,33 +58,44 @@ func NewPrefetchCommand(g *globalFlags) *cobra.Command {
 				Namespace: namespace,
 				Hashes:    hashes,
 				Timeout:   durationpb.New(g.timeout),
+				// A failure's per-block outcomes in the answer, not in the
+				// status trailer, which cannot carry thousands of them.
+				FailureInResponse: true,
 			}
-			var res *pegadv1.PrefetchResponse
 			wait := *g
 			wait.timeout += prefetchGrace
-			err := wait.withClient(cmd.Context(), func(ctx context.Context, c *client) error {
-				// A progress line on a terminal's stderr, never with -o json.
-				if g.output == "table" && stderrIsTerminal(cmd.ErrOrStderr()) {
-					pctx, stop := context.WithCancel(ctx)
-					p := &progress{w: cmd.ErrOrStderr(), peer: peer, started: time.Now()}
-					done := make(chan struct{})
-					go func() { defer close(done); p.run(pctx, c) }()
-					defer func() { stop(); <-done }()
-				}
-				var err error
-				res, err = c.local.Prefetch(ctx, req)
-				return err
+			// More hashes than one request takes go as several, each
+			// with its own --timeout (batch.go).
+			res, err := prefetchInBatches(req, func(req *pegadv1.PrefetchRequest) (res *pegadv1.PrefetchResponse, err error) {
+				err = wait.withClient(cmd.Context(), func(ctx context.Context, c *client) error {
+					// A progress line on a terminal's stderr, never with -o json.
+					if g.output == "table" && stderrIsTerminal(cmd.ErrOrStderr()) {
+						pctx, stop := context.WithCancel(ctx)
+						p := &progress{w: cmd.ErrOrStderr(), peer: peer, started: time.Now()}
+						done := make(chan struct{})
+						go func() { defer close(done); p.run(pctx, c) }()
+						defer func() { stop(); <-done }()
+					}
+					var err error
+					res, err = c.local.Prefetch(ctx, req)
+					return err
+				})
+				return res, err
 			})
 			if err != nil {
 				// A failed fetch still says what happened to each block.
-				if d := failedPrefetch(err); d != nil {
-					_ = g.printer(cmd.OutOrStdout()).print(prefetchOf(peer, namespace, d))
+				if len(res.GetBlocks()) > 0 {
+					_ = g.printer(cmd.OutOrStdout()).print(prefetchOf(peer, namespace, res))
 				}
 				return err
 			}
 			out := prefetchOf(peer, namespace, res)
 			if err := g.printer(cmd.OutOrStdout()).print(out); err != nil {
 				return err
+			}
+			if f := res.GetError(); f != nil {
+				// The fetch failed as a whole: its status decides the exit.
+				return pegaclient.PrefetchFailureStatus(f).Err()
 			}
 			return out.err()
 		},
@@ -102,6 +114,7 @@ var prefetchStatusNames = map[pegadv1.PrefetchBlockStatus]string{
 	pegadv1.PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_FAILED:          "failed",
 	pegadv1.PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_DISCARDED:       "discarded",
 	pegadv1.PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_NOT_FOUND:       "not_found",
+	pegadv1.PrefetchBlockStatus_PREFETCH_BLOCK_STATUS_NOT_FETCHED:     "not_fetched",
 }
 
 func prefetchStatusName(s pegadv1.PrefetchBlockStatus) string {
@@ -166,7 +179,7 @@ func (r *prefetchResult) err() error {
 		return nil
 	}
 	var parts []string
-	for _, s := range []string{"missing_on_peer", "not_found", "failed", "discarded", "unspecified"} {
+	for _, s := range []string{"missing_on_peer", "not_found", "not_fetched", "failed", "discarded", "unspecified"} {
 		if counts[s] > 0 {
 			parts = append(parts, fmt.Sprintf("%d %s", counts[s], s))
 			delete(counts, s)

@@ -69,9 +69,7 @@ Exit codes: 0 ok, 1 error, 2 usage, 3 not found, 4 pegad unavailable,
 		SilenceErrors: true,
 		SilenceUsage:  true,
 		Args:          noSubcommand,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			return cmd.Help()
-		},
+		RunE:          needSubcommand,
 		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
 			if !cmd.Flags().Changed("socket") && os.Getenv(EnvSocket) == "" {
 				g.socket = resolveSocket(socketDefaults())
@@ -137,17 +135,33 @@ func (g *globalFlags) validate() error {
 	return nil
 }
 
-// newGroupCommand is a command that only holds subcommands. Run bare, it
-// prints its help; with an unknown subcommand it is a usage error.
+// newGroupCommand is a command that only holds subcommands. Run bare, or
+// with an unknown subcommand, it is a usage error.
 func newGroupCommand(use, short string) *cobra.Command {
 	return &cobra.Command{
 		Use:   use,
 		Short: short,
 		Args:  noSubcommand,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			return cmd.Help()
-		},
+		RunE:  needSubcommand,
 	}
+}
+
+// needSubcommand is a group's RunE. A bare group does nothing, so it must
+// not exit 0: a script that ran `pegactl conns` for `conns list` would
+// read success from a command that listed nothing. It prints the group's
+// help where --help prints it (stdout), then fails with exit 2 and the
+// one Error line naming the subcommands.
+func needSubcommand(cmd *cobra.Command, _ []string) error {
+	if err := cmd.Help(); err != nil {
+		return err
+	}
+	var names []string
+	for _, sub := range cmd.Commands() {
+		if sub.IsAvailableCommand() {
+			names = append(names, sub.Name())
+		}
+	}
+	return usageErrorf("%q needs a subcommand: %s", cmd.CommandPath(), strings.Join(names, ", "))
 }
 
 func noSubcommand(cmd *cobra.Command, args []string) error {

@@ -3,6 +3,7 @@ package daemon_test
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"sort"
@@ -34,9 +35,19 @@ func TestFreshNodeMetrics(t *testing.T) {
 		`pegaflow_rdma_handshakes_total{result="ok",role="requester"}`:            0,
 		`pegaflow_rdma_connection_invalidations_total{reason="completion_error"}`: 0,
 		`pegaflow_rdma_work_completions_total{status="retry_exc_err"}`:            0,
-		`pegad_transport_info{reason="requested",transport="tcp"}`:                1,
-		fmt.Sprintf(`pegad_build_info{commit=%q,goversion=%q,version=%q}`,
+		`pegaflow_transport_info{reason="requested",transport="tcp"}`:             1,
+		fmt.Sprintf(`pegaflow_build_info{commit=%q,goversion=%q,version=%q}`,
 			version.CommitOrVCS(), version.GoVersion(), version.Version): 1,
+	}
+	// The deprecated names (metrics.Deprecated) carry the same series for
+	// one release.
+	for k, v := range want {
+		name, labels, _ := strings.Cut(k, "{")
+		for old, now := range metrics.Deprecated {
+			if name == now {
+				want[old+"{"+labels] = v
+			}
+		}
 	}
 	for _, o := range metrics.Outcomes {
 		want[`pegaflow_holder_session_ends_total{outcome="`+o+`"}`] = 0
@@ -213,8 +224,77 @@ func TestReadmeMetricTable(t *testing.T) {
 		t.Fatal("no metric table found in README.md")
 	}
 	for name := range live {
+		if now, ok := metrics.Deprecated[name]; ok {
+			// Not a row: the note under the table names it and its
+			// replacement, which is a row.
+			if documented[name] || !documented[now] || !strings.Contains(string(readme), "`"+name+"`") {
+				t.Errorf("README: deprecated %s must be named in the rename note, not the table, and %s be a row", name, now)
+			}
+			continue
+		}
 		if (strings.HasPrefix(name, "pegaflow_") || strings.HasPrefix(name, "pegad_")) && !documented[name] {
 			t.Errorf("live metric %s is missing from README.md's table", name)
+		}
+	}
+}
+
+// TestMetricNames (issue 33 item 10): every pegad family is pegaflow_*;
+// the only others are the deprecated names metrics.Deprecated keeps for
+// one release, each a copy of its replacement (same type, labels and
+// series) whose help says so. The dashboards and alerts shipped under
+// deploy/ name no deprecated family.
+func TestMetricNames(t *testing.T) {
+	n := startNode(t, testConfig(t))
+	live := cluster.ScrapeFamilies(t, n.d.MetricsAddr())
+	m := cluster.Scrape(t, n.d.MetricsAddr())
+	for name, f := range live {
+		if strings.HasPrefix(name, "pegaflow_") || strings.HasPrefix(name, "grpc_") ||
+			strings.HasPrefix(name, "go_") || strings.HasPrefix(name, "process_") || strings.HasPrefix(name, "promhttp_") {
+			continue
+		}
+		now, ok := metrics.Deprecated[name]
+		if !ok {
+			t.Errorf("family %s is neither pegaflow_* nor a deprecated name", name)
+			continue
+		}
+		nf, ok := live[now]
+		if !ok || nf.Type != f.Type || !slices.Equal(nf.Labels, f.Labels) {
+			t.Errorf("deprecated %s (%s %v) is not a copy of %s (%+v)", name, f.Type, f.Labels, now, nf)
+		}
+		var series int
+		for k, v := range m {
+			if rest, ok := strings.CutPrefix(k, now+"{"); ok {
+				series++
+				if m[name+"{"+rest] != v {
+					t.Errorf("%s{%s = %v, but the deprecated %s has %v", now, rest, v, name, m[name+"{"+rest])
+				}
+			}
+		}
+		if series == 0 {
+			t.Errorf("%s has no series", now)
+		}
+	}
+	page := cluster.ScrapeText(n.d.MetricsAddr())
+	for old, now := range metrics.Deprecated {
+		if !strings.Contains(page, "# HELP "+old+" Deprecated: use "+now) {
+			t.Errorf("the help of %s does not say it is deprecated for %s", old, now)
+		}
+	}
+	for _, dir := range []string{"../../deploy/grafana", "../../deploy/prometheus", "../../deploy/helm/pegad/files"} {
+		files, err := filepath.Glob(filepath.Join(dir, "*"))
+		if err != nil || len(files) == 0 {
+			t.Fatalf("%s: %v files (%v)", dir, len(files), err)
+		}
+		for _, f := range files {
+			b, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for old, now := range metrics.Deprecated {
+				if strings.Contains(string(b), old) {
+					t.Errorf("%s names the deprecated %s: use %s", f, old, now)
+				}
+			}
 		}
 	}
 }

@@ -27,7 +27,7 @@ var ErrVerbsUnavailable = errors.New("transport verbs requested but unavailable"
 type transport struct {
 	name           string
 	reason         string // why this transport (logged once at start)
-	reasonCode     string // metrics.Transport{Requested,Auto,Fallback}: pegad_transport_info's reason
+	reasonCode     string // metrics.Transport{Requested,Auto,Fallback}: pegaflow_transport_info's reason
 	verbsAvailable bool
 	devices        []ibv.Device
 	dataAddrs      []string // tcp: each device's advertised data address, in NIC order

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -114,7 +115,7 @@ func newConfigCommand() *cobra.Command {
 		Use:   "config",
 		Short: "Show the effective configuration or check a config file",
 		Args:  cobra.NoArgs,
-		RunE:  func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
+		RunE:  needSubcommand,
 	}
 	print := &cobra.Command{
 		Use:   "print [serve flags]",
@@ -161,4 +162,21 @@ the exit status is 1 when there is any, 0 when the file is valid.`,
 	}
 	cmd.AddCommand(print, check)
 	return cmd
+}
+
+// needSubcommand is the RunE of a command that only holds subcommands
+// (bare pegad runs serve instead). Bare, it has done nothing, so it must
+// not exit 0 (a script's `pegad config` would read as a passed check): it
+// prints its help, then fails naming the subcommands.
+func needSubcommand(cmd *cobra.Command, _ []string) error {
+	if err := cmd.Help(); err != nil {
+		return err
+	}
+	var names []string
+	for _, sub := range cmd.Commands() {
+		if sub.IsAvailableCommand() {
+			names = append(names, sub.Name())
+		}
+	}
+	return fmt.Errorf("%s needs a subcommand: %s", cmd.CommandPath(), strings.Join(names, ", "))
 }

@@ -2,8 +2,11 @@ package cli
 
 import (
 	"bytes"
+	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/spf13/cobra"
 
 	"github.com/pegaflow/pegad/internal/ibv/verbs"
 	"github.com/pegaflow/pegad/internal/version"
@@ -100,5 +103,36 @@ func TestConfigErrorsExit78(t *testing.T) {
 	_, err := run(t, "--socket", dir, "--metrics-listen", "", "--listen", "127.0.0.1:0", "--pool-size", "4MiB", "--transport", "tcp")
 	if err == nil || exitCode(err) != ExitError {
 		t.Fatalf("runtime failure: exit %d for %v, want %d", exitCode(err), err, ExitError)
+	}
+}
+
+// TestGroupsNeedSubcommand (issue 33 item 10): a command that only holds
+// subcommands (every one but the root, which runs serve), run bare,
+// prints its help and exits 1 naming them; its --help still succeeds.
+func TestGroupsNeedSubcommand(t *testing.T) {
+	var groups []*cobra.Command
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		for _, sub := range c.Commands() {
+			if sub.HasSubCommands() {
+				groups = append(groups, sub)
+			}
+			walk(sub)
+		}
+	}
+	walk(NewRootCommand())
+	if len(groups) == 0 {
+		t.Fatal("no group commands found (want config at least)")
+	}
+	for _, g := range groups {
+		args := strings.Fields(strings.TrimPrefix(g.CommandPath(), "pegad "))
+		out, err := run(t, args...)
+		if exitCode(err) != ExitError || !strings.Contains(fmt.Sprint(err), g.CommandPath()+" needs a subcommand: ") ||
+			!strings.Contains(out, "Usage:") {
+			t.Errorf("%s bare: exit %d (%v), output %q; want %d naming its subcommands after its help", g.CommandPath(), exitCode(err), err, out, ExitError)
+		}
+		if out, err := run(t, append(args, "--help")...); err != nil || !strings.Contains(out, "Usage:") {
+			t.Errorf("%s --help: %v, %q", g.CommandPath(), err, out)
+		}
 	}
 }

@@ -67,7 +67,7 @@ func TestBadConfigRefusedAlike(t *testing.T) {
 		{"allow-list without TLS", "peer-allow: node-a\n", "peer-allow", "needs peer-tls"},
 		{"partial TLS files", "peer-tls-cert: c.pem\n", "peer-tls-cert", "all three"},
 		{"value out of range", "qps-per-peer: 99\n", "qps-per-peer", "qps-per-peer"},
-		{"unknown key", "log-levl: debug\n", "log-levl", "unknown key"},
+		{"unknown key", "log-levl: debug\n", "log-levl", "log-levl: unknown key (did you mean log-level?)"},
 		{"TLS files that do not load", "peer-tls-cert: /nonexistent/c.pem\npeer-tls-key: /nonexistent/k.pem\npeer-tls-ca: /nonexistent/ca.pem\n", "", "bad peer TLS files"},
 		{"socket group that does not exist", "socket-group: pegad-review-no-such-group\n", "", "no-such-group"},
 	}
