@@ -191,15 +191,16 @@ func (d *Daemon) drainInterceptor() grpc.UnaryServerInterceptor {
 			}
 		}
 		resp, err := handler(ctx, req)
-		if err != nil && info.FullMethod == pegadv1.LocalService_Prefetch_FullMethodName &&
-			d.draining.Load() && ctx.Err() == nil && status.Code(err) == codes.Canceled {
-			err = shutdownAbort(err)
+		if info.FullMethod != pegadv1.LocalService_Prefetch_FullMethodName || !d.draining.Load() || ctx.Err() != nil {
+			return resp, err
 		}
-		if r, ok := resp.(*pegadv1.PrefetchResponse); ok && err == nil && d.draining.Load() && ctx.Err() == nil &&
-			codes.Code(r.GetError().GetCode()) == codes.Canceled {
+		if status.Code(err) == codes.Canceled {
+			return resp, shutdownAbort(err)
+		}
+		if r, ok := resp.(*pegadv1.PrefetchResponse); ok && err == nil && codes.Code(r.GetError().GetCode()) == codes.Canceled {
 			// The same restatement when the failure is in the response
 			// (PrefetchRequest.failure_in_response).
-			resp = shutdownAbortResponse(r)
+			return shutdownAbortResponse(r), nil
 		}
 		return resp, err
 	}

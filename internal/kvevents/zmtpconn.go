@@ -92,9 +92,12 @@ func greeting() []byte {
 	g := make([]byte, greetingLen)
 	g[0], g[9] = 0xFF, 0x7F
 	g[10], g[11] = 3, 1
-	copy(g[12:32], "NULL")
+	copy(g[12:32], nullMechanism[:])
 	return g
 }
+
+// nullMechanism is the greeting's mechanism field: "NULL", zero-padded.
+var nullMechanism = [20]byte{'N', 'U', 'L', 'L'}
 
 // compatible lists, per socket type this side serves, the peer types
 // ZMTP's socket rules (rfc 28, 29, 47) allow.
@@ -157,7 +160,7 @@ func checkGreeting(g []byte) error {
 	if g[10] < 3 {
 		return fmt.Errorf("%w (%d.%d)", errVersion, g[10], g[11])
 	}
-	if !bytes.Equal(g[12:32], greeting()[12:32]) {
+	if !bytes.Equal(g[12:32], nullMechanism[:]) {
 		return errMechanism
 	}
 	return nil
