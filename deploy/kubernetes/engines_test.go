@@ -157,35 +157,43 @@ func missingHashAlgo(name, text string) ([]string, int, error) {
 // is at least the Kubernetes example and the docs' `vllm serve`.
 func TestVLLMCommandsSetHashAlgo(t *testing.T) {
 	found := map[string]int{}
+	eachDocFile(t, func(rel string, raw []byte) {
+		bad, n, err := missingHashAlgo(rel, string(raw))
+		if err != nil {
+			t.Errorf("%s: %v", rel, err)
+			return
+		}
+		found[rel] = n
+		for _, c := range bad {
+			t.Errorf("%s: vLLM without --prefix-caching-hash-algo sha256_cbor (docs/engines.md, fleet settings): %s", rel, c)
+		}
+	})
+	for _, f := range []string{"deploy/kubernetes/" + engineFile, "docs/engines.md"} {
+		if found[f] == 0 {
+			t.Errorf("no vLLM command found in %s: the check would pass on nothing", f)
+		}
+	}
+}
+
+// eachDocFile calls fn with every file under deploy/ and docs/, by its
+// slash path from the repository root.
+func eachDocFile(t *testing.T, fn func(rel string, b []byte)) {
+	t.Helper()
 	for _, dir := range []string{"deploy", "docs"} {
 		err := filepath.WalkDir(filepath.Join(repoRoot, dir), func(p string, d os.DirEntry, err error) error {
 			if err != nil || d.IsDir() {
 				return err
 			}
 			rel, _ := filepath.Rel(repoRoot, p)
-			rel = filepath.ToSlash(rel)
-			raw, err := os.ReadFile(p)
+			b, err := os.ReadFile(p)
 			if err != nil {
 				return err
 			}
-			bad, n, err := missingHashAlgo(rel, string(raw))
-			if err != nil {
-				t.Errorf("%s: %v", rel, err)
-				return nil
-			}
-			found[rel] = n
-			for _, c := range bad {
-				t.Errorf("%s: vLLM without --prefix-caching-hash-algo sha256_cbor (docs/engines.md, fleet settings): %s", rel, c)
-			}
+			fn(filepath.ToSlash(rel), b)
 			return nil
 		})
 		if err != nil {
 			t.Fatal(err)
-		}
-	}
-	for _, f := range []string{"deploy/kubernetes/" + engineFile, "docs/engines.md"} {
-		if found[f] == 0 {
-			t.Errorf("no vLLM command found in %s: the check would pass on nothing", f)
 		}
 	}
 }

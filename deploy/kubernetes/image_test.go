@@ -645,29 +645,14 @@ func TestImageTags(t *testing.T) {
 	// No second place: the tag is spelt nowhere else (the generated
 	// manifests aside).
 	tagged := regexp.MustCompile(regexp.QuoteMeta(repo) + `:[A-Za-z0-9$({][^\s"'` + "`" + `]*`)
-	for _, dir := range []string{"deploy", "docs"} {
-		err := filepath.WalkDir(filepath.Join(repoRoot, dir), func(p string, d os.DirEntry, err error) error {
-			if err != nil || d.IsDir() {
-				return err
-			}
-			rel, _ := filepath.Rel(repoRoot, p)
-			rel = filepath.ToSlash(rel)
-			if rel == "deploy/kubernetes/"+manifests || strings.HasSuffix(rel, "_test.go") {
-				return nil
-			}
-			b, err := os.ReadFile(p)
-			if err != nil {
-				return err
-			}
-			for _, m := range tagged.FindAllString(string(b), -1) {
-				t.Errorf("%s names the image tag %s: write the tag in Chart.yaml's appVersion only", rel, m)
-			}
-			return nil
-		})
-		if err != nil {
-			t.Fatal(err)
+	eachDocFile(t, func(rel string, b []byte) {
+		if rel == "deploy/kubernetes/"+manifests || strings.HasSuffix(rel, "_test.go") {
+			return
 		}
-	}
+		for _, m := range tagged.FindAllString(string(b), -1) {
+			t.Errorf("%s names the image tag %s: write the tag in Chart.yaml's appVersion only", rel, m)
+		}
+	})
 }
 
 // TestEngineImage: deploy/image/vllm.Dockerfile is vLLM's official image
