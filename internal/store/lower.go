@@ -109,14 +109,39 @@ func (s *Store) FlushLower(ctx context.Context) (int, error) {
 		if b == nil {
 			continue // gone since
 		}
-		err := s.lower.SpillWait(ctx, k, b.sizes, b.size, b.gather)
+		ok, err := s.flushOne(ctx, k, b)
 		s.Unpin(found)
 		if err != nil {
 			return n, err
 		}
-		n++
+		if ok {
+			n++
+		}
 	}
 	return n, nil
+}
+
+// flushOne hands b (pinned by the caller) to the lower tier. A Delete of
+// its key while SpillWait runs, with no lock held, found nothing on the
+// tier to forget, so the record handed over is forgotten here: otherwise a
+// restart would bring back a block whose Delete succeeded. The same
+// generation guard as a promotion's; ok is false when the Delete won.
+func (s *Store) flushOne(ctx context.Context, k Key, b *Block) (ok bool, err error) {
+	g := s.beginPromote(k)
+	defer s.endPromote(k, g)
+	if err := s.lower.SpillWait(ctx, k, b.sizes, b.size, b.gather); err != nil {
+		return false, err
+	}
+	s.mu.Lock()
+	canceled := g.canceledLocked()
+	s.mu.Unlock()
+	if canceled {
+		// After SpillWait returned: the tier orders this Forget after the
+		// record it took (ssd's tombstone ordering).
+		s.lower.Forget(k)
+		return false, nil
+	}
+	return true, nil
 }
 
 // errPromotionCanceled: the key was deleted while its promotion read it
@@ -127,7 +152,8 @@ var errPromotionCanceled = errors.New("store: deleted during its promotion")
 // commits it, with no lock held; tests delete the key there.
 var promoteGapHook = func() {}
 
-// promotion is the promotions of one key in flight (Store.promoting).
+// promotion is the promotions of one key in flight (Store.promoting), and
+// FlushLower's copies of it to the tier: writes that a Delete cancels.
 type promotion struct {
 	n   int    // promotions of the key under way
 	gen uint64 // bumped by each Delete of the key while n > 0
