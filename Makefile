@@ -122,7 +122,7 @@ reliability: ## reliability suite: real pegads in netns under faults, one totals
 	if [[ -s bin/.reliability-totals ]]; then cat bin/.reliability-totals; \
 	else echo "reliability: no totals (the suite did not finish, exit $$rc)"; [[ $$rc -ne 0 ]] || rc=1; fi; exit $$rc
 
-replay: ## replay the Mooncake FAST'25 trace through pegad at 2/5/10/20 % of its blocks: hit ratio beside LRU and Belady (TRACE, BLOCK_SIZE, SHARES)
+replay: ## replay both traces (internal/replay/testdata) through pegad at 2/5/10/20 % of their blocks, per --eviction, beside LRU, W-TinyLFU, S3-FIFO and Belady (TRACES, BLOCK_SIZE, SHARES, EVICTIONS)
 	@bash scripts/replay.sh
 
 e2e: ## scripted end-to-end checks (scripts/e2e-*.sh) on real binaries

@@ -339,7 +339,7 @@ func RegisterFlags(fs *pflag.FlagSet, d Config) {
 	fs.String("debug-listen", d.DebugListen, "loopback HTTP address serving /debug/pprof/ (empty, the default, disables)")
 	fs.String("pool-size", d.PoolSize.String(), "pinned host-memory pool size (e.g. 256MiB, 16GiB, 512M, bytes)")
 	fs.String("pool-hugepages", d.PoolHugePages, "pool pages: none|thp|2M|1G (2M/1G must be reserved, vm.nr_hugepages)")
-	fs.String("eviction", d.Eviction, "eviction policy: prefix|lru (prefix: chain-aware, adaptive recency/frequency)")
+	fs.String("eviction", d.Eviction, "eviction policy: prefix|adaptive|lru (prefix: chain-aware, adaptive recency/frequency; adaptive: W-TinyLFU admission, window chosen by shadow caches)")
 	fs.String("transport", d.Transport, "data transport: auto|verbs|tcp (auto: verbs when devices exist, else tcp)")
 	fs.String("nics", d.NICs, "tcp: number of software NICs; verbs: a count or a comma list of device names, optionally RAIL=DEVICE")
 	fs.String("nic-numa", d.NICNUMA, "NUMA node of NICs sysfs gives none (e.g. rxe): NIC=NODE,... (rxe0=0,rxe1=1); replaces sysfs for the named NICs")

@@ -29,8 +29,9 @@ func (l *LRU) Insert(n, parent *Node, fetched bool) {
 	l.n++
 }
 
-// Access touches the found blocks of a chain (nil: missing) in order.
-func (l *LRU) Access(chain []*Node) {
+// Access touches the found blocks of a chain (nil: missing) in order;
+// LRU needs no ids.
+func (l *LRU) Access(chain []*Node, _ []uint64) {
 	for _, n := range chain {
 		if n != nil && n.next != nil {
 			l.unlist(n)

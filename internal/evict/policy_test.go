@@ -79,7 +79,7 @@ func TestWalkOrder(t *testing.T) {
 					for i, id := range o.access {
 						chain[i] = nodes[id]
 					}
-					p.Access(chain)
+					p.Access(chain, nil)
 				default:
 					p.Remove(nodes[o.remove])
 					delete(nodes, o.remove)
@@ -125,7 +125,7 @@ func TestPrefixInvariants(t *testing.T) {
 				chain = append(chain, n)
 			}
 			slices.Reverse(chain)
-			p.Access(append(chain, nil))
+			p.Access(append(chain, nil), nil)
 		default: // evict the first victim, or remove any block
 			var v *Node
 			if rng.IntN(2) == 0 {
@@ -187,7 +187,7 @@ func TestWalkRankOrder(t *testing.T) {
 	}
 	for range 300 {
 		n := p.heap[rng.IntN(len(p.heap))]
-		p.Access([]*Node{n})
+		p.Access([]*Node{n}, nil)
 	}
 	var got []*Node
 	p.Walk(func(n *Node) bool { got = append(got, n); return true })
@@ -284,7 +284,7 @@ func TestParseKind(t *testing.T) {
 		in   string
 		want Kind
 		ok   bool
-	}{{"prefix", KindPrefix, true}, {"lru", KindLRU, true}, {"LRU", "", false}, {"", "", false}} {
+	}{{"adaptive", KindAdaptive, true}, {"prefix", KindPrefix, true}, {"lru", KindLRU, true}, {"LRU", "", false}, {"", "", false}} {
 		got, err := ParseKind(c.in)
 		if (err == nil) != c.ok || got != c.want {
 			t.Errorf("ParseKind(%q) = %q, %v", c.in, got, err)

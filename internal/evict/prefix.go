@@ -94,8 +94,8 @@ func (p *Prefix) Insert(n, parent *Node, fetched bool) {
 
 // Access touches the found blocks of a chain (nil: missing) tail first,
 // so the head ends most recent, and counts the chain's prefix hits for
-// the climber.
-func (p *Prefix) Access(chain []*Node) {
+// the climber. Prefix needs no ids.
+func (p *Prefix) Access(chain []*Node, _ []uint64) {
 	hit := 0
 	for hit < len(chain) && chain[hit] != nil {
 		hit++
@@ -190,41 +190,7 @@ func (p *Prefix) climb(ratio float64) {
 // estimate can put it below a child; the walk holds the rule anyway).
 // It changes nothing and stops when yield says so. It must not be
 // called back into from yield.
-func (p *Prefix) Walk(yield func(*Node) bool) {
-	var (
-		given   map[*Node]int // children yielded, per parent
-		waiting map[*Node]bool
-	)
-	var give func(n *Node) bool
-	give = func(n *Node) bool {
-		if !yield(n) {
-			return false
-		}
-		par := n.liveParent()
-		if par == nil {
-			return true
-		}
-		if given == nil {
-			given = make(map[*Node]int)
-		}
-		given[par]++
-		if waiting[par] && given[par] >= par.kids {
-			delete(waiting, par)
-			return give(par)
-		}
-		return true
-	}
-	p.inRankOrder(func(n *Node) bool {
-		if n.kids > given[n] {
-			if waiting == nil {
-				waiting = make(map[*Node]bool)
-			}
-			waiting[n] = true
-			return true
-		}
-		return give(n)
-	})
-}
+func (p *Prefix) Walk(yield func(*Node) bool) { leafFirst(p.inRankOrder, yield) }
 
 // inRankOrder yields the heap's nodes lowest rank first: a side heap of
 // the frontier, O(k log k) for k nodes yielded.

@@ -10,7 +10,7 @@ import (
 // store imports this package).
 type policy interface {
 	Insert(n, parent *Node, fetched bool)
-	Access(chain []*Node)
+	Access(chain []*Node, ids []uint64)
 	Remove(n *Node)
 	Walk(yield func(*Node) bool)
 	Len() int
@@ -38,18 +38,24 @@ func simulate(t testing.TB, reqs []replay.Request, capacity int, p policy) repla
 		}
 		r.Hits += uint64(hit)
 		r.Accesses += uint64(len(chain))
-		p.Access(chain)
+		p.Access(chain, req.HashIDs)
+		// The daemon allocates the request's missing blocks in one batch
+		// (AllocBatch), evicting for each, and indexes them all at commit:
+		// all the evictions come before any insert.
+		var put []int
 		for i := hit; i < len(chain); i++ {
+			if at[req.HashIDs[i]] == nil {
+				put = append(put, i)
+			}
+		}
+		for p.Len() > 0 && p.Len()+len(put) > capacity {
+			var v *Node
+			p.Walk(func(n *Node) bool { v = n; return false })
+			p.Remove(v)
+			delete(at, v.ID)
+		}
+		for _, i := range put[max(0, len(put)-capacity):] {
 			h := req.HashIDs[i]
-			if at[h] != nil {
-				continue
-			}
-			for p.Len() >= capacity {
-				var v *Node
-				p.Walk(func(n *Node) bool { v = n; return false })
-				p.Remove(v)
-				delete(at, v.ID)
-			}
 			n := &Node{ID: h}
 			var parent *Node
 			if i > 0 {
@@ -62,9 +68,9 @@ func simulate(t testing.TB, reqs []replay.Request, capacity int, p policy) repla
 	return r
 }
 
-func loadTrace(t testing.TB) []replay.Request {
+func loadTrace(t testing.TB, name string) []replay.Request {
 	t.Helper()
-	reqs, err := replay.ReadTraceFile("../replay/testdata/mooncake_fast25_synthetic_trace.jsonl.gz")
+	reqs, err := replay.ReadTraceFile("../replay/testdata/" + name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,16 +84,41 @@ func TestTracePrefixAtLeastLRU(t *testing.T) {
 	if testing.Short() {
 		t.Skip("trace replay")
 	}
-	reqs := loadTrace(t)
+	reqs := loadTrace(t, replay.SyntheticTrace)
 	_, unique := replay.Stats(reqs)
-	for _, share := range []int{2, 5, 10, 20} {
-		capacity := unique * share / 100
+	for _, share := range replay.Shares {
+		capacity := replay.CapacityAt(unique, share)
 		lru := simulate(t, reqs, capacity, NewLRU()).Value()
 		pre := simulate(t, reqs, capacity, NewPrefix()).Value()
-		bel := replay.Belady(reqs, capacity).Value()
-		t.Logf("%2d %%: %5d blocks  lru %.3f  prefix %.3f  belady %.3f", share, capacity, lru, pre, bel)
+		t.Logf("%2d %%: %5d blocks  lru %.3f  prefix %.3f", share, capacity, lru, pre)
 		if pre < lru {
 			t.Errorf("%d %%: prefix %.4f below LRU %.4f", share, pre, lru)
+		}
+	}
+}
+
+// TestTraceAdaptiveTarget holds the adaptive policy, replayed as the
+// daemon sees it, to a floor of 0.85 × the best fixed rival (LRU,
+// W-TinyLFU, S3-FIFO) on both traces at every size. Issue 35's target
+// is 0.97; the policy misses it at 2-10 % of the synthetic trace and
+// 10-20 % of the arXiv slice (docs/tiering.md), so this guards against
+// regressions only, until the target is met and the floor raised.
+func TestTraceAdaptiveTarget(t *testing.T) {
+	const adaptiveFloor = 0.85
+	if testing.Short() {
+		t.Skip("trace replay")
+	}
+	for _, name := range []string{replay.SyntheticTrace, replay.ArxivTrace} {
+		reqs := loadTrace(t, name)
+		_, unique := replay.Stats(reqs)
+		for _, share := range replay.Shares {
+			c := replay.CapacityAt(unique, share)
+			best := max(replay.LRU(reqs, c).Value(), replay.WTinyLFU(reqs, c).Value(), replay.S3FIFO(reqs, c).Value())
+			got := simulate(t, reqs, c, NewAdaptive()).Value()
+			t.Logf("%s %2d %%: adaptive %.3f, best rival %.3f (%.3f)", name, share, got, best, got/best)
+			if got < adaptiveFloor*best {
+				t.Errorf("%s %d %% (%d blocks): adaptive %.4f below %.2f × best rival %.4f", name, share, c, got, adaptiveFloor, best)
+			}
 		}
 	}
 }

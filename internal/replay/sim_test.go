@@ -1,7 +1,8 @@
 package replay
 
 import (
-	"math"
+	"fmt"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -15,7 +16,8 @@ func trace(chains ...[]uint64) []Request {
 }
 
 func TestSimulatorsSmall(t *testing.T) {
-	// Accesses: 1 2 3 | 1 2 4 | 3 1 2 5 (10 in all).
+	// Requests: 1 2 3 | 1 2 4 | 3 1 2 5 (10 blocks requested). Only a
+	// request's longest held prefix counts, before its own accesses.
 	reqs := trace([]uint64{1, 2, 3}, []uint64{1, 2, 4}, []uint64{3, 1, 2, 5})
 	for _, tc := range []struct {
 		name        string
@@ -26,15 +28,16 @@ func TestSimulatorsSmall(t *testing.T) {
 		{"none", 0, 0, 0},
 		// capacity 2 LRU: each block is evicted just before its reuse
 		// (the classic loop larger than the cache): no hit.
-		// Belady keeps 1 and 2 (reused soonest) and evicts each newcomer:
-		// hits 1,2 in req 2 and again in req 3.
-		{"two", 2, 0, 4},
-		// capacity 3 LRU: req 2 hits 1,2 and evicts 3 for 4; in req 3 each
-		// miss evicts the next block to be used: 2 hits.
+		// Belady keeps 1 and 2 (reused soonest) and evicts 3, then 4:
+		// req 2 hits 1,2; req 3 starts with 3, missing, so 1 and 2
+		// held there are not prefix hits.
+		{"two", 2, 0, 2},
+		// capacity 3 LRU: req 2 hits 1,2 and evicts 3 for 4: req 3
+		// starts with a miss.
 		// Belady: req 2 hits 1,2 and evicts 4 (never used again) at once;
 		// req 3 hits 3,1,2: 5 hits.
 		{"three", 3, 2, 5},
-		// Everything fits: every re-access hits (1,2 twice; 3 once).
+		// Everything fits: 1,2 in req 2, 3,1,2 in req 3.
 		{"all", 5, 5, 5},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -48,40 +51,89 @@ func TestSimulatorsSmall(t *testing.T) {
 	}
 }
 
-// The figures issue 25 quotes for the Mooncake synthetic trace, capacity
-// as a share of its 43,924 unique blocks (rounded down), to 3 places.
-func TestSimulatorsMooncakeTrace(t *testing.T) {
-	reqs := loadMooncake(t)
-	acc, uniq := Stats(reqs)
-	if len(reqs) != 3993 || acc != 121877 || uniq != 43924 {
-		t.Fatalf("trace: %d requests, %d accesses, %d unique", len(reqs), acc, uniq)
+// TestRivalsSmall checks the rivals' admission rules where they differ
+// from LRU, on hand-counted traces.
+func TestRivalsSmall(t *testing.T) {
+	// W-TinyLFU of 3: window 1, main 2. Block 1 is requested three
+	// times and 2 twice; then a scan 7 8 9 passes through the window,
+	// and each scan block (count 1) loses to main's victim: 1 and 2 stay.
+	// The last request 1 2 is a prefix hit of 2 (LRU of 3 lost both).
+	reqs := trace([]uint64{1}, []uint64{1}, []uint64{2}, []uint64{1, 2}, []uint64{7, 8, 9}, []uint64{1, 2})
+	if got, want := WTinyLFU(reqs, 3), (Ratio{5, 10}); got != want {
+		t.Errorf("W-TinyLFU = %+v, want %+v", got, want)
 	}
-	for _, tc := range []struct {
-		share       float64
-		lru, belady float64
-	}{
-		{0.02, 0.076, 0.261},
-		{0.05, 0.155, 0.396},
-		{0.10, 0.260, 0.506},
-		{0.20, 0.391, 0.608},
-	} {
-		c := int(float64(uniq) * tc.share)
-		if got := LRU(reqs, c).Value(); math.Abs(got-tc.lru) > 0.0005 {
-			t.Errorf("LRU at %.0f%% (%d blocks) = %.4f, want %.3f", tc.share*100, c, got, tc.lru)
-		}
-		if got := Belady(reqs, c).Value(); math.Abs(got-tc.belady) > 0.0005 {
-			t.Errorf("Belady at %.0f%% (%d blocks) = %.4f, want %.3f", tc.share*100, c, got, tc.belady)
-		}
+	if got, want := LRU(reqs, 3), (Ratio{3, 10}); got != want {
+		t.Errorf("LRU = %+v, want %+v", got, want)
+	}
+	// S3-FIFO of 10: small 1, main 9. 1..10 fill it (small may hold
+	// more than its share while the cache has room); 11 pushes 1,
+	// unhit, to ghost; 1 asked again comes back into main (pushing 2 to
+	// ghost), and a scan of 20..29 then evicts from small alone: the last
+	// request hits 1. LRU of 10 lost it to the scan.
+	reqs = trace(seq(1, 10), []uint64{11}, []uint64{1}, seq(20, 29), []uint64{1})
+	if got, want := S3FIFO(reqs, 10), (Ratio{1, 23}); got != want {
+		t.Errorf("S3-FIFO = %+v, want %+v", got, want)
+	}
+	if got, want := LRU(reqs, 10), (Ratio{0, 23}); got != want {
+		t.Errorf("LRU = %+v, want %+v", got, want)
 	}
 }
 
-func loadMooncake(t testing.TB) []Request {
-	t.Helper()
-	reqs, err := ReadTraceFile("testdata/mooncake_fast25_synthetic_trace.jsonl.gz")
-	if err != nil {
-		t.Fatal(err)
+// seq is the ids from..to.
+func seq(from, to uint64) []uint64 {
+	var out []uint64
+	for i := from; i <= to; i++ {
+		out = append(out, i)
 	}
-	return reqs
+	return out
+}
+
+// TestRivalsTable holds the fixed rivals to issue 35's table: both
+// traces at 2/5/10/20 % of their unique blocks (rounded to the nearest
+// block), each figure to 3 places.
+func TestRivalsTable(t *testing.T) {
+	for _, tc := range []struct {
+		file                      string
+		reqs, accesses, unique    int
+		capacity                  [4]int
+		lru, wtinylfu, s3, belady [4]float64
+	}{
+		{SyntheticTrace, 3993, 121877, 43924, [4]int{878, 2196, 4392, 8785},
+			[4]float64{0.076, 0.155, 0.260, 0.391}, [4]float64{0.069, 0.143, 0.228, 0.358},
+			[4]float64{0.075, 0.151, 0.255, 0.397}, [4]float64{0.261, 0.396, 0.506, 0.608}},
+		{ArxivTrace, 1000, 16853, 10037, [4]int{201, 502, 1004, 2007},
+			[4]float64{0.345, 0.352, 0.354, 0.358}, [4]float64{0.354, 0.362, 0.366, 0.384},
+			[4]float64{0.353, 0.353, 0.355, 0.365}, [4]float64{0.380, 0.401, 0.404, 0.404}},
+	} {
+		reqs, err := ReadTraceFile(filepath.Join("testdata", tc.file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		acc, uniq := Stats(reqs)
+		if len(reqs) != tc.reqs || acc != tc.accesses || uniq != tc.unique {
+			t.Fatalf("%s: %d requests, %d accesses, %d unique", tc.file, len(reqs), acc, uniq)
+		}
+		for i, share := range Shares {
+			c := CapacityAt(uniq, share)
+			if c != tc.capacity[i] {
+				t.Errorf("%s %d %%: capacity %d, want %d", tc.file, share, c, tc.capacity[i])
+			}
+			for _, r := range []struct {
+				name string
+				got  Ratio
+				want float64
+			}{
+				{"LRU", LRU(reqs, c), tc.lru[i]},
+				{"W-TinyLFU", WTinyLFU(reqs, c), tc.wtinylfu[i]},
+				{"S3-FIFO", S3FIFO(reqs, c), tc.s3[i]},
+				{"Belady", Belady(reqs, c), tc.belady[i]},
+			} {
+				if got, want := fmt.Sprintf("%.3f", r.got.Value()), fmt.Sprintf("%.3f", r.want); got != want {
+					t.Errorf("%s %d %% (%d blocks): %s = %s (%.5f), want %s", tc.file, share, c, r.name, got, r.got.Value(), want)
+				}
+			}
+		}
+	}
 }
 
 func TestReadTraceRejects(t *testing.T) {

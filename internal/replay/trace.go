@@ -24,6 +24,12 @@ type Request struct {
 	HashIDs      []uint64 `json:"hash_ids"`
 }
 
+// The traces in testdata (testdata/README.md), by file name.
+const (
+	SyntheticTrace = "mooncake_fast25_synthetic_trace.jsonl.gz"
+	ArxivTrace     = "mooncake_arxiv_trace_slice.jsonl.gz"
+)
+
 // maxLine bounds one JSONL line: 1 MiB holds ~100k block ids, far past any
 // prompt a trace has.
 const maxLine = 1 << 20

@@ -94,7 +94,7 @@ func TestFragmentationTrace(t *testing.T) {
 	t.Logf("%-6s %-7s %8s %9s %15s %10s %9s %15s", "share", "policy", "hit", "evictions", "evicted/needed", "mean_spans", "max_spans", "mean_largest_KiB")
 	for _, share := range []uint64{5, 20} {
 		size := (total * share / 100) &^ (pool.Alignment - 1)
-		for _, kind := range []evict.Kind{evict.KindLRU, evict.KindPrefix} {
+		for _, kind := range []evict.Kind{evict.KindLRU, evict.KindPrefix, evict.KindAdaptive} {
 			p, err := pool.New(pool.Options{Size: size, Log: zerolog.Nop()})
 			if err != nil {
 				t.Fatal(err)

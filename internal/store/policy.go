@@ -11,14 +11,15 @@ import (
 // Insert when a block enters the index (parent: the block before it in
 // its chain when the store knows it; fetched: a copy from another node,
 // which that node holds too), Access with the blocks of a looked-up chain
-// in chain order (nil where a key is missing), Remove when a block leaves
+// in chain order (nil where a key is missing) and the ids of all its keys
+// (Node.ID's hash, found or not: a policy may count the misses), Remove when a block leaves
 // the index. Walk yields blocks first victim first, changing nothing; the
 // store skips pinned ones and plans contiguous room from the rest
 // (planEvictionLocked). A policy must not call the store.
 type Policy interface {
 	Name() string
 	Insert(n, parent *evict.Node, fetched bool)
-	Access(chain []*evict.Node)
+	Access(chain []*evict.Node, ids []uint64)
 	Remove(n *evict.Node)
 	Walk(yield func(*evict.Node) bool)
 	Len() int
@@ -27,8 +28,11 @@ type Policy interface {
 
 // NewPolicy makes the policy kind names.
 func NewPolicy(k evict.Kind) Policy {
-	if k == evict.KindLRU {
+	switch k {
+	case evict.KindLRU:
 		return evict.NewLRU()
+	case evict.KindAdaptive:
+		return evict.NewAdaptive()
 	}
 	return evict.NewPrefix()
 }
@@ -70,18 +74,20 @@ func (s *Store) parentLocked(key Key) *evict.Node {
 
 // accessLocked tells the policy about a looked-up chain (found[i]: keys[i]'s
 // block, nil when missing).
-func (s *Store) accessLocked(found []*Block) {
-	chain := s.chain[:0]
-	for _, b := range found {
+func (s *Store) accessLocked(keys []Key, found []*Block) {
+	chain, ids := s.chain[:0], s.chainIDs[:0]
+	for i, b := range found {
 		if b != nil {
 			chain = append(chain, &b.node)
+			ids = append(ids, b.node.ID)
 		} else {
 			chain = append(chain, nil)
+			ids = append(ids, keyID(keys[i]))
 		}
 	}
-	s.policy.Access(chain)
+	s.policy.Access(chain, ids)
 	clear(chain)
-	s.chain = chain[:0]
+	s.chain, s.chainIDs = chain[:0], ids[:0]
 }
 
 var keySeed = maphash.MakeSeed()

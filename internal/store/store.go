@@ -194,11 +194,12 @@ type Store struct {
 	// front: the order of listings and FlushLower, not of eviction.
 	lru *list.List
 	// policy orders the indexed blocks for eviction (policy.go); hints
-	// are parent keys learnt from lookups, chain a scratch slice for
-	// Policy.Access.
-	policy Policy
-	hints  map[Key]Key
-	chain  []*evict.Node
+	// are parent keys learnt from lookups, chain and chainIDs scratch
+	// slices for Policy.Access.
+	policy   Policy
+	hints    map[Key]Key
+	chain    []*evict.Node
+	chainIDs []uint64
 	// all and byNS list the indexed blocks in insertion order, all of
 	// them and per namespace, for paged listings (ListPage).
 	all        listIndex
@@ -540,12 +541,12 @@ func (s *Store) pinFound(keys []Key) (found []*Block, n int) {
 		if newly {
 			s.pinnedMetricLocked()
 		}
-		s.accessLocked(found)
+		s.accessLocked(keys, found)
 		s.hintLocked(keys, found)
 		s.mu.Unlock()
 	} else if len(keys) > 1 {
 		s.mu.Lock()
-		s.accessLocked(found)
+		s.accessLocked(keys, found)
 		s.hintLocked(keys, found)
 		s.mu.Unlock()
 	}
