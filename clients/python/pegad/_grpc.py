@@ -6,6 +6,7 @@ use, so the zero-copy paths never load grpc.
 import grpc
 
 from . import errors
+from .results import BlockStatus, PrefetchBlock, PrefetchResult
 from .v1 import local_pb2, local_pb2_grpc
 
 _CODES = {
@@ -93,7 +94,6 @@ def delete(stub, ns, h, timeout):
 
 
 def _result(pr):
-    from .client import BlockStatus, PrefetchBlock, PrefetchResult
     blocks = [PrefetchBlock(b.hash, BlockStatus(local_pb2.PrefetchBlockStatus.Name(b.status)
                                                 .removeprefix(_STATUS_PREFIX).lower()), b.error, b.node)
               for b in pr.blocks]

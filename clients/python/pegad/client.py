@@ -11,15 +11,15 @@ import concurrent.futures
 import os
 import time
 import threading
-from collections import namedtuple
 
 from . import _wire as wire
 from ._redial import DataLink
 from . import errors
+from .results import AllocRequest, BlockStatus, ClusterHit, PrefetchBlock, PrefetchResult, Slot, SlotSize
 
 __all__ = [
     "Client", "Writer", "Reader", "Slot", "SlotSize", "AllocRequest",
-    "PrefetchBlock", "PrefetchResult", "DATA_SOCKET_SUFFIX", "DEFAULT_SOCKET", "Pin", "ClusterHit",
+    "BlockStatus", "PrefetchBlock", "PrefetchResult", "DATA_SOCKET_SUFFIX", "DEFAULT_SOCKET", "Pin", "ClusterHit",
 ]
 
 # Threads of a client's executor (the *_async calls). Data-socket calls
@@ -30,51 +30,8 @@ ASYNC_WORKERS = 4
 # publisher's batching window (20 ms), so a wait costs a few round trips.
 CLUSTER_POLL = 0.01
 
-ClusterHit = namedtuple("ClusterHit", ["peer", "n", "local", "peer_id"], defaults=[""])
-ClusterHit.__doc__ = ("lookup_cluster's answer: local blocks of the chain are on this node; the node at peer (its "
-                      "peer address; None: no other node holds the first block) holds the first n. When n > local, "
-                      "prefetch(namespace, hashes[local:n], peer=peer) brings the rest here.")
-
 DATA_SOCKET_SUFFIX = ".data"
 DEFAULT_SOCKET = "/run/pegad/pegad.sock"
-
-SlotSize = namedtuple("SlotSize", ["k", "v"], defaults=[0])
-SlotSize.__doc__ = "One slot (one tensor-parallel rank) of a block: K bytes and V bytes (0: no V segment)."
-
-Slot = namedtuple("Slot", ["k", "v"])
-Slot.__doc__ = "A leased slot: read-only memoryviews of its K and V segments (v None: no V segment)."
-
-AllocRequest = namedtuple("AllocRequest", ["namespace", "hash", "size", "slots"], defaults=[None])
-AllocRequest.__doc__ = "One block of alloc_batch: size bytes, or the shape given by slots."
-
-class BlockStatus(str):
-    """A block's prefetch status, lower-case as pegactl prints it: fetched, already_local,
-    missing_on_peer, failed, discarded, not_found, not_fetched (the pool had no room beside what
-    the prefetch kept). The upper-case names of 0.1.0 (FETCHED, ...)
-    are deprecated aliases: they still compare equal (BlockStatus("fetched") == "FETCHED"),
-    but as dict keys or set members only the lower-case names match."""
-
-    __slots__ = ()
-
-    def __eq__(self, other):
-        if isinstance(other, str):
-            return str.__eq__(self, other.lower())
-        return NotImplemented
-
-    def __ne__(self, other):
-        eq = self.__eq__(other)
-        return eq if eq is NotImplemented else not eq
-
-    __hash__ = str.__hash__
-
-
-PrefetchBlock = namedtuple("PrefetchBlock", ["hash", "status", "error", "node"], defaults=[""])
-PrefetchBlock.__doc__ = ("One block's prefetch outcome; status is a BlockStatus, lower-case as pegactl prints it "
-                         "(fetched, already_local, missing_on_peer, failed, discarded, not_found); node: the node "
-                         "that served it when no peer was given (cluster index).")
-
-PrefetchResult = namedtuple("PrefetchResult", ["blocks", "bytes", "duration", "session_id"])
-PrefetchResult.__doc__ = "What a prefetch did: per-block outcomes, bytes moved, seconds taken, session id."
 
 
 def _namespace(ns):

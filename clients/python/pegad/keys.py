@@ -37,12 +37,19 @@ def model_namespace(model, dtype, kv_layout, tp_size, pp_size, cache_dtype, bloc
     return f"{stem}:{digest}"
 
 
-def rank_namespace(base, tp_rank, pp_rank=0):
+def rank_namespace(base, tp_rank, pp_rank=0, cp_rank=None):
     """The namespace rank (tp_rank, pp_rank) stores its share under:
-    base@tp<r> (pipeline stage 0) or base@pp<p>.tp<r>."""
-    if tp_rank < 0 or pp_rank < 0:
-        raise ValueError(f"negative rank tp{tp_rank} pp{pp_rank}")
-    ns = f"{base}@tp{tp_rank}" if pp_rank == 0 else f"{base}@pp{pp_rank}.tp{tp_rank}"
+    base@tp<r> (pipeline stage 0) or base@pp<p>.tp<r>. tp_rank None: one
+    share for every TP rank (an MLA latent), ".mla" in place of ".tp<r>".
+    cp_rank (attention context parallel, each CP rank a slice of every
+    block): ".cp<c>" before the TP part; None leaves it out."""
+    if (tp_rank is not None and tp_rank < 0) or pp_rank < 0 or (cp_rank is not None and cp_rank < 0):
+        raise ValueError(f"negative rank tp{tp_rank} pp{pp_rank} cp{cp_rank}")
+    parts = [f"pp{pp_rank}"] if pp_rank else []
+    if cp_rank is not None:
+        parts.append(f"cp{cp_rank}")
+    parts.append("mla" if tp_rank is None else f"tp{tp_rank}")
+    ns = f"{base}@{'.'.join(parts)}"
     if len(ns.encode()) > MAX_NAMESPACE:
         raise ValueError(f"namespace of {len(ns.encode())} bytes (max {MAX_NAMESPACE})")
     return ns

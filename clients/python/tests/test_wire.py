@@ -69,3 +69,89 @@ def test_bad_hello(tmp_path, reply, exc):
     with pytest.raises(exc):
         pegad.Client(sock, timeout=10)
     t.join(10)
+
+
+# --- the client's limits against the Go side's constants ------------------
+
+import ast  # noqa: E402
+import glob  # noqa: E402
+import os  # noqa: E402
+import re  # noqa: E402
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+_CONST = re.compile(r"^\s*(?:const\s+)?([A-Z][A-Za-z0-9]*)\s*(?:[a-z0-9]+\s*)?=\s*([^/\n]+?)\s*(?://.*)?$")
+
+
+def go_consts(pkg_dir, pkg, known=None):
+    """The integer constants of a Go package's const declarations
+    (non-test files), as {pkg.Name: value}; values may refer to names of
+    this package or to known ones (other packages' constants)."""
+    raw = {}
+    for path in sorted(glob.glob(os.path.join(REPO, pkg_dir, "*.go"))):
+        if path.endswith("_test.go"):
+            continue
+        in_block = False
+        for line in open(path, encoding="utf-8"):
+            s = line.strip()
+            if s.startswith("const ("):
+                in_block = True
+                continue
+            if in_block and s == ")":
+                in_block = False
+                continue
+            if not (in_block or s.startswith("const ")):
+                continue
+            m = _CONST.match(line)
+            if m:
+                raw[m.group(1)] = m.group(2)
+    out = dict(known or {})
+    for _ in range(len(raw) + 1):
+        for name, expr in raw.items():
+            if f"{pkg}.{name}" in out:
+                continue
+            e = re.sub(r"\b([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)?)\b",
+                       lambda m: str(out.get(m.group(1), out.get(f"{pkg}.{m.group(1)}", m.group(1)))), expr)
+            try:
+                tree = ast.parse(e, mode="eval")
+            except SyntaxError:
+                continue
+            if all(isinstance(n, (ast.Expression, ast.BinOp, ast.Constant, ast.LShift, ast.Mult, ast.Add,
+                                  ast.Sub, ast.BitOr)) for n in ast.walk(tree)):
+                v = eval(compile(tree, "<go const>", "eval"))
+                if isinstance(v, int):
+                    out[f"{pkg}.{name}"] = v
+    return out
+
+
+def test_go_const_parser():
+    got = go_consts("api/limits", "limits")
+    assert got["limits.MaxBlocksPerRequest"] > 0 and "limits.ErrInvalidKey" not in got
+    wire_go = go_consts("api/localwire", "localwire", got)
+    assert wire_go["localwire.MaxFrame"] > wire_go["localwire.MaxMessage"] > 0  # "16 << 20" evaluated
+    assert wire_go["localwire.MaxBatch"] == got["limits.MaxBlocksPerRequest"]  # resolved across packages
+
+
+def test_wire_limits_match_the_go_constants():
+    """pegad/_wire.py's and pegad/keys.py's limits are api/limits' and
+    api/localwire's: a Go-side change that the client does not follow
+    fails here."""
+    from pegad import keys
+    go = go_consts("api/limits", "limits")
+    go = go_consts("api/localwire", "localwire", go)
+    pairs = {
+        "MAX_BATCH": "limits.MaxBlocksPerRequest",
+        "MAX_NAMESPACE": "limits.MaxNamespaceLen",
+        "MAX_HASH": "limits.MaxHashLen",
+        "MAX_FRAME": "localwire.MaxFrame",
+        "MAX_SLOTS": "localwire.MaxSlots",
+        "MAX_MESSAGE": "localwire.MaxMessage",
+        "MAX_TOKEN": "localwire.MaxToken",
+        "VERSION": "localwire.Version",
+        "MIN_VERSION": "localwire.MinVersion",
+        "HEADER_LEN": "localwire.HeaderLen",
+    }
+    for py, name in pairs.items():
+        assert name in go, f"{name} not found in the Go sources under {REPO}/api"
+        assert getattr(wire, py) == go[name], f"_wire.{py} = {getattr(wire, py)}, Go {name} = {go[name]}"
+    assert go["localwire.MaxBatch"] == wire.MAX_BATCH and go["localwire.MaxNamespace"] == wire.MAX_NAMESPACE
+    assert keys.MAX_NAMESPACE == go["limits.MaxNamespaceLen"]
