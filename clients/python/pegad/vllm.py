@@ -2,52 +2,56 @@
 
     vllm serve MODEL --kv-transfer-config '{"kv_connector": "PegadConnector",
         "kv_connector_module_path": "pegad.vllm", "kv_role": "kv_both",
+        "kv_load_failure_policy": "recompute",
         "kv_connector_extra_config": {"socket": "/run/pegad/pegad.sock"}}'
 
-Written against vllm-project/vllm vllm/distributed/kv_transfer/kv_connector/
-v1/base.py at commit 003df2961dd8830c317a61f9745ccd557da9fa06 (the test stub
-of that file pins the signatures). docs/engines.md is the user's page.
+Written against vllm-project/vllm at commit
+00f4240ee6458263d76cf51ca7901ce1350bb4d1 (its v1 KV connector base.py and
+the model runner's connector mixin; the test stubs pin the signatures).
+docs/engines.md is the user's page.
+
+It owns the scheduler side (lookups, pins, what each step loads and saves)
+and hands the worker side to pegad._vllm_worker. It must never raise a
+daemon failure into vLLM and never rely on vLLM's layer hooks
+(wait_for_layer_load, save_kv_layer), which full CUDA graph replay skips.
 
 What it does:
-- Scheduler: get_num_new_matched_tokens asks the daemon (LOOKUP, no pin, no
-  LRU touch) how many of the request's chained block hashes every TP/PP rank
-  holds (the minimum over the ranks' namespaces, pegad.keys), so it is free
-  of side effects and never reports a prefix some rank cannot load. With
-  "cluster": true, a longer prefix the cluster index says another node
-  holds (LOOKUP_CLUSTER) is prefetched into this node first; meanwhile it
-  answers None (ask again later). Loads are synchronous
-  within the step (second value False).
-- update_state_after_alloc pins the blocks to load for every rank
-  (LOOKUP_PIN, when the daemon has it; "pin": false turns it off) and hands
-  the lease tokens to the workers, which adopt them: from then until the
-  load, nothing evicts those blocks.
-- Worker loads layer by layer: start_load_kv adopts the scheduler's pin,
-  or, without one, leases every block to load (one round trip); wait_for_layer_load(layer) copies that layer of every
-  block from the pool into the paged KV cache just before the layer's
-  attention, and the pins end after the last layer. A block missing at
-  start_load_kv (evicted since the lookup) or whose lease ended during the
-  copy (or not pinned by the scheduler) is reported by
-  get_block_ids_with_load_errors, with every later block
-  of its request, and vLLM recomputes them; nothing is loaded from it.
-- Worker saves asynchronously: start_load_kv reserves room in the pool for
-  the blocks that become full in this step; save_kv_layer (called after the
-  layer's attention wrote its K/V, so the layer's data is final) queues the
-  copy of that layer into the reserved room on a save thread; wait_for_save
-  waits for the copies (vLLM may overwrite the blocks after it returns) and
-  leaves the commit to the save thread.
-- request_finished stores nothing beyond what the steps saved and returns
-  (False, None): blocks can be freed at once. Only the first
-  request.num_publishable_block_hashes blocks are ever saved.
+- Scheduler: get_num_new_matched_tokens asks the daemon how many of the
+  request's chained block hashes every rank holds (the minimum over the
+  ranks' namespaces, pegad.keys), and answers them as an asynchronous load
+  (second value True; "load_async": false makes loads synchronous). Under
+  vLLM's "recompute" policy the lookup is free of side effects (LOOKUP);
+  under "fail" (vLLM's default) a failed load ends the request, so the
+  answer is a promise: the prefix is pinned as it is counted (LOOKUP_PIN).
+  With "cluster": true, a longer prefix another node holds is prefetched
+  first; meanwhile it answers None (ask again later).
+- update_state_after_alloc pins the blocks to load for every rank (or
+  keeps the lookup's pin) and hands the lease tokens to the workers, which
+  adopt them.
+- Worker loads: start_load_kv (before or after the forward, as the runner
+  chooses) hands each load to the load thread, which adopts or leases the
+  blocks, copies them into the paged cache (pegad._device: one copy per
+  layer and run of blocks) and releases them; get_finished reports the
+  request, get_block_ids_with_load_errors its blocks that failed (a
+  missing block and every later one of the chain).
+- Worker saves: wait_for_save (called once per step after the forward,
+  with the metadata still bound) reserves room for the step's full blocks,
+  copies them out of the paged cache and commits on the save thread.
+  Only the first request.num_publishable_block_hashes blocks are saved.
+- request_finished (and request_finished_all_groups, SupportsHMA) returns
+  (False, None): nothing holds vLLM's blocks. More than one KV cache group
+  (a hybrid model under the hybrid allocator) is refused at start-up.
+- Stats through build_kv_connector_stats / get_kv_connector_stats /
+  build_prom_metrics; BlockStored events of the blocks each step saves
+  through take_events.
 - When pegad is stopped or fails, every call turns into "nothing cached":
-  lookups answer 0, loads report their blocks as errors (recomputed), saves
-  are dropped; the client is dialled again at most every "retry" seconds.
+  lookups answer 0, loads report their blocks as errors, saves are
+  dropped; the client is dialled again at most every "retry" seconds.
 
 A block of rank r is stored under pegad.keys.rank_namespace(base, tp, pp)
-as one segment laid out [layer][K, V][block_size * heads * head_dim] in the
-cache dtype: the bytes of kv_caches[layer][0|1, block_id].
-
-The worker copies with numpy: register_kv_caches takes numpy arrays or CPU
-torch tensors (their .numpy() views). CUDA tensors are not handled here.
+in the one stored byte order of docs/local-protocol.md: per layer K then V,
+each [block_size, heads, head_dim] (MLA: the latent [block_size, dim],
+stored once under TP rank 0's namespace and loaded by every rank).
 """
 
 import concurrent.futures
@@ -56,20 +60,22 @@ import os
 import threading
 from dataclasses import dataclass, field
 
-import numpy as np
-
+from vllm.distributed.kv_transfer.kv_connector.v1 import base as _base
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1, KVConnectorMetadata,
                                                                KVConnectorRole)
 
-from . import _engine, errors, keys
+from . import _engine, _vllm_stats, _vllm_worker, keys
 from .client import DEFAULT_SOCKET
 
 __all__ = ["PegadConnector", "PegadConnectorMetadata", "UPSTREAM_COMMIT"]
 
-UPSTREAM_COMMIT = "003df2961dd8830c317a61f9745ccd557da9fa06"
-# A layer's load of at least this many bytes is copied by two threads.
-SPLIT_BYTES = 4 << 20
-KV_LAYOUT = "NHD"  # kv_caches[layer] is [2, num_blocks, block_size, heads, head_dim]
+UPSTREAM_COMMIT = "00f4240ee6458263d76cf51ca7901ce1350bb4d1"
+# The stored byte order's name in the namespace: the token-major order of
+# FlashAttention's NHD, which blocks stored before any other layout was
+# served already have (so they stay readable).
+KV_LAYOUT = "NHD"
+# vLLM before SupportsHMA: the hybrid allocator cannot be turned on with a connector there.
+_HMA = (_base.SupportsHMA,) if hasattr(_base, "SupportsHMA") else ()
 
 log = logging.getLogger("pegad.vllm")
 
@@ -88,6 +94,7 @@ class PegadConnectorMetadata(KVConnectorMetadata):
     """Scheduler -> workers, once per step (picklable)."""
     loads: list = field(default_factory=list)  # BlockRun
     saves: list = field(default_factory=list)  # BlockRun
+    sync: bool = False  # loads feed this step's forward (vLLM calls start_load_kv before it)
 
 
 @dataclass
@@ -112,40 +119,60 @@ def _ranks(vllm_config):
         return rank % pc.tensor_parallel_size, rank // pc.tensor_parallel_size
 
 
-def _call(cfg, name, default):
+def _call(cfg, name, default, *args):
     f = getattr(cfg, name, None)
     try:
-        return f() if callable(f) else default
+        return f(*args) if callable(f) else default
     except Exception:  # a config that cannot answer: the factor is left out, not guessed
         return default
 
 
+def _is_mla(vllm_config):
+    return bool(getattr(vllm_config.model_config, "use_mla", False))
+
+
 def base_namespace(vllm_config):
     """The model's base namespace (pegad.keys.model_namespace of the
-    model, dtype, cache dtype, layout, block size, TP/PP sizes and shape),
-    or kv_connector_extra_config["namespace"] when set."""
+    model, dtype, cache dtype, stored order, block size, TP/PP sizes and
+    shape), or kv_connector_extra_config["namespace"] when set. MLA stores
+    one latent for all TP ranks, so its namespace leaves the TP size out."""
     extra = vllm_config.kv_transfer_config.kv_connector_extra_config or {}
     if extra.get("namespace"):
         return str(extra["namespace"])
     mc, cc, pc = vllm_config.model_config, vllm_config.cache_config, vllm_config.parallel_config
+    mla = _is_mla(vllm_config)
     return keys.model_namespace(
-        mc.model, mc.dtype, KV_LAYOUT, pc.tensor_parallel_size, pc.pipeline_parallel_size, cc.cache_dtype,
-        cc.block_size, engine="vllm", num_layers=_call(mc, "get_total_num_hidden_layers", None),
-        num_kv_heads=_call(mc, "get_total_num_kv_heads", None), head_size=_call(mc, "get_head_size", None))
+        mc.model, mc.dtype, "MLA" if mla else KV_LAYOUT, 1 if mla else pc.tensor_parallel_size,
+        pc.pipeline_parallel_size, cc.cache_dtype, cc.block_size, engine="vllm",
+        num_layers=_call(mc, "get_total_num_hidden_layers", None),
+        num_kv_heads=None if mla else _call(mc, "get_total_num_kv_heads", None),
+        head_size=_call(mc, "get_head_size", None))
 
 
-class PegadConnector(KVConnectorBase_V1):
+class PegadConnector(KVConnectorBase_V1, *_HMA):
     """vLLM's KV connector on pegad; see the module doc."""
 
     def __init__(self, vllm_config, role, kv_cache_config=None):
         super().__init__(vllm_config, role, kv_cache_config)
-        extra = vllm_config.kv_transfer_config.kv_connector_extra_config or {}
+        ktc = vllm_config.kv_transfer_config
+        extra = ktc.kv_connector_extra_config or {}
         pc = vllm_config.parallel_config
+        groups = getattr(kv_cache_config, "kv_cache_groups", None) or ()
+        if len(groups) > 1:
+            raise ValueError(f"pegad.vllm stores one KV cache group, this model has {len(groups)} (a hybrid "
+                             "model under the hybrid allocator): pass --disable-hybrid-kv-cache-manager")
         self.block_size = vllm_config.cache_config.block_size
         self.base = base_namespace(vllm_config)
-        self.namespaces = keys.rank_namespaces(self.base, pc.tensor_parallel_size, pc.pipeline_parallel_size)
+        self.mla = _is_mla(vllm_config)
+        # MLA: one latent for every TP rank, under TP rank 0's namespace.
+        self.namespaces = keys.rank_namespaces(self.base, 1 if self.mla else pc.tensor_parallel_size,
+                                               pc.pipeline_parallel_size)
         self.cluster = bool(extra.get("cluster", False))
         self.pin = bool(extra.get("pin", True))  # scheduler pins, workers adopt (when the daemon can)
+        self.load_async = bool(extra.get("load_async", True))
+        # vLLM's default "fail" ends a request whose load fails: then a
+        # lookup is a promise, pinned as it is counted.
+        self.fail_policy = getattr(ktc, "kv_load_failure_policy", "fail") != "recompute"
         self.prefetch_timeout = float(extra.get("prefetch_timeout", 5.0))  # the longest a request waits on it
         # Seconds a miss waits for the cluster index to list another node's
         # prefix (the index lags puts by some 20-50 ms, docs/cluster.md);
@@ -153,65 +180,103 @@ class PegadConnector(KVConnectorBase_V1):
         self.cluster_wait = float(extra.get("cluster_wait", 0.0))
         self.link = _engine.Link(extra.get("socket") or os.environ.get("PEGAD_SOCKET") or DEFAULT_SOCKET,
                                  timeout=float(extra.get("timeout", 5.0)), retry=float(extra.get("retry", 1.0)))
-        self.stats = {"lookups": 0, "hit_blocks": 0, "loaded_blocks": 0, "load_error_blocks": 0,
-                      "saved_blocks": 0, "save_dropped_blocks": 0, "loaded_bytes": 0, "saved_bytes": 0}
-        self._stats_mu = threading.Lock()  # guards stats (the save thread adds to it)
+        self.stats = dict.fromkeys(_vllm_stats.COUNTERS, 0)
+        self._reported = dict(self.stats)  # what get_kv_connector_stats handed vLLM so far
+        self._stats_mu = threading.Lock()  # guards stats (the save and load threads add to it)
         if role == KVConnectorRole.SCHEDULER:
+            if self.fail_policy:
+                log.warning("kv_load_failure_policy is \"fail\": a load pegad cannot finish (the daemon stopped) "
+                            "fails its request; set \"kv_load_failure_policy\": \"recompute\" to recompute it")
             self._reqs = {}  # req_id -> _ReqState
-            self._matched = {}  # req_id -> (first block, blocks held): memo of the last answer, nothing else
+            self._matched = {}  # req_id -> (first block, blocks held, pins of the lookup or None)
             self._prefetch = {}  # req_id -> Future of a cluster prefetch (done: not tried again)
             self._prefetcher = None
+            self._events = []  # BlockStored events of the saves planned since take_events
         else:
             tp_rank, pp_rank = _ranks(vllm_config)
-            self.namespace = keys.rank_namespace(self.base, tp_rank, pp_rank)
-            self._layers = {}  # layer name -> index, in registration order
-            self._caches = []  # per layer: uint8 view [2, num_blocks, bytes of one K (or V) block]
-            self._saver = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pegad-save")
-            self._loader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pegad-load")
-            self._split = int(extra.get("load_split_bytes", SPLIT_BYTES))
-            self._reset_step()
-            self._errors = set()
+            self.tp_rank = tp_rank
+            self.namespace = keys.rank_namespace(self.base, 0 if self.mla else tp_rank, pp_rank)
+            self.worker = _vllm_worker.Worker(self.link, self.namespace, self._count,
+                                              saves=not self.mla or tp_rank == 0)
 
     def _count(self, **kw):
         with self._stats_mu:
             for k, v in kw.items():
                 self.stats[k] += v
 
+    @property
+    def requires_kv_delivery(self):
+        """A best-effort cache: a dropped save is a later miss, never a loss."""
+        return False
+
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config):
+        """No layer hook is needed (loads finish before the request runs,
+        saves are taken in wait_for_save), so full CUDA graphs are fine."""
+        return False
+
     # ---------------------------------------------------------------- scheduler
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
         """Tokens beyond num_computed_tokens that every rank can load: whole
         blocks, never the prompt's last token (vLLM must compute it). None
-        while a cluster prefetch for the request runs. No pin, no state
-        beyond a memo of the answer."""
+        while a cluster prefetch for the request runs. Under the recompute
+        policy no pin and no state beyond a memo of the answer; under fail
+        the counted prefix is pinned (a later call replaces the pin)."""
         bs = self.block_size
         start = num_computed_tokens // bs
         limit = min(len(request.block_hashes), (request.num_tokens - 1) // bs)
+        rid = request.request_id
+        self._drop_match(rid)
         if limit <= start:
             return 0, False
-        rid = request.request_id
         fut = self._prefetch.get(rid)
         if fut is not None and not fut.done():
             return None, False
         hashes = [keys.hash_bytes(h) for h in request.block_hashes[start:limit]]
         client = self.link.get()
-        n = 0
+        n, pins = 0, None
         if client is not None:
             try:
-                n = _engine.prefix(client, self.namespaces, hashes)
+                if self.fail_policy and self.pin and hasattr(client, "lookup_pin"):
+                    n, pins = self._lookup_pinned(client, hashes)
+                else:
+                    n = _engine.prefix(client, self.namespaces, hashes)
             except _engine.FAILURES as e:
                 self.link.failed(client, e)
-                n = 0
+                n, pins = 0, None
         self._count(lookups=1, hit_blocks=n)
         if self.cluster and client is not None and n < len(hashes) and fut is None:
+            pre = None
             if self._elsewhere(client, hashes, n):
-                self._prefetch[rid] = self._start_prefetch(client, hashes[n:])
+                pre = self._start_prefetch(client, hashes[n:])
+            elif self.cluster_wait > 0:  # the index may not list it yet: wait for it off this thread
+                pre = self._start_prefetch(client, hashes[n:], chain=(hashes, n))
+            if pre is not None:
+                _unpin(pins)
+                self._prefetch[rid] = pre
                 return None, False
-            if self.cluster_wait > 0:  # the index may not list it yet: wait for it off this thread
-                self._prefetch[rid] = self._start_prefetch(client, hashes[n:], chain=(hashes, n))
-                return None, False
-        self._matched[rid] = (start, n)
-        return max(0, (start + n) * bs - num_computed_tokens), False
+        self._matched[rid] = (start, n, pins)
+        tokens = max(0, (start + n) * bs - num_computed_tokens)
+        return tokens, self.load_async and tokens > 0
+
+    def _lookup_pinned(self, client, hashes):
+        """LOOKUP_PIN on every rank's namespace: the prefix all of them
+        pinned, and {namespace: Pin}."""
+        n, pins = len(hashes), {}
+        try:
+            for ns in self.namespaces:
+                pin = pins[ns] = client.lookup_pin(ns, hashes[:n])
+                n = min(n, pin.n)
+        except BaseException:
+            _unpin(pins)
+            raise
+        return n, pins
+
+    def _drop_match(self, rid):
+        m = self._matched.pop(rid, None)
+        if m is not None:
+            _unpin(m[2])
 
     def _elsewhere(self, client, hashes, n):
         """Whether the cluster index names a node holding more than the n
@@ -251,7 +316,8 @@ class PegadConnector(KVConnectorBase_V1):
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
         """Record the blocks to load (on the first call with external
-        tokens); a second call for the request only updates its blocks."""
+        tokens); a later call for the request (vLLM's second one after an
+        asynchronous load) only updates its blocks."""
         rid = request.request_id
         block_ids = list(blocks.get_block_ids()[0])
         st = self._reqs.get(rid)
@@ -259,14 +325,20 @@ class PegadConnector(KVConnectorBase_V1):
             st = self._reqs[rid] = _ReqState(request, block_ids, 0)
         elif block_ids:
             st.block_ids = block_ids
-        if num_external_tokens <= 0:
+        m = self._matched.pop(rid, None)
+        start, n, pins = m if m is not None else (0, 0, None)
+        n = min(n, (max(num_external_tokens, 0) + self.block_size - 1) // self.block_size)
+        if n <= 0 or len(block_ids) < start + n:
+            _unpin(pins)
             return
-        start, n = self._matched.pop(rid, (0, 0))
-        n = min(n, (num_external_tokens + self.block_size - 1) // self.block_size)
-        if n > 0 and len(block_ids) >= start + n:
-            hashes = [keys.hash_bytes(h) for h in request.block_hashes[start:start + n]]
-            st.load = BlockRun(rid, block_ids[start:start + n], hashes, self._pin_ranks(st, hashes))
-            st.saved = max(st.saved, start + n)
+        hashes = [keys.hash_bytes(h) for h in request.block_hashes[start:start + n]]
+        if pins is not None:
+            st.pins.extend(pins.values())
+            tokens = {ns: p.token for ns, p in pins.items()}
+        else:
+            tokens = self._pin_ranks(st, hashes)
+        st.load = BlockRun(rid, block_ids[start:start + n], hashes, tokens)
+        st.saved = max(st.saved, start + n)
 
     def _pin_ranks(self, st, hashes):
         """Pin the blocks to load for every rank (LOOKUP_PIN), so nothing
@@ -288,10 +360,15 @@ class PegadConnector(KVConnectorBase_V1):
         return tokens
 
     def build_connector_meta(self, scheduler_output):
-        """This step's loads (recorded by update_state_after_alloc) and
-        saves: the blocks of each scheduled request that are full once the
-        step ran, publishable, and not stored yet."""
-        meta = PegadConnectorMetadata()
+        """This step's loads (every one update_state_after_alloc recorded,
+        scheduled or waiting for its asynchronous load) and saves: the
+        blocks of each scheduled request that are full once the step ran,
+        publishable, and not stored yet."""
+        meta = PegadConnectorMetadata(sync=not self.load_async)
+        for st in self._reqs.values():
+            if st.load is not None:
+                meta.loads.append(st.load)
+                st.load = None
         computed = {}
         for nr in scheduler_output.scheduled_new_reqs:
             st = self._reqs.get(nr.req_id)
@@ -313,22 +390,24 @@ class PegadConnector(KVConnectorBase_V1):
                 st.block_ids.extend(new[0])
             computed[rid] = cached.num_computed_tokens[i]
         for rid, ncomp in computed.items():
-            st = self._reqs[rid]
-            if st.load is not None:
-                meta.loads.append(st.load)
-                st.load = None
-            # A request rolled back (a failed load) recomputes and saves again.
-            st.saved = min(st.saved, ncomp // self.block_size)
-            req = st.request
-            full = (ncomp + scheduler_output.num_scheduled_tokens.get(rid, 0)) // self.block_size
-            publishable = getattr(req, "num_publishable_block_hashes", None)
-            full = min(full, len(req.block_hashes), len(st.block_ids),
-                       publishable if publishable is not None else full)
-            if full > st.saved:
-                meta.saves.append(BlockRun(rid, st.block_ids[st.saved:full],
-                                           [keys.hash_bytes(h) for h in req.block_hashes[st.saved:full]]))
-                st.saved = full
+            self._plan_save(meta, self._reqs[rid], ncomp, scheduler_output.num_scheduled_tokens.get(rid, 0))
         return meta
+
+    def _plan_save(self, meta, st, ncomp, scheduled):
+        # A request rolled back (a failed load) recomputes and saves again.
+        st.saved = min(st.saved, ncomp // self.block_size)
+        req = st.request
+        full = (ncomp + scheduled) // self.block_size
+        publishable = getattr(req, "num_publishable_block_hashes", None)
+        full = min(full, len(req.block_hashes), len(st.block_ids), publishable if publishable is not None else full)
+        if full <= st.saved:
+            return
+        hashes = [keys.hash_bytes(h) for h in req.block_hashes[st.saved:full]]
+        meta.saves.append(BlockRun(req.request_id, st.block_ids[st.saved:full], hashes))
+        parent = keys.hash_bytes(req.block_hashes[st.saved - 1]) if st.saved > 0 else None
+        tokens = list(getattr(req, "all_token_ids", ()) or ())[st.saved * self.block_size:full * self.block_size]
+        self._events.append(_vllm_stats.block_stored(hashes, parent, tokens, self.block_size))
+        st.saved = full
 
     def request_finished(self, request, block_ids):
         """Forget the request. Every publishable full block was saved by the
@@ -336,299 +415,106 @@ class PegadConnector(KVConnectorBase_V1):
         rid = request.request_id
         st = self._reqs.pop(rid, None)
         if st is not None and st.load is not None:  # pinned for a load never handed to the workers
-            for pin in st.pins:
-                try:
-                    pin.release()
-                except _engine.FAILURES:
-                    pass  # it ends at its lease timeout anyway
-        self._matched.pop(rid, None)
+            _unpin(st.pins)
+        self._drop_match(rid)
         self._prefetch.pop(rid, None)
         return False, None
+
+    def request_finished_all_groups(self, request, block_ids):
+        """SupportsHMA: the one KV cache group's blocks (more are refused at
+        start-up)."""
+        return self.request_finished(request, block_ids[0] if block_ids else [])
+
+    def take_events(self):
+        """BlockStored events of the blocks planned for saving since the
+        last call (a save the daemon drops later is a miss, not retracted)."""
+        out, self._events = self._events, []
+        return out
 
     # ---------------------------------------------------------------- worker
 
     def register_kv_caches(self, kv_caches):
-        """kv_caches: layer name -> [2, num_blocks, block_size, heads,
-        head_dim] (numpy array or CPU torch tensor), in model order."""
-        self._layers, self._caches = {}, []
-        for i, (name, t) in enumerate(kv_caches.items()):
-            a = _engine.as_numpy(t)
-            if a.ndim != 5 or a.shape[0] != 2 or a.shape[2] != self.block_size or not a.flags.c_contiguous:
-                raise ValueError(f"layer {name}: want a C-contiguous [2, num_blocks, {self.block_size}, heads, "
-                                 f"head_dim] cache, got shape {a.shape}")
-            self._layers[name] = i
-            self._caches.append(a.view(np.uint8).reshape(2, a.shape[1], -1))
-        self._half = self._caches[0].shape[2] if self._caches else 0  # bytes of one block's K of one layer
-        self.block_bytes = 2 * self._half * len(self._caches)
-
-    def _reset_step(self):
-        self._load = []  # runs (block ids, uint8 view [n, layers, 2, half] of the pool) to copy
-        self._load_readers = []  # (req BlockRun, index in run, Reader)
-        self._loaded_layers = 0
-        self._load_client = None  # the client the step's leases were taken through
-        self._save = []  # runs (block ids, uint8 view [n, layers, 2, half] of reserved room)
-        self._writers = []  # (req_id, Writer), reserved through _save_client
-        self._save_client = None
-        self._save_futs = []
-        self._failed_reqs = set()  # requests whose load failed this step: their saves follow wrong KV
+        """kv_caches: layer name -> that layer's paged cache in any layout
+        pegad._device resolves (torch on CUDA or the CPU, or numpy), in
+        model order."""
+        mc, pc = self._vllm_config.model_config, self._vllm_config.parallel_config
+        heads = _call(mc, "get_num_kv_heads", None, pc)
+        if heads is None:
+            total = _call(mc, "get_total_num_kv_heads", None)
+            heads = total // pc.tensor_parallel_size if total else None
+        nb = getattr(self._kv_cache_config, "num_blocks", None)
+        self.worker.register(kv_caches, self.block_size, None if self.mla else heads,
+                             _call(mc, "get_head_size", None) if not self.mla else None, nb)
+        self.block_bytes = self.worker.block_bytes
 
     def start_load_kv(self, forward_context, **kwargs):
-        """Pin the step's blocks to load and reserve room for its saves;
-        the copies happen per layer (wait_for_layer_load, save_kv_layer)."""
+        """Start the step's loads: synchronous ones inline (the runner calls
+        this before the forward then), asynchronous ones on the load thread
+        (the runner may call this after the forward)."""
         meta = self._connector_metadata
-        if meta is None or (not meta.loads and not meta.saves):
-            return
-        client = self._load_client = self.link.get()
-        for run in meta.loads:
-            self._pin(client, run)
-        if meta.saves:
-            self._reserve(client, meta.saves)
-
-    def _pin(self, client, run):
-        res = None
-        if client is not None:
-            try:
-                res = self._adopt(client, run)
-                if res is None:
-                    res = client.lease_batch(self.namespace, run.hashes)
-            except _engine.FAILURES as e:
-                self.link.failed(client, e)
-        if res is None:
-            self._load_failed(run, 0)
-            return
-        bad = next((i for i, r in enumerate(res) if not _usable(r, self.block_bytes)), len(res))
-        good = [r for r in res[:bad]]
-        extra = [r for r in res[bad:] if not isinstance(r, Exception)]
-        if extra:  # after a missing block nothing of the chain is loaded
-            _release(client, extra)
-        if good:
-            self._load.extend(self._runs(good[0].pool, run.block_ids[:bad], [r.buffer for r in good]))
-        self._load_readers.extend((run, i, r) for i, r in enumerate(good))
-        if bad < len(res):
-            self._load_failed(run, bad)
-        self._count(loaded_blocks=bad, loaded_bytes=bad * self.block_bytes)
-
-    def _adopt(self, client, run):
-        """The readers of the scheduler's pin for this rank, in chain order,
-        padded with NotFound for blocks it did not pin; None when there is
-        no pin to adopt (or it cannot be adopted: lapsed, taken), so the
-        blocks are leased instead."""
-        token = (run.pins or {}).get(self.namespace)
-        if token is None or not hasattr(client, "adopt"):
-            return None
-        try:
-            readers = client.adopt(token)
-        except (errors.NotFound, errors.Denied, errors.InvalidArgument, errors.LeaseEnded,
-                errors.FailedPrecondition) as e:
-            log.info("pin of %d blocks not adopted (%s): leasing them", len(run.hashes), e)
-            return None
-        missing = [errors.NotFound("not pinned by the scheduler")] * (len(run.hashes) - len(readers))
-        return list(readers[:len(run.hashes)]) + missing
-
-    def _runs(self, pool, block_ids, bufs):
-        """Group blocks whose pool buffers lie back to back (a batch's
-        blocks mostly do) into runs copied by one numpy call per layer
-        instead of one per block: [(block ids, view [n, layers, 2, half])].
-        pool: the mapping the buffers lie in (their lease's: after a daemon
-        restart the client maps a new pool, leases of one call share one)."""
-        pool = np.frombuffer(pool, np.uint8)
-        base = pool.ctypes.data
-        size = self.block_bytes
-        out = []
-        start = prev = None
-        ids = []
-        for bid, buf in zip(block_ids, bufs):
-            addr = np.frombuffer(buf, np.uint8).ctypes.data - base
-            if prev is not None and addr != prev + size:
-                out.append((np.array(ids), pool[start:prev + size].reshape(len(ids), len(self._caches), 2, -1)))
-                start, ids = None, []
-            if start is None:
-                start = addr
-            ids.append(bid)
-            prev = addr
-        if ids:
-            out.append((np.array(ids), pool[start:prev + size].reshape(len(ids), len(self._caches), 2, -1)))
-        return out
-
-    def _load_failed(self, run, i):
-        self._failed_reqs.add(run.req_id)
-        self._errors.update(run.block_ids[i:])
-        self._count(load_error_blocks=len(run.block_ids) - i)
-
-    def _reserve(self, client, runs):
-        self._save_client = client
-        if client is None:
-            self._count(save_dropped_blocks=sum(len(r.block_ids) for r in runs))
-            return
-        reqs = [(self.namespace, h, self.block_bytes) for run in runs for h in run.hashes]
-        bids = [(run.req_id, b) for run in runs for b in run.block_ids]
-        try:
-            res = client.alloc_batch(reqs)
-        except _engine.FAILURES as e:
-            self.link.failed(client, e)
-            self._count(save_dropped_blocks=len(reqs))
-            return
-        ids = []
-        for (rid, bid), w in zip(bids, res):
-            if isinstance(w, errors.Exists):
-                continue  # stored already (by us or another engine): nothing to write
-            if isinstance(w, Exception):
-                self._count(save_dropped_blocks=1)
-                continue
-            self._writers.append((rid, w))
-            ids.append(bid)
-        if self._writers:
-            self._save = self._runs(self._writers[0][1].pool, ids, [w.buffer for _, w in self._writers])
+        if meta is not None and meta.loads:
+            self.worker.start_loads(meta.loads, meta.sync)
 
     def wait_for_layer_load(self, layer_name):
-        """Copy every pinned block's part of this layer (and of any earlier
-        layer not copied yet) into the paged cache. A large load is split
-        in two halves copied at once, here and on the load thread (numpy
-        lets go of the GIL while it copies)."""
-        if not self._load or layer_name not in self._layers:
-            return  # a layer without a registered cache of its own has nothing to load
-        upto = self._layers[layer_name] + 1
-        split = None
-        if sum(len(b) for b, _ in self._load) * 2 * self._half >= self._split:
-            split = _halves(self._load)
-        for layer in range(self._loaded_layers, upto):
-            cache = self._caches[layer]
-            if split is None:
-                _scatter(cache, layer, self._load)
-                continue
-            other = self._loader.submit(_scatter, cache, layer, split[1])
-            try:
-                _scatter(cache, layer, split[0])
-            finally:
-                other.result()
-        self._loaded_layers = max(self._loaded_layers, upto)
-        if self._loaded_layers == len(self._caches):
-            self._end_load()
-
-    def _end_load(self):
-        """Unpin the loaded blocks (one round trip). A lease that ended
-        during the copy may have let its memory be reused; the release
-        does not say which one, so every block of the step's loads is
-        reported as failed and recomputed (rare: a lease outlived its
-        timeout)."""
-        readers, self._load_readers, self._load = self._load_readers, [], []
-        if not readers:
-            return
-        client = self._load_client
-        try:
-            client.release_batch([r for _, _, r in readers])
-        except _engine.FAILURES as e:
-            # An ended lease, or a connection that broke (a daemon
-            # restart): nothing proves the bytes were not reused meanwhile.
-            for run, i, _ in readers:
-                if i == 0:
-                    self._load_failed(run, 0)
-            if not isinstance(e, errors.LeaseEnded):
-                self.link.failed(client, e)
+        """Nothing: a load is complete before its request runs."""
 
     def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
-        """Queue the copy of this layer of the step's full blocks into the
-        room reserved for them (the layer's K/V are final now)."""
-        if not self._save or layer_name not in self._layers:
-            return
-        layer = self._layers[layer_name]
-        self._save_futs.append(self._saver.submit(self._copy_layer, layer, self._save))
-
-    def _copy_layer(self, layer, save):
-        cache = self._caches[layer]
-        for bids, dst in save:
-            dst[:, layer] = cache[:, bids].swapaxes(0, 1)
+        """Nothing: saves are taken in wait_for_save, which graph replay
+        cannot skip."""
 
     def wait_for_save(self):
-        """Wait for the copies out of the paged cache; commit on the save
-        thread (the engine's buffers are no longer read)."""
-        if self._load:  # an engine that skipped wait_for_layer_load for some layer
-            self.wait_for_layer_load(next(reversed(self._layers)))
-        if self._save:
-            for f in self._save_futs:
-                f.result()
-            # A request whose load failed computed this step on a wrong
-            # prefix, and a layer not saved leaves bytes that are not the
-            # block's: those are given back, never stored.
-            whole = len(self._save_futs) == len(self._caches)
-            good = [w for rid, w in self._writers if whole and rid not in self._failed_reqs]
-            bad = [w for rid, w in self._writers if not whole or rid in self._failed_reqs]
-            client = self._save_client
-            if good:
-                self._saver.submit(self._commit, client, good)
-            if bad:
-                self._saver.submit(self._abort, client, bad)
-        self._reset_step()
-
-    def _commit(self, client, writers):
-        try:
-            client.commit_batch(writers)
-            self._count(saved_blocks=len(writers), saved_bytes=len(writers) * self.block_bytes)
-        except _engine.FAILURES as e:
-            self._count(save_dropped_blocks=len(writers))
-            if not isinstance(e, (errors.Exists, errors.LeaseEnded)):
-                self.link.failed(client, e)
-
-    def _abort(self, client, writers):
-        self._count(save_dropped_blocks=len(writers))
-        try:
-            client.abort_batch(writers)
-        except _engine.FAILURES as e:
-            self.link.failed(client, e)
+        """Save the step's full blocks (the forward wrote them); the commit
+        runs on the save thread."""
+        meta = self._connector_metadata
+        if meta is not None and meta.saves:
+            self.worker.save(meta.saves)
 
     def get_finished(self, finished_req_ids):
-        """Loads are synchronous and saves never hold vLLM's blocks."""
-        return None, None
+        """Requests whose asynchronous load ended (saves never hold vLLM's
+        blocks)."""
+        return None, self.worker.finished()
 
     def get_block_ids_with_load_errors(self):
-        """Block ids whose load failed since the last call (recompute them)."""
-        out, self._errors = self._errors, set()
-        return out
+        """Block ids whose load failed since the last call (vLLM recomputes
+        or fails them, by kv_load_failure_policy)."""
+        return self.worker.take_errors()
+
+    def get_kv_connector_stats(self):
+        """The counters' growth since the last call, or None when none grew."""
+        with self._stats_mu:
+            now = dict(self.stats)
+        delta = {k: now[k] - self._reported[k] for k in now if now[k] != self._reported[k]}
+        if not delta:
+            return None
+        self._reported = now
+        return _vllm_stats.make_stats(delta)
+
+    @classmethod
+    def build_kv_connector_stats(cls, data=None):
+        return _vllm_stats.make_stats(data or {})
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+        return _vllm_stats.make_prom(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     def flush(self, timeout=None):
-        """Wait until the queued saves are committed (tests, shutdown)."""
+        """Wait until the queued loads and saves are done (tests, shutdown)."""
         if self.role == KVConnectorRole.WORKER:
-            self._saver.submit(lambda: None).result(timeout)
+            self.worker.flush(timeout)
 
     def shutdown(self):
         if self.role == KVConnectorRole.WORKER:
-            self._saver.shutdown(wait=True)
-            self._loader.shutdown(wait=True)
+            self.worker.shutdown()
         elif self._prefetcher is not None:
             self._prefetcher.shutdown(wait=False)
         self.link.close()
 
 
-def _scatter(cache, layer, runs):
-    """This layer of each run's blocks into the paged cache."""
-    for bids, src in runs:
-        cache[:, bids] = src[:, layer].swapaxes(0, 1)
-
-
-def _halves(runs):
-    """runs split into two lists of (about) the same number of blocks."""
-    mid = sum(len(b) for b, _ in runs) // 2
-    first, second, seen = [], [], 0
-    for bids, v in runs:
-        n = len(bids)
-        if seen + n <= mid:
-            first.append((bids, v))
-        elif seen >= mid:
-            second.append((bids, v))
-        else:
-            k = mid - seen
-            first.append((bids[:k], v[:k]))
-            second.append((bids[k:], v[k:]))
-        seen += n
-    return first, second
-
-
-def _usable(r, size):
-    return not isinstance(r, Exception) and r.buffer is not None and r.size == size
-
-
-def _release(client, readers):
-    try:
-        client.release_batch(readers)
-    except _engine.FAILURES:
-        pass  # the pins end with the connection anyway
+def _unpin(pins):
+    """Release the scheduler's pins (dict or list of Pin); quietly, they end
+    at their lease timeout anyway."""
+    for pin in (pins.values() if isinstance(pins, dict) else pins or ()):
+        try:
+            pin.release()
+        except _engine.FAILURES:
+            pass

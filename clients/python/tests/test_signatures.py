@@ -41,6 +41,14 @@ def test_vllm_connector_matches_kvconnectorbase_v1():
         assert name in checked, f"PegadConnector does not implement {name}"
 
 
+def test_vllm_connector_supports_hma_and_is_best_effort():
+    from vllm.distributed.kv_transfer.kv_connector.v1 import base
+    from pegad import vllm as conn
+    assert base.supports_hma(conn.PegadConnector)
+    _check(conn.PegadConnector, base.SupportsHMA)
+    assert conn.PegadConnector.requires_piecewise_for_cudagraph({}) is False
+
+
 def test_the_check_catches_a_wrong_signature():
     """A connector whose method drifts from upstream fails the check."""
     from vllm.distributed.kv_transfer.kv_connector.v1 import base

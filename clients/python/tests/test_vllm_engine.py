@@ -33,18 +33,20 @@ def max_diff(got, ref):
 TOL = 1e-4  # float32 sums in another order; a wrong KV moves logits by ~1
 
 
-def serve_pair(socket, seed, tp=1, extra=None, between=None, after_alloc=None):
+def serve_pair(socket, seed, tp=1, extra=None, between=None, after_alloc=None, **engine):
     """A saves prompt; B serves prompt+suffix from another block table; the
     reference recomputes. Returns (B's logits, B's tokens, ref logits, ref
-    tokens, B's events)."""
+    tokens, B's events). engine: Engine's policy, graphs, kv."""
     prompt, longer = prompts(seed)
-    with Engine(socket, tp=tp, block_size=BS, extra=extra) as a:
+    with Engine(socket, tp=tp, block_size=BS, extra=extra, **engine) as a:
         a.serve("a", prompt)
         a.worker_stats()  # waits for A's saves to be committed
-    with Engine(socket, tp=tp, block_size=BS, extra=extra, block_order=list(range(63, -1, -1))) as b:
+    with Engine(socket, tp=tp, block_size=BS, extra=extra, block_order=list(range(63, -1, -1)), **engine) as b:
         got, gen = b.serve("b", longer, between=between, after_alloc=after_alloc)
         events = b.events
-    with Engine(None, tp=tp, block_size=BS) as ref:
+    engine.pop("policy", None)
+    engine.pop("graphs", None)
+    with Engine(None, tp=tp, block_size=BS, **engine) as ref:
         want, want_gen = ref.serve("ref", longer)
     return got, gen, want, want_gen, events
 
@@ -118,10 +120,10 @@ def test_lookup_is_side_effect_free_and_capped(daemon, ns):
         a.worker_stats()
         sched = a.conn
         r = _req(longer)
-        assert [sched.get_num_new_matched_tokens(r, 0) for _ in range(3)] == [(5 * BS, False)] * 3
-        assert sched.get_num_new_matched_tokens(r, 2 * BS) == (3 * BS, False)
+        assert [sched.get_num_new_matched_tokens(r, 0) for _ in range(3)] == [(5 * BS, True)] * 3
+        assert sched.get_num_new_matched_tokens(r, 2 * BS) == (3 * BS, True)
         exact = _req(prompt[:5 * BS])  # the whole prompt is cached: its last block is left to compute
-        assert sched.get_num_new_matched_tokens(exact, 0) == (4 * BS, False)
+        assert sched.get_num_new_matched_tokens(exact, 0) == (4 * BS, True)
     with pegad.Client(daemon.socket) as c:
         assert c.delete(keys.rank_namespace(ns, 0), block_hashes(prompt, BS)[0]) is False  # not pinned
 

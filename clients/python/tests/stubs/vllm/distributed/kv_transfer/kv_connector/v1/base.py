@@ -2,15 +2,37 @@
 
 Method names and parameter lists copied from vllm-project/vllm
 vllm/distributed/kv_transfer/kv_connector/v1/base.py at commit
-003df2961dd8830c317a61f9745ccd557da9fa06. Bodies are upstream's defaults
+00f4240ee6458263d76cf51ca7901ce1350bb4d1. Bodies are upstream's defaults
 (return None / False / empty); torch and vLLM types are string annotations.
 """
 
 import enum
 from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
 from typing import Any
 
-UPSTREAM_COMMIT = "003df2961dd8830c317a61f9745ccd557da9fa06"
+UPSTREAM_COMMIT = "00f4240ee6458263d76cf51ca7901ce1350bb4d1"
+
+
+@dataclass
+class KVConnectorTransferResults:
+    finished_sending: set = field(default_factory=set)
+    finished_recving: set = field(default_factory=set)
+    failed_recving: set = field(default_factory=set)
+    prefix_replay_checkpoints: dict = field(default_factory=dict)
+
+
+class SupportsHMA(ABC):
+    @abstractmethod
+    def request_finished_all_groups(self, request: "Request",
+                                    block_ids: "tuple[list[int], ...]") -> "tuple[bool, dict[str, Any] | None]":
+        raise NotImplementedError
+
+
+def supports_hma(connector: Any) -> bool:
+    if isinstance(connector, type):
+        return issubclass(connector, SupportsHMA)
+    return isinstance(connector, SupportsHMA)
 
 
 class KVConnectorRole(enum.Enum):
@@ -34,11 +56,7 @@ class KVConnectorWorkerMetadata(ABC):
 
 class KVConnectorBase_V1(ABC):
     @property
-    def prefer_cross_layer_blocks(self) -> bool:
-        return False
-
-    @property
-    def supports_eagle_prefix_cache_hashing(self) -> bool:
+    def supports_divergent_local_hybrid_hits(self) -> bool:
         return False
 
     @property
@@ -53,17 +71,17 @@ class KVConnectorBase_V1(ABC):
         else:
             raise ValueError("kv_transfer_config must be set for KVConnectorBase_V1")
         self._kv_cache_config = kv_cache_config
+        self._kv_cache_manager = None
         self._role = role
-        self.use_eagle_prefix_cache_hashing = False
-
-    def set_eagle_prefix_cache_hashing(self, enabled: bool) -> None:
-        self.use_eagle_prefix_cache_hashing = enabled
 
     @property
     def role(self) -> KVConnectorRole:
         return self._role
 
     # Worker-side methods
+
+    def get_mem_pool_context(self) -> "AbstractContextManager | None":
+        return None
 
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
         self._connector_metadata = connector_metadata
@@ -81,10 +99,13 @@ class KVConnectorBase_V1(ABC):
     def register_kv_caches(self, kv_caches: "dict[str, torch.Tensor]"):
         return
 
-    def register_cross_layers_kv_cache(self, kv_cache: "torch.Tensor", attn_backend: "type[AttentionBackend]"):
+    def set_host_xfer_buffer_ops(self, copy_operation: "CopyBlocksOp"):
         return
 
-    def set_host_xfer_buffer_ops(self, copy_operation: "CopyBlocksOp"):
+    def finish_forward(self) -> None:
+        return
+
+    def reset_capture_state(self) -> None:
         return
 
     def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata):
@@ -110,6 +131,11 @@ class KVConnectorBase_V1(ABC):
     def get_finished(self, finished_req_ids: "set[str]") -> "tuple[set[str] | None, set[str] | None]":
         return None, None
 
+    def get_transfer_results(self, finished_req_ids: "set[str]") -> KVConnectorTransferResults:
+        finished_sending, finished_recving = self.get_finished(finished_req_ids)
+        return KVConnectorTransferResults(finished_sending=set(finished_sending or ()),
+                                          finished_recving=set(finished_recving or ()))
+
     def get_block_ids_with_load_errors(self) -> "set[int]":
         return set()
 
@@ -129,6 +155,10 @@ class KVConnectorBase_V1(ABC):
         return None
 
     # Scheduler-side methods
+
+    def bind_kv_cache_manager(self, kv_cache_manager: "KVCacheManager") -> None:
+        self._kv_cache_manager = kv_cache_manager
+        self.bind_gpu_block_pool(kv_cache_manager.block_pool)
 
     def bind_gpu_block_pool(self, gpu_block_pool: "BlockPool") -> None:
         return
@@ -151,11 +181,25 @@ class KVConnectorBase_V1(ABC):
     def update_connector_output(self, connector_output: "KVConnectorOutput"):
         return
 
+    def can_load_prefix_replay_checkpoint(self, request: "Request", num_local_tokens: int,
+                                          num_external_tokens: int) -> bool:
+        return False
+
+    def consume_prefix_replay_checkpoint(self, request: "Request", num_hit_tokens: int) -> bool:
+        return False
+
     def request_finished(self, request: "Request", block_ids: "list[int]") -> "tuple[bool, dict[str, Any] | None]":
         return False, None
 
+    def register_finished_partial_tail(self, request: "Request", block_ids: "tuple[list[int], ...]",
+                                       partial_tail_offloads: "list[tuple[int, int, int]]") -> bool:
+        return False
+
     def take_events(self) -> "Iterable[KVCacheEvent]":
         return ()
+
+    def has_pending_block_frees(self) -> bool:
+        return False
 
     def has_pending_push_work(self) -> bool:
         return False
