@@ -9,6 +9,12 @@ TEST_TIMEOUT ?= 15m
 FUZZTIME ?= 10s
 BENCHTIME ?=
 BENCHCOUNT ?=
+# Build tags of every test, bench and fuzz run (and of the second vet and
+# staticcheck pass): pegad_fakeverbs compiles the verbs provider's fake HCA
+# (internal/ibv/verbs/fakeverbs.c and the verbs.Fake* controls), which the
+# verbs, conn and requester tests drive. build, nocgo and the image never
+# pass it (cmd/pegad's TestProductionBuildHasNoFakeHCA checks the binary).
+TEST_TAGS ?= pegad_fakeverbs
 PROTOS := $(wildcard api/pegad/v1/*.proto)
 # The Python client's gRPC stubs (delete, prefetch): Debian's protoc and
 # grpc_python_plugin, so they work with protobuf 3.21 and grpcio 1.51 and later.
@@ -25,7 +31,7 @@ PY_VENV ?= bin/python-venv
 # test, vet, tidy-check and staticcheck cover it too.
 K8S_MOD := deploy/kubernetes
 
-.PHONY: all build test test-short bench bench-all fuzz proto proto-check lint vet fmt-check nocgo tidy-check staticcheck e2e reliability verbs-e2e clean help python-venv python-test replay
+.PHONY: all build test test-short bench bench-all fuzz proto proto-check lint vet fmt-check nocgo tidy-check staticcheck e2e reliability verbs-e2e clean help python-venv python-test replay gpu-check
 
 all: build
 
@@ -37,13 +43,13 @@ build: ## bin/pegad and bin/pegactl, version-stamped
 	$(GO) build -ldflags "$(LDFLAGS)" -o bin/pegactl ./cmd/pegactl
 
 test: ## every test, with the race detector (the deploy/kubernetes module's too): a line per package as it ends, one every 30 s while building or running
-	set -o pipefail; $(GO) test -json -race -count=1 -timeout $(TEST_TIMEOUT) ./... | \
+	set -o pipefail; $(GO) test -tags "$(TEST_TAGS)" -json -race -count=1 -timeout $(TEST_TIMEOUT) ./... | \
 		$(GO) run ./scripts/testprogress --packages $$($(GO) list ./... | wc -l)
 	set -o pipefail; (cd $(K8S_MOD) && $(GO) test -json -race -count=1 -timeout $(TEST_TIMEOUT) ./...) | \
 		$(GO) run ./scripts/testprogress --packages $$(cd $(K8S_MOD) && $(GO) list ./... | wc -l)
 
 test-short: ## quick tests (-short), no race detector
-	$(GO) test -short -count=1 -timeout 5m ./...
+	$(GO) test -tags "$(TEST_TAGS)" -short -count=1 -timeout 5m ./...
 	cd $(K8S_MOD) && $(GO) test -short -count=1 -timeout 5m ./...
 
 .PHONY: k8s-manifests
@@ -71,13 +77,13 @@ image-vllm: ## the vLLM engine image with the pegad Python package (deploy/image
 	$(DOCKER) build -f deploy/image/vllm.Dockerfile -t $(ENGINE_IMAGE) .
 
 bench: ## paired benchmarks: pegad paths vs baselines measured in the same run, table of ratios (BENCHTIME, BENCHCOUNT)
-	BENCHTIME=$(BENCHTIME) BENCHCOUNT=$(BENCHCOUNT) GO=$(GO) scripts/bench.sh
+	BENCHTIME=$(BENCHTIME) BENCHCOUNT=$(BENCHCOUNT) GO=$(GO) TEST_TAGS="$(TEST_TAGS)" scripts/bench.sh
 
 bench-all: ## every Benchmark in the module, raw go test output (BENCHTIME, BENCHCOUNT)
-	BENCHTIME=$(BENCHTIME) BENCHCOUNT=$(BENCHCOUNT) GO=$(GO) scripts/bench.sh all
+	BENCHTIME=$(BENCHTIME) BENCHCOUNT=$(BENCHCOUNT) GO=$(GO) TEST_TAGS="$(TEST_TAGS)" scripts/bench.sh all
 
 fuzz: ## every fuzz target for FUZZTIME each (default 10s)
-	FUZZTIME=$(FUZZTIME) GO=$(GO) scripts/fuzz.sh
+	FUZZTIME=$(FUZZTIME) GO=$(GO) TEST_TAGS="$(TEST_TAGS)" scripts/fuzz.sh
 
 proto: ## regenerate api/ Go code and the Python client's stubs (protoc + libprotobuf-dev; Go plugins pinned in go.mod's tool block; Python: protobuf-compiler-grpc)
 	protoc -I api -I /usr/include \
@@ -95,8 +101,9 @@ proto-check: proto ## regenerate and fail if the committed code differs (Go and 
 	git diff --exit-code -- api/ clients/python/pegad/v1/
 	@out=$$(git ls-files --others --exclude-standard -- api/ clients/python/pegad/v1/); if [[ -n "$$out" ]]; then echo "generated but not committed:"; echo "$$out"; exit 1; fi
 
-vet:
+vet: ## go vet as built (no tags) and as tested (TEST_TAGS), both modules
 	$(GO) vet ./...
+	$(GO) vet -tags "$(TEST_TAGS)" ./...
 	cd $(K8S_MOD) && $(GO) vet ./...
 
 fmt-check:
@@ -109,8 +116,9 @@ tidy-check: ## go.mod and go.sum tidy (direct dependencies not marked indirect),
 	$(GO) mod tidy -diff
 	cd $(K8S_MOD) && $(GO) mod tidy -diff
 
-staticcheck: ## staticcheck, pinned in go.mod's tool block: 0 findings (both modules)
+staticcheck: ## staticcheck, pinned in go.mod's tool block: 0 findings (both modules; this one as built and with TEST_TAGS)
 	$(GO) tool staticcheck ./...
+	$(GO) tool staticcheck -tags "$(TEST_TAGS)" ./...
 	cd $(K8S_MOD) && "$$($(GO) -C $(CURDIR) tool -n staticcheck)" ./...
 
 lint: vet fmt-check nocgo tidy-check staticcheck ## go vet, gofmt, CGO_ENABLED=0 build, go mod tidy -diff, staticcheck
@@ -118,7 +126,7 @@ lint: vet fmt-check nocgo tidy-check staticcheck ## go vet, gofmt, CGO_ENABLED=0
 reliability: ## reliability suite: real pegads in netns under faults, one totals line (root; RUN=scenario for one)
 	@rm -f bin/.reliability-totals; mkdir -p bin; rc=0; \
 	PEGAD_RELIABILITY=1 PEGAD_RELIABILITY_TOTALS=$(CURDIR)/bin/.reliability-totals \
-		$(GO) test -count=1 -timeout 12m -v -run '^TestReliability$$$(if $(RUN),/$(RUN),)' ./internal/reliability/ || rc=$$?; \
+		$(GO) test -tags "$(TEST_TAGS)" -count=1 -timeout 12m -v -run '^TestReliability$$$(if $(RUN),/$(RUN),)' ./internal/reliability/ || rc=$$?; \
 	if [[ -s bin/.reliability-totals ]]; then cat bin/.reliability-totals; \
 	else echo "reliability: no totals (the suite did not finish, exit $$rc)"; [[ $$rc -ne 0 ]] || rc=1; fi; exit $$rc
 
@@ -129,7 +137,7 @@ e2e: ## scripted end-to-end checks (scripts/e2e-*.sh) on real binaries
 	@set -e; for s in scripts/e2e-*.sh; do echo "==> $$s"; bash "$$s"; done
 
 verbs-e2e: ## --transport verbs on soft-RoCE (rdma_rxe) in a qemu guest built from Debian's packages (qemu-system-x86, cpio; cache in bin/verbs-e2e)
-	GO=$(GO) scripts/verbs-e2e/run.sh
+	GO=$(GO) TEST_TAGS="$(TEST_TAGS)" scripts/verbs-e2e/run.sh
 
 # Install layout (make install PREFIX=... DESTDIR=...). The unit's ExecStart
 # and --config are rewritten to BINDIR and SYSCONFDIR; an existing config
@@ -188,6 +196,9 @@ python-venv: ## bin/python-venv: a venv on Debian's python3 (--system-site-packa
 	$(PYTHON) -m venv --system-site-packages $(PY_VENV)
 	$(PY_VENV)/bin/pip install --no-deps --no-build-isolation --quiet ./clients/python
 	rm -rf clients/python/build clients/python/*.egg-info
+
+gpu-check: ## on a machine with a GPU: the device tests on CUDA, pool registration, copy GB/s vs cudaMemcpy (not in make test)
+	GO=$(GO) scripts/gpu-check.sh
 
 python-test: python-venv ## the Python client's tests (pytest) against a real pegad built from this tree
 	cd $(PY_VENV) && GO=$(GO) PEGAD_PYTHON=$(CURDIR)/$(PY_VENV)/bin/python ./bin/python -m pytest -q -p no:cacheprovider $(CURDIR)/clients/python/tests; \

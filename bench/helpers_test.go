@@ -17,6 +17,7 @@ import (
 	"github.com/pegaflow/pegad/internal/config"
 	"github.com/pegaflow/pegad/internal/daemon"
 	"github.com/pegaflow/pegad/internal/holder"
+	"github.com/pegaflow/pegad/internal/metrics/metricstest"
 	"github.com/pegaflow/pegad/internal/store"
 	"github.com/pegaflow/pegad/internal/testutil"
 	"github.com/pegaflow/pegad/internal/testutil/cluster"
@@ -154,13 +155,27 @@ func (n *node) delete(b *testing.B, ns string, hash []byte) {
 	}
 }
 
+// newHolder is holder.New with private metrics (o.Metrics nil), failing b
+// on its error.
+func newHolder(b *testing.B, o holder.Options) *holder.Service {
+	b.Helper()
+	if o.Metrics == nil {
+		o.Metrics = metricstest.New()
+	}
+	svc, err := holder.New(o)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return svc
+}
+
 // holderWithEcho serves a holder over st and a bare echo service on one
 // gRPC server on 127.0.0.1:0 and returns the holder, one client connection
 // to both and the echo's state: the lock benches compare the two through
 // the same server and transport.
 func holderWithEcho(b *testing.B, st *store.Store) (*holder.Service, *grpc.ClientConn, *echo) {
 	b.Helper()
-	svc := holder.New(holder.Options{Store: st, Log: zerolog.Nop(), NodeID: "bench-holder", Incarnation: "h1"})
+	svc := newHolder(b, holder.Options{Store: st, Log: zerolog.Nop(), NodeID: "bench-holder", Incarnation: "h1"})
 	b.Cleanup(func() { svc.Locks().ReleaseAll("benchmark done") })
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

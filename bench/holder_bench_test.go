@@ -13,7 +13,7 @@ import (
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	"github.com/pegaflow/pegad/internal/holder"
-	"github.com/pegaflow/pegad/internal/metrics"
+	"github.com/pegaflow/pegad/internal/metrics/metricstest"
 	"github.com/pegaflow/pegad/internal/pool"
 	"github.com/pegaflow/pegad/internal/store"
 )
@@ -28,7 +28,7 @@ func newStore(b *testing.B, size uint64, n, blockSize int) (*store.Store, [][]by
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = p.Close() })
-	s := store.New(p, metrics.NewForTest())
+	s := store.New(p, metricstest.New())
 	hashes := make([][]byte, n)
 	for i := range hashes {
 		hashes[i] = fmt.Appendf(nil, "%032x", i)
@@ -158,7 +158,7 @@ func BenchmarkExpireScaling(b *testing.B) {
 	}
 	mk := func(live int) table {
 		st, hashes := newStore(b, 4<<20, 1, 4096)
-		svc := holder.New(holder.Options{Store: st, Log: zerolog.Nop(), LockTimeout: timeout, Now: nowFn})
+		svc := newHolder(b, holder.Options{Store: st, Log: zerolog.Nop(), LockTimeout: timeout, Now: nowFn})
 		b.Cleanup(func() { svc.Locks().ReleaseAll("benchmark done") })
 		now.Store(base.Add(time.Hour).UnixNano()) // live ones expire long after the test's "now"
 		for i := range live {

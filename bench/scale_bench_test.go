@@ -40,7 +40,7 @@ func BenchmarkSessionsAtScale(b *testing.B) {
 	now.Store(base.UnixNano())
 	nowFn := func() time.Time { return time.Unix(0, now.Load()) }
 	mk := func() *holder.Service {
-		svc := holder.New(holder.Options{Store: st, Log: zerolog.Nop(), LockTimeout: time.Hour, Now: nowFn})
+		svc := newHolder(b, holder.Options{Store: st, Log: zerolog.Nop(), LockTimeout: time.Hour, Now: nowFn})
 		b.Cleanup(func() { svc.Locks().ReleaseAll("benchmark done") })
 		return svc
 	}

@@ -18,12 +18,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 GO=${GO:-go}
+# -tags of the test builds (the Makefile's TEST_TAGS): the fake HCA.
+TEST_TAGS=${TEST_TAGS-pegad_fakeverbs}
 BENCHTIME=${BENCHTIME:-1s}
 mkdir -p bin
 RAW=bin/bench-current.txt
 
 if [[ ${1:-} == all ]]; then
-	exec "$GO" test -run='^$' -bench=. -benchmem -benchtime="$BENCHTIME" -count="${BENCHCOUNT:-1}" ./...
+	exec "$GO" test -tags="$TEST_TAGS" -run='^$' -bench=. -benchmem -benchtime="$BENCHTIME" -count="${BENCHCOUNT:-1}" ./...
 fi
 BENCHCOUNT=${BENCHCOUNT:-5}
 
@@ -99,7 +101,7 @@ for pkg in "${PKGS[@]}"; do
 		PYTHONPATH=clients/python GO="$GO" "${PYTHON:-/usr/bin/python3}" "$script" \
 			--benchtime "$BENCHTIME" --count "$BENCHCOUNT" 2>&1 | tee -a "$RAW" | grep --line-buffered -E '^(Benchmark|Traceback|[A-Za-z]*Error)'
 	else
-		"$GO" test -run='^$' -bench="^(${BENCHES[$pkg]})\$" -benchtime="$BENCHTIME" -count="$BENCHCOUNT" \
+		"$GO" test -tags="$TEST_TAGS" -run='^$' -bench="^(${BENCHES[$pkg]})\$" -benchtime="$BENCHTIME" -count="$BENCHCOUNT" \
 			"$pkg" 2>&1 | tee -a "$RAW" | grep --line-buffered -E '^(Benchmark|--- FAIL|FAIL|panic|ok )'
 	fi
 	status=${PIPESTATUS[0]}

@@ -1,4 +1,4 @@
-//go:build linux && cgo && !noverbs
+//go:build linux && cgo && !noverbs && pegad_fakeverbs
 
 package conn
 

@@ -44,11 +44,15 @@ func (d *Daemon) openCluster() error {
 	if d.tier != nil {
 		src.Lower = d.tier // SSD-held blocks are announced with their medium
 	}
-	d.cluster.pub = index.NewPublisher(index.PublisherOptions{
+	pub, err := index.NewPublisher(index.PublisherOptions{
 		Index: idx, Source: src, TTL: d.cfg.ClusterTTL, Metrics: m,
 		Log:  d.log.With().Str("component", "cluster").Logger(),
 		Self: d.clusterSelf,
 	})
+	if err != nil {
+		return fmt.Errorf("cluster index: %w", err) // d.cluster.idx is closed with the daemon
+	}
+	d.cluster.pub = pub
 	d.store.OnChange(d.cluster.pub.Notify)
 	if d.tier != nil {
 		d.tier.OnChange(d.cluster.pub.Notify)

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/pegaflow/pegad/internal/index/redisindex"
-	"github.com/pegaflow/pegad/internal/metrics"
+	"github.com/pegaflow/pegad/internal/metrics/metricstest"
 	"github.com/pegaflow/pegad/internal/testutil"
 )
 
@@ -26,7 +26,7 @@ func TestDrainLeavesClusterIndex(t *testing.T) {
 	b := startNode(t, testConfig(t), gate.option())
 
 	obs, err := redisindex.Open(redisindex.Options{URLs: r.URL(), NodeID: "observer", Incarnation: "o1",
-		TTL: acfg.ClusterTTL, Metrics: metrics.NewClusterForTest()})
+		TTL: acfg.ClusterTTL, Metrics: metricstest.NewCluster()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -373,7 +373,7 @@ func (d *Daemon) openComponents(cfg *config.Config) (err error) {
 	if d.conns.WindowsEnabled() {
 		windows = d.conns
 	}
-	d.holder = holder.New(holder.Options{
+	d.holder, err = holder.New(holder.Options{
 		Store:       d.store,
 		Acceptor:    d.conns,
 		Windows:     windows,
@@ -387,6 +387,9 @@ func (d *Daemon) openComponents(cfg *config.Config) (err error) {
 		Limits:       d.holderLimits(),
 		Authenticate: d.authenticator(),
 	})
+	if err != nil {
+		return err
+	}
 	// verbs: the reaper frees a requester's connection once it has held
 	// no transfer session for --rdma-idle-timeout.
 	d.conns.SetRequesterActivity(d.holder.Locks())

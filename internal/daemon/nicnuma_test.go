@@ -8,7 +8,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/pegaflow/pegad/internal/config"
-	"github.com/pegaflow/pegad/internal/metrics"
+	"github.com/pegaflow/pegad/internal/metrics/metricstest"
 )
 
 // TestNICNUMA: nic-numa sets the NUMA node of the named NICs (tcp devices
@@ -44,7 +44,7 @@ func TestNICNUMA(t *testing.T) {
 			cfg.TCPDataListen = "127.0.0.1:0"
 			var buf bytes.Buffer
 			log := zerolog.New(&buf)
-			tr, err := openTransport(&cfg, metrics.NewForTest(), log)
+			tr, err := openTransport(&cfg, metricstest.New(), log)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -17,6 +17,7 @@ import (
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	"github.com/pegaflow/pegad/internal/metrics"
+	"github.com/pegaflow/pegad/internal/metrics/metricstest"
 	"github.com/pegaflow/pegad/internal/store"
 )
 
@@ -182,7 +183,7 @@ type env struct {
 
 func newEnv(t *testing.T, mod func(*Options), hashes ...string) *env {
 	t.Helper()
-	e := &env{pins: newFakePinner(hashes...), clock: newFakeClock(), m: metrics.NewForTest(), logs: &syncBuffer{}}
+	e := &env{pins: newFakePinner(hashes...), clock: newFakeClock(), m: metricstest.New(), logs: &syncBuffer{}}
 	opts := Options{
 		Store: e.pins, Metrics: e.m, Log: zerolog.New(e.logs),
 		NodeID: "holder", Incarnation: "h1", LockTimeout: 10 * time.Second,
@@ -191,8 +192,18 @@ func newEnv(t *testing.T, mod func(*Options), hashes ...string) *env {
 	if mod != nil {
 		mod(&opts)
 	}
-	e.svc = New(opts)
+	e.svc = mustNew(t, opts)
 	return e
+}
+
+// mustNew is New, failing tb on its error.
+func mustNew(tb testing.TB, opts Options) *Service {
+	tb.Helper()
+	s, err := New(opts)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return s
 }
 
 // open takes a session of n fake blocks directly in the lock table.

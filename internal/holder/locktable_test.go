@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/pegaflow/pegad/internal/metrics/metricstest"
 )
 
 // TestExactlyOnceUnpinUnderRace ends the same sessions from every path at
@@ -111,7 +113,7 @@ func BenchmarkExpireBefore(b *testing.B) {
 		b.Run(fmt.Sprintf("live=100000/expired=%d", expiring), func(b *testing.B) {
 			pins := newFakePinner()
 			clock := newFakeClock()
-			svc := New(Options{Store: pins, Log: zerolog.Nop(), LockTimeout: time.Minute, Now: clock.Now})
+			svc := mustNew(b, Options{Store: pins, Metrics: metricstest.New(), Log: zerolog.Nop(), LockTimeout: time.Minute, Now: clock.Now})
 			base := clock.Now()
 			clock.Set(base.Add(time.Hour))
 			for i := 0; i < 100_000; i++ {
@@ -139,7 +141,7 @@ func BenchmarkExpireBefore(b *testing.B) {
 
 func BenchmarkQueryReleaseParallel(b *testing.B) {
 	pins := newFakePinner()
-	svc := New(Options{Store: pins, Log: zerolog.Nop()})
+	svc := mustNew(b, Options{Store: pins, Metrics: metricstest.New(), Log: zerolog.Nop()})
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			s, err := svc.locks.open("n", "", pins.pins(4), 4)

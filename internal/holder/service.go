@@ -129,14 +129,15 @@ const (
 	MaxIncarnationLen       = 128
 )
 
-// Options configure New. Zero values take the defaults.
+// Options configure New. Zero values take the defaults, except Metrics,
+// which is required (the daemon's, on the registry /metrics serves).
 type Options struct {
 	Store    Pinner
 	Acceptor Acceptor // nil: RdmaHandshake answers Unavailable
 	// Windows: locks are read through memory windows bound on their
 	// requester's connection (nil: through the pool's rkey).
 	Windows     Windows
-	Metrics     *metrics.Metrics
+	Metrics     *metrics.Metrics // required
 	Log         zerolog.Logger
 	NodeID      string
 	Incarnation string
@@ -159,9 +160,6 @@ type Options struct {
 }
 
 func (o *Options) setDefaults() {
-	if o.Metrics == nil {
-		o.Metrics = metrics.NewForTest()
-	}
 	if o.LockTimeout <= 0 {
 		o.LockTimeout = DefaultLockTimeout
 	}
@@ -197,10 +195,16 @@ type Service struct {
 
 var _ pegadv1.PeerServiceServer = (*Service)(nil)
 
-// New creates the service. opts.Store must be set.
-func New(opts Options) *Service {
+// ErrNoMetrics is New's error for Options without Metrics.
+var ErrNoMetrics = errors.New("holder: Metrics is required")
+
+// New creates the service. opts.Store and opts.Metrics must be set.
+func New(opts Options) (*Service, error) {
+	if opts.Metrics == nil {
+		return nil, ErrNoMetrics
+	}
 	opts.setDefaults()
-	return &Service{opts: opts, locks: newLockTable(opts)}
+	return &Service{opts: opts, locks: newLockTable(opts)}, nil
 }
 
 // Locks is the service's lock table (admin listing, force release, gc).

@@ -13,6 +13,7 @@ import (
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	"github.com/pegaflow/pegad/internal/metrics"
+	"github.com/pegaflow/pegad/internal/metrics/metricstest"
 	"github.com/pegaflow/pegad/internal/pool"
 	"github.com/pegaflow/pegad/internal/store"
 )
@@ -34,7 +35,7 @@ func realStore(t *testing.T) (*store.Store, *pool.Pool) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		s = store.New(p, metrics.NewForTest())
+		s = store.New(p, metricstest.New())
 	}()
 	t.Cleanup(func() { _ = p.Close() })
 	return s, p
@@ -68,8 +69,8 @@ func segBytes(t *testing.T, p *pool.Pool, g *pegadv1.Segment) []byte {
 func TestQueryOverRealStore(t *testing.T) {
 	st, p := realStore(t)
 	clock := newFakeClock()
-	m := metrics.NewForTest()
-	svc := New(Options{Store: st, Metrics: m, Log: zerolog.Nop(), LockTimeout: 10 * time.Second, Now: clock.Now})
+	m := metricstest.New()
+	svc := mustNew(t, Options{Store: st, Metrics: m, Log: zerolog.Nop(), LockTimeout: 10 * time.Second, Now: clock.Now})
 	c := serve(t, svc)
 	a := put(t, st, "ns", "a", []store.SlotSize{{KSize: 4096, VSize: 4096}, {KSize: 1000, VSize: 24}}, 1)
 	b := put(t, st, "ns", "b", []store.SlotSize{{KSize: 8192}}, 2)
@@ -151,8 +152,8 @@ func TestQueryOverRealStore(t *testing.T) {
 
 func TestQueryTooManySlotsLocksNothing(t *testing.T) {
 	st, _ := realStore(t)
-	m := metrics.NewForTest()
-	svc := New(Options{Store: st, Metrics: m, Log: zerolog.Nop(), MaxResponseSlots: 2})
+	m := metricstest.New()
+	svc := mustNew(t, Options{Store: st, Metrics: m, Log: zerolog.Nop(), MaxResponseSlots: 2})
 	c := serve(t, svc)
 	put(t, st, "ns", "a", []store.SlotSize{{KSize: 64}, {KSize: 64}}, 1)
 	put(t, st, "ns", "b", []store.SlotSize{{KSize: 64}}, 2)
@@ -174,7 +175,7 @@ func TestQueryTooManySlotsLocksNothing(t *testing.T) {
 func TestRealStorePinsBalanceUnderRace(t *testing.T) {
 	st, _ := realStore(t)
 	clock := newFakeClock()
-	svc := New(Options{Store: st, Log: zerolog.Nop(), LockTimeout: time.Second, Now: clock.Now})
+	svc := mustNew(t, Options{Store: st, Metrics: metricstest.New(), Log: zerolog.Nop(), LockTimeout: time.Second, Now: clock.Now})
 	const nblocks = 16
 	var hs [][]byte
 	for i := 0; i < nblocks; i++ {
@@ -246,8 +247,8 @@ func TestRealStorePinsBalanceUnderRace(t *testing.T) {
 
 func TestQueryCanceledCallerLeavesNoSession(t *testing.T) {
 	st, _ := realStore(t)
-	m := metrics.NewForTest()
-	svc := New(Options{Store: st, Metrics: m, Log: zerolog.Nop()})
+	m := metricstest.New()
+	svc := mustNew(t, Options{Store: st, Metrics: m, Log: zerolog.Nop()})
 	put(t, st, "ns", "a", []store.SlotSize{{KSize: 64}}, 1)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()

@@ -87,7 +87,7 @@ type PublisherOptions struct {
 	// round trip (0: DefaultBatchDelay); MaxBatch caps one pipeline.
 	BatchDelay time.Duration
 	MaxBatch   int
-	Metrics    *metrics.Cluster
+	Metrics    *metrics.Cluster // required
 	Log        zerolog.Logger
 }
 
@@ -130,20 +130,21 @@ type Publisher struct {
 	everUp  bool
 }
 
-// NewPublisher makes a publisher; nothing runs before Run.
-func NewPublisher(o PublisherOptions) *Publisher {
+// NewPublisher makes a publisher; nothing runs before Run. o.Metrics is
+// required.
+func NewPublisher(o PublisherOptions) (*Publisher, error) {
+	if o.Metrics == nil {
+		return nil, errors.New("index: publisher: Metrics is required")
+	}
 	if o.BatchDelay <= 0 {
 		o.BatchDelay = DefaultBatchDelay
 	}
 	if o.MaxBatch <= 0 {
 		o.MaxBatch = DefaultMaxBatch
 	}
-	if o.Metrics == nil {
-		o.Metrics = metrics.NewClusterForTest()
-	}
 	return &Publisher{o: o, wake: make(chan struct{}, 1), kick: make(chan struct{}, 1),
 		leave: make(chan struct{}), left: make(chan struct{}),
-		dirty: make(map[store.Key]struct{}), resync: true}
+		dirty: make(map[store.Key]struct{}), resync: true}, nil
 }
 
 // Leave takes this node out of the index as a drain begins: Run stops

@@ -11,6 +11,7 @@ import (
 
 	"github.com/pegaflow/pegad/internal/index"
 	"github.com/pegaflow/pegad/internal/index/redisindex"
+	"github.com/pegaflow/pegad/internal/metrics/metricstest"
 	"github.com/pegaflow/pegad/internal/pool"
 	"github.com/pegaflow/pegad/internal/ssd"
 	"github.com/pegaflow/pegad/internal/store"
@@ -25,7 +26,7 @@ import (
 func TestPublisherAnnouncesSSDMedium(t *testing.T) {
 	r := testutil.StartRedis(t)
 	dir := t.TempDir()
-	x, err := redisindex.Open(redisindex.Options{URLs: r.URL(), NodeID: "reader", Incarnation: "r", TTL: 10 * time.Second})
+	x, err := redisindex.Open(redisindex.Options{URLs: r.URL(), NodeID: "reader", Incarnation: "r", TTL: 10 * time.Second, Metrics: metricstest.NewCluster()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,12 +74,12 @@ func startSSDNode(t *testing.T, r *testutil.Redis, dir, inc string) (*store.Stor
 	}
 	t.Cleanup(func() { _ = tier.Close() })
 	st.SetLower(tier, nil)
-	idx, err := redisindex.Open(redisindex.Options{URLs: r.URL(), NodeID: "a", Incarnation: inc, TTL: 10 * time.Second})
+	idx, err := redisindex.Open(redisindex.Options{URLs: r.URL(), NodeID: "a", Incarnation: inc, TTL: 10 * time.Second, Metrics: metricstest.NewCluster()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	pub := index.NewPublisher(index.PublisherOptions{
-		Index: idx, Source: index.StoreSource{S: st, Lower: tier}, TTL: 10 * time.Second, Log: zerolog.Nop(),
+	pub := newPublisher(t, index.PublisherOptions{
+		Index: idx, Source: index.StoreSource{S: st, Lower: tier}, TTL: 10 * time.Second, Log: zerolog.Nop(), Metrics: metricstest.NewCluster(),
 		Self: func() index.Node { return index.Node{Addr: "a:1"} },
 	})
 	st.OnChange(pub.Notify)

@@ -16,6 +16,7 @@ import (
 	"github.com/pegaflow/pegad/internal/index"
 	"github.com/pegaflow/pegad/internal/index/redisindex"
 	"github.com/pegaflow/pegad/internal/metrics"
+	"github.com/pegaflow/pegad/internal/metrics/metricstest"
 	"github.com/pegaflow/pegad/internal/pool"
 	"github.com/pegaflow/pegad/internal/store"
 	"github.com/pegaflow/pegad/internal/testutil"
@@ -31,6 +32,24 @@ type node struct {
 	ran chan struct{} // closed when pub.Run returned
 }
 
+// newPublisher is index.NewPublisher, failing t on its error.
+func newPublisher(t *testing.T, o index.PublisherOptions) *index.Publisher {
+	t.Helper()
+	pub, err := index.NewPublisher(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pub
+}
+
+// TestNewPublisherRequiresMetrics: metrics are a required option; the
+// publisher does not make a private registry the daemon never serves.
+func TestNewPublisherRequiresMetrics(t *testing.T) {
+	if pub, err := index.NewPublisher(index.PublisherOptions{Source: emptySource{}}); err == nil || pub != nil {
+		t.Fatalf("NewPublisher without Metrics: %v, %v; want an error", pub, err)
+	}
+}
+
 // startNode runs a store and its publisher against r until the test ends.
 func startNode(t *testing.T, r *testutil.Redis, id string, ttl time.Duration) *node {
 	t.Helper()
@@ -39,12 +58,12 @@ func startNode(t *testing.T, r *testutil.Redis, id string, ttl time.Duration) *n
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = p.Close() })
-	n := &node{st: store.New(p, nil), m: metrics.NewClusterForTest()}
+	n := &node{st: store.New(p, nil), m: metricstest.NewCluster()}
 	n.idx, err = redisindex.Open(redisindex.Options{URLs: r.URL(), NodeID: id, Incarnation: id + "-1", TTL: ttl, Metrics: n.m})
 	if err != nil {
 		t.Fatal(err)
 	}
-	pub := index.NewPublisher(index.PublisherOptions{
+	pub := newPublisher(t, index.PublisherOptions{
 		Index: n.idx, Source: index.StoreSource{S: n.st}, TTL: ttl, Metrics: n.m, Log: zerolog.Nop(),
 		Self: func() index.Node {
 			return index.Node{Addr: id + ":1", PoolSize: p.Size(), FreeBytes: p.Size() - p.Used()}
@@ -189,12 +208,12 @@ func TestPublisherDuplicateNodeID(t *testing.T) {
 	logs := &testutil.LogBuffer{}
 	ttl := 300 * time.Millisecond
 	for _, inc := range []string{"first", "second"} {
-		x, err := redisindex.Open(redisindex.Options{URLs: r.URL(), NodeID: "twin", Incarnation: inc, TTL: ttl})
+		x, err := redisindex.Open(redisindex.Options{URLs: r.URL(), NodeID: "twin", Incarnation: inc, TTL: ttl, Metrics: metricstest.NewCluster()})
 		if err != nil {
 			t.Fatal(err)
 		}
-		pub := index.NewPublisher(index.PublisherOptions{
-			Index: x, Source: emptySource{}, TTL: ttl, Log: zerolog.New(logs),
+		pub := newPublisher(t, index.PublisherOptions{
+			Index: x, Source: emptySource{}, TTL: ttl, Log: zerolog.New(logs), Metrics: metricstest.NewCluster(),
 			Self: func() index.Node { return index.Node{Addr: inc + ":1"} },
 		})
 		ctx, cancel := context.WithCancel(context.Background())
@@ -242,17 +261,17 @@ func (oneKey) Keys() []store.Key  { return []store.Key{{Namespace: "ns", Hash: "
 func TestPublisherSlowRepublishKeepsRecord(t *testing.T) {
 	r := testutil.StartRedis(t)
 	ttl := 300 * time.Millisecond
-	x, err := redisindex.Open(redisindex.Options{URLs: r.URL(), NodeID: "slow", Incarnation: "1", TTL: ttl})
+	x, err := redisindex.Open(redisindex.Options{URLs: r.URL(), NodeID: "slow", Incarnation: "1", TTL: ttl, Metrics: metricstest.NewCluster()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	viewer, err := redisindex.Open(redisindex.Options{URLs: r.URL(), NodeID: "viewer", Incarnation: "1", TTL: ttl})
+	viewer, err := redisindex.Open(redisindex.Options{URLs: r.URL(), NodeID: "viewer", Incarnation: "1", TTL: ttl, Metrics: metricstest.NewCluster()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer viewer.Close()
-	pub := index.NewPublisher(index.PublisherOptions{
-		Index: slowIndex{x, 3 * ttl}, Source: oneKey{}, TTL: ttl, Log: zerolog.Nop(),
+	pub := newPublisher(t, index.PublisherOptions{
+		Index: slowIndex{x, 3 * ttl}, Source: oneKey{}, TTL: ttl, Log: zerolog.Nop(), Metrics: metricstest.NewCluster(),
 		Self: func() index.Node { return index.Node{Addr: "slow:1"} },
 	})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -345,18 +364,18 @@ func (m manyKeys) Keys() []store.Key {
 func TestPublisherLeaveDuringRepublish(t *testing.T) {
 	r := testutil.StartRedis(t)
 	const ttl = 300 * time.Millisecond
-	x, err := redisindex.Open(redisindex.Options{URLs: r.URL(), NodeID: "leaver", Incarnation: "1", TTL: ttl})
+	x, err := redisindex.Open(redisindex.Options{URLs: r.URL(), NodeID: "leaver", Incarnation: "1", TTL: ttl, Metrics: metricstest.NewCluster()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	viewer, err := redisindex.Open(redisindex.Options{URLs: r.URL(), NodeID: "viewer", Incarnation: "1", TTL: ttl})
+	viewer, err := redisindex.Open(redisindex.Options{URLs: r.URL(), NodeID: "viewer", Incarnation: "1", TTL: ttl, Metrics: metricstest.NewCluster()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = viewer.Close() })
-	m := metrics.NewClusterForTest()
+	m := metricstest.NewCluster()
 	// 100 announcements of 30 ms each: a republication of 3 s.
-	pub := index.NewPublisher(index.PublisherOptions{
+	pub := newPublisher(t, index.PublisherOptions{
 		Index: slowIndex{x, 30 * time.Millisecond}, Source: manyKeys(100), TTL: ttl, MaxBatch: 1, Metrics: m, Log: zerolog.Nop(),
 		Self: func() index.Node { return index.Node{Addr: "leaver:1"} },
 	})

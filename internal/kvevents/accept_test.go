@@ -11,7 +11,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 	"github.com/rs/zerolog"
 
-	"github.com/pegaflow/pegad/internal/metrics"
+	"github.com/pegaflow/pegad/internal/metrics/metricstest"
 )
 
 // flakyListener fails its first Accept with EMFILE (the process ran out of
@@ -36,7 +36,7 @@ func startServer(t *testing.T, wrap func(net.Listener) net.Listener) *server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &Publisher{o: Options{Log: zerolog.Nop(), SubscriberQueue: 8, Metrics: metrics.NewKVEventsForTest()}}
+	p := &Publisher{o: Options{Log: zerolog.Nop(), SubscriberQueue: 8, Metrics: metricstest.NewKVEvents()}}
 	s := newServer(kindPub, wrap(ln), p)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})

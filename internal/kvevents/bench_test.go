@@ -7,7 +7,7 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/pegaflow/pegad/internal/metrics"
+	"github.com/pegaflow/pegad/internal/metrics/metricstest"
 	"github.com/pegaflow/pegad/internal/pool"
 	"github.com/pegaflow/pegad/internal/store"
 )
@@ -25,7 +25,7 @@ func BenchmarkPut(b *testing.B) {
 			defer pl.Close()
 			s := store.New(pl, nil)
 			if on {
-				p, err := New(Options{Endpoint: "tcp://127.0.0.1:0", NodeID: "n", Metrics: metrics.NewKVEventsForTest()})
+				p, err := New(Options{Endpoint: "tcp://127.0.0.1:0", NodeID: "n", Metrics: metricstest.NewKVEvents()})
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -13,6 +13,7 @@ package kvevents
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -53,7 +54,7 @@ type Options struct {
 	NodeID string
 	// Queue, SubscriberQueue, Replay: 0 takes the defaults above.
 	Queue, SubscriberQueue, Replay int
-	Metrics                        *metrics.KVEvents
+	Metrics                        *metrics.KVEvents // required
 	Log                            zerolog.Logger
 
 	sndBuf int // tests: SO_SNDBUF of accepted TCP connections (0: the kernel's)
@@ -111,7 +112,7 @@ func New(o Options) (*Publisher, error) {
 		o.Replay = DefaultReplay
 	}
 	if o.Metrics == nil {
-		o.Metrics = metrics.NewKVEventsForTest()
+		return nil, errors.New("kvevents: Metrics is required")
 	}
 	p := &Publisher{o: o, wake: make(chan struct{}, 1), topics: map[string][]byte{},
 		published: map[store.ChangeKind]prometheus.Counter{}}

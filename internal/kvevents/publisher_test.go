@@ -22,6 +22,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/pegaflow/pegad/internal/metrics"
+	"github.com/pegaflow/pegad/internal/metrics/metricstest"
 	"github.com/pegaflow/pegad/internal/pool"
 	"github.com/pegaflow/pegad/internal/store"
 )
@@ -127,7 +128,7 @@ func newRig(t *testing.T, poolSize uint64, o Options) *rig {
 	}
 	t.Cleanup(func() { _ = pl.Close() })
 	s := store.New(pl, nil)
-	o.Metrics = metrics.NewKVEventsForTest()
+	o.Metrics = metricstest.NewKVEvents()
 	if o.Endpoint == "" {
 		o.Endpoint = "tcp://127.0.0.1:0"
 	}
@@ -371,7 +372,7 @@ func stalled(t *testing.T, addr string) {
 // TestQueueFullDrops: with the publisher goroutine not running, Enqueue
 // keeps Queue sections and drops (and counts) the rest without blocking.
 func TestQueueFullDrops(t *testing.T) {
-	m := metrics.NewKVEventsForTest()
+	m := metricstest.NewKVEvents()
 	p, err := New(Options{Endpoint: "tcp://127.0.0.1:0", Queue: 2, Metrics: m})
 	if err != nil {
 		t.Fatal(err)
@@ -395,10 +396,22 @@ func TestQueueFullDrops(t *testing.T) {
 // TestEndpoints: bad endpoints are refused at New.
 func TestEndpoints(t *testing.T) {
 	for _, ep := range []string{"127.0.0.1:5557", "udp://127.0.0.1:5557", "tcp://256.0.0.1:1"} {
-		if p, err := New(Options{Endpoint: ep}); err == nil {
+		if p, err := New(Options{Endpoint: ep, Metrics: metricstest.NewKVEvents()}); err == nil {
 			p.pub.close()
 			t.Errorf("New(%q) succeeded", ep)
 		}
+	}
+}
+
+// TestNewRequiresMetrics: metrics are a required option; New does not
+// make a private registry the daemon never serves, and binds nothing.
+func TestNewRequiresMetrics(t *testing.T) {
+	p, err := New(Options{Endpoint: "tcp://127.0.0.1:0"})
+	if err == nil || !strings.Contains(err.Error(), "Metrics is required") {
+		if p != nil {
+			p.pub.close()
+		}
+		t.Fatalf("New without Metrics: %v, want Metrics is required", err)
 	}
 }
 

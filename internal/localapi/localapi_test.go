@@ -25,6 +25,7 @@ import (
 	"github.com/pegaflow/pegad/internal/conn"
 	"github.com/pegaflow/pegad/internal/holder"
 	"github.com/pegaflow/pegad/internal/metrics"
+	"github.com/pegaflow/pegad/internal/metrics/metricstest"
 	"github.com/pegaflow/pegad/internal/pool"
 	"github.com/pegaflow/pegad/internal/requester"
 	"github.com/pegaflow/pegad/internal/store"
@@ -108,7 +109,7 @@ func newEnvWith(t *testing.T, poolSize uint64, withFetcher bool, mod func(*Local
 		t.Fatal(err)
 	}
 	e := &env{
-		metrics: metrics.NewForTest(),
+		metrics: metricstest.New(),
 		locks:   &fakeLocks{released: map[string]string{}},
 		conns:   &fakeConns{},
 		now:     time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC),

@@ -59,6 +59,3 @@ func NewCluster(reg prometheus.Registerer) *Cluster {
 	}
 	return c
 }
-
-// NewClusterForTest returns cluster metrics on a private registry.
-func NewClusterForTest() *Cluster { return NewCluster(prometheus.NewRegistry()) }

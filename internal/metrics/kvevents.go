@@ -72,6 +72,3 @@ func NewKVEvents(reg prometheus.Registerer) *KVEvents {
 	}
 	return m
 }
-
-// NewKVEventsForTest returns KV-events metrics on a private registry.
-func NewKVEventsForTest() *KVEvents { return NewKVEvents(prometheus.NewRegistry()) }

@@ -470,9 +470,6 @@ func (m *Metrics) oldestSessionAge() float64 {
 	return 0
 }
 
-// NewForTest returns metrics on a private registry.
-func NewForTest() *Metrics { return New(prometheus.NewRegistry(), false) }
-
 // Value reads the current value of a counter or gauge (0 for other kinds).
 func Value(c prometheus.Metric) float64 {
 	var m dto.Metric

@@ -12,7 +12,7 @@ import (
 // TestRequesterLabelsBounded: the per-requester gauge never has more than
 // MaxRequesterLabels+1 series; forgotten nodes free their slot.
 func TestRequesterLabelsBounded(t *testing.T) {
-	m := NewForTest()
+	m := New(prometheus.NewRegistry(), false)
 	for i := range MaxRequesterLabels + 50 {
 		m.RequesterSessions("node-" + strconv.Itoa(i)).Inc()
 	}

@@ -103,6 +103,3 @@ func NewTier(reg prometheus.Registerer) *Tier {
 	}
 	return m
 }
-
-// NewTierForTest returns tier metrics on a private registry.
-func NewTierForTest() *Tier { return NewTier(prometheus.NewRegistry()) }

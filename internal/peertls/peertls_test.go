@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/pegaflow/pegad/internal/metrics"
+	"github.com/pegaflow/pegad/internal/metrics/metricstest"
 	"github.com/pegaflow/pegad/internal/peertls"
 	"github.com/pegaflow/pegad/internal/testutil"
 )
@@ -172,7 +173,7 @@ func source(t *testing.T, f peertls.Files, allow string, m *metrics.Metrics, log
 // one log line naming it and the remote address; each is counted.
 func TestPeerPort(t *testing.T) {
 	ca, rogue := testutil.NewCA(t, "cluster"), testutil.NewCA(t, "rogue")
-	m := metrics.NewForTest()
+	m := metricstest.New()
 	logs := &testutil.LogBuffer{}
 	srv := source(t, files(t, ca, "holder"), "node-*", m, zerolog.New(logs))
 	addr, seen := server(t, srv)
@@ -256,7 +257,7 @@ func TestReload(t *testing.T) {
 	dir := t.TempDir()
 	f0 := ca.Issue(t, dir, testutil.CertSpec{DNS: []string{"holder-v1"}})
 	f := peertls.Files{Cert: f0.Cert, Key: f0.Key, CA: f0.CA}
-	m := metrics.NewForTest()
+	m := metricstest.New()
 	logs := &testutil.LogBuffer{}
 	srv := source(t, f, "", m, zerolog.New(logs))
 	addr, _ := server(t, srv)

@@ -599,6 +599,11 @@ func TestNewRequiresDependencies(t *testing.T) {
 	if _, err := New(Options{}); err == nil {
 		t.Fatal("New without dependencies succeeded")
 	}
+	// Metrics are required too: no private registry the daemon never serves.
+	peers := func(string) (pegadv1.PeerServiceClient, error) { return newFakeHolder(), nil }
+	if _, err := newEngine(Options{Peers: peers}, nil, nil, hooks{}); err == nil || !strings.Contains(err.Error(), "Metrics is required") {
+		t.Fatalf("engine without Metrics: %v, want Metrics is required", err)
+	}
 	var _ pegadv1.PeerServiceClient = newFakeHolder()
 }
 

@@ -1,4 +1,4 @@
-//go:build linux && cgo && !noverbs
+//go:build linux && cgo && !noverbs && pegad_fakeverbs
 
 package requester_test
 
@@ -26,6 +26,7 @@ import (
 	"github.com/pegaflow/pegad/internal/ibv"
 	"github.com/pegaflow/pegad/internal/ibv/verbs"
 	"github.com/pegaflow/pegad/internal/metrics"
+	"github.com/pegaflow/pegad/internal/metrics/metricstest"
 	"github.com/pegaflow/pegad/internal/peer"
 	"github.com/pegaflow/pegad/internal/pool"
 	"github.com/pegaflow/pegad/internal/requester"
@@ -116,7 +117,7 @@ func newNUMANode(t *testing.T, id, sysfs string, serve bool, log *readLog, windo
 		}
 		devs = append(devs, d)
 	}
-	n := &numaNode{m: metrics.NewForTest()}
+	n := &numaNode{m: metricstest.New()}
 	var err error
 	n.pool, err = pool.New(pool.Options{Size: 64 * mib, Log: zerolog.Nop(), Nodes: nodes, Policy: &tu.FakeNUMA{}})
 	if err != nil {
@@ -142,7 +143,9 @@ func newNUMANode(t *testing.T, id, sysfs string, serve bool, log *readLog, windo
 		if mgr.WindowsEnabled() {
 			ho.Windows = mgr
 		}
-		n.holder = holder.New(ho)
+		if n.holder, err = holder.New(ho); err != nil {
+			t.Fatal(err)
+		}
 		mgr.SetRequesterActivity(n.holder.Locks())
 		n.mgr = mgr
 		h := n.holder

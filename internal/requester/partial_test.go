@@ -12,6 +12,7 @@ import (
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	"github.com/pegaflow/pegad/internal/conn"
 	"github.com/pegaflow/pegad/internal/metrics"
+	"github.com/pegaflow/pegad/internal/metrics/metricstest"
 	"github.com/pegaflow/pegad/internal/pool"
 	"github.com/pegaflow/pegad/internal/store"
 	"github.com/pegaflow/pegad/internal/testutil"
@@ -32,7 +33,7 @@ func realStoreHarness(t *testing.T) (*harness, *store.Store, *pool.Pool) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = p.Close() })
-	hs := &harness{h: newFakeHolder(), cs: &fakeConns{r: &fakeReader{}}, m: metrics.NewForTest(), log: &testutil.LogBuffer{}}
+	hs := &harness{h: newFakeHolder(), cs: &fakeConns{r: &fakeReader{}}, m: metricstest.New(), log: &testutil.LogBuffer{}}
 	s := store.New(p, hs.m)
 	e, err := newEngine(Options{
 		NodeID: "req-node", Incarnation: "inc-1",

@@ -246,6 +246,9 @@ func newEngine(opts Options, st blockStore, cs connector, h hooks) (*Engine, err
 	if opts.Peers == nil {
 		return nil, errors.New("requester: Peers is required")
 	}
+	if opts.Metrics == nil {
+		return nil, errors.New("requester: Metrics is required")
+	}
 	e := &Engine{
 		opts:           opts,
 		log:            opts.Log,
@@ -261,9 +264,6 @@ func newEngine(opts Options, st blockStore, cs connector, h hooks) (*Engine, err
 		reconnectWait:  defaultReconnectWait,
 		flights:        flightTable{m: make(map[store.Key]*flight)},
 		running:        make(map[string]*fetchState),
-	}
-	if e.m == nil {
-		e.m = metrics.NewForTest()
 	}
 	if e.maxChunk == 0 {
 		e.maxChunk = MaxChunk

@@ -27,6 +27,7 @@ import (
 	"github.com/pegaflow/pegad/internal/ibv/tcp"
 	"github.com/pegaflow/pegad/internal/lease"
 	"github.com/pegaflow/pegad/internal/metrics"
+	"github.com/pegaflow/pegad/internal/metrics/metricstest"
 	"github.com/pegaflow/pegad/internal/peer"
 	"github.com/pegaflow/pegad/internal/pool"
 	"github.com/pegaflow/pegad/internal/requester"
@@ -82,7 +83,7 @@ func startE2ENode(t *testing.T, o e2eOptions) *e2eNode {
 	if inc == "" {
 		inc = id + "-inc"
 	}
-	n := &e2eNode{id: id, m: metrics.NewForTest()}
+	n := &e2eNode{id: id, m: metricstest.New()}
 	var err error
 	n.pool, err = pool.New(pool.Options{Size: o.poolSize, Log: zerolog.Nop()})
 	if err != nil {
@@ -123,10 +124,13 @@ func startE2ENode(t *testing.T, o e2eOptions) *e2eNode {
 	t.Cleanup(func() { _ = n.mgr.Close() })
 
 	if o.serve {
-		n.holder = holder.New(holder.Options{
+		n.holder, err = holder.New(holder.Options{
 			Store: n.store, Acceptor: n.mgr, Metrics: n.m, Log: zerolog.Nop(),
 			NodeID: id, Incarnation: inc, LockTimeout: o.lockTimeout,
 		})
+		if err != nil {
+			t.Fatal(err)
+		}
 		// The lock sweeper, as the daemon runs it: a lock that lapses ends
 		// (and is counted in pegaflow_transfer_lock_timeouts_total).
 		gcCtx, gcStop := context.WithCancel(context.Background())

@@ -17,6 +17,7 @@ import (
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	"github.com/pegaflow/pegad/internal/conn"
 	"github.com/pegaflow/pegad/internal/metrics"
+	"github.com/pegaflow/pegad/internal/metrics/metricstest"
 	"github.com/pegaflow/pegad/internal/store"
 	"github.com/pegaflow/pegad/internal/testutil"
 )
@@ -46,7 +47,7 @@ func newHarness(t *testing.T, opts ...option) *harness {
 		h:   newFakeHolder(),
 		st:  newFakeStore(1 << 40),
 		cs:  &fakeConns{r: &fakeReader{}},
-		m:   metrics.NewForTest(),
+		m:   metricstest.New(),
 		log: &testutil.LogBuffer{},
 	}
 	o := Options{

@@ -14,6 +14,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/pegaflow/pegad/internal/metrics"
+	"github.com/pegaflow/pegad/internal/metrics/metricstest"
 	"github.com/pegaflow/pegad/internal/store"
 )
 
@@ -41,7 +42,7 @@ type env struct {
 
 func newEnv(t *testing.T, npaths int, size, seg uint64) *env {
 	t.Helper()
-	e := &env{m: metrics.NewTierForTest()}
+	e := &env{m: metricstest.NewTier()}
 	for i := 0; i < npaths; i++ {
 		e.dirs = append(e.dirs, filepath.Join(t.TempDir(), fmt.Sprintf("dev%d", i)))
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/pegaflow/pegad/internal/metrics"
+	"github.com/pegaflow/pegad/internal/metrics/metricstest"
 	"github.com/pegaflow/pegad/internal/pool"
 	"github.com/pegaflow/pegad/internal/store"
 )
@@ -23,7 +24,7 @@ func TestStoreSpillsAndPromotes(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = p.Close() })
-	st := store.New(p, metrics.NewForTest())
+	st := store.New(p, metricstest.New())
 	e := newEnv(t, 1, 32<<20, 0)
 	tr := e.open(t)
 	st.SetLower(tr, e.m)
@@ -85,7 +86,7 @@ func TestFlushLower(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = p.Close() })
-	st := store.New(p, metrics.NewForTest())
+	st := store.New(p, metricstest.New())
 	e := newEnv(t, 1, 32<<20, 0)
 	e.o.QueueBytes = 2 * (n + 2*Align) // room for two records: the flush waits for room
 	tr := e.open(t)

@@ -5,6 +5,7 @@ import (
 
 	"github.com/pegaflow/pegad/internal/evict"
 	"github.com/pegaflow/pegad/internal/metrics"
+	"github.com/pegaflow/pegad/internal/metrics/metricstest"
 	"github.com/pegaflow/pegad/internal/pool"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/rs/zerolog"
@@ -25,7 +26,7 @@ func newPolicyStoreMetrics(t *testing.T, kind evict.Kind, n int) (*Store, *metri
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = p.Close() })
-	m := metrics.NewForTest()
+	m := metricstest.New()
 	return NewWithPolicy(p, m, NewPolicy(kind)), m
 }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/pegaflow/pegad/api/limits"
 	"github.com/pegaflow/pegad/internal/evict"
 	"github.com/pegaflow/pegad/internal/metrics"
+	"github.com/pegaflow/pegad/internal/metrics/metricstest"
 	"github.com/pegaflow/pegad/internal/pool"
 	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
@@ -32,7 +33,7 @@ func newStore(t testing.TB, size uint64) (*Store, *metrics.Metrics) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = p.Close() })
-	m := metrics.NewForTest()
+	m := metricstest.New()
 	return New(p, m), m
 }
 

@@ -22,6 +22,9 @@ CACHE=${CACHE:-$ROOT/bin/verbs-e2e}
 BOOT_TIMEOUT=${BOOT_TIMEOUT:-540}
 MEM=${MEM:-2048}
 GO=${GO:-go}
+# -tags of the test binaries (the Makefile's TEST_TAGS): conn.test's windows
+# tests run over the fake HCA and rxe0 both.
+TEST_TAGS=${TEST_TAGS-pegad_fakeverbs}
 ARCH=x86_64-linux-gnu
 # rdma-core 44 userspace, perftest, iproute2 (rdma, ip) and their libraries.
 PKGS="busybox-static libibverbs1 ibverbs-providers ibverbs-utils perftest iproute2
@@ -105,8 +108,8 @@ OV=$CACHE/overlay
 rm -rf "$OV" && mkdir -p "$OV/usr/bin" "$OV/lib/$ARCH"
 cp "$ROOT/bin/pegad" "$ROOT/bin/pegactl" "$OV/usr/bin/"
 # The verbs package's tests, for the memory-window phase (TestMemoryWindowDevice).
-(cd "$ROOT" && "$GO" test -c -o "$OV/usr/bin/verbs.test" ./internal/ibv/verbs) || die "go test -c ./internal/ibv/verbs"
-(cd "$ROOT" && "$GO" test -c -o "$OV/usr/bin/conn.test" ./internal/conn) || die "go test -c ./internal/conn"
+(cd "$ROOT" && "$GO" test -tags="$TEST_TAGS" -c -o "$OV/usr/bin/verbs.test" ./internal/ibv/verbs) || die "go test -c ./internal/ibv/verbs"
+(cd "$ROOT" && "$GO" test -tags="$TEST_TAGS" -c -o "$OV/usr/bin/conn.test" ./internal/conn) || die "go test -c ./internal/conn"
 cp "$HERE/guest-init.sh" "$OV/init" && chmod 0755 "$OV/init"
 # pegad's shared libraries, taken from Debian's packages where the base lacks them.
 S=$CACHE/stage

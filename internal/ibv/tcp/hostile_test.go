@@ -15,13 +15,14 @@ import (
 	"github.com/pegaflow/pegad/internal/ibv"
 	"github.com/pegaflow/pegad/internal/ibv/ibvtest"
 	"github.com/pegaflow/pegad/internal/metrics"
+	"github.com/pegaflow/pegad/internal/metrics/metricstest"
 )
 
 // newGatedDevice is one device with the given pre-hello limits and a
 // private metrics set, closed at cleanup.
 func newGatedDevice(t *testing.T, maxTotal, perSource int) (*Device, *metrics.Metrics) {
 	t.Helper()
-	met := metrics.NewForTest()
+	met := metricstest.New()
 	log := zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.InfoLevel)
 	p, err := NewProvider(DeviceOptions{Name: "holder", Logger: &log, Metrics: met,
 		MaxPreHello: maxTotal, MaxPreHelloPerSource: perSource})

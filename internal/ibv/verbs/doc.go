@@ -21,7 +21,10 @@
 // stand-in for libibverbs that only tests select, as strict as rdma-core's
 // man pages say an mlx5 HCA is: it lets the conformance
 // suite exercise the Go/C glue here; TestConformance runs the same suite on
-// real devices where they exist.
+// real devices where they exist. The fake and its controls (FakeLibrary,
+// Fake*, SetFakeMWFaults: fake_cgo.go, fakemw_cgo.go) are built only with
+// -tags pegad_fakeverbs, as the Makefile's test targets build; a
+// production binary has none of them (nofake_cgo.go).
 //
 // Choices a reader should know: the port is the first ACTIVE one (an
 // InfiniBand port needs a LID from the subnet manager; a RoCE port a

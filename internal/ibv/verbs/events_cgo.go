@@ -4,7 +4,6 @@ package verbs
 
 /*
 #include <errno.h>
-#include <stdlib.h>
 #include "shim.h"
 */
 import "C"
@@ -14,7 +13,6 @@ import (
 	"sync"
 	"syscall"
 	"time"
-	"unsafe"
 
 	"github.com/pegaflow/pegad/internal/ibv"
 )
@@ -164,57 +162,4 @@ func (d *device) reresolve() {
 		return
 	}
 	d.st.Store(&devState{info: info, port: portOf(c, lim, d.opts)})
-}
-
-// fakePortEvent raises async event typ on port 1 of fake device dev and
-// changes the port to match (tests); how many open contexts were told.
-func fakePortEvent(dev string, typ int) int {
-	cs := C.CString(dev)
-	defer C.free(unsafe.Pointer(cs))
-	return int(C.pv_fake_port_event(cs, C.int(typ)))
-}
-
-// fakeResetPorts undoes every fakePortEvent (tests).
-func fakeResetPorts() { C.pv_fake_reset_ports() }
-
-// FakePortEvent raises kind on port 1 of device dev of the fake library
-// (FakeLibrary), changing the port to match: PortDown and PortUp set its
-// state, AddressChange moves its RoCE v2 GID to a new address in a new
-// /24, DeviceFatal fails every READ posted through it at once (as
-// FakeNetdevDown) until FakePortState(dev, PortUp). For other packages' tests; it returns how many open contexts of
-// dev were told.
-func FakePortEvent(dev string, kind ibv.DeviceEventKind) int {
-	typ := map[ibv.DeviceEventKind]int{ibv.PortDown: eventPortErr, ibv.PortUp: eventPortActive,
-		ibv.AddressChange: eventGIDChange, ibv.DeviceFatal: eventDeviceFatal}[kind]
-	if typ == 0 {
-		return 0
-	}
-	return fakePortEvent(dev, typ)
-}
-
-// FakeResetPorts undoes every FakePortEvent (tests).
-func FakeResetPorts() { fakeResetPorts() }
-
-// FakeNetdevDown takes port 1 of fake device dev down as rxe does when its
-// netdev goes down: a READ posted through it fails at once with a local QP
-// operation error, before any event (raise FakePortEvent PortDown after to
-// send the event). The port queries as down.
-func FakeNetdevDown(dev string) {
-	cs := C.CString(dev)
-	defer C.free(unsafe.Pointer(cs))
-	C.pv_fake_port_state(cs, 0x10000) // FK_PORT_ERR_FAST
-}
-
-// FakePortState changes port 1 of fake device dev as FakePortEvent does
-// but raises no event: the moment between a port going down and the HCA
-// reporting it, when READs posted through it hang (held by the fake until
-// the port is back or their QP is moved to ERROR).
-func FakePortState(dev string, kind ibv.DeviceEventKind) {
-	typ := map[ibv.DeviceEventKind]int{ibv.PortDown: eventPortErr, ibv.PortUp: eventPortActive}[kind]
-	if typ == 0 {
-		return
-	}
-	cs := C.CString(dev)
-	defer C.free(unsafe.Pointer(cs))
-	C.pv_fake_port_state(cs, C.int(typ))
 }

@@ -1,9 +1,9 @@
-//go:build linux && cgo && !noverbs
+//go:build linux && cgo && !noverbs && pegad_fakeverbs
 
 package verbs
 
 /*
-#include "shim.h"
+#include "fakeverbs.h"
 */
 import "C"
 

@@ -1,4 +1,4 @@
-//go:build linux && cgo && !noverbs
+//go:build linux && cgo && !noverbs && pegad_fakeverbs
 
 // A loopback stand-in for libibverbs, used only by this package's tests so
 // that the Go/C glue (object lifetimes, chain building, completion
@@ -7,7 +7,9 @@
 // implementation: work requests execute at post time by memcpy between MRs
 // of one process, with an RC QP's checks (rkey/lkey, bounds, access, queue
 // depth, states, flush after an error, RETRY_EXC_ERR toward a destroyed
-// peer). One mutex serializes it.
+// peer). One mutex serializes it. It is built only with -tags
+// pegad_fakeverbs (the Makefile's test targets): a production binary has
+// none of it (cmd/pegad's TestProductionBuildHasNoFakeHCA).
 //
 // Completions can be made visible a set delay after posting
 // (pv_fake_set_delay), as a wire and a remote HCA would; a thread of the
@@ -20,7 +22,7 @@
 // or fail).
 
 #define _GNU_SOURCE // pipe2
-#include "shim.h"
+#include "fakeverbs.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -17,7 +17,6 @@ import (
 	"strings"
 	"sync"
 	"syscall"
-	"time"
 	"unsafe"
 
 	"github.com/pegaflow/pegad/internal/ibv"
@@ -228,8 +227,8 @@ func (l *lib) describe(ctx *C.struct_ibv_context, name string, want uint8, o Opt
 }
 
 func (p *Provider) load() (*lib, error) {
-	if p.fake {
-		return &lib{c: C.pv_fake_lib(), name: "fake"}, nil
+	if l := fakeLib(p.opts.Library); l != nil {
+		return l, nil // tests only: fake_cgo.go (-tags pegad_fakeverbs)
 	}
 	return loadLib(p.opts.Library)
 }
@@ -347,25 +346,3 @@ func fromC(c C.pv_conn) connParams {
 	}
 	return p
 }
-
-// fakeMRAccess is the access flags the fake registered the MR with lkey
-// with, or -1 (tests).
-func fakeMRAccess(lkey uint32) int { return int(C.pv_fake_mr_access(C.uint32_t(lkey))) }
-
-// fakeCQAcked is how many of the fake CQ's events were acked (tests).
-func fakeCQAcked(c *cq) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return int(C.pv_fake_cq_acked(c.c))
-}
-
-// fakeChanPending is how many events wait on the fake CQ's channel (tests).
-func fakeChanPending(c *cq) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return int(C.pv_fake_chan_pending(c.c))
-}
-
-// setFakeDelay makes the fake provider's completions visible d after
-// posting (tests; the setting is process-wide).
-func setFakeDelay(d time.Duration) { C.pv_fake_set_delay(C.uint64_t(max(d, 0))) }

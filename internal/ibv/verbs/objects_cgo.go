@@ -522,13 +522,6 @@ func (c *cq) block(ctx context.Context) error {
 	return fmt.Errorf("wait cq: completion channel: %w", err)
 }
 
-// vector is the comp_vector c was created on, by the fake (tests).
-func (c *cq) fakeVector() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return int(C.pv_fake_cq_vector(c.c))
-}
-
 func (c *cq) Close() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -12,13 +12,6 @@ import (
 // DefaultLibrary is the soname loaded at run time.
 const DefaultLibrary = "libibverbs.so.1"
 
-// FakeLibrary, as Options.Library, selects fakeverbs.c, an in-process
-// loopback stand-in for libibverbs (tests of other packages): eight RoCE
-// devices pegadfake0-7, one per isolated rail (10.0.N.5), pegadfakeold0
-// (an older HCA on rail 0) and pegadfakeib0, an InfiniBand port that
-// requires a GRH.
-const FakeLibrary = "pegad-fake-libibverbs"
-
 // DefaultCQSpin is how long CQ.Wait busy-polls before it blocks on the
 // completion channel: short READs complete within it at no syscall; a
 // longer wait costs one channel event, not a timer.
@@ -26,7 +19,8 @@ const DefaultCQSpin = 20 * time.Microsecond
 
 // Options tune the provider; empty fields take the defaults.
 type Options struct {
-	// Library is the shared object dlopen'ed (DefaultLibrary).
+	// Library is the shared object dlopen'ed (DefaultLibrary). A test
+	// build (-tags pegad_fakeverbs) also takes FakeLibrary.
 	Library string
 	// SysfsRoot is where device attributes are read (DefaultSysfsRoot).
 	SysfsRoot string
@@ -83,9 +77,6 @@ func DefaultOptions() Options {
 // process-wide).
 type Provider struct {
 	opts Options
-	// fake selects the in-process loopback stand-in for libibverbs
-	// (fakeverbs.c): Options.Library FakeLibrary, or this package's tests.
-	fake bool
 }
 
 var _ ibv.Provider = (*Provider)(nil)
@@ -102,7 +93,7 @@ func NewWithOptions(opts Options) *Provider {
 	if opts.SysfsRoot == "" {
 		opts.SysfsRoot = d.SysfsRoot
 	}
-	return &Provider{opts: opts, fake: opts.Library == FakeLibrary}
+	return &Provider{opts: opts}
 }
 
 // Name is "verbs".

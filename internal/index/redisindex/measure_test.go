@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/pegaflow/pegad/internal/index"
+	"github.com/pegaflow/pegad/internal/metrics/metricstest"
 	"github.com/pegaflow/pegad/internal/store"
 	"github.com/pegaflow/pegad/internal/testutil"
 )
@@ -51,7 +52,7 @@ func BenchmarkAnnounce(b *testing.B) {
 		}
 		base := usedMemory(b, r)
 		for j, node := range []string{"gpu-node-0001", "gpu-node-0002"} {
-			x, err := Open(Options{URLs: r.URL(), NodeID: node, Incarnation: "0123456789abcdef", TTL: 10 * time.Second})
+			x, err := Open(Options{URLs: r.URL(), NodeID: node, Incarnation: "0123456789abcdef", TTL: 10 * time.Second, Metrics: metricstest.NewCluster()})
 			if err != nil {
 				b.Fatal(err)
 			}

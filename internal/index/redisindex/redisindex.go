@@ -63,7 +63,7 @@ type Options struct {
 	TTL         time.Duration
 	// Prefix starts every key (DefaultPrefix when empty).
 	Prefix  string
-	Metrics *metrics.Cluster
+	Metrics *metrics.Cluster // required
 }
 
 // Index is a Redis-backed index.Index. Safe for concurrent use.
@@ -119,7 +119,7 @@ func Open(o Options) (*Index, error) {
 		o.Prefix = DefaultPrefix
 	}
 	if o.Metrics == nil {
-		o.Metrics = metrics.NewClusterForTest()
+		return nil, errors.New("redisindex: Metrics is required")
 	}
 	return &Index{rdb: redis.NewUniversalClient(uo), o: o, m: o.Metrics, prefix: o.Prefix}, nil
 }

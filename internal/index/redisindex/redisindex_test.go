@@ -13,6 +13,7 @@ import (
 
 	"github.com/pegaflow/pegad/internal/index"
 	"github.com/pegaflow/pegad/internal/metrics"
+	"github.com/pegaflow/pegad/internal/metrics/metricstest"
 	"github.com/pegaflow/pegad/internal/store"
 	"github.com/pegaflow/pegad/internal/testutil"
 )
@@ -21,7 +22,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func open(t *testing.T, r *testutil.Redis, node, inc string, ttl time.Duration) *Index {
 	t.Helper()
-	x, err := Open(Options{URLs: r.URL(), NodeID: node, Incarnation: inc, TTL: ttl})
+	x, err := Open(Options{URLs: r.URL(), NodeID: node, Incarnation: inc, TTL: ttl, Metrics: metricstest.NewCluster()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -227,7 +228,7 @@ func TestRedisDown(t *testing.T) {
 
 func TestLookupMetrics(t *testing.T) {
 	r := testutil.StartRedis(t)
-	m := metrics.NewClusterForTest()
+	m := metricstest.NewCluster()
 	x, err := Open(Options{URLs: r.URL(), NodeID: "a", Incarnation: "i", TTL: 10 * time.Second, Metrics: m})
 	if err != nil {
 		t.Fatal(err)
@@ -291,7 +292,7 @@ func TestRedisCluster(t *testing.T) {
 	rs := testutil.StartRedisCluster(t, 3)
 	ctx := context.Background()
 	mk := func(node, inc string) *Index {
-		x, err := Open(Options{URLs: testutil.ClusterURL(rs), NodeID: node, Incarnation: inc, TTL: 10 * time.Second})
+		x, err := Open(Options{URLs: testutil.ClusterURL(rs), NodeID: node, Incarnation: inc, TTL: 10 * time.Second, Metrics: metricstest.NewCluster()})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -383,5 +384,17 @@ func TestAnnounceMedium(t *testing.T) {
 	}
 	if v, err := r.Client(t).HGet(ctx, a.BlockKey("ns", []byte("h1")), "a").Result(); err == nil {
 		t.Fatalf("the old incarnation's SSD entry %q was not removed", v)
+	}
+}
+
+// TestOpenRequiresMetrics: metrics are a required option; Open does not
+// make a private registry the daemon never serves.
+func TestOpenRequiresMetrics(t *testing.T) {
+	x, err := Open(Options{URLs: "redis://127.0.0.1:1", NodeID: "n", Incarnation: "i", TTL: time.Second})
+	if err == nil || !strings.Contains(err.Error(), "Metrics is required") {
+		if x != nil {
+			_ = x.Close()
+		}
+		t.Fatalf("Open without Metrics: %v, want Metrics is required", err)
 	}
 }
