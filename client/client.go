@@ -6,7 +6,8 @@
 // copy nothing: the pool is a memfd the client maps (received over the data
 // socket, docs/local-protocol.md), Alloc hands out room in it to write in
 // place, Lease pins a stored block to read in place. Delete and Prefetch go
-// over the local gRPC API.
+// over the local gRPC API, and so do the daemon's services the Client has
+// no method of its own for (Admin, Cluster, Local: admin.go).
 //
 // It depends only on pegad's api/ packages, gRPC and the standard library
 // (golang.org/x/sys for mmap): it must never import pegad's internal
@@ -39,17 +40,27 @@ const DataSocketSuffix = ".data"
 // streamChunk is the data of one PutBlock message (the daemon's limit).
 const streamChunk = 1 << 20
 
+// maxRecvMsg bounds one gRPC answer from the daemon.
+const maxRecvMsg = 64 << 20
+
 // Option configures Dial.
 type Option func(*options)
 
 type options struct {
 	dataSocket string
+	noData     bool
 	conn       grpc.ClientConnInterface
 	fallback   bool
 }
 
 // WithDataSocket sets the data socket's path (default: socket + ".data").
 func WithDataSocket(path string) Option { return func(o *options) { o.dataSocket = path } }
+
+// WithoutDataSocket makes Dial connect only the local API socket, lazily as
+// gRPC does (a daemon that is down shows up as a SocketError from the first
+// call): for tools that only administer (pegactl stats). Put and Get then
+// stream over gRPC, and Alloc and Lease return ErrNoZeroCopy.
+func WithoutDataSocket() Option { return func(o *options) { o.noData = true } }
 
 // WithConn makes the client use cc for the gRPC calls instead of dialling
 // the socket itself (Close then leaves cc open).
@@ -64,9 +75,12 @@ func AllowStreamFallback() Option { return func(o *options) { o.fallback = true 
 // calls on one client are serialized on its data connection (dial one
 // client per thread for parallel calls).
 type Client struct {
-	local pegadv1.LocalServiceClient
-	cc    *grpc.ClientConn // nil with WithConn
-	data  *dataLink        // nil without the data socket (fallback)
+	local  pegadv1.LocalServiceClient // over typed: errors as grpcErr makes them
+	typed  typedConn
+	cc     *grpc.ClientConn // nil with WithConn
+	data   *dataLink        // nil without the data socket (fallback, WithoutDataSocket)
+	socket string
+	dials  *dialRecord // nil with WithConn
 }
 
 // Dial connects to the daemon whose local API listens on socket, and to
@@ -83,17 +97,20 @@ func Dial(ctx context.Context, socket string, opts ...Option) (*Client, error) {
 	for _, f := range opts {
 		f(&o)
 	}
-	c := &Client{}
-	data, err := dialData(ctx, o.dataSocket)
-	switch {
-	case err == nil:
-		c.data = newDataLink(o.dataSocket, data)
-	case o.fallback && errors.Is(err, ErrUnavailable):
-	default:
-		return nil, err
+	c := &Client{socket: socket}
+	if !o.noData {
+		data, err := dialData(ctx, o.dataSocket)
+		switch {
+		case err == nil:
+			c.data = newDataLink(o.dataSocket, data)
+		case o.fallback && errors.Is(err, ErrUnavailable):
+		default:
+			return nil, err
+		}
 	}
 	cc := o.conn
 	if cc == nil {
+		c.dials = &dialRecord{}
 		conn, err := grpc.NewClient("passthrough:///pegad",
 			grpc.WithTransportCredentials(insecure.NewCredentials()),
 			// gRPC's default backoff grows to 2 minutes while the daemon
@@ -101,8 +118,13 @@ func Dial(ctx context.Context, socket string, opts ...Option) (*Client, error) {
 			grpc.WithConnectParams(grpc.ConnectParams{Backoff: reconnectBackoff, MinConnectTimeout: 5 * time.Second}),
 			grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
 				var d net.Dialer
-				return d.DialContext(ctx, "unix", socket)
+				conn, err := d.DialContext(ctx, "unix", socket)
+				c.dials.set(err)
+				return conn, err
 			}),
+			// Data comes in chunks of 1 MiB, but list answers (ListBlocks,
+			// ListSessions with blocks) outgrow gRPC's default 4 MiB.
+			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxRecvMsg)),
 		)
 		if err != nil {
 			if c.data != nil {
@@ -112,7 +134,8 @@ func Dial(ctx context.Context, socket string, opts ...Option) (*Client, error) {
 		}
 		c.cc, cc = conn, conn
 	}
-	c.local = pegadv1.NewLocalServiceClient(cc)
+	c.typed = typedConn{cc: cc, c: c}
+	c.local = pegadv1.NewLocalServiceClient(c.typed)
 	return c, nil
 }
 
@@ -311,22 +334,54 @@ func (c *Client) GetTo(ctx context.Context, namespace string, hash []byte, w io.
 	return c.getStream(ctx, namespace, hash, w)
 }
 
+// DeleteOption configures Delete.
+type DeleteOption func(*deleteOptions)
+
+type deleteOptions struct{ deferred *bool }
+
+// WasDeferred makes Delete report in *p whether the block's memory stays
+// in use after it left the index (a lease or a peer's transfer session
+// pins it; it is freed when the last one ends).
+func WasDeferred(p *bool) DeleteOption { return func(o *deleteOptions) { o.deferred = p } }
+
 // Delete removes the block from the index (a pinned block's memory stays
 // until its last lease ends).
-func (c *Client) Delete(ctx context.Context, namespace string, hash []byte) error {
-	_, err := c.local.DeleteBlock(ctx, &pegadv1.DeleteBlockRequest{Namespace: namespace, Hash: hash})
-	return c.grpcErr(err)
+func (c *Client) Delete(ctx context.Context, namespace string, hash []byte, opts ...DeleteOption) error {
+	var o deleteOptions
+	for _, f := range opts {
+		f(&o)
+	}
+	if o.deferred != nil {
+		*o.deferred = false
+	}
+	res, err := c.local.DeleteBlock(ctx, &pegadv1.DeleteBlockRequest{Namespace: namespace, Hash: hash})
+	if err != nil {
+		return err
+	}
+	if o.deferred != nil {
+		*o.deferred = res.GetDeferred()
+	}
+	return nil
 }
 
 // reconnectBackoff bounds the wait between the gRPC channel's attempts to
 // reach a daemon that is down.
 var reconnectBackoff = backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second}
 
-// grpcErr is fromStatus(err); after ErrUnavailable the channel's backoff
-// is reset, so the next call tries the socket at once (a restarted
-// daemon). Nothing is resent: gRPC retries only calls that never reached
-// the daemon.
+// grpcErr is fromStatus(err), or a SocketError when the call found no
+// daemon because the socket could not be dialled; after ErrUnavailable
+// the channel's backoff is reset, so the next call tries the socket at
+// once (a restarted daemon). Nothing is resent: gRPC retries only calls
+// that never reached the daemon. Errors it made already pass unchanged.
 func (c *Client) grpcErr(err error) error {
+	if err == nil || isTyped(err) {
+		return err
+	}
+	if status.Code(err) == codes.Unavailable && c.dials != nil {
+		if cause := c.dials.get(); cause != nil {
+			err = &SocketError{Socket: c.socket, Err: cause, call: err}
+		}
+	}
 	err = fromStatus(err)
 	if c.cc != nil && errors.Is(err, ErrUnavailable) {
 		c.cc.ResetConnectBackoff()
@@ -402,7 +457,7 @@ func (c *Client) Prefetch(ctx context.Context, namespace string, hashes [][]byte
 				}
 			}
 		}
-		return res, c.grpcErr(err)
+		return res, err
 	}
 	return prefetchResult(resp), nil
 }

@@ -57,7 +57,7 @@ func dialVersion(ctx context.Context, path string, version uint32) (*dataConn, e
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "unix", path)
 	if err != nil {
-		return nil, fmt.Errorf("%w: data socket %s: %w", ErrUnavailable, path, err)
+		return nil, &SocketError{Socket: path, Err: err}
 	}
 	c := nc.(*net.UnixConn)
 	dc := &dataConn{c: c, r: bufio.NewReaderSize(c, 64<<10)}

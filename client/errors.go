@@ -3,6 +3,7 @@ package client
 import (
 	"errors"
 	"fmt"
+	"net"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -103,10 +104,10 @@ var byReason = map[pegaderr.Reason]error{
 
 // fromStatus turns a gRPC error into one that also matches the typed
 // errors above (by its pegaderr reason; by its code from a daemon that
-// sends none); nil stays nil.
+// sends none); nil, and an error it already turned, stay as they are.
 func fromStatus(err error) error {
-	if err == nil {
-		return nil
+	if err == nil || isTyped(err) {
+		return err
 	}
 	s, ok := status.FromError(err)
 	if !ok {
@@ -133,6 +134,49 @@ func fromStatus(err error) error {
 		return err
 	}
 	return &statusError{sentinel: sentinel, err: err}
+}
+
+// isTyped: err is already one of this package's converted errors.
+func isTyped(err error) bool {
+	var se *statusError
+	var so *SocketError
+	return errors.As(err, &se) || errors.As(err, &so)
+}
+
+// SocketError says that a call found no daemon because one of its sockets
+// (the local API socket, or the data socket Dial connects) could not be
+// dialled, and why. It matches ErrUnavailable and its cause with errors.Is
+// (fs.ErrNotExist: no daemon there; fs.ErrPermission: this user may not
+// connect; syscall.ECONNREFUSED: a stale socket file), and a gRPC call's
+// error keeps its status (Unavailable).
+type SocketError struct {
+	Socket string // the socket's path
+	Err    error  // the dial's error
+	call   error  // the gRPC call's error, if a call failed
+}
+
+func (e *SocketError) Error() string {
+	return fmt.Sprintf("cannot reach pegad at %s: %s", e.Socket, e.Cause())
+}
+
+// Cause is the dial error's own words ("connect: no such file or
+// directory"), without the address that Error already names.
+func (e *SocketError) Cause() string {
+	var op *net.OpError
+	if errors.As(e.Err, &op) && op.Err != nil {
+		return op.Err.Error()
+	}
+	return e.Err.Error()
+}
+
+func (e *SocketError) Unwrap() []error { return []error{ErrUnavailable, e.Err} }
+
+// GRPCStatus is the failed call's status (Unavailable).
+func (e *SocketError) GRPCStatus() *status.Status {
+	if e.call == nil {
+		return status.New(codes.Unavailable, e.Error())
+	}
+	return status.Convert(e.call)
 }
 
 // statusError matches both its sentinel and the gRPC status.

@@ -2,13 +2,16 @@ package client_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"log"
 	"os"
 	"path/filepath"
 
 	"github.com/rs/zerolog"
 
+	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	"github.com/pegaflow/pegad/client"
 	"github.com/pegaflow/pegad/internal/daemon"
 	"github.com/pegaflow/pegad/internal/testutil"
@@ -59,4 +62,23 @@ func Example() {
 	// Output:
 	// KKKKKKKK VVVVVVVV
 	// hello
+}
+
+func ExampleClient_Admin() {
+	ctx := context.Background()
+	// An operator's tool: the API socket only, no data socket.
+	c, err := client.Dial(ctx, "/run/pegad/pegad.sock", client.WithoutDataSocket())
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	st, err := c.Admin().Stats(ctx, &pegadv1.StatsRequest{})
+	var se *client.SocketError
+	switch {
+	case errors.As(err, &se) && errors.Is(err, fs.ErrPermission):
+		log.Fatalf("no access to %s: join its group", se.Socket)
+	case err != nil:
+		log.Fatal(err) // "cannot reach pegad at ...: connect: no such file or directory"
+	}
+	fmt.Println(st.GetBlocks(), "blocks")
 }

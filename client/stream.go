@@ -27,7 +27,7 @@ func (c *Client) putStream(ctx context.Context, namespace string, hash, data []b
 	}
 	stream, err := c.local.PutBlock(ctx)
 	if err != nil {
-		return fromStatus(err)
+		return c.grpcErr(err)
 	}
 	send := func(req *pegadv1.PutBlockRequest) error {
 		if err := stream.Send(req); err != nil {
@@ -35,7 +35,7 @@ func (c *Client) putStream(ctx context.Context, namespace string, hash, data []b
 				// The daemon ended the stream early; its status says why.
 				_, err = stream.CloseAndRecv()
 			}
-			return fromStatus(err)
+			return c.grpcErr(err)
 		}
 		return nil
 	}
@@ -51,7 +51,7 @@ func (c *Client) putStream(ctx context.Context, namespace string, hash, data []b
 	}
 	resp, err := stream.CloseAndRecv()
 	if err != nil {
-		return fromStatus(err)
+		return c.grpcErr(err)
 	}
 	created(resp.GetCreated())
 	return nil
@@ -62,7 +62,7 @@ func (c *Client) getStream(ctx context.Context, namespace string, hash []byte, w
 	defer cancel() // ends the stream if we stop early
 	stream, err := c.local.GetBlock(ctx, &pegadv1.GetBlockRequest{Namespace: namespace, Hash: hash})
 	if err != nil {
-		return nil, fromStatus(err)
+		return nil, c.grpcErr(err)
 	}
 	var info *BlockInfo
 	var got uint64
@@ -72,7 +72,7 @@ func (c *Client) getStream(ctx context.Context, namespace string, hash []byte, w
 			break
 		}
 		if err != nil {
-			return info, fromStatus(err)
+			return info, c.grpcErr(err)
 		}
 		switch m := msg.GetMsg().(type) {
 		case *pegadv1.GetBlockResponse_Header:

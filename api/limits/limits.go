@@ -4,7 +4,7 @@
 // checks one of them (the wire codecs, the gRPC servers, the store, the
 // config and pegactl) takes it from here, so a limit changes in one place.
 //
-// It holds constants and one key validator only: it must never import
+// It holds constants and the key validators only: it must never import
 // anything of pegad's, so api/ and client/ can depend on it, and it must
 // never decide what a caller does with a refusal (a gRPC code, an exit
 // status); callers wrap ErrInvalidKey in their own error.
@@ -36,6 +36,31 @@ const (
 
 // ErrInvalidKey is what ValidKey's errors wrap.
 var ErrInvalidKey = errors.New("invalid block key")
+
+// ErrTooManyBlocks is what ValidChain's error wraps for a request naming
+// more than MaxBlocksPerRequest hashes.
+var ErrTooManyBlocks = errors.New("too many blocks in one request")
+
+// ValidChain checks a request that names one namespace and several hashes
+// (a prefetch, a lock query, a lookup, a locate): the namespace, at most
+// MaxBlocksPerRequest hashes, and each hash, in that order. A hash's error
+// names its index ("hash 3: ..."). An empty chain passes: whether a
+// request may name no hash is the caller's to say. Errors wrap
+// ErrInvalidKey or ErrTooManyBlocks.
+func ValidChain[H ~string | ~[]byte](ns string, hashes []H) error {
+	if err := ValidNamespace(ns); err != nil {
+		return err
+	}
+	if len(hashes) > MaxBlocksPerRequest {
+		return fmt.Errorf("%w: %d hashes, more than %d", ErrTooManyBlocks, len(hashes), MaxBlocksPerRequest)
+	}
+	for i, h := range hashes {
+		if err := ValidHash(h); err != nil {
+			return fmt.Errorf("hash %d: %w", i, err)
+		}
+	}
+	return nil
+}
 
 // ValidKey checks a namespace and a hash against the key bounds. Its error
 // wraps ErrInvalidKey and says which part is wrong and how long it was.

@@ -42,3 +42,44 @@ func TestValidKey(t *testing.T) {
 		})
 	}
 }
+
+func TestValidChain(t *testing.T) {
+	many := make([][]byte, MaxBlocksPerRequest+1)
+	for i := range many {
+		many[i] = []byte{1}
+	}
+	tests := []struct {
+		name   string
+		ns     string
+		hashes [][]byte
+		is     error  // nil accepts
+		want   string // a substring of the error
+	}{
+		{"none", "n", nil, nil, ""},
+		{"one", "n", [][]byte{{1}}, nil, ""},
+		{"the most", "n", many[:MaxBlocksPerRequest], nil, ""},
+		{"one too many", "n", many, ErrTooManyBlocks, "4097 hashes, more than 4096"},
+		{"bad namespace first", "", many, ErrInvalidKey, "namespace is empty"},
+		{"empty hash named by index", "n", [][]byte{{1}, {}}, ErrInvalidKey, "hash 1: invalid block key: hash is empty"},
+		{"long hash", "n", [][]byte{make([]byte, MaxHashLen+1)}, ErrInvalidKey, "hash 0: invalid block key: hash is 65 bytes"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			strs := make([]string, len(tt.hashes))
+			for i, h := range tt.hashes {
+				strs[i] = string(h)
+			}
+			for _, err := range []error{ValidChain(tt.ns, tt.hashes), ValidChain(tt.ns, strs)} {
+				if tt.is == nil {
+					if err != nil {
+						t.Fatalf("ValidChain = %v, want nil", err)
+					}
+					continue
+				}
+				if !errors.Is(err, tt.is) || !strings.Contains(err.Error(), tt.want) {
+					t.Fatalf("ValidChain = %v, want %v with %q", err, tt.is, tt.want)
+				}
+			}
+		})
+	}
+}

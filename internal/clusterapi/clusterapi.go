@@ -6,10 +6,10 @@ package clusterapi
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -44,6 +44,12 @@ var statusKinds = []pegaderr.Kind{
 }
 
 func toStatus(err error) error { return pegaderr.ToStatus(err, statusKinds) }
+
+// invalidf is the status of a malformed request: InvalidArgument with
+// reason INVALID, as every local-socket API answers one (localapi).
+func invalidf(format string, a ...any) error {
+	return pegaderr.Status(codes.InvalidArgument, pegaderr.Invalid, fmt.Sprintf(format, a...)).Err()
+}
 
 func (s *Server) ready(ctx context.Context) (context.Context, context.CancelFunc, error) {
 	if s.idx == nil {
@@ -85,16 +91,11 @@ func (s *Server) ListNodes(ctx context.Context, _ *pegadv1.ListNodesRequest) (*p
 // LocateBlocks says which live nodes hold each hash.
 func (s *Server) LocateBlocks(ctx context.Context, req *pegadv1.LocateBlocksRequest) (*pegadv1.LocateBlocksResponse, error) {
 	ns, hashes := req.GetNamespace(), req.GetHashes()
-	if err := limits.ValidNamespace(ns); err != nil {
-		return nil, status.Errorf(codes.InvalidArgument, "%v", err)
+	if len(hashes) == 0 {
+		return nil, invalidf("no hashes (want 1..%d)", MaxHashes)
 	}
-	if len(hashes) == 0 || len(hashes) > MaxHashes {
-		return nil, status.Errorf(codes.InvalidArgument, "%d hashes (want 1..%d)", len(hashes), MaxHashes)
-	}
-	for i, h := range hashes {
-		if err := limits.ValidHash(h); err != nil {
-			return nil, status.Errorf(codes.InvalidArgument, "hash %d: %v", i, err)
-		}
+	if err := limits.ValidChain(ns, hashes); err != nil {
+		return nil, invalidf("%v", err)
 	}
 	ctx, cancel, err := s.ready(ctx)
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+	"github.com/pegaflow/pegad/api/pegaderr"
 	"github.com/pegaflow/pegad/internal/index"
 )
 
@@ -30,6 +31,13 @@ func (s *stubIndex) Locate(_ context.Context, _ string, hs [][]byte) ([][]index.
 	return s.holders[:len(hs)], nil
 }
 
+// wantReason is the pegaderr reason of each code clusterapi answers.
+var wantReason = map[codes.Code]pegaderr.Reason{
+	codes.InvalidArgument:    pegaderr.Invalid,
+	codes.FailedPrecondition: pegaderr.IndexDisabled,
+	codes.Unavailable:        pegaderr.IndexUnavailable,
+}
+
 func TestErrors(t *testing.T) {
 	ctx := context.Background()
 	down := &stubIndex{err: fmt.Errorf("%w: nodes: dial tcp: refused", index.ErrUnavailable)}
@@ -43,6 +51,10 @@ func TestErrors(t *testing.T) {
 		call func(*Server) error
 		want codes.Code
 	}{
+		{"locate too many", ok, func(s *Server) error {
+			_, err := s.LocateBlocks(ctx, locate("ns", make([][]byte, MaxHashes+1)...))
+			return err
+		}, codes.InvalidArgument},
 		{"nodes standalone", nil, func(s *Server) error { _, err := s.ListNodes(ctx, nil); return err }, codes.FailedPrecondition},
 		{"nodes redis down", down, func(s *Server) error { _, err := s.ListNodes(ctx, nil); return err }, codes.Unavailable},
 		{"locate standalone", nil, func(s *Server) error { _, err := s.LocateBlocks(ctx, locate("ns", []byte("h"))); return err }, codes.FailedPrecondition},
@@ -54,8 +66,14 @@ func TestErrors(t *testing.T) {
 		{"locate ok", ok, func(s *Server) error { _, err := s.LocateBlocks(ctx, locate("ns", []byte("h"))); return err }, codes.OK},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := status.Code(tc.call(New(tc.idx, "me"))); got != tc.want {
+			err := tc.call(New(tc.idx, "me"))
+			if got := status.Code(err); got != tc.want {
 				t.Fatalf("code %v, want %v", got, tc.want)
+			}
+			// Every refusal carries its pegaderr reason, which clients
+			// branch on.
+			if _, reason := pegaderr.FromStatus(err); err != nil && reason != wantReason[tc.want] {
+				t.Fatalf("%v: reason %q, want %q", err, reason, wantReason[tc.want])
 			}
 		})
 	}

@@ -66,27 +66,24 @@ daemon or a namespace of its own: blocks already stored count as hits.`,
 // replay runs the trace against the daemon. It takes no --timeout: a
 // replay runs for as long as the trace does.
 func (g *globalFlags) replay(ctx context.Context, reqs []replay.Request, opts replay.Options) (*replayResult, error) {
-	c, err := g.dial()
+	// Zero-copy or not at all: a replay through gRPC streams would
+	// measure the streams.
+	c, err := pegaclient.Dial(ctx, g.socket)
 	if err != nil {
 		return nil, err
 	}
 	defer c.Close()
-	bc, err := pegaclient.Dial(ctx, c.socket, pegaclient.WithConn(c.conn))
-	if err != nil {
-		return nil, exitOf(err)
-	}
-	defer bc.Close()
 	opts.Resident = func(ctx context.Context) (uint64, error) {
-		st, err := c.admin.Stats(ctx, &pegadv1.StatsRequest{})
+		st, err := c.Admin().Stats(ctx, &pegadv1.StatsRequest{})
 		return st.GetBlocks(), err
 	}
-	res, err := replay.Drive(ctx, bc, reqs, opts)
+	res, err := replay.Drive(ctx, c, reqs, opts)
 	if err != nil {
-		return nil, exitOf(err)
+		return nil, err
 	}
-	st, err := c.admin.Stats(ctx, &pegadv1.StatsRequest{})
+	st, err := c.Admin().Stats(ctx, &pegadv1.StatsRequest{})
 	if err != nil {
-		return nil, exitOf(err)
+		return nil, err
 	}
 	capacity := int(res.CapacityBlocks)
 	accesses, unique := replay.Stats(reqs)

@@ -7,7 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+	pegaclient "github.com/pegaflow/pegad/client"
 )
 
 // NewBlocksDeleteCommand removes one block from the index.
@@ -22,10 +22,9 @@ func NewBlocksDeleteCommand(g *globalFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			var res *pegadv1.DeleteBlockResponse
-			err = g.withClient(cmd.Context(), func(ctx context.Context, c *client) error {
-				res, err = c.local.DeleteBlock(ctx, &pegadv1.DeleteBlockRequest{Namespace: ref.namespace, Hash: hash})
-				return err
+			var deferred bool
+			err = g.withClient(cmd.Context(), func(ctx context.Context, c *pegaclient.Client) error {
+				return c.Delete(ctx, ref.namespace, hash, pegaclient.WasDeferred(&deferred))
 			})
 			if err != nil {
 				return err
@@ -34,7 +33,7 @@ func NewBlocksDeleteCommand(g *globalFlags) *cobra.Command {
 				Namespace: ref.namespace,
 				Hash:      hexOf(hash),
 				Deleted:   true,
-				Deferred:  res.GetDeferred(),
+				Deferred:  deferred,
 			})
 		},
 	}

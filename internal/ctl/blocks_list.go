@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+	pegaclient "github.com/pegaflow/pegad/client"
 )
 
 // NewBlocksListCommand lists stored blocks.
@@ -31,13 +32,13 @@ func NewBlocksListCommand(g *globalFlags) *cobra.Command {
 			if err := blockSort.check(order); err != nil {
 				return err
 			}
-			return g.repeat(cmd, watch, func(ctx context.Context, c *client) (result, error) {
+			return g.repeat(cmd, watch, func(ctx context.Context, c *pegaclient.Client) (result, error) {
 				out := &listBlocksResult{Blocks: []blockJSON{}, now: time.Now()}
 				// pegad answers a page at a time: follow next_cursor until
 				// --limit blocks (pegad's default page when 0) or the end.
 				req := &pegadv1.ListBlocksRequest{Namespace: namespace, Limit: uint32(limit)}
 				for {
-					res, err := c.local.ListBlocks(ctx, req)
+					res, err := c.Local().ListBlocks(ctx, req)
 					if err != nil {
 						return nil, err
 					}

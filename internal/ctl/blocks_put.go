@@ -40,20 +40,15 @@ func NewBlocksPutCommand(g *globalFlags) *cobra.Command {
 				created bool
 				evicted uint64
 			)
-			err = g.withClient(cmd.Context(), func(ctx context.Context, c *client) error {
+			err = g.withBlockClient(cmd.Context(), func(ctx context.Context, c *pegaclient.Client) error {
 				// A put into a full pool evicts the least valuable blocks
 				// without a word, and a peer asking for them later finds
 				// them gone (issue 33, item 7): the pool's eviction count
 				// around the put says whether that happened.
 				before, known := poolEvictions(ctx, c)
-				bc, err := pegaclient.Dial(ctx, c.socket, pegaclient.WithConn(c.conn), pegaclient.AllowStreamFallback())
+				err := c.Put(ctx, ref.namespace, hash, data, pegaclient.WithSlots(clientSlots(slots)...), pegaclient.WasCreated(&created))
 				if err != nil {
-					return exitOf(err)
-				}
-				defer bc.Close()
-				err = bc.Put(ctx, ref.namespace, hash, data, pegaclient.WithSlots(clientSlots(slots)...), pegaclient.WasCreated(&created))
-				if err != nil {
-					return exitOf(err)
+					return err
 				}
 				if after, ok := poolEvictions(ctx, c); known && ok && after > before {
 					evicted = after - before
@@ -172,8 +167,8 @@ type putResult struct {
 
 // poolEvictions is the daemon's eviction count; false when its stats
 // cannot be read (the put goes on without saying).
-func poolEvictions(ctx context.Context, c *client) (uint64, bool) {
-	st, err := c.admin.Stats(ctx, &pegadv1.StatsRequest{})
+func poolEvictions(ctx context.Context, c *pegaclient.Client) (uint64, bool) {
+	st, err := c.Admin().Stats(ctx, &pegadv1.StatsRequest{})
 	if err != nil {
 		return 0, false
 	}

@@ -2,112 +2,50 @@ package ctl
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"io/fs"
-	"net"
-	"sync"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/status"
-
-	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+	pegaclient "github.com/pegaflow/pegad/client"
 )
 
-// maxRecvMsg bounds one message from pegad: data chunks are at most 1 MiB,
-// list answers can be larger.
-const maxRecvMsg = 64 << 20
+// pegactl's calls to the local pegad go through the public client
+// (github.com/pegaflow/pegad/client), the package engines use: its own
+// methods for blocks (Put, GetTo, Delete, Prefetch), and its Admin, Cluster
+// and Local accessors for the rest. Its errors keep their gRPC status, and
+// a socket it cannot reach is a pegaclient.SocketError: classify (exit.go)
+// turns them into exit codes and the one Error line. Calls to a peer's
+// port go through peerClient (peer.go).
 
-// client is one connection to pegad's unix socket.
-type client struct {
-	conn   *grpc.ClientConn
-	local  pegadv1.LocalServiceClient
-	admin  pegadv1.AdminServiceClient
-	socket string
-
-	mu      sync.Mutex // guards dialErr
-	dialErr error      // last failure to connect the socket, for a readable error
+// dial opens a client of g.socket. Without blocks it connects the API
+// socket only, lazily (a daemon that is not running shows up as a
+// SocketError from the first call). With blocks it also connects the data
+// socket next to --socket, for zero-copy puts and gets, and falls back to
+// gRPC streams where there is none (a socket forwarded from another host,
+// an older pegad).
+func (g *globalFlags) dial(ctx context.Context, blocks bool) (*pegaclient.Client, error) {
+	opt := pegaclient.WithoutDataSocket()
+	if blocks {
+		opt = pegaclient.AllowStreamFallback()
+	}
+	return pegaclient.Dial(ctx, g.socket, opt)
 }
 
-// dial prepares a client for g.socket. gRPC connects lazily: a daemon that
-// is not running shows up as an unavailableError from the first RPC.
-func (g *globalFlags) dial() (*client, error) {
-	c := &client{socket: g.socket}
-	conn, err := grpc.NewClient("passthrough:///pegad",
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(c.dialUnix),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxRecvMsg)),
-		grpc.WithUnaryInterceptor(c.unaryInterceptor),
-		grpc.WithStreamInterceptor(c.streamInterceptor),
-	)
-	if err != nil {
-		return nil, fmt.Errorf("client for %s: %w", g.socket, err)
-	}
-	c.conn = conn
-	c.local = pegadv1.NewLocalServiceClient(conn)
-	c.admin = pegadv1.NewAdminServiceClient(conn)
-	return c, nil
+// withClient runs fn with a client of the API socket and a context bounded
+// by --timeout.
+func (g *globalFlags) withClient(ctx context.Context, fn func(ctx context.Context, c *pegaclient.Client) error) error {
+	return g.withDialled(ctx, false, fn)
 }
 
-func (c *client) Close() error { return c.conn.Close() }
-
-func (c *client) dialUnix(ctx context.Context, _ string) (net.Conn, error) {
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "unix", c.socket)
-	c.mu.Lock()
-	c.dialErr = err
-	c.mu.Unlock()
-	return conn, err
+// withBlockClient is withClient with the data socket too (dial).
+func (g *globalFlags) withBlockClient(ctx context.Context, fn func(ctx context.Context, c *pegaclient.Client) error) error {
+	return g.withDialled(ctx, true, fn)
 }
 
-// unavailable turns a failure to reach the socket into unavailableError,
-// whose message names the socket and the cause ("no such file or
-// directory", "connection refused") rather than gRPC's transport text.
-func (c *client) unavailable(err error) error {
-	if status.Code(err) != codes.Unavailable {
-		return err
-	}
-	c.mu.Lock()
-	dialErr := c.dialErr
-	c.mu.Unlock()
-	if dialErr == nil {
-		return err
-	}
-	if errors.Is(dialErr, fs.ErrPermission) {
-		return &permissionError{socket: c.socket, group: socketGroup(c.socket)}
-	}
-	cause := dialErr.Error()
-	var opErr *net.OpError
-	if errors.As(dialErr, &opErr) && opErr.Err != nil {
-		cause = opErr.Err.Error()
-	}
-	return &unavailableError{socket: c.socket, cause: cause}
-}
-
-func (c *client) unaryInterceptor(ctx context.Context, method string, req, reply any,
-	cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-	return c.unavailable(invoker(ctx, method, req, reply, cc, opts...))
-}
-
-func (c *client) streamInterceptor(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn,
-	method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-	s, err := streamer(ctx, desc, cc, method, opts...)
-	if err != nil {
-		return nil, c.unavailable(err)
-	}
-	return s, nil
-}
-
-// withClient runs fn with a client and a context bounded by --timeout.
-func (g *globalFlags) withClient(ctx context.Context, fn func(ctx context.Context, c *client) error) error {
-	c, err := g.dial()
+func (g *globalFlags) withDialled(ctx context.Context, blocks bool, fn func(ctx context.Context, c *pegaclient.Client) error) error {
+	ctx, cancel := context.WithTimeout(ctx, g.timeout)
+	defer cancel()
+	c, err := g.dial(ctx, blocks)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	ctx, cancel := context.WithTimeout(ctx, g.timeout)
-	defer cancel()
 	return fn(ctx, c)
 }

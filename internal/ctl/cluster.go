@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+	pegaclient "github.com/pegaflow/pegad/client"
 )
 
 // Cluster commands: what the cluster index (pegad --cluster-redis) says
@@ -21,10 +22,6 @@ func NewNodesCommand(g *globalFlags) *cobra.Command {
 	return cmd
 }
 
-func (c *client) cluster() pegadv1.ClusterServiceClient {
-	return pegadv1.NewClusterServiceClient(c.conn)
-}
-
 func newNodesListCommand(g *globalFlags) *cobra.Command {
 	return &cobra.Command{
 		Use:   "list",
@@ -32,9 +29,9 @@ func newNodesListCommand(g *globalFlags) *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var res *pegadv1.ListNodesResponse
-			err := g.withClient(cmd.Context(), func(ctx context.Context, c *client) error {
+			err := g.withClient(cmd.Context(), func(ctx context.Context, c *pegaclient.Client) error {
 				var err error
-				res, err = c.cluster().ListNodes(ctx, &pegadv1.ListNodesRequest{})
+				res, err = c.Cluster().ListNodes(ctx, &pegadv1.ListNodesRequest{})
 				return err
 			})
 			if err != nil {
@@ -114,8 +111,8 @@ func NewBlocksWhereCommand(g *globalFlags) *cobra.Command {
 			// One LocateBlocks per batch of the request limit (batch.go).
 			res := &pegadv1.LocateBlocksResponse{}
 			for _, hashes := range batches(req.Hashes) {
-				err := g.withClient(cmd.Context(), func(ctx context.Context, c *client) error {
-					one, err := c.cluster().LocateBlocks(ctx, &pegadv1.LocateBlocksRequest{Namespace: namespace, Hashes: hashes})
+				err := g.withClient(cmd.Context(), func(ctx context.Context, c *pegaclient.Client) error {
+					one, err := c.Cluster().LocateBlocks(ctx, &pegadv1.LocateBlocksRequest{Namespace: namespace, Hashes: hashes})
 					res.Blocks = append(res.Blocks, one.GetBlocks()...)
 					return err
 				})

@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+	pegaclient "github.com/pegaflow/pegad/client"
 )
 
 // NewConnsCommand groups the commands on peer connections.
@@ -42,8 +43,8 @@ func newConnsListCommand(g *globalFlags) *cobra.Command {
 			if err := connSort.check(order); err != nil {
 				return err
 			}
-			return g.repeat(cmd, watch, func(ctx context.Context, c *client) (result, error) {
-				res, err := c.admin.ListConns(ctx, &pegadv1.ListConnsRequest{})
+			return g.repeat(cmd, watch, func(ctx context.Context, c *pegaclient.Client) (result, error) {
+				res, err := c.Admin().ListConns(ctx, &pegadv1.ListConnsRequest{})
 				if err != nil {
 					return nil, err
 				}

@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	pegaclient "github.com/pegaflow/pegad/client"
 )
 
 // Exit codes, documented in docs/pegactl.md. Scripts branch on them.
@@ -36,43 +39,61 @@ func notFoundErrorf(format string, args ...any) error {
 	return &exitError{code: ExitNotFound, err: fmt.Errorf(format, args...)}
 }
 
-// unavailableError says pegad could not be reached, and where we looked.
-type unavailableError struct {
-	socket string
-	cause  string
-}
-
-func (e *unavailableError) Error() string {
+// unavailableMsg says pegad could not be reached, where we looked and why.
+func unavailableMsg(socket, cause string) string {
 	return fmt.Sprintf("cannot reach pegad at %s: %s (is pegad running? set --socket or %s)",
-		e.socket, e.cause, EnvSocket)
+		socket, cause, EnvSocket)
 }
 
-// classify maps an error from the command tree to an exit code and the
-// message printed after "Error: ".
+// classify is pegactl's one map from an error to its exit code and the
+// message printed after "Error: " (docs/pegactl.md, "Errors and exit
+// codes"), in this order:
+//   - a code the command chose itself (usageErrorf, notFoundErrorf);
+//   - a socket the client could not dial (pegaclient.SocketError):
+//     permission denied, else unavailable;
+//   - an error cobra made (not from a command's RunE): usage;
+//   - the client's typed errors that carry no gRPC status (the data
+//     socket's answers);
+//   - a deadline: ExitError, "timed out";
+//   - a gRPC status, from pegad or a peer (grpcExit);
+//   - anything else: ExitError.
 func classify(err error) (int, string) {
 	var ee *exitError
 	if errors.As(err, &ee) {
 		return ee.code, ee.err.Error()
 	}
-	var pe *permissionError
-	if errors.As(err, &pe) {
-		return ExitPermission, pe.Error()
-	}
-	var ue *unavailableError
-	if errors.As(err, &ue) {
-		return ExitUnavailable, ue.Error()
+	var se *pegaclient.SocketError
+	if errors.As(err, &se) {
+		if errors.Is(se.Err, fs.ErrPermission) {
+			pe := &permissionError{socket: se.Socket, group: socketGroup(se.Socket)}
+			return ExitPermission, pe.Error()
+		}
+		return ExitUnavailable, unavailableMsg(se.Socket, se.Cause())
 	}
 	if !isRunError(err) {
 		// Produced by cobra itself: unknown flag, missing required flag,
 		// wrong number of arguments.
 		return ExitUsage, err.Error()
 	}
+	var gs interface{ GRPCStatus() *status.Status }
+	isStatus := errors.As(err, &gs)
+	if !isStatus {
+		// The data socket's answers (those of gRPC calls keep their
+		// status and are classified from it, below).
+		switch {
+		case errors.Is(err, pegaclient.ErrNotFound):
+			return ExitNotFound, err.Error()
+		case errors.Is(err, pegaclient.ErrInvalid):
+			return ExitUsage, err.Error()
+		case errors.Is(err, pegaclient.ErrUnavailable):
+			return ExitUnavailable, err.Error()
+		}
+	}
 	if errors.Is(err, context.DeadlineExceeded) {
 		return ExitError, "timed out (raise --timeout)"
 	}
-	var se interface{ GRPCStatus() *status.Status }
-	if errors.As(err, &se) {
-		return grpcExit(se.GRPCStatus())
+	if isStatus {
+		return grpcExit(gs.GRPCStatus())
 	}
 	return ExitError, err.Error()
 }

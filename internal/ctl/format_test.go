@@ -9,6 +9,7 @@ import (
 
 	"github.com/pegaflow/pegad/api/limits"
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+	pegaclient "github.com/pegaflow/pegad/client"
 )
 
 func TestHumanBytes(t *testing.T) {
@@ -64,7 +65,7 @@ func TestEmptyResults(t *testing.T) {
 		&listBlocksResult{Blocks: []blockJSON{}},
 		sessionsOf(&pegadv1.ListSessionsResponse{}),
 		connsOf(&pegadv1.ListConnsResponse{}),
-		prefetchOf("h:1", "ns", &pegadv1.PrefetchResponse{}),
+		prefetchOf("h:1", "ns", &pegaclient.PrefetchResult{}),
 	}
 	for _, r := range results {
 		var tb, jb bytes.Buffer

@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+	pegaclient "github.com/pegaflow/pegad/client"
 )
 
 // NewLocksCommand groups the commands on holder locks.
@@ -36,9 +37,9 @@ func newLocksReleaseCommand(g *globalFlags) *cobra.Command {
 			}
 			op := operator()
 			var res *pegadv1.ReleaseLockResponse
-			err := g.withClient(cmd.Context(), func(ctx context.Context, c *client) error {
+			err := g.withClient(cmd.Context(), func(ctx context.Context, c *pegaclient.Client) error {
 				var err error
-				res, err = c.admin.ReleaseLock(ctx, &pegadv1.ReleaseLockRequest{SessionId: id, Operator: op})
+				res, err = c.Admin().ReleaseLock(ctx, &pegadv1.ReleaseLockRequest{SessionId: id, Operator: op})
 				return err
 			})
 			if err != nil {

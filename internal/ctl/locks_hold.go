@@ -5,14 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"time"
 
-	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	"github.com/pegaflow/pegad/internal/peertls"
@@ -75,46 +71,15 @@ early. No data is read. On a peer port with mTLS, pass a certificate the holder 
 	return cmd
 }
 
-// dial connects to the holder's peer port, with the certificate when one
-// is given, and settles the requester id.
-func (f *holdFlags) dial() (*grpc.ClientConn, error) {
-	if err := f.tls.Check(); err != nil {
-		return nil, usageErrorf("%v", err)
-	}
-	creds := insecure.NewCredentials()
-	if f.tls.Enabled() { // peertls's client side: the cluster CA, no host name match
-		src, err := peertls.New(peertls.Options{Files: f.tls, Log: zerolog.Nop()})
-		if err != nil {
-			return nil, usageErrorf("peer TLS: %v", err)
-		}
-		creds = src.ClientCredentials()
-		if f.requester == "" {
-			f.requester = src.Identity()
-		}
-	}
-	if f.requester == "" {
-		host, err := os.Hostname()
-		if err != nil || host == "" {
-			host = "unknown"
-		}
-		f.requester = "pegactl@" + host
-	}
-	return grpc.NewClient("passthrough:///"+f.peer, grpc.WithTransportCredentials(creds))
-}
-
 // run takes the lock, prints it, holds it and releases it.
 func (f *holdFlags) run(ctx context.Context, g *globalFlags, out io.Writer, hashes [][]byte) error {
-	cc, err := f.dial()
+	p, err := dialPeer(f.peer, f.tls, f.requester)
 	if err != nil {
 		return err
 	}
-	defer cc.Close()
-	c := pegadv1.NewPeerServiceClient(cc)
-	who := &pegadv1.Requester{NodeId: f.requester, Incarnation: fmt.Sprintf("pegactl-%d", time.Now().UnixNano())}
+	defer p.Close()
 	qctx, cancel := context.WithTimeout(ctx, g.timeout)
-	res, err := c.QueryBlocksForTransfer(qctx, &pegadv1.QueryBlocksForTransferRequest{
-		Namespace: f.namespace, Hashes: hashes, RequesterId: f.requester, Requester: who,
-	})
+	res, err := p.lock(qctx, f.namespace, hashes)
 	cancel()
 	if err != nil {
 		return err
@@ -122,18 +87,16 @@ func (f *holdFlags) run(ctx context.Context, g *globalFlags, out io.Writer, hash
 	if res.GetSessionId() == "" {
 		return notFoundErrorf("none of the %d blocks is on %s: nothing locked", len(hashes), f.peer)
 	}
-	held := &holdResult{SessionID: res.GetSessionId(), Peer: f.peer, Requester: f.requester,
+	held := &holdResult{SessionID: res.GetSessionId(), Peer: f.peer, Requester: p.requester(),
 		Blocks: len(res.GetBlocks()), Missing: len(res.GetMissing()), HoldSeconds: f.hold.Seconds(),
 		LockTimeoutSeconds: seconds(res.GetLockTimeout())}
 	if err := g.printer(out).print(held); err != nil {
 		return err
 	}
-	holdErr := f.holdFor(ctx, g, c, who, res)
+	holdErr := f.holdFor(ctx, g, p, res)
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.timeout)
 	defer cancel()
-	rel, err := c.ReleaseTransferLock(rctx, &pegadv1.ReleaseTransferLockRequest{
-		SessionId: res.GetSessionId(), RequesterId: f.requester, Requester: who,
-	})
+	rel, err := p.release(rctx, res.GetSessionId())
 	if err != nil {
 		return err
 	}
@@ -146,8 +109,7 @@ func (f *holdFlags) run(ctx context.Context, g *globalFlags, out io.Writer, hash
 
 // holdFor waits f.hold (or until ctx ends: Ctrl-C is no error), renewing
 // the lock at half its timeout whenever the hold outlasts it.
-func (f *holdFlags) holdFor(ctx context.Context, g *globalFlags, c pegadv1.PeerServiceClient,
-	who *pegadv1.Requester, res *pegadv1.QueryBlocksForTransferResponse) error {
+func (f *holdFlags) holdFor(ctx context.Context, g *globalFlags, p *peerClient, res *pegadv1.QueryBlocksForTransferResponse) error {
 	end := time.Now().Add(f.hold)
 	every := res.GetLockTimeout().AsDuration() / 2
 	if every <= 0 {
@@ -169,7 +131,7 @@ func (f *holdFlags) holdFor(ctx context.Context, g *globalFlags, c pegadv1.PeerS
 			return nil
 		}
 		rctx, cancel := context.WithTimeout(ctx, g.timeout)
-		_, err := c.RenewTransferLock(rctx, &pegadv1.RenewTransferLockRequest{SessionId: res.GetSessionId(), Requester: who})
+		err := p.renew(rctx, res.GetSessionId())
 		cancel()
 		if err != nil && !errors.Is(ctx.Err(), context.Canceled) {
 			return fmt.Errorf("renew %s: %w", res.GetSessionId(), err)

@@ -10,8 +10,6 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/durationpb"
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	pegaclient "github.com/pegaflow/pegad/client"
@@ -53,21 +51,12 @@ func NewPrefetchCommand(g *globalFlags) *cobra.Command {
 				}
 				hashes = append(hashes, h)
 			}
-			req := &pegadv1.PrefetchRequest{
-				Peer:      peer,
-				Namespace: namespace,
-				Hashes:    hashes,
-				Timeout:   durationpb.New(g.timeout),
-				// A failure's per-block outcomes in the answer, not in the
-				// status trailer, which cannot carry thousands of them.
-				FailureInResponse: true,
-			}
 			wait := *g
 			wait.timeout += prefetchGrace
 			// More hashes than one request takes go as several, each
 			// with its own --timeout (batch.go).
-			res, err := prefetchInBatches(req, func(req *pegadv1.PrefetchRequest) (res *pegadv1.PrefetchResponse, err error) {
-				err = wait.withClient(cmd.Context(), func(ctx context.Context, c *client) error {
+			res, err := prefetchInBatches(hashes, func(hashes [][]byte) (res *pegaclient.PrefetchResult, err error) {
+				err = wait.withClient(cmd.Context(), func(ctx context.Context, c *pegaclient.Client) error {
 					// A progress line on a terminal's stderr, never with -o json.
 					if g.output == "table" && stderrIsTerminal(cmd.ErrOrStderr()) {
 						pctx, stop := context.WithCancel(ctx)
@@ -76,15 +65,20 @@ func NewPrefetchCommand(g *globalFlags) *cobra.Command {
 						go func() { defer close(done); p.run(pctx, c) }()
 						defer func() { stop(); <-done }()
 					}
+					// The client asks for a failure's per-block outcomes in
+					// the answer, not in the status trailer, which cannot
+					// carry thousands of them, and returns them beside the
+					// failure's error.
 					var err error
-					res, err = c.local.Prefetch(ctx, req)
+					res, err = c.Prefetch(ctx, namespace, hashes, pegaclient.FromPeer(peer), pegaclient.WithPrefetchTimeout(g.timeout))
 					return err
 				})
 				return res, err
 			})
 			if err != nil {
-				// A failed fetch still says what happened to each block.
-				if len(res.GetBlocks()) > 0 {
+				// A failed fetch still says what happened to each block;
+				// the failure's status decides the exit.
+				if len(res.Blocks) > 0 {
 					_ = g.printer(cmd.OutOrStdout()).print(prefetchOf(peer, namespace, res))
 				}
 				return err
@@ -92,10 +86,6 @@ func NewPrefetchCommand(g *globalFlags) *cobra.Command {
 			out := prefetchOf(peer, namespace, res)
 			if err := g.printer(cmd.OutOrStdout()).print(out); err != nil {
 				return err
-			}
-			if f := res.GetError(); f != nil {
-				// The fetch failed as a whole: its status decides the exit.
-				return pegaclient.PrefetchFailureStatus(f).Err()
 			}
 			return out.err()
 		},
@@ -141,21 +131,21 @@ type prefetchResult struct {
 	Blocks          []prefetchBlockJSON `json:"blocks"`
 }
 
-func prefetchOf(peer, ns string, res *pegadv1.PrefetchResponse) *prefetchResult {
+func prefetchOf(peer, ns string, res *pegaclient.PrefetchResult) *prefetchResult {
 	out := &prefetchResult{
 		Peer:            peer,
 		Namespace:       ns,
-		SessionID:       res.GetSessionId(),
-		Bytes:           res.GetBytes(),
-		DurationSeconds: seconds(res.GetDuration()),
+		SessionID:       res.SessionID,
+		Bytes:           res.Bytes,
+		DurationSeconds: res.Duration.Seconds(),
 		Blocks:          []prefetchBlockJSON{},
 	}
-	for _, b := range res.GetBlocks() {
+	for _, b := range res.Blocks {
 		out.Blocks = append(out.Blocks, prefetchBlockJSON{
-			Hash:   hexOf(b.GetHash()),
-			Status: prefetchStatusName(b.GetStatus()),
-			Error:  cleanError(b.GetError()),
-			Node:   b.GetNode(),
+			Hash:   hexOf(b.Hash),
+			Status: prefetchStatusName(b.Status),
+			Error:  cleanError(b.Err),
+			Node:   b.Node,
 		})
 	}
 	return out
@@ -277,18 +267,3 @@ func cleanError(s string) string {
 // transportWrapping is what gRPC puts around a failure to connect (a TLS
 // handshake's, a dial's) that pegad passes on.
 var transportWrapping = regexp.MustCompile(`connection error: desc = "transport: (.*)"`)
-
-// failedPrefetch is the per-block result pegad attaches to a failed
-// prefetch's status, or nil.
-func failedPrefetch(err error) *pegadv1.PrefetchResponse {
-	st, ok := status.FromError(err)
-	if !ok {
-		return nil
-	}
-	for _, d := range st.Details() {
-		if r, ok := d.(*pegadv1.PrefetchResponse); ok && len(r.GetBlocks()) > 0 {
-			return r
-		}
-	}
-	return nil
-}

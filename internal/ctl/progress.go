@@ -8,6 +8,7 @@ import (
 	"time"
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+	pegaclient "github.com/pegaflow/pegad/client"
 )
 
 // progressEvery is how often a prefetch's progress line is redrawn.
@@ -29,7 +30,7 @@ type progress struct {
 }
 
 // run polls c until ctx ends.
-func (p *progress) run(ctx context.Context, c *client) {
+func (p *progress) run(ctx context.Context, c *pegaclient.Client) {
 	t := time.NewTicker(progressEvery)
 	defer t.Stop()
 	for {
@@ -40,7 +41,7 @@ func (p *progress) run(ctx context.Context, c *client) {
 		case <-t.C:
 		}
 		pctx, cancel := context.WithTimeout(ctx, progressEvery)
-		res, err := c.admin.ListSessions(pctx, &pegadv1.ListSessionsRequest{})
+		res, err := c.Admin().ListSessions(pctx, &pegadv1.ListSessionsRequest{})
 		cancel()
 		if err != nil {
 			continue // the prefetch itself reports failures

@@ -1,7 +1,9 @@
 // Package ctl implements pegactl, the operator's command-line client of a
-// local pegad: it owns the command tree, flag parsing, the gRPC client of
-// the daemon's unix socket (LocalService and AdminService) and the table and
-// JSON output shapes documented in docs/pegactl.md.
+// local pegad: it owns the command tree, flag parsing, the exit codes
+// (exit.go) and the table and JSON output shapes documented in
+// docs/pegactl.md. It reaches the local pegad only through the public
+// client (github.com/pegaflow/pegad/client, client.go), and a peer's port
+// only through peerClient (peer.go).
 //
 // It must never touch daemon state except through those RPCs, and never
 // print anything but the command's result on stdout: errors are exactly one

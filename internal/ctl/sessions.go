@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+	pegaclient "github.com/pegaflow/pegad/client"
 )
 
 // NewSessionsCommand groups the commands on transfer sessions.
@@ -20,11 +21,11 @@ func NewSessionsCommand(g *globalFlags) *cobra.Command {
 
 // listSessions reads every page of sessions (pegad answers a page at a
 // time, fetches with the first): it follows next_cursor to the end.
-func listSessions(ctx context.Context, c *client, includeBlocks bool) (*pegadv1.ListSessionsResponse, error) {
+func listSessions(ctx context.Context, c *pegaclient.Client, includeBlocks bool) (*pegadv1.ListSessionsResponse, error) {
 	var res *pegadv1.ListSessionsResponse
 	req := &pegadv1.ListSessionsRequest{IncludeBlocks: includeBlocks}
 	for {
-		page, err := c.admin.ListSessions(ctx, req)
+		page, err := c.Admin().ListSessions(ctx, req)
 		if err != nil {
 			return nil, err
 		}
@@ -87,7 +88,7 @@ func newSessionsViewCommand[T any](g *globalFlags, short string, includeBlocks b
 			if err := keys.check(order); err != nil {
 				return err
 			}
-			return g.repeat(cmd, watch, func(ctx context.Context, c *client) (result, error) {
+			return g.repeat(cmd, watch, func(ctx context.Context, c *pegaclient.Client) (result, error) {
 				res, err := listSessions(ctx, c, includeBlocks)
 				if err != nil {
 					return nil, err

@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+	pegaclient "github.com/pegaflow/pegad/client"
 )
 
 // NewStatsCommand shows the daemon's counters: pool, store, locks, fetches.
@@ -19,8 +20,8 @@ func NewStatsCommand(g *globalFlags) *cobra.Command {
 		Short: "Show pool usage, blocks, sessions, locks, connections and fetch counters",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return g.repeat(cmd, watch, func(ctx context.Context, c *client) (result, error) {
-				res, err := c.admin.Stats(ctx, &pegadv1.StatsRequest{})
+			return g.repeat(cmd, watch, func(ctx context.Context, c *pegaclient.Client) (result, error) {
+				res, err := c.Admin().Stats(ctx, &pegadv1.StatsRequest{})
 				if err != nil {
 					return nil, err
 				}

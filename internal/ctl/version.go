@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+	pegaclient "github.com/pegaflow/pegad/client"
 	"github.com/pegaflow/pegad/internal/version"
 )
 
@@ -19,8 +20,8 @@ func NewVersionCommand(g *globalFlags) *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			out := &versionResult{Client: clientVersion()}
-			err := g.withClient(cmd.Context(), func(ctx context.Context, c *client) error {
-				res, err := c.admin.Version(ctx, &pegadv1.VersionRequest{})
+			err := g.withClient(cmd.Context(), func(ctx context.Context, c *pegaclient.Client) error {
+				res, err := c.Admin().Version(ctx, &pegadv1.VersionRequest{})
 				if err != nil {
 					return err
 				}

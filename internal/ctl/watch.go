@@ -13,6 +13,8 @@ import (
 
 	"github.com/mattn/go-isatty"
 	"github.com/spf13/cobra"
+
+	pegaclient "github.com/pegaflow/pegad/client"
 )
 
 // addWatchFlag adds --watch to a list or stats command.
@@ -32,14 +34,14 @@ func isTerminal(w io.Writer) bool {
 // has its own --timeout. On a terminal a table replaces the previous one;
 // elsewhere rounds follow each other, each under an "Every ..." header
 // (tables) or as one JSON document each.
-func (g *globalFlags) repeat(cmd *cobra.Command, interval time.Duration, fetch func(ctx context.Context, c *client) (result, error)) error {
+func (g *globalFlags) repeat(cmd *cobra.Command, interval time.Duration, fetch func(ctx context.Context, c *pegaclient.Client) (result, error)) error {
 	if interval < 0 {
 		return usageErrorf("invalid --watch %s: must not be negative", interval)
 	}
 	out := cmd.OutOrStdout()
 	if interval == 0 {
 		var res result
-		err := g.withClient(cmd.Context(), func(ctx context.Context, c *client) error {
+		err := g.withClient(cmd.Context(), func(ctx context.Context, c *pegaclient.Client) error {
 			var err error
 			res, err = fetch(ctx, c)
 			return err
@@ -49,7 +51,7 @@ func (g *globalFlags) repeat(cmd *cobra.Command, interval time.Duration, fetch f
 		}
 		return g.printer(out).print(res)
 	}
-	c, err := g.dial()
+	c, err := g.dial(cmd.Context(), false)
 	if err != nil {
 		return err
 	}

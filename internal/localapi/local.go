@@ -45,7 +45,8 @@ const (
 	DefaultListLimit = 1000
 	MaxListLimit     = limits.MaxBlocksPerRequest
 	MaxListSlots     = 32768
-	// MaxPrefetchHashes caps one Prefetch (the peer protocol's cap).
+	// MaxPrefetchHashes caps one Prefetch (the peer protocol's cap,
+	// limits.ValidChain's).
 	MaxPrefetchHashes = limits.MaxBlocksPerRequest
 )
 
@@ -385,13 +386,8 @@ func (l *Local) Prefetch(ctx context.Context, req *pegadv1.PrefetchRequest) (*pe
 		}
 		return &pegadv1.PrefetchResponse{}, nil
 	}
-	if len(hashes) > MaxPrefetchHashes {
-		return nil, invalidf("%d hashes, more than %d per request", len(hashes), MaxPrefetchHashes)
-	}
-	for _, h := range hashes {
-		if err := validKey(req.GetNamespace(), h); err != nil {
-			return nil, err
-		}
+	if err := limits.ValidChain(req.GetNamespace(), hashes); err != nil {
+		return nil, invalidf("%v", err)
 	}
 	if t := req.GetTimeout(); t != nil {
 		if err := t.CheckValid(); err != nil || t.AsDuration() <= 0 {

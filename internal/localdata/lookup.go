@@ -79,15 +79,7 @@ func chainKeys(c localwire.Chain) ([]store.Key, error) {
 // checkChain checks a chain against the store's limits (chainKeys without
 // the keys).
 func checkChain(c localwire.Chain) error {
-	if err := limits.ValidNamespace(c.Namespace); err != nil {
-		return err
-	}
-	for i, h := range c.Hashes {
-		if err := limits.ValidHash(h); err != nil {
-			return fmt.Errorf("hash %d: %w", i, err)
-		}
-	}
-	return nil
+	return limits.ValidChain(c.Namespace, c.Hashes)
 }
 
 // lookup answers LOOKUP: the stored prefix's length; nothing changes.

@@ -22,7 +22,7 @@ import (
 
 const mib = 1 << 20
 
-// TestLocalAllocationFailureKeepsConnection: lesson 7. A fetch that cannot
+// TestLocalAllocationFailureKeepsConnection: docs/lessons.md L7. A fetch that cannot
 // stage fails with ErrLocalResource; the connection is not invalidated and
 // the lock is released on the normal path.
 func TestLocalAllocationFailureKeepsConnection(t *testing.T) {
@@ -158,7 +158,7 @@ func TestMissingOnPeer(t *testing.T) {
 	hs.h.checkReleasedOnce(t)
 }
 
-// TestWasLiveFalseDiscards: lesson 10. A lock that lapsed during the read
+// TestWasLiveFalseDiscards: docs/lessons.md L10. A lock that lapsed during the read
 // yields no indexed block; the staging memory goes back.
 func TestWasLiveFalseDiscards(t *testing.T) {
 	hs := newHarness(t)
@@ -314,7 +314,7 @@ func TestTransferDeadline(t *testing.T) {
 	hs.st.check(t)
 }
 
-// TestChunkSizing: lesson 5.
+// TestChunkSizing: docs/lessons.md L5.
 func TestChunkSizing(t *testing.T) {
 	oneMiB := func(string) ([]store.SlotSize, int, bool) {
 		return []store.SlotSize{{KSize: mib / 2, VSize: mib / 2}}, 0, true
@@ -451,7 +451,7 @@ func TestCoalesceJoinerSeesFailure(t *testing.T) {
 	}
 }
 
-// TestStagingHeldUntilReadReturns: lesson 9. A cancelled read keeps its
+// TestStagingHeldUntilReadReturns: docs/lessons.md L9. A cancelled read keeps its
 // staging memory until Read returns (the connection flushes first).
 func TestStagingHeldUntilReadReturns(t *testing.T) {
 	hs := newHarness(t)

@@ -17,7 +17,7 @@ import (
 	"github.com/pegaflow/pegad/internal/pool"
 )
 
-// Error classes of a failed fetch (lesson 7). Every error Prefetch returns
+// Error classes of a failed fetch (docs/lessons.md L7). Every error Prefetch returns
 // for a failed fetch is a *FetchError that errors.Is one of these (except a
 // cancellation, which is errors.Is context.Canceled) and also wraps the
 // underlying cause, so callers can branch on either.
@@ -46,7 +46,7 @@ var (
 // Outcomes that are not error classes.
 var (
 	// ErrDiscarded: the holder said at release time that the lock had lapsed
-	// during the read (was_live=false); what was read is dropped (lesson 10).
+	// during the read (was_live=false); what was read is dropped (docs/lessons.md L10).
 	ErrDiscarded = errors.New("requester: lock lapsed during the read; fetched data discarded")
 	// ErrPanic: a panic in the fetch path was recovered; the fetch failed.
 	ErrPanic = errors.New("requester: panic in fetch path")
@@ -195,7 +195,7 @@ func classify(err, fallback error) error {
 }
 
 // invalidates reports whether err proves the RDMA connection unusable.
-// Only connection-class causes from the data path do (lesson 7): a local
+// Only connection-class causes from the data path do (docs/lessons.md L7): a local
 // allocation failure or a refused RPC leaves a healthy connection up.
 func invalidates(err error) bool {
 	return errors.Is(err, conn.ErrConnectionBroken) || errors.Is(err, conn.ErrSessionInvalidated) ||

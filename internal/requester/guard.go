@@ -11,7 +11,7 @@ import (
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 )
 
-// lockGuard releases one transfer session exactly once (lesson 3). The fetch
+// lockGuard releases one transfer session exactly once (docs/lessons.md L3). The fetch
 // creates it right after a successful QueryBlocksForTransfer and defers
 // Abort; the normal path calls Release. Whichever runs first releases, the
 // other is a no-op (sync.Once), so a panic, a cancellation or a shutdown

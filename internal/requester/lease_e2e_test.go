@@ -1,6 +1,6 @@
 package requester_test
 
-// Lease end to end (lesson 10, issue 5 bullet 5) against a real holder:
+// Lease end to end (docs/lessons.md L10, issue 5 bullet 5) against a real holder:
 // renewals the real lock table accepts, and the fast reclaim of a restarted
 // requester's locks. The harness is requester_e2e_test.go's.
 

@@ -7,7 +7,7 @@ import (
 // readTracker follows, for one fetch, which planned blocks have landed and
 // whether the lock was confirmed live after they did, so a fetch cut short
 // (its deadline, a forced release, a broken link) keeps exactly the blocks
-// read under a live lock (lesson 10 per block) instead of none.
+// read under a live lock (docs/lessons.md L10 per block) instead of none.
 //
 // One clock orders both kinds of event: a block is stamped when the
 // completion of its last outstanding READ is polled (its bytes are in

@@ -313,7 +313,7 @@ func TestE2EByteIdentical(t *testing.T) {
 	}
 }
 
-// TestE2ESmallPool: lesson 5, a prefetch into a 16 MiB pool.
+// TestE2ESmallPool: docs/lessons.md L5, a prefetch into a 16 MiB pool.
 func TestE2ESmallPool(t *testing.T) {
 	h := newE2ENode(t, "holder", 64*mib, true, 0)
 	req := newE2ENode(t, "requester", 16*mib, false, 0)
@@ -342,7 +342,7 @@ func TestE2ESmallPool(t *testing.T) {
 	checkHolderClean(t, h)
 }
 
-// TestE2ELocalNoSpaceKeepsConnection: lesson 7 over the real stack. A
+// TestE2ELocalNoSpaceKeepsConnection: docs/lessons.md L7 over the real stack. A
 // fetch that does not fit the requester's pool fails as a local error and
 // the connection survives for the next fetch.
 func TestE2ELocalNoSpaceKeepsConnection(t *testing.T) {

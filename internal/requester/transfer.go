@@ -112,7 +112,8 @@ type trackedLease struct {
 // lease counts from the lock, so renewals do too, while the window before
 // it is still read, and through the reconnect and the staging as well as
 // the read. Without it a next window locked behind a slow read lapses
-// before its own read starts (review F1).
+// before its own read starts (a review finding: docs/lessons.md, "Issue 23
+// defect 2").
 func (p *pipeline) startLease(g *lockGuard, w window) *trackedLease {
 	lockTimeout := w.resp.GetLockTimeout().AsDuration()
 	if lockTimeout <= 0 {
@@ -149,7 +150,7 @@ func (s *staging) free() {
 	if s.readPending {
 		// Read never returned (it panicked): a QP may still write into
 		// this memory, so it is leaked rather than handed out again
-		// (lesson 9).
+		// (docs/lessons.md L9).
 		var n uint64
 		for _, x := range s.exts {
 			n += x.Len()
@@ -227,7 +228,7 @@ func (p *pipeline) read(l *lease, stg *staging, plan []*planBlock, tr *readTrack
 		}
 	}
 	// Read returned: the connection has flushed every QP that could write
-	// into the staging memory, so it may go back to the pool (lesson 9).
+	// into the staging memory, so it may go back to the pool (docs/lessons.md L9).
 	stg.readPending = false
 	l.stop()
 	if rerr != nil {
@@ -298,7 +299,7 @@ func (p *pipeline) readFailed(l *lease, plan []*planBlock, tr *readTracker, rerr
 }
 
 // release ends a window that was read in full, and indexes its blocks
-// only when the release says the lock was live to the end (lesson 10).
+// only when the release says the lock was live to the end (docs/lessons.md L10).
 func (p *pipeline) release(g *lockGuard, plan []*planBlock, tr *readTracker) error {
 	e, st := p.e, p.st
 	e.hook(p.ctx, st, PhaseRelease)

@@ -34,7 +34,7 @@ type window struct {
 // pipeline is one fetch from one peer: connect, then a pipeline of lock
 // windows, each locked while the one before it is read, and each released
 // behind its reads, its blocks indexed only after its release answered
-// (lesson 10). Each window fits the pin cap the holder states; a holder
+// (docs/lessons.md L10). Each window fits the pin cap the holder states; a holder
 // that states none (older) is asked for fewer hashes when it refuses at a
 // limit. It belongs to the goroutine running fetch.
 type pipeline struct {

@@ -136,7 +136,8 @@ func TestFailedWindowReleasesTheNext(t *testing.T) {
 
 var errLocalTest = fmt.Errorf("test: read failed")
 
-// TestNextWindowRenewedDuringSlowRead (review F1): the window locked
+// TestNextWindowRenewedDuringSlowRead (a review finding: docs/lessons.md,
+// "Issue 23 defect 2"): the window locked
 // behind a slow read is renewed from its lock on, not only once its own
 // transfer starts, so its lock does not lapse while the window before it
 // is read. On the old code its renewer started only at its transfer: no

@@ -127,7 +127,7 @@ func expect(t *testing.T, wc ibv.WorkCompletion, id uint64, st ibv.WCStatus) {
 
 const accRead = ibv.AccessLocalWrite | ibv.AccessRemoteRead
 
-// TestFaultDelayToErrorNoLateByte is lesson 9 at the provider level: with
+// TestFaultDelayToErrorNoLateByte is docs/lessons.md L9 at the provider level: with
 // READ responses delayed, ToError + drain, then the memory is reused; no
 // late response byte may land in it.
 func TestFaultDelayToErrorNoLateByte(t *testing.T) {
