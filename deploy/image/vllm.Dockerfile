@@ -19,7 +19,7 @@
 #   signatures the connector is tested against
 #   (clients/python/tests/stubs). Bump both together, after the stubs.
 ARG VLLM_VERSION=v0.33.0
-ARG VLLM_COMMIT=003df2961dd8830c317a61f9745ccd557da9fa06
+ARG VLLM_COMMIT=00f4240ee6458263d76cf51ca7901ce1350bb4d1
 
 FROM vllm/vllm-openai:${VLLM_VERSION} AS engine
 ARG VLLM_VERSION
