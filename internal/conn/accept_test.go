@@ -85,7 +85,7 @@ func TestAcceptRejectsMalformed(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			resp, err := hold.mgr.Accept(context.Background(), tc.mut(good()))
+			resp, err := hold.acc.Accept(context.Background(), tc.mut(good()))
 			if !errors.Is(err, ErrInvalidHandshake) || resp != nil {
 				t.Fatalf("Accept = %v, %v; want ErrInvalidHandshake", resp, err)
 			}
@@ -95,11 +95,11 @@ func TestAcceptRejectsMalformed(t *testing.T) {
 			hold.checkQPs(t, 0)
 		})
 	}
-	if n := len(hold.mgr.List()); n != 0 {
+	if n := len(hold.list()); n != 0 {
 		t.Errorf("%d accepted connections after malformed requests", n)
 	}
 	// The good request is accepted (its QPs connect lazily in tcp).
-	if _, err := hold.mgr.Accept(context.Background(), good()); err != nil {
+	if _, err := hold.acc.Accept(context.Background(), good()); err != nil {
 		t.Fatalf("good request: %v", err)
 	}
 	hold.checkQPs(t, 1)
@@ -112,20 +112,20 @@ func TestAcceptAbortsOnFailure(t *testing.T) {
 		return faultyDevice{Device: dev, calls: &calls, failQP: func(n int) bool { return n == 4 }}
 	}})
 	req := newNode(t, d, nodeOpts{id: "req", nics: 2, qps: 2})
-	_, err := req.mgr.Get(ctxT(t, 5*time.Second), hold.addr)
+	_, err := req.dial.Get(ctxT(t, 5*time.Second), hold.addr)
 	if !errors.Is(err, ErrHandshakeRejected) || !strings.Contains(err.Error(), "Aborted") {
 		t.Fatalf("Get = %v, want ErrHandshakeRejected (Aborted)", err)
 	}
 	hold.checkQPs(t, 0)
 	req.checkQPs(t, 0)
-	if n := len(hold.mgr.List()); n != 0 {
+	if n := len(hold.list()); n != 0 {
 		t.Errorf("holder lists %d connections after an aborted accept", n)
 	}
 	if got := testutil.ToFloat64(hold.met.Handshakes.WithLabelValues(RoleHolder, resultError)); got != 1 {
 		t.Errorf("holder handshakes{error} = %v", got)
 	}
 	// The next attempt succeeds (the failure was injected once).
-	if _, err := req.mgr.Get(ctxT(t, 5*time.Second), hold.addr); err != nil {
+	if _, err := req.dial.Get(ctxT(t, 5*time.Second), hold.addr); err != nil {
 		t.Fatalf("retry: %v", err)
 	}
 	hold.checkQPs(t, 4)
@@ -136,14 +136,14 @@ func TestStaleRequesterReplaced(t *testing.T) {
 	hold := newNode(t, d, nodeOpts{id: "holder", nics: 2, qps: 2})
 	hold.fillRandom(8)
 	old := newNode(t, d, nodeOpts{id: "req", incarnation: "one", nics: 2, qps: 2})
-	if _, err := old.mgr.Get(ctxT(t, 5*time.Second), hold.addr); err != nil {
+	if _, err := old.dial.Get(ctxT(t, 5*time.Second), hold.addr); err != nil {
 		t.Fatal(err)
 	}
 	hold.checkQPs(t, 4)
 	// "Restart": a new process with the same node id; the old one is gone
 	// without telling the holder.
 	restarted := newNode(t, d, nodeOpts{id: "req", incarnation: "two", nics: 2, qps: 2})
-	c, err := restarted.mgr.Get(ctxT(t, 5*time.Second), hold.addr)
+	c, err := restarted.dial.Get(ctxT(t, 5*time.Second), hold.addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,7 +169,7 @@ func TestAcceptSupersededAttemptAborts(t *testing.T) {
 	}
 	entered := make(chan struct{})
 	release := make(chan struct{})
-	hold.mgr.hookAccept = func(r *pegadv1.RdmaHandshakeRequest) {
+	hold.acc.hookAccept = func(r *pegadv1.RdmaHandshakeRequest) {
 		if r.GetHandshakeId() == "old" {
 			close(entered)
 			<-release
@@ -177,12 +177,12 @@ func TestAcceptSupersededAttemptAborts(t *testing.T) {
 	}
 	errc := make(chan error, 1)
 	go func() {
-		_, err := hold.mgr.Accept(context.Background(), mk("old"))
+		_, err := hold.acc.Accept(context.Background(), mk("old"))
 		errc <- err
 	}()
 	<-entered
 	time.Sleep(5 * time.Millisecond) // "new" begins strictly later
-	if _, err := hold.mgr.Accept(context.Background(), mk("new")); err != nil {
+	if _, err := hold.acc.Accept(context.Background(), mk("new")); err != nil {
 		t.Fatal(err)
 	}
 	close(release)
@@ -190,7 +190,7 @@ func TestAcceptSupersededAttemptAborts(t *testing.T) {
 		t.Fatalf("superseded accept = %v, want Aborted", err)
 	}
 	hold.checkQPs(t, 2)
-	if l := hold.mgr.List(); len(l) != 1 || l[0].QPs != 2 {
+	if l := hold.list(); len(l) != 1 || l[0].QPs != 2 {
 		t.Fatalf("List = %+v", l)
 	}
 }
@@ -205,7 +205,7 @@ func TestMalformedHandshakeLogIsRateLimited(t *testing.T) {
 	hold := newNode(t, newDialers(t), nodeOpts{id: "holder", log: &log})
 	bad := &pegadv1.RdmaHandshakeRequest{Requester: &pegadv1.Requester{NodeId: "r", Incarnation: "i"}, Transport: "bogus"}
 	for i := 0; i < calls; i++ {
-		if _, err := hold.mgr.Accept(context.Background(), bad); !errors.Is(err, ErrInvalidHandshake) {
+		if _, err := hold.acc.Accept(context.Background(), bad); !errors.Is(err, ErrInvalidHandshake) {
 			t.Fatalf("Accept %d = %v, want ErrInvalidHandshake", i, err)
 		}
 	}
@@ -218,13 +218,13 @@ func TestMalformedHandshakeLogIsRateLimited(t *testing.T) {
 	}
 
 	// After the interval the next one is logged with the count it stands for.
-	hold.mgr.invalidLog = logging.NewLimiter(200 * time.Millisecond)
+	hold.acc.invalidLog = logging.NewLimiter(200 * time.Millisecond)
 	for i := 0; i < 4; i++ { // the first is logged, the rest suppressed
-		_, _ = hold.mgr.Accept(context.Background(), bad)
+		_, _ = hold.acc.Accept(context.Background(), bad)
 	}
 	time.Sleep(250 * time.Millisecond)
 	logs.Reset()
-	_, _ = hold.mgr.Accept(context.Background(), bad)
+	_, _ = hold.acc.Accept(context.Background(), bad)
 	var line struct {
 		Msg        string `json:"message"`
 		Suppressed uint64 `json:"suppressed"`

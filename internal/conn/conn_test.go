@@ -65,7 +65,7 @@ func TestReadByteIdentical(t *testing.T) {
 	hold.fillRandom(1)
 	r := rand.New(rand.NewPCG(7, 7))
 
-	c, err := req.mgr.Get(ctxT(t, 10*time.Second), hold.addr)
+	c, err := req.dial.Get(ctxT(t, 10*time.Second), hold.addr)
 	if err != nil {
 		t.Fatalf("Get: %v", err)
 	}
@@ -124,11 +124,11 @@ func TestReadByteIdentical(t *testing.T) {
 	if got := testutil.ToFloat64(hold.met.Conns.WithLabelValues(RoleHolder, StateConnected)); got != 1 {
 		t.Errorf("holder connected gauge = %v, want 1", got)
 	}
-	list := req.mgr.List()
+	list := req.list()
 	if len(list) != 1 || list[0].Role != RoleRequester || list[0].QPs != 4 || len(list[0].NICs) != 2 || list[0].RemoteNodeID != "holder" {
 		t.Errorf("requester List = %+v", list)
 	}
-	hl := hold.mgr.List()
+	hl := hold.list()
 	if len(hl) != 1 || hl[0].Role != RoleHolder || hl[0].QPs != 4 || hl[0].RemoteNodeID != "req" {
 		t.Errorf("holder List = %+v", hl)
 	}
@@ -145,16 +145,16 @@ func TestTwoHoldersSameQPNs(t *testing.T) {
 	h1.fillRandom(11)
 	h2.fillRandom(22)
 
-	c1, err := req.mgr.Get(ctxT(t, 10*time.Second), h1.addr)
+	c1, err := req.dial.Get(ctxT(t, 10*time.Second), h1.addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c2, err := req.mgr.Get(ctxT(t, 10*time.Second), h2.addr)
+	c2, err := req.dial.Get(ctxT(t, 10*time.Second), h2.addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	q1 := h1.mgr.List()[0].NICs[0].LocalQPNs
-	q2 := h2.mgr.List()[0].NICs[0].LocalQPNs
+	q1 := h1.list()[0].NICs[0].LocalQPNs
+	q2 := h2.list()[0].NICs[0].LocalQPNs
 	if fmt.Sprint(q1) != fmt.Sprint(q2) {
 		t.Fatalf("holders were meant to allocate identical QPNs: %v vs %v", q1, q2)
 	}
@@ -225,7 +225,7 @@ func TestConnectInvalidateCycles(t *testing.T) {
 			defer wg.Done()
 			for i := 0; i < cycles/par; i++ {
 				progress.Add(1)
-				c, err := req.mgr.Get(context.Background(), hold.addr)
+				c, err := req.dial.Get(context.Background(), hold.addr)
 				if err != nil {
 					errs <- fmt.Errorf("cycle %d: Get: %w", i, err)
 					return
@@ -238,7 +238,7 @@ func TestConnectInvalidateCycles(t *testing.T) {
 					errs <- fmt.Errorf("cycle %d: Read: %w", i, err)
 					return
 				}
-				req.mgr.Invalidate(c, nil)
+				req.dial.Invalidate(c, nil)
 			}
 		}()
 	}
@@ -270,14 +270,14 @@ func TestConnectInvalidateCycles(t *testing.T) {
 		req.abandon()
 		t.Fatalf("pegaflow_session_workers = %d after every connection was invalidated, want 0", req.workers())
 	}
-	waitFor(t, "requester QPs to drain", func() bool { return req.mgr.QPs() == 0 })
+	waitFor(t, "requester QPs to drain", func() bool { return req.nics.QPs() == 0 })
 	req.checkQPs(t, 0)
 	// Every connection was invalidated, so the holder frees every accepted
 	// one (the last by its disconnect; earlier ones by disconnect or by
 	// replacement, a late disconnect never touching a newer one).
-	waitFor(t, "holder's accepted connections released", func() bool { return hold.mgr.QPs() == 0 })
+	waitFor(t, "holder's accepted connections released", func() bool { return hold.nics.QPs() == 0 })
 	hold.checkQPs(t, 0)
-	if n := len(hold.mgr.List()); n != 0 {
+	if n := len(hold.list()); n != 0 {
 		t.Errorf("holder has %d accepted connections, want 0", n)
 	}
 	if got := testutil.ToFloat64(req.met.Conns.WithLabelValues(RoleRequester, StateInvalidated)); got != 0 {
@@ -294,7 +294,7 @@ func TestWorkerExitsOnInvalidate(t *testing.T) {
 	hold := newNode(t, d, nodeOpts{id: "holder", mem: 1 << 20})
 	req := newNode(t, d, nodeOpts{id: "req", mem: 1 << 20})
 	hold.fillRandom(9)
-	c, err := req.mgr.Get(ctxT(t, 5*time.Second), hold.addr)
+	c, err := req.dial.Get(ctxT(t, 5*time.Second), hold.addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -320,7 +320,7 @@ func TestWorkerExitsOnInvalidate(t *testing.T) {
 	waitFor(t, "first batch to run", func() bool { return running.state.Load() == batchRunning })
 	s.submit(queued1)
 	s.submit(queued2)
-	req.mgr.Invalidate(c, errors.New("test"))
+	req.dial.Invalidate(c, errors.New("test"))
 
 	if r := <-runRes; r.err != nil {
 		t.Errorf("running batch: %v (it must finish: its Read holds the QP)", r.err)
@@ -399,7 +399,7 @@ func TestReadDeadlineDrainsBeforeReturn(t *testing.T) {
 			hold := newNode(t, d, nodeOpts{id: "holder", nics: 2, qps: 2, mem: 8 << 20})
 			req := newNode(t, d, nodeOpts{id: "req", nics: 2, qps: 2, mem: 8 << 20})
 			hold.fillRandom(3)
-			c, err := req.mgr.Get(ctxT(t, 5*time.Second), hold.addr)
+			c, err := req.dial.Get(ctxT(t, 5*time.Second), hold.addr)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -439,7 +439,7 @@ func TestReadDeadlineDrainsBeforeReturn(t *testing.T) {
 				t.Error("a connection whose QPs went to ERROR must be invalidated")
 			}
 			other()
-			waitFor(t, "QPs destroyed", func() bool { return req.mgr.QPs() == 0 })
+			waitFor(t, "QPs destroyed", func() bool { return req.nics.QPs() == 0 })
 			if got := testutil.ToFloat64(req.met.Invalidations.WithLabelValues("deadline")); got != 1 {
 				t.Errorf("invalidations{deadline} = %v", got)
 			}
@@ -450,7 +450,7 @@ func TestReadDeadlineDrainsBeforeReturn(t *testing.T) {
 			for _, dev := range hold.devs {
 				dev.SetFaults(tcp.Faults{})
 			}
-			c2, err := req.mgr.Get(ctxT(t, 5*time.Second), hold.addr)
+			c2, err := req.dial.Get(ctxT(t, 5*time.Second), hold.addr)
 			if err != nil || c2 == c {
 				t.Fatalf("re-Get: %v (same=%v)", err, c2 == c)
 			}
@@ -467,7 +467,7 @@ func TestReadExpiredCtxKeepsConnection(t *testing.T) {
 	d := newDialers(t)
 	hold := newNode(t, d, nodeOpts{id: "holder"})
 	req := newNode(t, d, nodeOpts{id: "req"})
-	c, err := req.mgr.Get(ctxT(t, 5*time.Second), hold.addr)
+	c, err := req.dial.Get(ctxT(t, 5*time.Second), hold.addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -504,7 +504,7 @@ func TestCompletionErrorBreaksConnection(t *testing.T) {
 			d := newDialers(t)
 			hold := newNode(t, d, nodeOpts{id: "holder", mem: 1 << 20})
 			req := newNode(t, d, nodeOpts{id: "req", mem: 1 << 20})
-			c, err := req.mgr.Get(ctxT(t, 5*time.Second), hold.addr)
+			c, err := req.dial.Get(ctxT(t, 5*time.Second), hold.addr)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -523,12 +523,12 @@ func TestCompletionErrorBreaksConnection(t *testing.T) {
 			if !c.Invalid() {
 				t.Error("connection not invalidated")
 			}
-			waitFor(t, "QPs destroyed", func() bool { return req.mgr.QPs() == 0 })
+			waitFor(t, "QPs destroyed", func() bool { return req.nics.QPs() == 0 })
 			if got := testutil.ToFloat64(req.met.Invalidations.WithLabelValues("completion_error")); got != 1 {
 				t.Errorf("invalidations{completion_error} = %v", got)
 			}
 			hold.devs[0].SetFaults(tcp.Faults{})
-			c2, err := req.mgr.Get(ctxT(t, 5*time.Second), hold.addr)
+			c2, err := req.dial.Get(ctxT(t, 5*time.Second), hold.addr)
 			if err != nil || c2 == c {
 				t.Fatalf("re-Get after broken: %v", err)
 			}
@@ -545,7 +545,7 @@ func TestInvalidOpsKeepConnection(t *testing.T) {
 	hold := newNode(t, d, nodeOpts{id: "holder", nics: 2, mem: 1 << 20})
 	req := newNode(t, d, nodeOpts{id: "req", nics: 2, mem: 1 << 20})
 	hold.fillRandom(4)
-	c, err := req.mgr.Get(ctxT(t, 5*time.Second), hold.addr)
+	c, err := req.dial.Get(ctxT(t, 5*time.Second), hold.addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -596,7 +596,7 @@ func TestConcurrentGetOneHandshake(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			<-start
-			c, err := req.mgr.Get(ctxT(t, 10*time.Second), hold.addr)
+			c, err := req.dial.Get(ctxT(t, 10*time.Second), hold.addr)
 			if err != nil {
 				t.Errorf("Get: %v", err)
 			}
@@ -644,14 +644,14 @@ func TestHandshakeFailuresDestroyPreparedQPs(t *testing.T) {
 			hold := newNode(t, d, nodeOpts{id: "holder"})
 			req := newNode(t, d, nodeOpts{id: "req", qps: 2})
 			hold.reply.Store(&tc.reply)
-			_, err := req.mgr.Get(ctxT(t, 5*time.Second), hold.addr)
+			_, err := req.dial.Get(ctxT(t, 5*time.Second), hold.addr)
 			for _, w := range tc.want {
 				if !errors.Is(err, w) {
 					t.Errorf("Get = %v, want %v", err, w)
 				}
 			}
 			req.checkQPs(t, 0)
-			if n := len(req.mgr.List()); n != 0 {
+			if n := len(req.list()); n != 0 {
 				t.Errorf("%d connections listed after a failed handshake", n)
 			}
 			if got := testutil.ToFloat64(req.met.Conns.WithLabelValues(RoleRequester, StateConnecting)); got != 0 {
@@ -662,7 +662,7 @@ func TestHandshakeFailuresDestroyPreparedQPs(t *testing.T) {
 	t.Run("peer unreachable", func(t *testing.T) {
 		d := newDialers(t)
 		req := newNode(t, d, nodeOpts{id: "req"})
-		_, err := req.mgr.Get(ctxT(t, 10*time.Second), "127.0.0.1:1")
+		_, err := req.dial.Get(ctxT(t, 10*time.Second), "127.0.0.1:1")
 		if !errors.Is(err, ErrConnectionBroken) {
 			t.Errorf("Get = %v, want ErrConnectionBroken", err)
 		}
@@ -682,14 +682,14 @@ func TestListShowsConnecting(t *testing.T) {
 	hold := newNode(t, d, nodeOpts{id: "holder"})
 	req := newNode(t, d, nodeOpts{id: "req"})
 	reached, release := make(chan struct{}), make(chan struct{})
-	req.mgr.hookBeforeRPC = func(string) { close(reached); <-release }
+	req.dial.hookBeforeRPC = func(string) { close(reached); <-release }
 	errc := make(chan error, 1)
 	go func() {
-		_, err := req.mgr.Get(ctxT(t, 10*time.Second), hold.addr)
+		_, err := req.dial.Get(ctxT(t, 10*time.Second), hold.addr)
 		errc <- err
 	}()
 	<-reached
-	l := req.mgr.List()
+	l := req.list()
 	if len(l) != 1 || l[0].State != StateConnecting || l[0].Peer != hold.addr {
 		t.Errorf("List during handshake = %+v", l)
 	}
@@ -700,7 +700,7 @@ func TestListShowsConnecting(t *testing.T) {
 	if err := <-errc; err != nil {
 		t.Fatal(err)
 	}
-	l = req.mgr.List()
+	l = req.list()
 	if len(l) != 1 || l[0].State != StateConnected {
 		t.Errorf("List after handshake = %+v", l)
 	}
@@ -712,7 +712,7 @@ func BenchmarkRead(b *testing.B) {
 	d := newDialers(b)
 	hold := newNode(b, d, nodeOpts{id: "holder", nics: 2, qps: 2, mem: 8 << 20})
 	req := newNode(b, d, nodeOpts{id: "req", nics: 2, qps: 2, mem: 8 << 20})
-	c, err := req.mgr.Get(ctxT(b, 10*time.Second), hold.addr)
+	c, err := req.dial.Get(ctxT(b, 10*time.Second), hold.addr)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -754,7 +754,7 @@ func benchSliceVsWhole(b *testing.B, segs int) {
 	}
 	var sides []*side
 	for _, n := range []*node{sliced, whole} {
-		c, err := n.mgr.Get(ctxT(b, 10*time.Second), hold.addr)
+		c, err := n.dial.Get(ctxT(b, 10*time.Second), hold.addr)
 		if err != nil {
 			b.Fatal(err)
 		}

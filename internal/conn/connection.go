@@ -15,7 +15,7 @@ import (
 
 // AddrConnection is one connection to a peer address.
 type AddrConnection struct {
-	m            *Manager
+	d            *Dialer
 	client       pegadv1.PeerServiceClient // the holder's, for RdmaDisconnect
 	peer         string
 	remoteNodeID string
@@ -70,12 +70,12 @@ func (c *AddrConnection) Invalid() bool {
 func (c *AddrConnection) startWorkers() {
 	for _, cn := range c.nics {
 		for _, s := range cn.sessions {
-			c.m.workers.Add(1)
-			c.m.met.SessionWorkers.Inc()
+			c.d.workers.Add(1)
+			c.d.met.SessionWorkers.Inc()
 			go func() {
-				defer c.m.workers.Done()
-				defer c.m.met.SessionWorkers.Dec()
-				s.run(c.done, c.m, c.log)
+				defer c.d.workers.Done()
+				defer c.d.met.SessionWorkers.Dec()
+				s.run(c.done, c.d.nics, c.log)
 			}()
 		}
 	}
@@ -122,7 +122,7 @@ func (c *AddrConnection) release() {
 
 // invalidate marks c unusable (once): workers are told to stop, and the
 // QPs are destroyed now or when the last in-flight Read returns. The
-// caller removes c from the manager's map first.
+// caller removes c from the dialer's map first.
 func (c *AddrConnection) invalidate(reason error) {
 	c.mu.Lock()
 	if c.invalid {
@@ -138,13 +138,13 @@ func (c *AddrConnection) invalidate(reason error) {
 	}
 	refs := c.refs
 	c.mu.Unlock()
-	if c.m.hookInvalidated != nil {
-		c.m.hookInvalidated(c)
+	if c.d.hookInvalidated != nil {
+		c.d.hookInvalidated(c)
 	}
 
-	c.m.met.Conns.WithLabelValues(RoleRequester, StateConnected).Dec()
-	c.m.met.Conns.WithLabelValues(RoleRequester, StateInvalidated).Inc()
-	c.m.met.Invalidations.WithLabelValues(reasonLabel(reason)).Inc()
+	c.d.met.Conns.WithLabelValues(RoleRequester, StateConnected).Dec()
+	c.d.met.Conns.WithLabelValues(RoleRequester, StateInvalidated).Inc()
+	c.d.met.Invalidations.WithLabelValues(reasonLabel(reason)).Inc()
 	c.log.Info().AnErr("reason", reason).Int("in_flight", refs).Msg("rdma connection invalidated")
 	if now {
 		c.teardown()
@@ -176,13 +176,13 @@ func (c *AddrConnection) teardown() {
 	for _, cn := range c.nics {
 		for _, s := range cn.sessions {
 			<-s.exited
-			s.p.destroy(c.m)
+			s.p.destroy(c.d.nics)
 		}
 	}
 	// Before conns.Done: Close waits for conns, then for disconnects.
-	c.m.goDisconnect(c.client, c.peer, c.handshakeID, c.log)
-	c.m.met.Conns.WithLabelValues(RoleRequester, StateInvalidated).Dec()
-	c.m.conns.Done()
+	c.d.goDisconnect(c.client, c.peer, c.handshakeID, c.log)
+	c.d.met.Conns.WithLabelValues(RoleRequester, StateInvalidated).Dec()
+	c.d.conns.Done()
 	c.log.Debug().Msg("rdma connection torn down")
 }
 
@@ -330,8 +330,8 @@ func (c *AddrConnection) runBatches(ctx context.Context, batches []*batch) error
 				pending--
 			}
 		}
-		if c.m.hookAbort != nil {
-			c.m.hookAbort(batches)
+		if c.d.hookAbort != nil {
+			c.d.hookAbort(batches)
 		}
 		stopBatches()
 	}
@@ -360,7 +360,7 @@ func (c *AddrConnection) runBatches(ctx context.Context, batches []*batch) error
 	}
 	err := fmt.Errorf("conn: read from %s: %w", c.peer, c.railCheck(first))
 	if IsConnectionClass(first) || qpErrored {
-		c.m.Invalidate(c, err)
+		c.d.Invalidate(c, err)
 	}
 	return err
 }
@@ -368,7 +368,7 @@ func (c *AddrConnection) runBatches(ctx context.Context, batches []*batch) error
 // plan validates ops and splits them into one batch per session used.
 // Nothing is posted when it fails.
 func (c *AddrConnection) plan(ops []ReadOp) ([]*batch, []uint64, error) {
-	m := c.m
+	ns := c.d.nics
 	bySession := make(map[*session]*batch)
 	var out []*batch
 	pending := make([]uint64, len(c.nics)) // bytes per NIC, committed at the end
@@ -376,15 +376,15 @@ func (c *AddrConnection) plan(ops []ReadOp) ([]*batch, []uint64, error) {
 		if op.Len == 0 {
 			return nil, nil, fmt.Errorf("%w: op %d has zero length", ErrInvalidOp, i)
 		}
-		if op.LocalAddr < m.memBase || op.Len > m.memLen || op.LocalAddr-m.memBase > m.memLen-op.Len {
+		if op.LocalAddr < ns.memBase || op.Len > ns.memLen || op.LocalAddr-ns.memBase > ns.memLen-op.Len {
 			return nil, nil, fmt.Errorf("%w: op %d local range [%#x,+%d) outside registered memory", ErrInvalidOp, i, op.LocalAddr, op.Len)
 		}
 		if g := op.Grant; g != nil && g.handshakeID != c.handshakeID {
 			return nil, nil, fmt.Errorf("%w: op %d: lock's windows on handshake %s, connection %s", ErrStaleGrant, i, g.handshakeID, c.handshakeID)
 		}
-		local := m.localNode(op.LocalAddr)
-		for off := uint64(0); off < op.Len; off += m.opts.SliceBytes {
-			n := min(m.opts.SliceBytes, op.Len-off)
+		local := ns.localNode(op.LocalAddr)
+		for off := uint64(0); off < op.Len; off += c.d.opts.SliceBytes {
+			n := min(c.d.opts.SliceBytes, op.Len-off)
 			k := c.pickNIC(op.NUMA, local, n, pending, op.Grant)
 			if k < 0 {
 				return nil, nil, fmt.Errorf("%w: peer %s op %d: the lock's windows serve none of this connection's NICs", ErrRemoteMemory, c.peer, i)

@@ -15,7 +15,7 @@ import (
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	"github.com/pegaflow/pegad/internal/ibv"
-	"github.com/pegaflow/pegad/internal/metrics"
+	"github.com/pegaflow/pegad/internal/metrics/metricstest"
 )
 
 // disconnectBound is how long a holder may keep an abandoned connection's
@@ -56,7 +56,7 @@ func TestInvalidateReleasesHolderQPs(t *testing.T) {
 			hold := newNode(t, d, nodeOpts{id: "holder", nics: nics, qps: qps, qpnStart: 0x100})
 			r := newNode(t, d, nodeOpts{id: "req", nics: nics, qps: qps, qpnStart: 0x100})
 			hold.fillRandom(7)
-			c, err := r.mgr.Get(ctxT(t, 10*time.Second), hold.addr)
+			c, err := r.dial.Get(ctxT(t, 10*time.Second), hold.addr)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -64,9 +64,9 @@ func TestInvalidateReleasesHolderQPs(t *testing.T) {
 			hold.checkQPs(t, nics*qps)
 
 			start := time.Now()
-			r.mgr.Invalidate(c, tc.reason)
-			if !eventually(disconnectBound, func() bool { return hold.mgr.QPs() == 0 }) {
-				t.Fatalf("holder still has %d QPs %v after the requester invalidated", hold.mgr.QPs(), disconnectBound)
+			r.dial.Invalidate(c, tc.reason)
+			if !eventually(disconnectBound, func() bool { return hold.nics.QPs() == 0 }) {
+				t.Fatalf("holder still has %d QPs %v after the requester invalidated", hold.nics.QPs(), disconnectBound)
 			}
 			t.Logf("holder released its QPs %v after invalidation", time.Since(start).Round(time.Millisecond))
 			hold.checkQPs(t, 0)
@@ -77,11 +77,11 @@ func TestInvalidateReleasesHolderQPs(t *testing.T) {
 			if got := testutil.ToFloat64(hold.met.Invalidations.WithLabelValues("disconnect")); got != 1 {
 				t.Errorf("holder invalidations{disconnect} = %v, want 1", got)
 			}
-			if got := len(hold.mgr.List()); got != 0 {
+			if got := len(hold.list()); got != 0 {
 				t.Errorf("holder lists %d connections, want 0", got)
 			}
 			// The requester reconnects as usual and reads again.
-			c2, err := r.mgr.Get(ctxT(t, 10*time.Second), hold.addr)
+			c2, err := r.dial.Get(ctxT(t, 10*time.Second), hold.addr)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -100,13 +100,13 @@ func TestStaleDisconnectKeepsNewConnection(t *testing.T) {
 	hold := newNode(t, d, nodeOpts{id: "holder", qps: qps})
 	r := newNode(t, d, nodeOpts{id: "req", qps: qps})
 	hold.fillRandom(11)
-	c1, err := r.mgr.Get(ctxT(t, 10*time.Second), hold.addr)
+	c1, err := r.dial.Get(ctxT(t, 10*time.Second), hold.addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	release := holdRef(t, r, c1) // an in-flight Read: c1's teardown waits
-	r.mgr.Invalidate(c1, errors.New("test"))
-	c2, err := r.mgr.Get(ctxT(t, 10*time.Second), hold.addr)
+	r.dial.Invalidate(c1, errors.New("test"))
+	c2, err := r.dial.Get(ctxT(t, 10*time.Second), hold.addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,7 +133,7 @@ func TestStaleDisconnectKeepsNewConnection(t *testing.T) {
 	if got := holderConns(hold); got != 1 {
 		t.Errorf("holder connected gauge = %v, want 1", got)
 	}
-	if l := hold.mgr.List(); len(l) != 1 || l[0].QPs != qps {
+	if l := hold.list(); len(l) != 1 || l[0].QPs != qps {
 		t.Fatalf("holder connections = %+v, want c2's", l)
 	}
 	readCheck(t, c2, r, hold, span{0, 12345, 256 << 10})
@@ -150,7 +150,7 @@ func TestDisconnectOwnershipAndValidation(t *testing.T) {
 	hold := newNode(t, d, nodeOpts{id: "holder", qps: qps})
 	r := newNode(t, d, nodeOpts{id: "req", qps: qps})
 	hold.fillRandom(13)
-	c, err := r.mgr.Get(ctxT(t, 10*time.Second), hold.addr)
+	c, err := r.dial.Get(ctxT(t, 10*time.Second), hold.addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -204,13 +204,13 @@ func TestCloseSendsDisconnects(t *testing.T) {
 	h2 := newNode(t, d, nodeOpts{id: "h2", nics: 2, qps: 1})
 	r := newNode(t, d, nodeOpts{id: "req", nics: 2, qps: 2})
 	for _, h := range []*node{h1, h2} {
-		if _, err := r.mgr.Get(ctxT(t, 10*time.Second), h.addr); err != nil {
+		if _, err := r.dial.Get(ctxT(t, 10*time.Second), h.addr); err != nil {
 			t.Fatal(err)
 		}
 	}
 	h1.checkQPs(t, 2*2)
 	h2.checkQPs(t, 2*2)
-	if err := r.mgr.Close(); err != nil {
+	if err := r.close(); err != nil {
 		t.Fatal(err)
 	}
 	for _, h := range []*node{h1, h2} {
@@ -238,23 +238,23 @@ func TestDeadHolderDoesNotBlock(t *testing.T) {
 			h1 := newNode(t, d, nodeOpts{id: "h1"})
 			h2 := newNode(t, d, nodeOpts{id: "h2"})
 			r := newNode(t, d, nodeOpts{id: "req", disconnectTimeout: timeout})
-			c1, err := r.mgr.Get(ctxT(t, 10*time.Second), h1.addr)
+			c1, err := r.dial.Get(ctxT(t, 10*time.Second), h1.addr)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := r.mgr.Get(ctxT(t, 10*time.Second), h2.addr); err != nil {
+			if _, err := r.dial.Get(ctxT(t, 10*time.Second), h2.addr); err != nil {
 				t.Fatal(err)
 			}
 			tc.kill(h1)
 			tc.kill(h2)
 
 			start := time.Now()
-			r.mgr.Invalidate(c1, errors.New("holder dead"))
+			r.dial.Invalidate(c1, errors.New("holder dead"))
 			if took := time.Since(start); took > timeout/2 {
 				t.Errorf("Invalidate took %v: it waited for the disconnect (timeout %v)", took, timeout)
 			}
 			start = time.Now()
-			if err := r.mgr.Close(); err != nil {
+			if err := r.close(); err != nil {
 				t.Fatal(err)
 			}
 			if took := time.Since(start); took > timeout+time.Second {
@@ -284,16 +284,16 @@ func FuzzDisconnectDecode(f *testing.F) {
 	}
 	f.Add([]byte{})
 	f.Add([]byte{0x0a, 0xff, 0xff, 0xff, 0xff, 0x0f})
-	m := &Manager{opts: Options{Transport: "tcp"}, met: metrics.NewForTest(), log: zerolog.Nop(),
+	acc := &Acceptor{nics: &NICs{opts: NICOptions{Transport: "tcp"}}, met: metricstest.New(), log: zerolog.Nop(),
 		accepted: make(map[string]*acceptedConn)}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var req pegadv1.RdmaDisconnectRequest
 		if proto.Unmarshal(data, &req) != nil {
 			return
 		}
-		a := &acceptedConn{m: m, nodeID: "r", incarnation: "i", handshakeID: "h"}
-		m.accepted = map[string]*acceptedConn{"r": a}
-		resp, err := m.Disconnect(context.Background(), &req)
+		a := &acceptedConn{acc: acc, nodeID: "r", incarnation: "i", handshakeID: "h"}
+		acc.accepted = map[string]*acceptedConn{"r": a}
+		resp, err := acc.Disconnect(context.Background(), &req)
 		if err != nil {
 			if !errors.Is(err, ErrInvalidHandshake) || status.Code(err) != codes.InvalidArgument {
 				t.Fatalf("error %v (code %v), want a typed InvalidArgument", err, status.Code(err))
@@ -302,7 +302,7 @@ func FuzzDisconnectDecode(f *testing.F) {
 			t.Fatalf("released %d QPs of a connection that has none", resp.GetQpsReleased())
 		}
 		match := req.GetRequester().GetNodeId() == "r" && req.GetRequester().GetIncarnation() == "i" && req.GetHandshakeId() == "h"
-		if _, still := m.accepted["r"]; still == match {
+		if _, still := acc.accepted["r"]; still == match {
 			t.Fatalf("request %v: connection still installed = %v", &req, still)
 		}
 	})

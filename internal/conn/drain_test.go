@@ -51,7 +51,7 @@ func TestCompletionErrorDrainsOtherQPs(t *testing.T) {
 			hold := newNode(t, d, nodeOpts{id: "holder", nics: nics, qps: qps, mem: 4 << 20})
 			req := newNode(t, d, nodeOpts{id: "req", nics: nics, qps: qps, mem: 4 << 20})
 			hold.fillRandom(8)
-			c, err := req.mgr.Get(ctxT(t, 5*time.Second), hold.addr)
+			c, err := req.dial.Get(ctxT(t, 5*time.Second), hold.addr)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -93,7 +93,7 @@ func TestCompletionErrorDrainsOtherQPs(t *testing.T) {
 				t.Error("no WR_FLUSH_ERR completion: NIC 0's READs were not flushed")
 			}
 			other()
-			waitFor(t, "QPs destroyed", func() bool { return req.mgr.QPs() == 0 })
+			waitFor(t, "QPs destroyed", func() bool { return req.nics.QPs() == 0 })
 			req.checkQPs(t, 0)
 		})
 	}
@@ -108,9 +108,9 @@ func TestQPDrainFailureDestroysQP(t *testing.T) {
 	d := newDialers(t)
 	hold := newNode(t, d, nodeOpts{id: "holder", mem: 1 << 20})
 	req := newNode(t, d, nodeOpts{id: "req", mem: 1 << 20})
-	req.mgr.drainTimeout = 200 * time.Millisecond // before any worker starts
+	req.nics.drainTimeout = 200 * time.Millisecond // before any worker starts
 	hold.fillRandom(12)
-	c, err := req.mgr.Get(ctxT(t, 5*time.Second), hold.addr)
+	c, err := req.dial.Get(ctxT(t, 5*time.Second), hold.addr)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -39,7 +39,7 @@ func TestMaxEndpointsAllowsConfiguredNICsTimesQPs(t *testing.T) {
 				}
 				req.Nics = append(req.Nics, nh)
 			}
-			_, err := hold.mgr.Accept(context.Background(), req)
+			_, err := hold.acc.Accept(context.Background(), req)
 			switch {
 			case tc.wantErr && !errors.Is(err, ErrInvalidHandshake):
 				t.Fatalf("Accept = %v, want ErrInvalidHandshake", err)

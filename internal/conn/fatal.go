@@ -15,7 +15,7 @@ import (
 // its QPs, CQs, MRs and PD. The NIC is taken out of placement as for a
 // port down (rail.go), for good: its QPs are flushed and the connections
 // through it invalidated, so fetches go on over the other NICs. A reopen
-// loop then opens the device again (Options.Reopen) until it is back,
+// loop then opens the device again (NICOptions.Reopen) until it is back,
 // registers the pool on it and puts the new NIC in the dead one's place;
 // the connections made without it are replaced. The dead NIC is retired
 // once the last QP and memory window made on it are gone: its holder CQ,
@@ -51,50 +51,50 @@ func (n *localNIC) releaseUse() {
 	n.life.RUnlock()
 }
 
-// curNICs is the current NICs, by position in Options.Devices.
-func (m *Manager) curNICs() []*localNIC {
-	if p := m.nicSet.Load(); p != nil {
+// curNICs is the current NICs, by position in NICOptions.Devices.
+func (s *NICs) curNICs() []*localNIC {
+	if p := s.nicSet.Load(); p != nil {
 		return *p
 	}
 	return nil
 }
 
 // deviceFatal takes n out of placement for good and starts reopening it.
-func (m *Manager) deviceFatal(n *localNIC, log zerolog.Logger) {
+func (s *NICs) deviceFatal(n *localNIC, log zerolog.Logger) {
 	if n.fatal.Swap(true) {
 		return
 	}
 	log.Error().Msg("nic device fatal: out of placement; reopening it")
-	m.railDown(n, log)
-	if m.opts.Reopen == nil {
+	s.railDown(n, log)
+	if s.opts.Reopen == nil {
 		log.Error().Msg("nic device fatal and no way to reopen it: it stays out until restart")
 		return
 	}
 	// Close waits for the loop; begin refuses once it has started.
-	if m.begin(&m.reopening) != nil {
+	if s.begin(&s.reopening) != nil {
 		return
 	}
 	go func() {
-		defer m.reopening.Done()
-		m.reopenLoop(n, log)
+		defer s.reopening.Done()
+		s.reopenLoop(n, log)
 	}()
 }
 
-// reopenLoop opens n's device again until it works or the manager closes,
+// reopenLoop opens n's device again until it works or the NIC set closes,
 // then swaps the new NIC in and retires n.
-func (m *Manager) reopenLoop(n *localNIC, log zerolog.Logger) {
+func (s *NICs) reopenLoop(n *localNIC, log zerolog.Logger) {
 	wait := reopenFirst
 	for attempt := 1; ; attempt++ {
 		select {
-		case <-m.ctx.Done():
-			m.retire(n, log)
+		case <-s.ctx.Done():
+			s.retire(n, log)
 			return
 		case <-time.After(wait):
 		}
-		nn, err := m.reopen(n)
+		nn, err := s.reopen(n)
 		if err == nil {
-			m.swapNIC(n, nn, log, attempt)
-			m.retire(n, log)
+			s.swapNIC(n, nn, log, attempt)
+			s.retire(n, log)
 			return
 		}
 		log.Warn().Err(err).Int("attempt", attempt).Msg("nic reopen failed; trying again")
@@ -104,8 +104,8 @@ func (m *Manager) reopenLoop(n *localNIC, log zerolog.Logger) {
 
 // reopen opens n's device afresh and registers the pool on it (and the
 // keepalive page); nothing is left open on error.
-func (m *Manager) reopen(n *localNIC) (*localNIC, error) {
-	dev, err := m.opts.Reopen(n.pos)
+func (s *NICs) reopen(n *localNIC) (*localNIC, error) {
+	dev, err := s.opts.Reopen(n.pos)
 	if err != nil {
 		return nil, err
 	}
@@ -115,19 +115,19 @@ func (m *Manager) reopen(n *localNIC) (*localNIC, error) {
 			return nil, fmt.Errorf("reopened %s: port not active (%v)", n.info.Name, err)
 		}
 	}
-	nn := m.newLocalNIC(dev, n.pos)
+	nn := s.newLocalNIC(dev, n.pos)
 	nn.ownDev = true
-	err = m.registerNIC(nn)
-	if err == nil && m.probeMem != nil {
-		if nn.probeMR, err = nn.pd.RegMR(m.probeMem, ibv.AccessLocalWrite); err != nil {
+	err = s.registerNIC(nn)
+	if err == nil && s.probeMem != nil {
+		if nn.probeMR, err = nn.pd.RegMR(s.probeMem, ibv.AccessLocalWrite); err != nil {
 			err = fmt.Errorf("conn: register keepalive buffer on %s: %w", nn.info.Name, err)
 		}
 	}
 	if err == nil {
-		err = m.registerProbeTargetOn(nn)
+		err = s.registerProbeTargetOn(nn)
 	}
 	if err != nil {
-		m.releaseNIC(nn)
+		s.releaseNIC(nn)
 		return nil, err
 	}
 	return nn, nil
@@ -135,43 +135,44 @@ func (m *Manager) reopen(n *localNIC) (*localNIC, error) {
 
 // swapNIC puts nn in old's place and replaces the requester connections
 // made without it, as a port coming back does.
-func (m *Manager) swapNIC(old, nn *localNIC, log zerolog.Logger, attempts int) {
-	m.mu.Lock()
-	cur := m.curNICs()
+func (s *NICs) swapNIC(old, nn *localNIC, log zerolog.Logger, attempts int) {
+	s.mu.Lock()
+	cur := s.curNICs()
 	next := make([]*localNIC, len(cur))
 	copy(next, cur)
 	next[old.pos] = nn
-	m.nicSet.Store(&next)
-	m.mu.Unlock()
+	s.nicSet.Store(&next)
+	s.mu.Unlock()
 	nn.up.Set(1)
-	m.watchNIC(nn)
+	s.watchNIC(nn)
+	d := s.dialer.Load()
 	var stale []*AddrConnection
-	for _, c := range m.requesterConns() {
+	for _, c := range d.requesterConns() {
 		if !c.uses(nn) {
 			stale = append(stale, c)
 		}
 	}
 	log.Info().Int("attempts", attempts).Int("replaced", len(stale)).Msg("nic reopened after device fatal: back in placement")
 	for _, c := range stale {
-		m.Invalidate(c, fmt.Errorf("%s was reopened: reconnect over every NIC", nn.info.Name))
+		d.Invalidate(c, fmt.Errorf("%s was reopened: reconnect over every NIC", nn.info.Name))
 	}
 }
 
 // retire waits for the last QP and window made on dead NIC n to go (the
 // connections through it were invalidated; a holder's go when their
-// requesters reconnect or are reaped), then releases it. Once the manager
+// requesters reconnect or are reaped), then releases it. Once the NIC set
 // closes, Close has destroyed every QP: it waits at most drainTimeout more.
-func (m *Manager) retire(n *localNIC, log zerolog.Logger) {
-	done := m.ctx.Done()
+func (s *NICs) retire(n *localNIC, log zerolog.Logger) {
+	done := s.ctx.Done()
 	var closing <-chan time.Time
-	for !m.releaseIdle(n) {
+	for !s.releaseIdle(n) {
 		select {
 		case <-done:
 			done = nil // once: a closed channel would spin this loop
-			closing = time.After(m.drainTimeout)
+			closing = time.After(s.drainTimeout)
 		case <-closing:
 			log.Error().Int64("users", n.users.Load()).Msg("dead nic still has QPs or windows at close: released anyway")
-			m.releaseNIC(n)
+			s.releaseNIC(n)
 			return
 		case <-time.After(50 * time.Millisecond):
 		}
@@ -181,30 +182,30 @@ func (m *Manager) retire(n *localNIC, log zerolog.Logger) {
 
 // releaseIdle releases n if nothing is made on it; false when something
 // still is (or is being made).
-func (m *Manager) releaseIdle(n *localNIC) bool {
+func (s *NICs) releaseIdle(n *localNIC) bool {
 	n.life.Lock()
 	idle := n.users.Load() == 0
 	n.life.Unlock()
 	if idle {
-		m.releaseNIC(n)
+		s.releaseNIC(n)
 	}
 	return idle
 }
 
 // releaseNIC frees n's holder CQ, keepalive and pool registrations, PD and,
-// when the manager opened it, its device. Errors of a dead device are
+// when the NIC set opened it, its device. Errors of a dead device are
 // expected and ignored.
-func (m *Manager) releaseNIC(n *localNIC) {
+func (s *NICs) releaseNIC(n *localNIC) {
 	n.life.Lock()
 	defer n.life.Unlock()
 	if n.released.Swap(true) {
 		return
 	}
-	m.releaseStuck(n) // before the MR they are bound over
+	s.releaseStuck(n) // before the MR they are bound over
 	n.holdMu.Lock()
 	if n.holdCQ != nil {
 		if err := n.holdCQ.Close(); err != nil && !n.fatal.Load() {
-			m.log.Warn().Err(err).Str("nic", n.info.Name).Msg("close holder cq")
+			s.log.Warn().Err(err).Str("nic", n.info.Name).Msg("close holder cq")
 		}
 		n.holdCQ = nil
 	}

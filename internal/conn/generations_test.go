@@ -23,7 +23,7 @@ func TestReconnectSparesInFlightRead(t *testing.T) {
 	hold := newNode(t, d, nodeOpts{id: "holder", qps: qps})
 	r := newNode(t, d, nodeOpts{id: "req", qps: qps})
 	hold.fillRandom(21)
-	c1, err := r.mgr.Get(ctxT(t, 10*time.Second), hold.addr)
+	c1, err := r.dial.Get(ctxT(t, 10*time.Second), hold.addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,12 +33,12 @@ func TestReconnectSparesInFlightRead(t *testing.T) {
 	errc := make(chan error, 1)
 	go func() { errc <- c1.Read(ctxT(t, 10*time.Second), opsOf(r, hold, spans)) }()
 	time.Sleep(50 * time.Millisecond) // the Read's requests are being served
-	r.mgr.Invalidate(c1, errors.New("test: reconnect"))
-	c2, err := r.mgr.Get(ctxT(t, 10*time.Second), hold.addr)
+	r.dial.Invalidate(c1, errors.New("test: reconnect"))
+	c2, err := r.dial.Get(ctxT(t, 10*time.Second), hold.addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := hold.mgr.List(); len(got) != 2 {
+	if got := hold.list(); len(got) != 2 {
 		t.Errorf("holder lists %d connections during the drain, want 2 (current and retired): %+v", len(got), got)
 	}
 	if err := <-errc; err != nil {
@@ -47,7 +47,7 @@ func TestReconnectSparesInFlightRead(t *testing.T) {
 	checkSpans(t, r, hold, spans)
 	hold.devs[0].SetFaults(tcp.Faults{})
 	// The old generation goes when its requester disconnects it.
-	waitFor(t, "retired generation released", func() bool { return hold.mgr.QPs() == qps })
+	waitFor(t, "retired generation released", func() bool { return hold.nics.QPs() == qps })
 	if got := testutil.ToFloat64(hold.met.Conns.WithLabelValues(RoleHolder, StateInvalidated)); got != 0 {
 		t.Errorf("holder invalidated gauge = %v, want 0", got)
 	}
@@ -62,19 +62,19 @@ func TestRetiredGenerationDrainBound(t *testing.T) {
 	hold := newNode(t, d, nodeOpts{id: "holder", qps: qps, reconnectDrain: 200 * time.Millisecond})
 	r := newNode(t, d, nodeOpts{id: "req", qps: qps, disconnectTimeout: 100 * time.Millisecond})
 	hold.stallDisconnect.Store(true) // goodbyes never arrive
-	c1, err := r.mgr.Get(ctxT(t, 10*time.Second), hold.addr)
+	c1, err := r.dial.Get(ctxT(t, 10*time.Second), hold.addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.mgr.Invalidate(c1, errors.New("test"))
-	if _, err := r.mgr.Get(ctxT(t, 10*time.Second), hold.addr); err != nil {
+	r.dial.Invalidate(c1, errors.New("test"))
+	if _, err := r.dial.Get(ctxT(t, 10*time.Second), hold.addr); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "retired generation reaped", func() bool {
 		return testutil.ToFloat64(hold.met.AcceptedReaped.WithLabelValues(reapDrained)) == 1
 	})
 	hold.checkQPs(t, qps)
-	if l := hold.mgr.List(); len(l) != 1 || l[0].State != StateConnected {
+	if l := hold.list(); len(l) != 1 || l[0].State != StateConnected {
 		t.Fatalf("holder lists %+v, want only the current connection", l)
 	}
 	hold.stallDisconnect.Store(false)
@@ -106,17 +106,17 @@ func TestDeadRequesterReaped(t *testing.T) {
 	hold.fillRandom(5)
 	senders, responders := goroutinesIn("tcp.(*qp).sender"), goroutinesIn("tcp.(*Device).serve")
 	r := newNode(t, d, nodeOpts{id: "req", qps: qps, disconnectTimeout: 100 * time.Millisecond})
-	c, err := r.mgr.Get(ctxT(t, 10*time.Second), hold.addr)
+	c, err := r.dial.Get(ctxT(t, 10*time.Second), hold.addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	readCheck(t, c, r, hold, span{0, 0, 512 << 10})
 	hold.stallDisconnect.Store(true)
 	// The requester dies: its QPs and sockets go, its goodbye does not.
-	r.mgr.Close()
+	r.close()
 	r.prov.Close()
 	hold.checkQPs(t, qps) // nobody told the holder
-	waitFor(t, "dead requester's connection reaped", func() bool { return hold.mgr.QPs() == 0 })
+	waitFor(t, "dead requester's connection reaped", func() bool { return hold.nics.QPs() == 0 })
 	hold.checkQPs(t, 0)
 	if got := testutil.ToFloat64(hold.met.AcceptedReaped.WithLabelValues(reapIdle)); got != 1 {
 		t.Errorf("reaped{idle} = %v, want 1", got)
@@ -139,7 +139,7 @@ func TestLiveIdleRequesterNotReaped(t *testing.T) {
 	hold := newNode(t, d, nodeOpts{id: "holder", qps: qps, idleTimeout: 100 * time.Millisecond})
 	r := newNode(t, d, nodeOpts{id: "req", qps: qps})
 	hold.fillRandom(6)
-	c, err := r.mgr.Get(ctxT(t, 10*time.Second), hold.addr)
+	c, err := r.dial.Get(ctxT(t, 10*time.Second), hold.addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,7 +161,7 @@ func TestUnusedConnectionNotReaped(t *testing.T) {
 	hold := newNode(t, d, nodeOpts{id: "holder", idleTimeout: 100 * time.Millisecond})
 	r := newNode(t, d, nodeOpts{id: "req"})
 	hold.fillRandom(7)
-	c, err := r.mgr.Get(ctxT(t, 10*time.Second), hold.addr)
+	c, err := r.dial.Get(ctxT(t, 10*time.Second), hold.addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -181,7 +181,7 @@ func TestAbortCannotHitAnotherBatch(t *testing.T) {
 	hold := newNode(t, d, nodeOpts{id: "holder", nics: 2})
 	r := newNode(t, d, nodeOpts{id: "req", nics: 2})
 	hold.fillRandom(9)
-	c, err := r.mgr.Get(ctxT(t, 10*time.Second), hold.addr)
+	c, err := r.dial.Get(ctxT(t, 10*time.Second), hold.addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -194,9 +194,9 @@ func TestAbortCannotHitAnotherBatch(t *testing.T) {
 	hold.devs[0].SetFaults(tcp.Faults{ResponseDelay: 600 * time.Millisecond})
 	hold.devs[1].SetFaults(tcp.Faults{ResponseDelay: 10 * time.Second})
 	var aBatch0 *batch
-	r.mgr.hookAbort = func(bs []*batch) {
+	r.dial.hookAbort = func(bs []*batch) {
 		for _, b := range bs {
-			if b.s.p.nic == r.mgr.curNICs()[0] {
+			if b.s.p.nic == r.nics.curNICs()[0] {
 				aBatch0 = b
 			}
 		}

@@ -5,17 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"sync"
 	"time"
 
-	"github.com/rs/zerolog"
 	"google.golang.org/grpc/codes"
-	grpcpeer "google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/pegaflow/pegad/api/limits"
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
-	"github.com/pegaflow/pegad/api/pegaderr"
 	"github.com/pegaflow/pegad/internal/ibv"
 )
 
@@ -33,30 +29,30 @@ const (
 )
 
 // connect is the requester side of a handshake; it runs once per peer at
-// a time (singleflight) under the manager's context. Its phases:
+// a time (singleflight) under the dialer's context. Its phases:
 // prepareHandshake (QPs in INIT on every NIC), exchange (the RPC),
 // validateResponse, connectQPs, publish, then the workers start.
-func (m *Manager) connect(peer string) (_ *AddrConnection, err error) {
-	if err := m.begin(&m.handshake); err != nil {
+func (d *Dialer) connect(peer string) (_ *AddrConnection, err error) {
+	if err := d.begin(); err != nil {
 		return nil, err
 	}
-	defer m.handshake.Done()
+	defer d.handshake.Done()
 
 	hsID := newHandshakeID()
-	log := m.log.With().Str("peer", peer).Str("session", hsID).Logger()
+	log := d.log.With().Str("peer", peer).Str("session", hsID).Logger()
 	start := time.Now()
-	m.setConnecting(peer, start)
-	defer m.setConnecting(peer, time.Time{})
+	d.setConnecting(peer, start)
+	defer d.setConnecting(peer, time.Time{})
 
 	result := resultError
 	defer func() {
-		m.met.Handshakes.WithLabelValues(RoleRequester, result).Inc()
+		d.met.Handshakes.WithLabelValues(RoleRequester, result).Inc()
 		if err != nil {
 			log.Warn().Err(err).Str("result", result).Dur("took", time.Since(start)).Msg("rdma handshake failed")
 		}
 	}()
 
-	req, prepared, err := m.prepareHandshake(peer, hsID)
+	req, prepared, err := d.prepareHandshake(peer, hsID)
 	if err != nil {
 		return nil, err
 	}
@@ -65,10 +61,10 @@ func (m *Manager) connect(peer string) (_ *AddrConnection, err error) {
 	ok := false
 	defer func() {
 		if !ok {
-			destroyPrepared(m, prepared)
+			destroyPrepared(d.nics, prepared)
 		}
 	}()
-	client, resp, res, err := m.exchange(peer, req)
+	client, resp, res, err := d.exchange(peer, req)
 	if err != nil {
 		result = res
 		return nil, err
@@ -77,16 +73,16 @@ func (m *Manager) connect(peer string) (_ *AddrConnection, err error) {
 	// side gives up before publishing, tell it.
 	defer func() {
 		if !ok {
-			m.goDisconnect(client, peer, hsID, log)
+			d.goDisconnect(client, peer, hsID, log)
 		}
 	}()
-	remote, err := m.validateResponse(resp, len(prepared))
+	remote, err := d.validateResponse(resp, len(prepared))
 	if err != nil {
 		result = resultInvalid
 		return nil, fmt.Errorf("%w: from %s: %w", ErrHandshakeRejected, peer, err)
 	}
 	c := &AddrConnection{
-		m:            m,
+		d:            d,
 		client:       client,
 		peer:         peer,
 		remoteNodeID: resp.GetHolderNodeId(),
@@ -96,10 +92,10 @@ func (m *Manager) connect(peer string) (_ *AddrConnection, err error) {
 		done:         make(chan struct{}),
 		log:          log,
 	}
-	if err := m.connectQPs(c, remote, prepared); err != nil {
+	if err := d.connectQPs(c, remote, prepared); err != nil {
 		return nil, err
 	}
-	old, err := m.publish(c)
+	old, err := d.publish(c)
 	if err != nil {
 		return nil, err
 	}
@@ -107,7 +103,7 @@ func (m *Manager) connect(peer string) (_ *AddrConnection, err error) {
 
 	c.startWorkers()
 	c.prewarm()
-	m.met.Conns.WithLabelValues(RoleRequester, StateConnected).Inc()
+	d.met.Conns.WithLabelValues(RoleRequester, StateConnected).Inc()
 	result = resultOK
 	if old != nil {
 		// Singleflight makes this unreachable; if it ever happens the old
@@ -116,59 +112,46 @@ func (m *Manager) connect(peer string) (_ *AddrConnection, err error) {
 		old.invalidate(errors.New("replaced by a new handshake"))
 	}
 	log.Info().Str("remote_node", c.remoteNodeID).Int("nics", len(c.nics)).
-		Int("qps", len(c.nics)*m.opts.QPsPerPeer).Dur("took", time.Since(start)).Msg("rdma connection established")
+		Int("qps", len(c.nics)*d.opts.QPsPerPeer).Dur("took", time.Since(start)).Msg("rdma connection established")
 	return c, nil
-}
-
-// begin counts one handshake (m.handshake) or accept (m.accepts) in wg,
-// which Close waits for (before it releases the PDs they use); ErrClosed
-// once the manager is closed.
-func (m *Manager) begin(wg *sync.WaitGroup) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.closed {
-		return ErrClosed
-	}
-	wg.Add(1) // under mu: Close sets closed before it Waits
-	return nil
 }
 
 // prepareHandshake creates QPsPerPeer QPs (INIT) on every NIC whose port
 // is up (a NIC that is down would take READs that never complete; see
 // rail.go) and the request that offers them. On error it destroys what it
 // created.
-func (m *Manager) prepareHandshake(peer, hsID string) (*pegadv1.RdmaHandshakeRequest, [][]*qpPair, error) {
-	nics := m.upNICs()
+func (d *Dialer) prepareHandshake(peer, hsID string) (*pegadv1.RdmaHandshakeRequest, [][]*qpPair, error) {
+	nics := d.nics.upNICs()
 	if len(nics) == 0 {
 		return nil, nil, fmt.Errorf("%w: handshake %s: %w", ErrConnectionBroken, peer, ErrNoActiveNIC)
 	}
 	prepared := make([][]*qpPair, len(nics))
 	req := &pegadv1.RdmaHandshakeRequest{
-		Requester:   &pegadv1.Requester{NodeId: m.opts.NodeID, Incarnation: m.opts.Incarnation, Advertise: m.opts.Advertise},
-		Transport:   m.opts.Transport,
+		Requester:   &pegadv1.Requester{NodeId: d.nics.opts.NodeID, Incarnation: d.nics.opts.Incarnation, Advertise: d.opts.Advertise},
+		Transport:   d.nics.opts.Transport,
 		HandshakeId: hsID,
 	}
 	for i, n := range nics {
-		nh := &pegadv1.NicHandshake{Nic: n.info.Name, Memory: []*pegadv1.MemoryRegion{m.localRegion(n)},
+		nh := &pegadv1.NicHandshake{Nic: n.info.Name, Memory: []*pegadv1.MemoryRegion{d.nics.localRegion(n)},
 			LinkLayer: n.info.LinkLayer, Subnet: n.currentSubnet(), Rail: n.rail}
-		for q := 0; q < m.opts.QPsPerPeer; q++ {
-			p, err := m.newQPPair(n, false)
+		for q := 0; q < d.opts.QPsPerPeer; q++ {
+			p, err := d.nics.newQPPair(n, false)
 			if err != nil {
-				destroyPrepared(m, prepared)
+				destroyPrepared(d.nics, prepared)
 				return nil, nil, fmt.Errorf("conn: handshake %s: %w", peer, err)
 			}
 			prepared[i] = append(prepared[i], p)
-			nh.Endpoints = append(nh.Endpoints, endpointToProto(m.localEndpoint(p)))
+			nh.Endpoints = append(nh.Endpoints, endpointToProto(d.nics.localEndpoint(p)))
 		}
 		req.Nics = append(req.Nics, nh)
 	}
 	return req, prepared, nil
 }
 
-func destroyPrepared(m *Manager, prepared [][]*qpPair) {
+func destroyPrepared(ns *NICs, prepared [][]*qpPair) {
 	for _, qs := range prepared {
 		for _, p := range qs {
-			p.destroy(m)
+			p.destroy(ns)
 		}
 	}
 }
@@ -176,16 +159,16 @@ func destroyPrepared(m *Manager, prepared [][]*qpPair) {
 // exchange dials peer and sends the handshake. On error, result is the
 // handshake metric's result for it: unreachable (dial, transport, timeout,
 // cancel) or rejected (the holder refused).
-func (m *Manager) exchange(peer string, req *pegadv1.RdmaHandshakeRequest) (
+func (d *Dialer) exchange(peer string, req *pegadv1.RdmaHandshakeRequest) (
 	client pegadv1.PeerServiceClient, resp *pegadv1.RdmaHandshakeResponse, result string, err error) {
-	client, err = m.opts.Dial(peer)
+	client, err = d.opts.Dial(peer)
 	if err != nil {
 		return nil, nil, resultUnreachable, fmt.Errorf("%w: dial %s: %w", ErrConnectionBroken, peer, err)
 	}
-	if m.hookBeforeRPC != nil {
-		m.hookBeforeRPC(peer)
+	if d.hookBeforeRPC != nil {
+		d.hookBeforeRPC(peer)
 	}
-	hctx, cancel := context.WithTimeout(m.ctx, m.opts.HandshakeTimeout)
+	hctx, cancel := context.WithTimeout(d.ctx, d.opts.HandshakeTimeout)
 	defer cancel()
 	resp, err = client.RdmaHandshake(hctx, req)
 	if err == nil {
@@ -193,7 +176,7 @@ func (m *Manager) exchange(peer string, req *pegadv1.RdmaHandshakeRequest) (
 	}
 	switch status.Code(err) {
 	case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled:
-		if m.ctx.Err() != nil {
+		if d.ctx.Err() != nil {
 			return nil, nil, resultUnreachable, ErrClosed
 		}
 		return nil, nil, resultUnreachable, fmt.Errorf("%w: handshake with %s: %w", ErrConnectionBroken, peer, err)
@@ -203,16 +186,16 @@ func (m *Manager) exchange(peer string, req *pegadv1.RdmaHandshakeRequest) (
 
 // connectQPs connects each prepared QP to the holder's endpoint for it
 // (RTR, RTS) and adds the NICs and their sessions to c.
-func (m *Manager) connectQPs(c *AddrConnection, remote []remoteNIC, prepared [][]*qpPair) error {
+func (d *Dialer) connectQPs(c *AddrConnection, remote []remoteNIC, prepared [][]*qpPair) error {
 	for i, qs := range prepared {
 		n := qs[0].nic // QPsPerPeer >= 1
 		cn := &connNic{nic: n, remote: remote[i].regions, probe: remote[i].probe}
-		attr := m.connectAttr(n)
+		attr := d.nics.connectAttr(n)
 		for q, p := range qs {
 			if err := p.qp.Connect(remote[i].endpoints[q], attr); err != nil {
 				return fmt.Errorf("%w: connect qp %d on %s to %s: %w", ErrConnectionBroken, p.qpn, n.info.Name, c.peer, err)
 			}
-			cn.sessions = append(cn.sessions, newSession(p, m.met))
+			cn.sessions = append(cn.sessions, newSession(p, d.met))
 		}
 		c.nics = append(c.nics, cn)
 	}
@@ -220,36 +203,36 @@ func (m *Manager) connectQPs(c *AddrConnection, remote []remoteNIC, prepared [][
 }
 
 // publish makes c the connection to its peer, atomically, and returns the
-// one it replaced (nil: none); ErrClosed when the manager closed meanwhile
+// one it replaced (nil: none); ErrClosed when the dialer closed meanwhile
 // (the caller tears c down).
-func (m *Manager) publish(c *AddrConnection) (old *AddrConnection, err error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.closed {
+func (d *Dialer) publish(c *AddrConnection) (old *AddrConnection, err error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
 		return nil, ErrClosed
 	}
-	old = m.peers[c.peer]
-	m.peers[c.peer] = c
-	m.conns.Add(1) // under mu: Close sets closed before it Waits
+	old = d.peers[c.peer]
+	d.peers[c.peer] = c
+	d.conns.Add(1) // under mu: Close sets closed before it Waits
 	return old, nil
 }
 
 // setConnecting records (or, with a zero time, clears) a handshake in
 // flight toward peer, for List and the Conns gauge.
-func (m *Manager) setConnecting(peer string, since time.Time) {
-	g := m.met.Conns.WithLabelValues(RoleRequester, StateConnecting)
-	m.mu.Lock()
-	defer m.mu.Unlock()
+func (d *Dialer) setConnecting(peer string, since time.Time) {
+	g := d.met.Conns.WithLabelValues(RoleRequester, StateConnecting)
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	if since.IsZero() {
-		delete(m.connecting, peer)
+		delete(d.connecting, peer)
 		g.Dec()
 		return
 	}
-	m.connecting[peer] = since
+	d.connecting[peer] = since
 	g.Inc()
 }
 
-func (m *Manager) localRegion(n *localNIC) *pegadv1.MemoryRegion {
+func (s *NICs) localRegion(n *localNIC) *pegadv1.MemoryRegion {
 	return &pegadv1.MemoryRegion{Base: n.mr.Addr(), Length: n.mr.Len(), Rkey: n.mr.RKey()}
 }
 
@@ -265,7 +248,7 @@ type remoteNIC struct {
 
 // validateResponse checks a holder's answer against what we asked for.
 // want is the number of NICs the request offered.
-func (m *Manager) validateResponse(resp *pegadv1.RdmaHandshakeResponse, want int) ([]remoteNIC, error) {
+func (d *Dialer) validateResponse(resp *pegadv1.RdmaHandshakeResponse, want int) ([]remoteNIC, error) {
 	if resp == nil {
 		return nil, fmt.Errorf("%w: empty response", ErrInvalidHandshake)
 	}
@@ -274,12 +257,12 @@ func (m *Manager) validateResponse(resp *pegadv1.RdmaHandshakeResponse, want int
 	}
 	out := make([]remoteNIC, len(resp.GetNics()))
 	for i, nh := range resp.GetNics() {
-		r, err := m.parseNIC(nh, true)
+		r, err := d.nics.parseNIC(nh, true)
 		if err != nil {
 			return nil, fmt.Errorf("nic %d: %w", i, err)
 		}
-		if len(r.endpoints) != m.opts.QPsPerPeer {
-			return nil, fmt.Errorf("%w: nic %d: %d endpoints, want %d", ErrInvalidHandshake, i, len(r.endpoints), m.opts.QPsPerPeer)
+		if len(r.endpoints) != d.opts.QPsPerPeer {
+			return nil, fmt.Errorf("%w: nic %d: %d endpoints, want %d", ErrInvalidHandshake, i, len(r.endpoints), d.opts.QPsPerPeer)
 		}
 		out[i] = r
 	}
@@ -288,7 +271,7 @@ func (m *Manager) validateResponse(resp *pegadv1.RdmaHandshakeResponse, want int
 
 // parseNIC validates one NicHandshake off the network. Memory is required
 // in responses (the requester READs it) and optional in requests.
-func (m *Manager) parseNIC(nh *pegadv1.NicHandshake, needMemory bool) (remoteNIC, error) {
+func (s *NICs) parseNIC(nh *pegadv1.NicHandshake, needMemory bool) (remoteNIC, error) {
 	var r remoteNIC
 	if nh == nil {
 		return r, fmt.Errorf("%w: nil nic", ErrInvalidHandshake)
@@ -303,7 +286,7 @@ func (m *Manager) parseNIC(nh *pegadv1.NicHandshake, needMemory bool) (remoteNIC
 		return r, fmt.Errorf("%w: %d endpoints (want 1..%d)", ErrInvalidHandshake, len(eps), maxQPsPerPeer)
 	}
 	for j, e := range eps {
-		ep, err := m.endpointFromProto(e)
+		ep, err := s.endpointFromProto(e)
 		if err != nil {
 			return r, fmt.Errorf("endpoint %d: %w", j, err)
 		}
@@ -340,7 +323,7 @@ func endpointToProto(e ibv.Endpoint) *pegadv1.Endpoint {
 	return p
 }
 
-func (m *Manager) endpointFromProto(e *pegadv1.Endpoint) (ibv.Endpoint, error) {
+func (s *NICs) endpointFromProto(e *pegadv1.Endpoint) (ibv.Endpoint, error) {
 	var ep ibv.Endpoint
 	switch {
 	case e == nil:
@@ -362,7 +345,7 @@ func (m *Manager) endpointFromProto(e *pegadv1.Endpoint) (ibv.Endpoint, error) {
 	case len(e.GetSecret()) != 0 && len(e.GetSecret()) != len(ep.Secret):
 		return ep, fmt.Errorf("%w: secret of %d bytes, want %d", ErrInvalidHandshake, len(e.GetSecret()), len(ep.Secret))
 	}
-	if m.opts.Transport == "tcp" || e.GetAddr() != "" {
+	if s.opts.Transport == "tcp" || e.GetAddr() != "" {
 		if _, _, err := net.SplitHostPort(e.GetAddr()); err != nil {
 			return ep, fmt.Errorf("%w: endpoint addr %q: %v", ErrInvalidHandshake, e.GetAddr(), err)
 		}
@@ -376,353 +359,4 @@ func (m *Manager) endpointFromProto(e *pegadv1.Endpoint) (ibv.Endpoint, error) {
 	ep.MaxDestRd = uint8(e.GetMaxDestRdAtomic())
 	copy(ep.Secret[:], e.GetSecret())
 	return ep, nil
-}
-
-// acceptedConn is the holder side of one requester's connection: QPs that
-// the requester READs through. It runs nothing; it is destroyed when its
-// requester disconnects it (RdmaDisconnect with its handshake id), when the
-// same requester restarts (handshakes with another incarnation), when it is
-// found idle with no data connection (its requester is gone; see reap), at
-// the end of its drain time after a reconnect (retired), or at Close.
-type acceptedConn struct {
-	m           *Manager
-	nodeID      string
-	incarnation string
-	remoteAddr  string
-	advertise   string // the requester's advertised address, as it sent it
-	handshakeID string
-	since       time.Time // when Accept began (monotonic): orders attempts
-	// nics[i] are the QPs on the local NIC paired (pairNICs) with the
-	// requester's nic i.
-	nics [][]*qpPair
-
-	// retired (guarded by m.mu): a newer handshake of the same requester
-	// replaced it; it serves in-flight READs until it drains.
-	retired bool
-	once    sync.Once
-}
-
-// Accept is the holder side of RdmaHandshake. Malformed metadata returns
-// an error wrapping ErrInvalidHandshake (the RPC layer's InvalidArgument);
-// any failure after QPs were created destroys them (the handshake is
-// aborted: nothing is left half-built on this side). Its phases:
-// validateRequest, newAccepted, acceptQPs (create and connect a QP for
-// each of the requester's endpoints), install.
-func (m *Manager) Accept(ctx context.Context, req *pegadv1.RdmaHandshakeRequest) (_ *pegadv1.RdmaHandshakeResponse, err error) {
-	began := time.Now()
-	result := resultError
-	defer func() {
-		m.met.Handshakes.WithLabelValues(RoleHolder, result).Inc()
-		err = withStatus(err)
-	}()
-	// Close waits for running accepts before it releases the PDs they use.
-	if err := m.begin(&m.accepts); err != nil {
-		return nil, err
-	}
-	defer m.accepts.Done()
-	if m.hookAccept != nil {
-		m.hookAccept(req)
-	}
-	reqNICs, err := m.validateRequest(req)
-	if err != nil {
-		result = resultInvalid
-		if ok, suppressed := m.invalidLog.Allow(); ok {
-			m.log.Warn().Err(err).Str("session", truncate(req.GetHandshakeId(), maxHandshakeID)).
-				Uint64("suppressed", suppressed).Msg("rejected malformed rdma handshake")
-		}
-		return nil, err
-	}
-	a := m.newAccepted(ctx, req, began)
-	log := m.log.With().Str("peer", a.remoteAddr).Str("remote_node", a.nodeID).Str("session", a.handshakeID).Logger()
-
-	ok := false
-	defer func() {
-		if !ok {
-			a.destroyQPs()
-			log.Warn().Err(err).Msg("rdma handshake aborted on accept side")
-		}
-	}()
-	resp, err := m.acceptQPs(ctx, a, reqNICs, log)
-	if err != nil {
-		return nil, err
-	}
-	old, gone, err := m.install(a)
-	if err != nil {
-		return nil, err
-	}
-	ok = true
-	m.met.Conns.WithLabelValues(RoleHolder, StateConnected).Inc()
-	result = resultOK
-	if old != nil {
-		log.Info().Str("old_incarnation", old.incarnation).Str("incarnation", a.incarnation).
-			Str("old_session", old.handshakeID).Bool("old_draining", old.incarnation == a.incarnation).
-			Msg("new accepted connection from the same requester")
-	}
-	for _, g := range gone {
-		g.destroy("replaced")
-	}
-	log.Info().Int("nics", len(a.nics)).Int("qps", a.qpCount()).Msg("rdma handshake accepted")
-	return resp, nil
-}
-
-// newAccepted is the accepted side of req's handshake, with no QPs yet.
-func (m *Manager) newAccepted(ctx context.Context, req *pegadv1.RdmaHandshakeRequest, began time.Time) *acceptedConn {
-	a := &acceptedConn{
-		m:           m,
-		nodeID:      req.GetRequester().GetNodeId(),
-		incarnation: req.GetRequester().GetIncarnation(),
-		handshakeID: req.GetHandshakeId(),
-		since:       began,
-		remoteAddr:  req.GetRequester().GetNodeId(),
-		advertise:   truncate(req.GetRequester().GetAdvertise(), maxNodeIDLen),
-	}
-	if p, ok := grpcpeer.FromContext(ctx); ok && p.Addr != nil {
-		a.remoteAddr = p.Addr.String()
-	}
-	return a
-}
-
-// acceptQPs pairs each of the requester's NICs with a local one, creates a
-// QP for each of its endpoints and connects it, and answers with this
-// side's endpoints. Every QP it creates is in a.nics at once, so that the
-// caller's guard destroys it on failure.
-func (m *Manager) acceptQPs(ctx context.Context, a *acceptedConn, reqNICs []remoteNIC, log zerolog.Logger) (*pegadv1.RdmaHandshakeResponse, error) {
-	resp := &pegadv1.RdmaHandshakeResponse{HolderNodeId: m.opts.NodeID, HolderIncarnation: m.opts.Incarnation}
-	pairs := m.pairNICs(reqNICs, log)
-	if pairs == nil {
-		return nil, fmt.Errorf("conn: accept: %w", ErrNoActiveNIC)
-	}
-	for i, rn := range reqNICs {
-		n := pairs[i]
-		attr := m.connectAttr(n)
-		nh := &pegadv1.NicHandshake{Nic: n.info.Name, Memory: []*pegadv1.MemoryRegion{m.localRegion(n)},
-			LinkLayer: n.info.LinkLayer, Subnet: n.currentSubnet(), Rail: n.rail, Probe: m.probeRegion(n)}
-		var qs []*qpPair
-		for _, rep := range rn.endpoints {
-			if err := ctx.Err(); err != nil {
-				return nil, err
-			}
-			p, err := m.newQPPair(n, true)
-			if err != nil {
-				return nil, fmt.Errorf("conn: accept: %w", err)
-			}
-			qs = append(qs, p)
-			a.nics = append(a.nics[:i], qs) // keep every created QP reachable by the guard
-			if err := p.qp.Connect(rep, attr); err != nil {
-				return nil, fmt.Errorf("conn: accept: connect qp %d to %s: %w", p.qpn, rep.Addr, err)
-			}
-			nh.Endpoints = append(nh.Endpoints, endpointToProto(m.localEndpoint(p)))
-		}
-		resp.Nics = append(resp.Nics, nh)
-	}
-	return resp, nil
-}
-
-// install makes a the accepted connection of its requester node. The
-// previous connection of that node is retired, not destroyed, when the
-// requester is the same process (a reconnect): Reads still in flight on
-// its invalidated side keep their QPs until they finish, it disconnects
-// that handshake, or a drain time passes. A restarted requester (another
-// incarnation) is gone with all its generations: they are returned in
-// gone, for the caller to destroy. An error (closed, or superseded by a
-// later attempt) installs nothing.
-func (m *Manager) install(a *acceptedConn) (old *acceptedConn, gone []*acceptedConn, err error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.closed {
-		return nil, nil, ErrClosed
-	}
-	old = m.accepted[a.nodeID]
-	if old != nil && old.incarnation == a.incarnation && old.since.After(a.since) {
-		// A later attempt of the same requester already won: this one was
-		// given up by its requester (it handshakes one peer at a time).
-		return nil, nil, fmt.Errorf("conn: accept: superseded by handshake %s", old.handshakeID)
-	}
-	m.accepted[a.nodeID] = a
-	if old != nil {
-		if old.incarnation == a.incarnation {
-			gone = m.retireLocked(old, time.Now())
-		} else {
-			gone = append(m.dropRetiredLocked(a.nodeID), old)
-		}
-	}
-	return old, gone, nil
-}
-
-// Disconnect is the holder side of RdmaDisconnect: the requester abandoned
-// the connection made by one handshake, so its accepted side (QPs, CQs) is
-// torn down now rather than when that requester next handshakes. Only the
-// connection of req's node with req's handshake id and incarnation goes: a
-// disconnect that races with (or arrives after) a newer handshake of the
-// same node never touches the newer connection. Unknown or mismatched is
-// not an error (0 QPs released); malformed metadata wraps
-// ErrInvalidHandshake (codes.InvalidArgument on the wire).
-func (m *Manager) Disconnect(ctx context.Context, req *pegadv1.RdmaDisconnectRequest) (_ *pegadv1.RdmaDisconnectResponse, err error) {
-	defer func() { err = withStatus(err) }()
-	node, hsID := req.GetRequester().GetNodeId(), req.GetHandshakeId()
-	switch {
-	case node == "":
-		return nil, fmt.Errorf("%w: requester node_id missing", ErrInvalidHandshake)
-	case len(node) > maxNodeIDLen || len(req.GetRequester().GetIncarnation()) > maxNodeIDLen:
-		return nil, fmt.Errorf("%w: requester id too long", ErrInvalidHandshake)
-	case hsID == "":
-		return nil, fmt.Errorf("%w: handshake_id missing", ErrInvalidHandshake)
-	case len(hsID) > maxHandshakeID:
-		return nil, fmt.Errorf("%w: handshake_id too long", ErrInvalidHandshake)
-	}
-	m.mu.Lock()
-	if m.closed {
-		m.mu.Unlock()
-		return &pegadv1.RdmaDisconnectResponse{}, nil // Close tears everything down
-	}
-	a := m.accepted[node]
-	if a != nil && a.handshakeID == hsID && a.incarnation == req.GetRequester().GetIncarnation() {
-		delete(m.accepted, node)
-	} else if a = m.retiredLocked(node, hsID, req.GetRequester().GetIncarnation()); a != nil {
-		delete(m.retired, a)
-	} else {
-		m.mu.Unlock()
-		return &pegadv1.RdmaDisconnectResponse{}, nil
-	}
-	// Close must not release the PDs while this destroys a's QPs.
-	m.accepts.Add(1) // under mu: Close sets closed before it Waits
-	m.mu.Unlock()
-	defer m.accepts.Done()
-	n := a.qpCount()
-	a.destroy("disconnect")
-	m.log.Info().Str("peer", a.remoteAddr).Str("remote_node", node).Str("session", hsID).Int("qps", n).
-		Msg("accepted rdma connection released by its requester")
-	return &pegadv1.RdmaDisconnectResponse{QpsReleased: uint32(n)}, nil
-}
-
-// validateRequest checks everything in a handshake request that comes off
-// the network before any resource is created.
-func (m *Manager) validateRequest(req *pegadv1.RdmaHandshakeRequest) ([]remoteNIC, error) {
-	if req == nil {
-		return nil, fmt.Errorf("%w: empty request", ErrInvalidHandshake)
-	}
-	id := req.GetRequester().GetNodeId()
-	switch {
-	case req.GetRequester() == nil || id == "":
-		return nil, fmt.Errorf("%w: requester node_id missing", ErrInvalidHandshake)
-	case len(id) > maxNodeIDLen || len(req.GetRequester().GetIncarnation()) > maxNodeIDLen:
-		return nil, fmt.Errorf("%w: requester id too long", ErrInvalidHandshake)
-	case len(req.GetHandshakeId()) > maxHandshakeID:
-		return nil, fmt.Errorf("%w: handshake_id too long", ErrInvalidHandshake)
-	case req.GetTransport() != m.opts.Transport:
-		return nil, fmt.Errorf("%w: transport %q, this node uses %q", ErrInvalidHandshake, truncate(req.GetTransport(), 32), m.opts.Transport)
-	case len(req.GetNics()) == 0 || len(req.GetNics()) > maxNICs:
-		return nil, fmt.Errorf("%w: %d nics (want 1..%d)", ErrInvalidHandshake, len(req.GetNics()), maxNICs)
-	}
-	out := make([]remoteNIC, len(req.GetNics()))
-	total := 0
-	for i, nh := range req.GetNics() {
-		r, err := m.parseNIC(nh, false)
-		if err != nil {
-			return nil, fmt.Errorf("nic %d: %w", i, err)
-		}
-		total += len(r.endpoints)
-		out[i] = r
-	}
-	if limit := m.maxEndpoints(); total > limit {
-		return nil, fmt.Errorf("%w: %d endpoints in total (at most %d)", ErrInvalidHandshake, total, limit)
-	}
-	return out, nil
-}
-
-func (a *acceptedConn) qpCount() int {
-	n := 0
-	for _, qs := range a.nics {
-		n += len(qs)
-	}
-	return n
-}
-
-func (a *acceptedConn) destroyQPs() {
-	for _, qs := range a.nics {
-		for _, p := range qs {
-			p.destroy(a.m)
-		}
-	}
-}
-
-// destroy tears an installed accepted connection down, once. The caller
-// has already removed it from the map (or owns it exclusively).
-func (a *acceptedConn) destroy(reason string) {
-	a.once.Do(func() {
-		// Counted before the QPs go: whoever sees the QP gauge fall sees
-		// why (the disconnect tests read both).
-		a.m.met.Invalidations.WithLabelValues(reason).Inc()
-		a.destroyQPs()
-		state := StateConnected
-		if a.retired { // removed from the maps already: no writer left
-			state = StateInvalidated
-		}
-		a.m.met.Conns.WithLabelValues(RoleHolder, state).Dec()
-		a.m.log.Debug().Str("peer", a.remoteAddr).Str("session", a.handshakeID).Str("reason", reason).Msg("accepted connection destroyed")
-	})
-}
-
-func (a *acceptedConn) info() ConnInfo {
-	ci := ConnInfo{Peer: a.remoteAddr, RemoteNodeID: a.nodeID, RemoteAdvertise: a.advertise, Role: RoleHolder, State: StateConnected, Since: a.since}
-	for _, qs := range a.nics {
-		ni := NICInfo{QPs: len(qs)}
-		for _, p := range qs {
-			ni.Name = p.nic.info.Name
-			ni.LocalQPNs = append(ni.LocalQPNs, p.qpn)
-		}
-		ci.NICs = append(ci.NICs, ni)
-		ci.QPs += len(qs)
-	}
-	return ci
-}
-
-// acceptError carries the gRPC code an Accept failure should have on the
-// wire, so the holder's RPC layer (which passes status errors through)
-// needs no knowledge of conn's sentinels. errors.Is still sees the cause.
-type acceptError struct {
-	err    error
-	code   codes.Code
-	reason pegaderr.Reason
-}
-
-func (e *acceptError) Error() string { return e.err.Error() }
-func (e *acceptError) Unwrap() error { return e.err }
-func (e *acceptError) GRPCStatus() *status.Status {
-	return pegaderr.Status(e.code, e.reason, e.err.Error())
-}
-
-// withStatus maps an Accept error: malformed metadata is InvalidArgument
-// (reason INVALID), a closed manager Unavailable (DRAINING: the node is
-// shutting down), a canceled or expired RPC keeps its context error, and
-// any other failure (resources, connect) is Aborted (HANDSHAKE_ABORTED):
-// the handshake was aborted and left nothing behind; the requester may
-// retry.
-func withStatus(err error) error {
-	switch {
-	case err == nil:
-		return nil
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return err
-	case errors.Is(err, ErrInvalidHandshake):
-		return &acceptError{err: err, code: codes.InvalidArgument, reason: pegaderr.Invalid}
-	case errors.Is(err, ErrClosed):
-		return &acceptError{err: err, code: codes.Unavailable, reason: pegaderr.Draining}
-	}
-	return &acceptError{err: err, code: codes.Aborted, reason: pegaderr.HandshakeAborted}
-}
-
-func truncate(s string, n int) string {
-	if len(s) > n {
-		return s[:n]
-	}
-	return s
-}
-
-// maxEndpoints bounds the QPs one handshake makes a holder create: as
-// many as a requester with as many NICs as this node, each with the most
-// QPs a peer may use, asks for (a requester configured like this node
-// always fits), and at least minMaxEndpoints.
-func (m *Manager) maxEndpoints() int {
-	return max(minMaxEndpoints, len(m.curNICs())*maxQPsPerPeer)
 }

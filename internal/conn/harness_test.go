@@ -24,6 +24,7 @@ import (
 	"github.com/pegaflow/pegad/internal/ibv"
 	"github.com/pegaflow/pegad/internal/ibv/tcp"
 	"github.com/pegaflow/pegad/internal/metrics"
+	"github.com/pegaflow/pegad/internal/metrics/metricstest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -57,15 +58,17 @@ type nodeOpts struct {
 }
 
 // node is one in-process pegad as far as conn is concerned: tcp devices,
-// an mmap'd pool, a Manager, and a gRPC peer server whose RdmaHandshake
-// calls the Manager's Accept.
+// an mmap'd pool, a NIC set with a Dialer and an Acceptor over it, and a
+// gRPC peer server whose RdmaHandshake calls the Acceptor's Accept.
 type node struct {
 	id   string
 	prov *tcp.Provider
 	devs []*tcp.Device
 	mem  []byte
 	met  *metrics.Metrics
-	mgr  *Manager
+	nics *NICs
+	dial *Dialer
+	acc  *Acceptor
 	addr string // peer gRPC address
 
 	handshakes  atomic.Int32 // RdmaHandshake calls served
@@ -75,7 +78,7 @@ type node struct {
 	stallDisconnect atomic.Bool
 	srv             *grpc.Server
 	// abandoned: a test found a worker that never exits; the cleanup
-	// must not Close the manager (Close waits for every worker, so it
+	// must not close the node (Close waits for every worker, so it
 	// would hang the package until go test's timeout, hiding the failure
 	// message). goleak then reports the stuck goroutine.
 	abandoned atomic.Bool
@@ -94,7 +97,7 @@ func (s *peerServer) RdmaHandshake(ctx context.Context, req *pegadv1.RdmaHandsha
 		return (*f)(req)
 	}
 	// As the holder's RPC layer does: status errors pass through.
-	resp, err := s.n.mgr.Accept(ctx, req)
+	resp, err := s.n.acc.Accept(ctx, req)
 	if err != nil {
 		if _, ok := status.FromError(err); !ok {
 			return nil, status.Error(codes.Internal, err.Error())
@@ -110,7 +113,7 @@ func (s *peerServer) RdmaDisconnect(ctx context.Context, req *pegadv1.RdmaDiscon
 		<-ctx.Done()
 		return nil, status.FromContextError(ctx.Err()).Err()
 	}
-	return s.n.mgr.Disconnect(ctx, req)
+	return s.n.acc.Disconnect(ctx, req)
 }
 
 // dialers share gRPC client connections per test and close them at cleanup.
@@ -170,7 +173,7 @@ func newNode(t testing.TB, d *dialers, o nodeOpts) *node {
 	if o.incarnation == "" {
 		o.incarnation = "inc-1"
 	}
-	n := &node{id: o.id, met: metrics.NewForTest()}
+	n := &node{id: o.id, met: metricstest.New()}
 	n.mem = mapMemory(t, o.mem) // unmapped last (cleanups run LIFO)
 	var dos []tcp.DeviceOptions
 	for i := 0; i < o.nics; i++ {
@@ -215,30 +218,93 @@ func newNode(t testing.TB, d *dialers, o nodeOpts) *node {
 	if o.connectAttr != nil {
 		attr = *o.connectAttr
 	}
-	n.mgr, err = NewManager(Options{
+	var so stackOptions
+	so.NICOptions = NICOptions{
 		NodeID: o.id, Incarnation: o.incarnation, Transport: "tcp", Devices: devs,
-		Memory: n.mem, QPsPerPeer: o.qps, SQDepth: o.sqDepth, Dial: d.dial,
-		Metrics: n.met, Log: log, HandshakeTimeout: 5 * time.Second,
-		DisconnectTimeout: o.disconnectTimeout,
-		IdleTimeout:       o.idleTimeout,
-		SliceBytes:        o.sliceBytes,
-		ReconnectDrain:    o.reconnectDrain,
+		Memory: n.mem, SQDepth: o.sqDepth, Metrics: n.met, Log: log,
 		ConnectAttr:       attr,
 		NoRelaxedOrdering: o.noRelaxedOrdering,
-		ProbeInterval:     o.probeInterval,
-	})
-	if err != nil {
-		t.Fatalf("NewManager: %v", err)
 	}
+	so.DialerOptions = DialerOptions{
+		QPsPerPeer: o.qps, Dial: d.dial, HandshakeTimeout: 5 * time.Second,
+		DisconnectTimeout: o.disconnectTimeout,
+		SliceBytes:        o.sliceBytes,
+		ProbeInterval:     o.probeInterval,
+	}
+	so.AcceptorOptions = AcceptorOptions{IdleTimeout: o.idleTimeout, ReconnectDrain: o.reconnectDrain}
+	st, err := openStack(so)
+	if err != nil {
+		t.Fatalf("openStack: %v", err)
+	}
+	n.nics, n.dial, n.acc = st.nics, st.dial, st.acc
 	t.Cleanup(func() {
 		if !n.abandoned.Load() {
-			n.mgr.Close()
+			_ = n.close()
 		}
 	})
 	return n
 }
 
-// abandon gives up on closing n's manager at cleanup; see node.abandoned.
+// stackOptions are one node's conn options: its NIC set's and both
+// halves' (their fields do not overlap, so each is promoted).
+type stackOptions struct {
+	NICOptions
+	DialerOptions
+	AcceptorOptions
+}
+
+// stack is one node's conn as the daemon wires it: a NIC set and both
+// halves over it.
+type stack struct {
+	nics *NICs
+	dial *Dialer
+	acc  *Acceptor
+}
+
+// openStack makes the NIC set and both halves (Keepalive follows
+// ProbeInterval, as in the daemon); on error nothing is left open.
+func openStack(o stackOptions) (*stack, error) {
+	o.Keepalive = o.Keepalive || o.ProbeInterval > 0
+	nics, err := NewNICs(o.NICOptions)
+	if err != nil {
+		return nil, err
+	}
+	st := &stack{nics: nics}
+	if st.dial, err = NewDialer(nics, o.DialerOptions); err == nil {
+		st.acc, err = NewAcceptor(nics, o.AcceptorOptions)
+	}
+	if err != nil {
+		_ = st.close()
+		return nil, err
+	}
+	return st, nil
+}
+
+// close closes the halves, then the NIC set (the daemon's order).
+func (st *stack) close() error {
+	var errs []error
+	if st.dial != nil {
+		errs = append(errs, st.dial.Close())
+	}
+	if st.acc != nil {
+		errs = append(errs, st.acc.Close())
+	}
+	errs = append(errs, st.nics.Close())
+	return errors.Join(errs...)
+}
+
+// list is both halves' rows, as pegactl lists them.
+func (st *stack) list() []ConnInfo { return Listing{Dialer: st.dial, Acceptor: st.acc}.List() }
+
+func (n *node) stack() *stack { return &stack{nics: n.nics, dial: n.dial, acc: n.acc} }
+
+// close closes n's halves and NIC set.
+func (n *node) close() error { return n.stack().close() }
+
+// list is both halves' rows of n.
+func (n *node) list() []ConnInfo { return n.stack().list() }
+
+// abandon gives up on closing n at cleanup; see node.abandoned.
 func (n *node) abandon() { n.abandoned.Store(true) }
 
 // sumOf adds up every series of a counter or gauge vector.
@@ -252,7 +318,7 @@ func sumOf(c prometheus.Collector) float64 {
 	return sum
 }
 
-func (n *node) base() uint64 { return n.mgr.memBase }
+func (n *node) base() uint64 { return n.nics.memBase }
 
 func (n *node) fillRandom(seed uint64) {
 	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
@@ -267,7 +333,7 @@ func (n *node) fillRandom(seed uint64) {
 // checkQPs asserts the live QP count, by QPs() and by the gauge.
 func (n *node) checkQPs(t *testing.T, want int) {
 	t.Helper()
-	if got := n.mgr.QPs(); got != want {
+	if got := n.nics.QPs(); got != want {
 		t.Errorf("%s: QPs() = %d, want %d", n.id, got, want)
 	}
 	if got := testutil.ToFloat64(n.met.RDMAQPs); int(got) != want {
@@ -342,9 +408,9 @@ func testConnectAttr() ibv.ConnectAttr {
 	return a
 }
 
-// holdRef takes a reference on c (a connection of n's manager) as an
+// holdRef takes a reference on c (a connection of n's dialer) as an
 // in-flight Read would, so that c outlives its invalidation. The returned
-// release is idempotent and also runs at cleanup (before the managers
+// release is idempotent and also runs at cleanup (before the nodes
 // close), even on failure, unless n was abandoned: with a stuck worker the
 // last release would wait for it forever.
 func holdRef(t *testing.T, n *node, c *AddrConnection) (release func()) {

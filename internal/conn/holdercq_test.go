@@ -33,7 +33,7 @@ func TestHolderSharesOneCQPerNIC(t *testing.T) {
 	for i, id := range []string{"req-a", "req-b"} {
 		req := newNode(t, d, nodeOpts{id: id, nics: 2, qps: 3,
 			wrapDevice: func(dev ibv.Device) ibv.Device { return cqCounter{dev, &reqCQs} }})
-		c, err := req.mgr.Get(ctxT(t, 10*time.Second), hold.addr)
+		c, err := req.dial.Get(ctxT(t, 10*time.Second), hold.addr)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -35,7 +35,7 @@ func TestTwoRequestersSameQPNs(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			conns[i], getErr[i] = r.mgr.Get(ctxT(t, 10*time.Second), hold.addr)
+			conns[i], getErr[i] = r.dial.Get(ctxT(t, 10*time.Second), hold.addr)
 		}()
 	}
 	wg.Wait()
@@ -45,8 +45,8 @@ func TestTwoRequestersSameQPNs(t *testing.T) {
 		}
 	}
 	c1, c2 := conns[0], conns[1]
-	q1 := r1.mgr.List()[0].NICs[0].LocalQPNs
-	q2 := r2.mgr.List()[0].NICs[0].LocalQPNs
+	q1 := r1.list()[0].NICs[0].LocalQPNs
+	q2 := r2.list()[0].NICs[0].LocalQPNs
 	if !slices.Equal(q1, q2) {
 		t.Fatalf("requesters were meant to allocate identical QPNs: %v vs %v", q1, q2)
 	}
@@ -91,7 +91,7 @@ func TestTwoRequestersSameQPNs(t *testing.T) {
 	r1.checkQPs(t, nics*qps)
 	r2.checkQPs(t, nics*qps)
 	var ids []string
-	for _, ci := range hold.mgr.List() {
+	for _, ci := range hold.list() {
 		ids = append(ids, ci.RemoteNodeID)
 	}
 	slices.Sort(ids)
@@ -122,8 +122,8 @@ func TestInvalidatedNeverPublished(t *testing.T) {
 		calls      int
 		violations []string
 	)
-	req.mgr.hookInvalidated = func(c *AddrConnection) {
-		got, _ := req.mgr.lookup(c.peer)
+	req.dial.hookInvalidated = func(c *AddrConnection) {
+		got, _ := req.dial.lookup(c.peer)
 		mu.Lock()
 		defer mu.Unlock()
 		calls++
@@ -133,14 +133,14 @@ func TestInvalidatedNeverPublished(t *testing.T) {
 	}
 
 	// Explicit Invalidate.
-	c, err := req.mgr.Get(ctxT(t, 5*time.Second), hold.addr)
+	c, err := req.dial.Get(ctxT(t, 5*time.Second), hold.addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	req.mgr.Invalidate(c, errors.New("test"))
+	req.dial.Invalidate(c, errors.New("test"))
 
 	// A Read that fails with a completion error invalidates through Read.
-	c, err = req.mgr.Get(ctxT(t, 5*time.Second), hold.addr)
+	c, err = req.dial.Get(ctxT(t, 5*time.Second), hold.addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,22 +160,22 @@ func TestInvalidatedNeverPublished(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := 0; i < 25; i++ {
-				c, err := req.mgr.Get(context.Background(), hold.addr)
+				c, err := req.dial.Get(context.Background(), hold.addr)
 				if err != nil {
 					t.Errorf("cycle %d: Get: %v", i, err)
 					return
 				}
-				req.mgr.Invalidate(c, nil)
+				req.dial.Invalidate(c, nil)
 			}
 		}()
 	}
 	wg.Wait()
 
 	// Close invalidates the last one.
-	if _, err := req.mgr.Get(ctxT(t, 5*time.Second), hold.addr); err != nil {
+	if _, err := req.dial.Get(ctxT(t, 5*time.Second), hold.addr); err != nil {
 		t.Fatal(err)
 	}
-	req.mgr.Close()
+	req.close()
 
 	mu.Lock()
 	defer mu.Unlock()

@@ -34,8 +34,8 @@ func getBoth(t *testing.T, a, b *node) (ca, cb *AddrConnection) {
 	var ea, eb error
 	start := make(chan struct{})
 	wg.Add(2)
-	go func() { defer wg.Done(); <-start; ca, ea = a.mgr.Get(ctxT(t, 10*time.Second), b.addr) }()
-	go func() { defer wg.Done(); <-start; cb, eb = b.mgr.Get(ctxT(t, 10*time.Second), a.addr) }()
+	go func() { defer wg.Done(); <-start; ca, ea = a.dial.Get(ctxT(t, 10*time.Second), b.addr) }()
+	go func() { defer wg.Done(); <-start; cb, eb = b.dial.Get(ctxT(t, 10*time.Second), a.addr) }()
 	close(start)
 	wg.Wait()
 	if ea != nil || eb != nil {
@@ -72,23 +72,23 @@ func TestMutualHandshakeInterleavings(t *testing.T) {
 	}{
 		{"A's RPC waits for B's request to reach A", func(s *sig, n *node) {
 			if n.id == "A" {
-				n.mgr.hookBeforeRPC = func(string) { <-s.acceptOn["A"] }
+				n.dial.hookBeforeRPC = func(string) { <-s.acceptOn["A"] }
 			}
 		}},
 		{"B's RPC waits for A's request to reach B", func(s *sig, n *node) {
 			if n.id == "B" {
-				n.mgr.hookBeforeRPC = func(string) { <-s.acceptOn["B"] }
+				n.dial.hookBeforeRPC = func(string) { <-s.acceptOn["B"] }
 			}
 		}},
 		{"both RPCs leave together", func(s *sig, n *node) {
-			n.mgr.hookBeforeRPC = func(string) {
+			n.dial.hookBeforeRPC = func(string) {
 				closeOnce(s, s.rpcOn, n.id)
 				<-s.rpcOn[other(n.id)]
 			}
 		}},
 		{"each Accept waits until its own RPC is in flight", func(s *sig, n *node) {
-			n.mgr.hookBeforeRPC = func(string) { closeOnce(s, s.rpcOn, n.id) }
-			n.mgr.hookAccept = func(*pegadv1.RdmaHandshakeRequest) { <-s.rpcOn[n.id] }
+			n.dial.hookBeforeRPC = func(string) { closeOnce(s, s.rpcOn, n.id) }
+			n.acc.hookAccept = func(*pegadv1.RdmaHandshakeRequest) { <-s.rpcOn[n.id] }
 		}},
 	}
 	for _, tc := range tests {
@@ -103,7 +103,7 @@ func TestMutualHandshakeInterleavings(t *testing.T) {
 				s.acceptOn[id], s.rpcOn[id] = make(chan struct{}), make(chan struct{})
 			}
 			for _, n := range []*node{a, b} {
-				n.mgr.hookAccept = func(*pegadv1.RdmaHandshakeRequest) { closeOnce(s, s.acceptOn, n.id) }
+				n.acc.hookAccept = func(*pegadv1.RdmaHandshakeRequest) { closeOnce(s, s.acceptOn, n.id) }
 				tc.set(s, n)
 			}
 			var wg sync.WaitGroup
@@ -113,7 +113,7 @@ func TestMutualHandshakeInterleavings(t *testing.T) {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					c, err := p[0].mgr.Get(ctxT(t, 10*time.Second), p[1].addr)
+					c, err := p[0].dial.Get(ctxT(t, 10*time.Second), p[1].addr)
 					if err != nil {
 						t.Errorf("%s.Get(%s): %v", p[0].id, p[1].id, err)
 						return
@@ -147,12 +147,12 @@ func TestMutualHandshakeRace(t *testing.T) {
 	for i := 0; i < rounds; i++ {
 		ca, cb := getBoth(t, a, b)
 		checkBothWays(t, a, b, ca, cb)
-		a.mgr.Invalidate(ca, nil)
-		b.mgr.Invalidate(cb, nil)
+		a.dial.Invalidate(ca, nil)
+		b.dial.Invalidate(cb, nil)
 	}
 	waitFor(t, "requester sides torn down", func() bool { return a.workers() == 0 && b.workers() == 0 })
 	// Each side's disconnect freed the other's accepted connection too.
-	waitFor(t, "accepted sides released", func() bool { return a.mgr.QPs() == 0 && b.mgr.QPs() == 0 })
+	waitFor(t, "accepted sides released", func() bool { return a.nics.QPs() == 0 && b.nics.QPs() == 0 })
 	a.checkQPs(t, 0)
 	b.checkQPs(t, 0)
 }
@@ -163,11 +163,11 @@ func TestCloseAbortsInFlight(t *testing.T) {
 	d := newDialers(t)
 	hold := newNode(t, d, nodeOpts{id: "holder", nics: 2, qps: 2})
 	req := newNode(t, d, nodeOpts{id: "req", nics: 2, qps: 2})
-	c, err := req.mgr.Get(ctxT(t, 5*time.Second), hold.addr)
+	c, err := req.dial.Get(ctxT(t, 5*time.Second), hold.addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := hold.mgr.Get(ctxT(t, 5*time.Second), req.addr); err != nil {
+	if _, err := hold.dial.Get(ctxT(t, 5*time.Second), req.addr); err != nil {
 		t.Fatal(err)
 	}
 	for _, dev := range hold.devs {
@@ -177,7 +177,7 @@ func TestCloseAbortsInFlight(t *testing.T) {
 	go func() { done <- c.Read(context.Background(), opsOf(req, hold, []span{{0, 0, 256 << 10}})) }()
 	time.Sleep(50 * time.Millisecond)
 	start := time.Now()
-	if err := req.mgr.Close(); err != nil {
+	if err := req.close(); err != nil {
 		t.Fatal(err)
 	}
 	if took := time.Since(start); took > 300*time.Millisecond {
@@ -190,13 +190,13 @@ func TestCloseAbortsInFlight(t *testing.T) {
 	if w := req.workers(); w != 0 {
 		t.Errorf("workers = %d after Close", w)
 	}
-	if _, err := req.mgr.Get(context.Background(), hold.addr); !errors.Is(err, ErrClosed) {
+	if _, err := req.dial.Get(context.Background(), hold.addr); !errors.Is(err, ErrClosed) {
 		t.Errorf("Get after Close = %v", err)
 	}
-	if _, err := req.mgr.Accept(context.Background(), &pegadv1.RdmaHandshakeRequest{}); err == nil {
+	if _, err := req.acc.Accept(context.Background(), &pegadv1.RdmaHandshakeRequest{}); err == nil {
 		t.Error("Accept after Close succeeded")
 	}
-	if len(req.mgr.List()) != 0 {
+	if len(req.list()) != 0 {
 		t.Error("connections listed after Close")
 	}
 }
@@ -216,12 +216,14 @@ func FuzzHandshakeDecode(f *testing.F) {
 	f.Add(resp)
 	f.Add([]byte{})
 	f.Add([]byte{0x1a, 0x02, 0x12, 0x00})
-	m := &Manager{opts: Options{Transport: "tcp", QPsPerPeer: 1}}
-	m.nicSet.Store(&[]*localNIC{{}})
+	nics := &NICs{opts: NICOptions{Transport: "tcp"}}
+	nics.nicSet.Store(&[]*localNIC{{}})
+	acc := &Acceptor{nics: nics}
+	d := &Dialer{nics: nics, opts: DialerOptions{QPsPerPeer: 1}}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var req pegadv1.RdmaHandshakeRequest
 		if proto.Unmarshal(data, &req) == nil {
-			if nics, err := m.validateRequest(&req); err == nil {
+			if nics, err := acc.validateRequest(&req); err == nil {
 				for _, n := range nics {
 					if len(n.endpoints) == 0 || len(n.endpoints) > maxQPsPerPeer {
 						t.Fatalf("accepted %d endpoints", len(n.endpoints))
@@ -233,7 +235,7 @@ func FuzzHandshakeDecode(f *testing.F) {
 		}
 		var r pegadv1.RdmaHandshakeResponse
 		if proto.Unmarshal(data, &r) == nil {
-			if nics, err := m.validateResponse(&r, len(m.curNICs())); err == nil {
+			if nics, err := d.validateResponse(&r, len(nics.curNICs())); err == nil {
 				for _, n := range nics {
 					if len(n.regions) == 0 {
 						t.Fatal("accepted an empty memory snapshot")
@@ -258,15 +260,15 @@ func TestCloseDuringAccept(t *testing.T) {
 	hold := newNode(t, d, nodeOpts{id: "holder", nics: 2})
 	req := newNode(t, d, nodeOpts{id: "req", nics: 2, qps: 2})
 	entered, release := make(chan struct{}), make(chan struct{})
-	hold.mgr.hookAccept = func(*pegadv1.RdmaHandshakeRequest) { close(entered); <-release }
+	hold.acc.hookAccept = func(*pegadv1.RdmaHandshakeRequest) { close(entered); <-release }
 	getErr := make(chan error, 1)
 	go func() {
-		_, err := req.mgr.Get(ctxT(t, 10*time.Second), hold.addr)
+		_, err := req.dial.Get(ctxT(t, 10*time.Second), hold.addr)
 		getErr <- err
 	}()
 	<-entered
 	closed := make(chan struct{})
-	go func() { hold.mgr.Close(); close(closed) }()
+	go func() { hold.close(); close(closed) }()
 	select {
 	case <-closed:
 		t.Fatal("Close returned while an Accept was running")

@@ -44,7 +44,7 @@ const (
 // With a grant (memory windows), only the NICs it serves are candidates,
 // on any node when none of them is on local's; -1 when it serves none.
 func (c *AddrConnection) pickNIC(numa, local int, n uint64, pending []uint64, g *Grant) int {
-	if local >= 0 && !c.m.hasNICOn(local) {
+	if local >= 0 && !c.d.nics.hasNICOn(local) {
 		local = -1 // memory on a node without NICs: any NIC
 	}
 	if local >= 0 && !c.usesNode(local) {
@@ -121,8 +121,8 @@ func (c *AddrConnection) usesNode(node int) bool {
 }
 
 // hasNICOn reports whether a local NIC is on NUMA node node.
-func (m *Manager) hasNICOn(node int) bool {
-	for _, n := range m.curNICs() {
+func (s *NICs) hasNICOn(node int) bool {
+	for _, n := range s.curNICs() {
 		if n.info.NUMANode == node {
 			return true
 		}
@@ -142,9 +142,9 @@ type StagingPlan struct {
 }
 
 // StagingPlan starts placing a fetch's staging; nil when READs are not
-// placed by NUMA node (see Options.Placement): then it does not matter.
+// placed by NUMA node (see NICOptions.Placement): then it does not matter.
 func (c *AddrConnection) StagingPlan() *StagingPlan {
-	if !c.m.placed {
+	if !c.d.nics.placed {
 		return nil
 	}
 	sp := &StagingPlan{}
@@ -271,14 +271,14 @@ const (
 // same name, then position (logged as a warning: on a rail-isolated fabric
 // such a pair connects and then its READs time out). Among equals the least
 // used local NIC wins, then the one at the requester NIC's position.
-func (m *Manager) pairNICs(req []remoteNIC, log zerolog.Logger) []*localNIC {
-	nics := m.curNICs()
+func (s *NICs) pairNICs(req []remoteNIC, log zerolog.Logger) []*localNIC {
+	nics := s.curNICs()
 	uses := make([]int, len(nics))
 	out := make([]*localNIC, len(req))
 	var byPosition []string
 	// A NIC whose port is down is paired with nothing while another is up
 	// (rail.go): the requester's READs through it would never complete.
-	skipDown := len(m.upNICs()) > 0
+	skipDown := len(s.upNICs()) > 0
 	for i, r := range req {
 		best, bestMatch := -1, matchPosition
 		for j, n := range nics {
@@ -309,7 +309,7 @@ func (m *Manager) pairNICs(req []remoteNIC, log zerolog.Logger) []*localNIC {
 				nics[best].info.Name, nics[best].rail, nics[best].info.LinkLayer, nics[best].currentSubnet()))
 		}
 	}
-	if len(byPosition) > 0 && m.opts.Transport != "tcp" {
+	if len(byPosition) > 0 && s.opts.Transport != "tcp" {
 		log.Warn().Str("pairs", strings.Join(byPosition, ", ")).
 			Msg("NICs paired by position: no local NIC shares their rail, subnet or name; on a rail-isolated fabric their READs will fail")
 	}
@@ -319,9 +319,9 @@ func (m *Manager) pairNICs(req []remoteNIC, log zerolog.Logger) []*localNIC {
 // localEndpoint is what a handshake sends for one local QP: its endpoint
 // with the responder resources the QP gets (the configured read depth,
 // capped by the device), so the peer's initiator depth stays within them.
-func (m *Manager) localEndpoint(p *qpPair) ibv.Endpoint {
+func (s *NICs) localEndpoint(p *qpPair) ibv.Endpoint {
 	ep := p.qp.Endpoint()
-	n := m.connectAttr(p.nic).MaxDestRd
+	n := s.connectAttr(p.nic).MaxDestRd
 	if ep.MaxDestRd == 0 || n < ep.MaxDestRd {
 		ep.MaxDestRd = n
 	}
@@ -331,46 +331,46 @@ func (m *Manager) localEndpoint(p *qpPair) ibv.Endpoint {
 // registerNICs opens a PD on every device and registers the pool on it, all
 // devices at once: pinning a large pool takes seconds per NIC in the kernel,
 // and eight NICs in sequence can outlast systemd's start timeout. Every
-// localNIC is in m.curNICs(), in device order, whatever fails (releaseNICs frees
+// localNIC is in s.curNICs(), in device order, whatever fails (releaseNICs frees
 // what was made). The error names the first NIC, in order, that failed.
-func (m *Manager) registerNICs(opts Options) error {
+func (s *NICs) registerNICs(opts NICOptions) error {
 	nics := make([]*localNIC, len(opts.Devices))
 	errs := make([]error, len(opts.Devices))
 	var wg sync.WaitGroup
 	for i, dev := range opts.Devices {
-		n := m.newLocalNIC(dev, i)
+		n := s.newLocalNIC(dev, i)
 		n.up.Set(1)
 		nics[i] = n
-		wg.Go(func() { errs[i] = m.registerNIC(n) })
+		wg.Go(func() { errs[i] = s.registerNIC(n) })
 	}
 	wg.Wait()
-	m.nicSet.Store(&nics) // whatever failed: releaseNICs frees what was made
+	s.nicSet.Store(&nics) // whatever failed: releaseNICs frees what was made
 	return errors.Join(errs...)
 }
 
-// newLocalNIC is the NIC of dev at position i of Options.Devices, not
+// newLocalNIC is the NIC of dev at position i of NICOptions.Devices, not
 // registered yet (nor counted up: its caller does once it is placed).
-func (m *Manager) newLocalNIC(dev ibv.Device, i int) *localNIC {
+func (s *NICs) newLocalNIC(dev ibv.Device, i int) *localNIC {
 	n := &localNIC{dev: dev, info: dev.Info(), pos: i, win: newWindowWaiters()}
-	if m.opts.Rails != nil {
-		n.rail = m.opts.Rails[i]
+	if s.opts.Rails != nil {
+		n.rail = s.opts.Rails[i]
 	}
 	subnet := nicSubnet(n.info)
 	n.subnet.Store(&subnet)
-	n.readBytes = m.met.NICReadBytes.WithLabelValues(n.info.Name) // at 0 from the start
-	n.up = m.met.NICUp.WithLabelValues(n.info.Name)
-	n.windows = m.met.MemoryWindows.WithLabelValues(n.info.Name)
+	n.readBytes = s.met.NICReadBytes.WithLabelValues(n.info.Name) // at 0 from the start
+	n.up = s.met.NICUp.WithLabelValues(n.info.Name)
+	n.windows = s.met.MemoryWindows.WithLabelValues(n.info.Name)
 	return n
 }
 
 // registerNIC allocates n's PD and registers the pool on it (remote reads
 // only through memory windows when they are on).
-func (m *Manager) registerNIC(n *localNIC) error {
+func (s *NICs) registerNIC(n *localNIC) error {
 	access := ibv.AccessLocalWrite | ibv.AccessRemoteRead | ibv.AccessRelaxedOrdering
-	if m.windows { // remote reads only through the windows of a lock
+	if s.windows { // remote reads only through the windows of a lock
 		access = ibv.AccessLocalWrite | ibv.AccessMWBind | ibv.AccessRelaxedOrdering
 	}
-	if m.opts.NoRelaxedOrdering {
+	if s.opts.NoRelaxedOrdering {
 		access &^= ibv.AccessRelaxedOrdering
 	}
 	pd, err := n.dev.AllocPD()
@@ -378,7 +378,7 @@ func (m *Manager) registerNIC(n *localNIC) error {
 		return fmt.Errorf("conn: alloc pd on %s: %w", n.info.Name, err)
 	}
 	n.pd = pd
-	if n.mr, err = pd.RegMR(m.opts.Memory, access); err != nil {
+	if n.mr, err = pd.RegMR(s.opts.Memory, access); err != nil {
 		return fmt.Errorf("conn: register memory on %s: %w", n.info.Name, err)
 	}
 	return nil
@@ -391,62 +391,62 @@ func (m *Manager) registerNIC(n *localNIC) error {
 // handshakes afresh. An address change (or port up) refreshes the subnet
 // handshakes name for the NIC: the device re-resolved its GID, and the QPs
 // of the next handshake use it.
-func (m *Manager) watchNICEvents() {
-	for _, n := range m.curNICs() {
-		m.watchNIC(n)
+func (s *NICs) watchNICEvents() {
+	for _, n := range s.curNICs() {
+		s.watchNIC(n)
 	}
 }
 
 // watchNIC follows n's events (watchNICEvents), until Close or its device
 // closes.
-func (m *Manager) watchNIC(n *localNIC) {
+func (s *NICs) watchNIC(n *localNIC) {
 	// Every NIC's event series exist from the start, at 0.
 	for _, k := range []ibv.DeviceEventKind{ibv.PortDown, ibv.PortUp, ibv.AddressChange, ibv.DeviceFatal} {
-		m.met.NICEvents.WithLabelValues(n.info.Name, k.String())
+		s.met.NICEvents.WithLabelValues(n.info.Name, k.String())
 	}
 	ed, ok := n.dev.(ibv.EventDevice)
 	if !ok {
 		return
 	}
 	evs := ed.Events()
-	m.nicEvents.Go(func() {
+	s.nicEvents.Go(func() {
 		for {
 			select {
-			case <-m.ctx.Done():
+			case <-s.ctx.Done():
 				return
 			case ev, ok := <-evs:
 				if !ok {
 					return
 				}
-				m.onNICEvent(n, ev)
+				s.onNICEvent(n, ev)
 			}
 		}
 	})
 }
 
-func (m *Manager) onNICEvent(n *localNIC, ev ibv.DeviceEvent) {
+func (s *NICs) onNICEvent(n *localNIC, ev ibv.DeviceEvent) {
 	name := n.info.Name
-	log := m.log.With().Str("nic", name).Str("event", ev.Kind.String()).Logger()
+	log := s.log.With().Str("nic", name).Str("event", ev.Kind.String()).Logger()
 	if n.fatal.Load() {
 		return // a dead context's last words: its reopened NIC has its own
 	}
 	switch ev.Kind {
 	case ibv.DeviceFatal:
-		m.met.NICEvents.WithLabelValues(name, ev.Kind.String()).Inc()
-		m.deviceFatal(n, log)
+		s.met.NICEvents.WithLabelValues(name, ev.Kind.String()).Inc()
+		s.deviceFatal(n, log)
 		return
 	case ibv.PortDown:
-		m.met.NICEvents.WithLabelValues(name, ev.Kind.String()).Inc()
-		m.railDown(n, log)
+		s.met.NICEvents.WithLabelValues(name, ev.Kind.String()).Inc()
+		s.railDown(n, log)
 		return
 	case ibv.PortUp:
-		defer m.railUp(n, log)
+		defer s.railUp(n, log)
 	}
 	// The device re-resolved its GID: later handshakes name the subnet it
 	// is in now, so the peer pairs this NIC by its rail. Counted after, so
 	// a count seen means the subnet is current.
 	before, after := n.refreshSubnet()
-	m.met.NICEvents.WithLabelValues(name, ev.Kind.String()).Inc()
+	s.met.NICEvents.WithLabelValues(name, ev.Kind.String()).Inc()
 	log.Info().Int("gid_index", ev.Info.GIDIndex).Uint16("lid", ev.Info.LID).
 		Str("subnet", after).Str("old_subnet", before).Msg("nic port event")
 }

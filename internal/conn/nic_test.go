@@ -81,9 +81,9 @@ func TestPairNICs(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			m := &Manager{opts: Options{Transport: "verbs"}}
-			m.nicSet.Store(&holder)
-			got := m.pairNICs(tc.req, zerolog.Nop())
+			s := &NICs{opts: NICOptions{Transport: "verbs"}}
+			s.nicSet.Store(&holder)
+			got := s.pairNICs(tc.req, zerolog.Nop())
 			for i, n := range got {
 				if n.info.Name != tc.want[i] {
 					t.Fatalf("requester NIC %d (%s) paired with %s, want %s", i, tc.req[i].name, n.info.Name, tc.want[i])
@@ -223,7 +223,7 @@ func TestNICPortDownInvalidates(t *testing.T) {
 		chans = append(chans, ch)
 		return eventDevice{Device: dev, ch: ch}
 	}})
-	c, err := req.mgr.Get(ctxT(t, 5*time.Second), hold.addr)
+	c, err := req.dial.Get(ctxT(t, 5*time.Second), hold.addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -239,7 +239,7 @@ func TestNICPortDownInvalidates(t *testing.T) {
 	if n := testutil.ToFloat64(req.met.NICEvents.WithLabelValues("tcp0", "port_down")); n != 1 {
 		t.Fatalf("port_down events of tcp0: %v, want 1", n)
 	}
-	c2, err := req.mgr.Get(ctxT(t, 5*time.Second), hold.addr)
+	c2, err := req.dial.Get(ctxT(t, 5*time.Second), hold.addr)
 	if err != nil || c2 == c {
 		t.Fatalf("Get after port down: %p %v, want a new connection", c2, err)
 	}
@@ -254,7 +254,7 @@ func TestFailedPlanCountsNoBytes(t *testing.T) {
 	d := newDialers(t)
 	hold := newNode(t, d, nodeOpts{id: "holder", nics: 2})
 	req := newNode(t, d, nodeOpts{id: "req", nics: 2})
-	c, err := req.mgr.Get(ctxT(t, 5*time.Second), hold.addr)
+	c, err := req.dial.Get(ctxT(t, 5*time.Second), hold.addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -289,7 +289,7 @@ func TestLargeSegmentSpreads(t *testing.T) {
 	hold := newNode(t, d, nodeOpts{id: "holder", nics: 2, qps: 2, mem: 16 * mib})
 	req := newNode(t, d, nodeOpts{id: "req", nics: 2, qps: 2, mem: 16 * mib})
 	ibvtest.Fill(hold.mem, 3)
-	c, err := req.mgr.Get(ctxT(t, 5*time.Second), hold.addr)
+	c, err := req.dial.Get(ctxT(t, 5*time.Second), hold.addr)
 	if err != nil {
 		t.Fatal(err)
 	}

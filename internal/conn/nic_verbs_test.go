@@ -25,6 +25,7 @@ import (
 	"github.com/pegaflow/pegad/internal/ibv/ibvtest"
 	"github.com/pegaflow/pegad/internal/ibv/verbs"
 	"github.com/pegaflow/pegad/internal/metrics"
+	"github.com/pegaflow/pegad/internal/metrics/metricstest"
 )
 
 // These tests run conn over the verbs provider's fake HCA (fakeverbs.c):
@@ -48,17 +49,17 @@ func fakeSysfs(t *testing.T, numa map[string]int) string {
 	return root
 }
 
-// directPeer is a holder's PeerService as its Manager answers it, without
-// gRPC in between.
+// directPeer is a holder's PeerService as its Acceptor answers it,
+// without gRPC in between.
 type directPeer struct {
 	pegadv1.PeerServiceClient
-	m *Manager
+	acc *Acceptor
 	// tap, when set, sees every handshake and its answer.
 	tap *atomic.Pointer[func(*pegadv1.RdmaHandshakeRequest, *pegadv1.RdmaHandshakeResponse)]
 }
 
 func (p directPeer) RdmaHandshake(ctx context.Context, in *pegadv1.RdmaHandshakeRequest, _ ...grpc.CallOption) (*pegadv1.RdmaHandshakeResponse, error) {
-	resp, err := p.m.Accept(ctx, in)
+	resp, err := p.acc.Accept(ctx, in)
 	if f := p.tap.Load(); f != nil {
 		(*f)(in, resp)
 	}
@@ -66,19 +67,21 @@ func (p directPeer) RdmaHandshake(ctx context.Context, in *pegadv1.RdmaHandshake
 }
 
 func (p directPeer) RdmaDisconnect(ctx context.Context, in *pegadv1.RdmaDisconnectRequest, _ ...grpc.CallOption) (*pegadv1.RdmaDisconnectResponse, error) {
-	return p.m.Disconnect(ctx, in)
+	return p.acc.Disconnect(ctx, in)
 }
 
 type fakeNode struct {
-	mgr *Manager
-	mem []byte
-	met *metrics.Metrics
+	nics *NICs
+	dial *Dialer
+	acc  *Acceptor
+	mem  []byte
+	met  *metrics.Metrics
 	// tap: see directPeer (handshakes this node answers).
 	tap atomic.Pointer[func(*pegadv1.RdmaHandshakeRequest, *pegadv1.RdmaHandshakeResponse)]
 }
 
 // newFakeNode opens names on the fake HCA, maps memBytes of pool and
-// starts a Manager; dial answers handshakes with holder (nil: none).
+// opens its NIC set and halves; dial answers handshakes with holder (nil: none).
 func newFakeNode(t *testing.T, id, sysfs string, names []string, memBytes int, holder *fakeNode) *fakeNode {
 	t.Helper()
 	return newFakeNodeWith(t, id, verbs.Options{SysfsRoot: sysfs}, names, nil, memBytes, holder)
@@ -122,9 +125,9 @@ func newPlacedFakeNode(t *testing.T, id string, vo verbs.Options, names, rails [
 }
 
 // newProviderNode is a node on prov's devices names (the fake, or a real
-// device in the verbs-e2e guest); with sets its Options.
+// device in the verbs-e2e guest); with sets its options.
 func newProviderNode(t *testing.T, id string, prov *verbs.Provider, names, rails []string, memBytes int, holder *fakeNode,
-	place func(mem []byte) Placement, with ...func(*Options)) *fakeNode {
+	place func(mem []byte) Placement, with ...func(*stackOptions)) *fakeNode {
 	t.Helper()
 	var devs []ibv.Device
 	for _, name := range names {
@@ -139,33 +142,42 @@ func newProviderNode(t *testing.T, id string, prov *verbs.Provider, names, rails
 		})
 		devs = append(devs, d)
 	}
-	n := &fakeNode{mem: ibvtest.MapMemory(t, memBytes), met: metrics.NewForTest()}
+	n := &fakeNode{mem: ibvtest.MapMemory(t, memBytes), met: metricstest.New()}
 	var pl Placement
 	if place != nil {
 		pl = place(n.mem)
 	}
-	opts := Options{
+	var opts stackOptions
+	opts.NICOptions = NICOptions{
 		NodeID: id, Incarnation: id + "-1", Transport: "verbs", Devices: devs, Memory: n.mem,
-		QPsPerPeer: 1, Metrics: n.met, Log: zerolog.Nop(), HandshakeTimeout: 5 * time.Second, Rails: rails,
-		Placement: pl,
+		Metrics: n.met, Log: zerolog.Nop(), Rails: rails, Placement: pl,
+	}
+	opts.DialerOptions = DialerOptions{
+		QPsPerPeer: 1, HandshakeTimeout: 5 * time.Second,
 		Dial: func(string) (pegadv1.PeerServiceClient, error) {
-			return directPeer{m: holder.mgr, tap: &holder.tap}, nil
+			return directPeer{acc: holder.acc, tap: &holder.tap}, nil
 		},
 	}
 	for _, f := range with {
 		f(&opts)
 	}
-	var err error
-	n.mgr, err = NewManager(opts)
+	n.open(t, id, opts)
+	return n
+}
+
+// open opens n's NIC set and halves, closed at cleanup.
+func (n *fakeNode) open(t *testing.T, id string, opts stackOptions) {
+	t.Helper()
+	st, err := openStack(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
+	n.nics, n.dial, n.acc = st.nics, st.dial, st.acc
 	t.Cleanup(func() {
-		if err := n.mgr.Close(); err != nil {
-			t.Errorf("close manager %s: %v", id, err)
+		if err := st.close(); err != nil {
+			t.Errorf("close %s: %v", id, err)
 		}
 	})
-	return n
 }
 
 func base(b []byte) uint64 { return uint64(uintptr(unsafe.Pointer(&b[0]))) }
@@ -200,7 +212,7 @@ func TestFakeVerbsEightNICs(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c, err := req.mgr.Get(ctx, "holder:1")
+	c, err := req.dial.Get(ctx, "holder:1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -255,7 +267,7 @@ func TestFakeVerbsMixedFleet(t *testing.T) {
 	req := newFakeNode(t, "requester", sysfs, []string{"pegadfake0"}, 1<<20, holder)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c, err := req.mgr.Get(ctx, "holder:1")
+	c, err := req.dial.Get(ctx, "holder:1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -293,11 +305,11 @@ func TestFakeVerbsGIDChangeRefreshesSubnet(t *testing.T) {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		c, err := req.mgr.Get(ctx, "holder:1")
+		c, err := req.dial.Get(ctx, "holder:1")
 		if err != nil {
 			t.Fatal(err)
 		}
-		req.mgr.Invalidate(c, errors.New("test: handshake again"))
+		req.dial.Invalidate(c, errors.New("test: handshake again"))
 		return <-got
 	}
 	first := handshake()
@@ -342,7 +354,7 @@ func TestFakeVerbsPairByRail(t *testing.T) {
 	holder.tap.Store(&tap)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	c, err := req.mgr.Get(ctx, "holder:1")
+	c, err := req.dial.Get(ctx, "holder:1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -383,7 +395,7 @@ func TestFakeVerbsPlacement(t *testing.T) {
 				func(mem []byte) Placement { return placement{mem, split} })
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			c, err := req.mgr.Get(ctx, "holder:1")
+			c, err := req.dial.Get(ctx, "holder:1")
 			if err != nil {
 				t.Fatal(err)
 			}

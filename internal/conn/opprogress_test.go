@@ -14,7 +14,7 @@ func TestOpProgress(t *testing.T) {
 	hold := newNode(t, d, nodeOpts{id: "holder", nics: 2, qps: 2, mem: 48 << 20})
 	req := newNode(t, d, nodeOpts{id: "req", nics: 2, qps: 2, mem: 48 << 20})
 	hold.fillRandom(3)
-	c, err := req.mgr.Get(ctxT(t, 10*time.Second), hold.addr)
+	c, err := req.dial.Get(ctxT(t, 10*time.Second), hold.addr)
 	if err != nil {
 		t.Fatalf("Get: %v", err)
 	}

@@ -106,7 +106,7 @@ func TestSendQueueStaysFullAcrossBatches(t *testing.T) {
 	hold.fillRandom(7)
 	req := newNode(t, d, nodeOpts{id: "req", mem: 8 << 20, sqDepth: 16,
 		wrapDevice: func(dev ibv.Device) ibv.Device { rec.Device = dev; return rec }})
-	c, err := req.mgr.Get(ctxT(t, 10*time.Second), hold.addr)
+	c, err := req.dial.Get(ctxT(t, 10*time.Second), hold.addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -229,7 +229,7 @@ func TestPipelinedBatchFailsWithQP(t *testing.T) {
 	hold := newNode(t, d, nodeOpts{id: "holder", mem: 8 << 20})
 	req := newNode(t, d, nodeOpts{id: "req", mem: 8 << 20, sqDepth: 8,
 		wrapDevice: func(dev ibv.Device) ibv.Device { f.Device = dev; return f }})
-	c, err := req.mgr.Get(ctxT(t, 10*time.Second), hold.addr)
+	c, err := req.dial.Get(ctxT(t, 10*time.Second), hold.addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -265,7 +265,7 @@ func BenchmarkReadConcurrent(b *testing.B) {
 	d := newDialers(b)
 	hold := newNode(b, d, nodeOpts{id: "holder", qps: 2, mem: 16 << 20})
 	req := newNode(b, d, nodeOpts{id: "req", qps: 2, mem: 16 << 20, sqDepth: 16})
-	c, err := req.mgr.Get(ctxT(b, 10*time.Second), hold.addr)
+	c, err := req.dial.Get(ctxT(b, 10*time.Second), hold.addr)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -37,13 +37,13 @@ const probeSlack = 500 * time.Millisecond
 // registerProbe maps the scratch page keepalive READs land in and
 // registers it on every NIC (localNIC.probeMR). Never the pool: a probe
 // must not write where blocks live. Its contents are never read.
-func (m *Manager) registerProbe() error {
+func (s *NICs) registerProbe() error {
 	mem, err := unix.Mmap(-1, 0, unix.Getpagesize(), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
 	if err != nil {
 		return fmt.Errorf("conn: map keepalive buffer: %w", err)
 	}
-	m.probeMem = mem
-	for _, n := range m.curNICs() {
+	s.probeMem = mem
+	for _, n := range s.curNICs() {
 		if n.probeMR, err = n.pd.RegMR(mem, ibv.AccessLocalWrite); err != nil {
 			return fmt.Errorf("conn: register keepalive buffer on %s: %w", n.info.Name, err)
 		}
@@ -55,25 +55,25 @@ func (m *Manager) registerProbe() error {
 // holder with memory windows (its pool is not readable without a lock)
 // and registers it for remote read on every NIC. Zeros, never written:
 // not the scratch page, where other holders' bytes land.
-func (m *Manager) registerProbeTarget() error {
+func (s *NICs) registerProbeTarget() error {
 	mem, err := unix.Mmap(-1, 0, unix.Getpagesize(), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
 	if err != nil {
 		return fmt.Errorf("conn: map keepalive target: %w", err)
 	}
-	m.probeTarget = mem
-	for _, n := range m.curNICs() {
-		if err := m.registerProbeTargetOn(n); err != nil {
+	s.probeTarget = mem
+	for _, n := range s.curNICs() {
+		if err := s.registerProbeTargetOn(n); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func (m *Manager) registerProbeTargetOn(n *localNIC) (err error) {
-	if m.probeTarget == nil {
+func (s *NICs) registerProbeTargetOn(n *localNIC) (err error) {
+	if s.probeTarget == nil {
 		return nil
 	}
-	if n.probeTargetMR, err = n.pd.RegMR(m.probeTarget, ibv.AccessRemoteRead); err != nil {
+	if n.probeTargetMR, err = n.pd.RegMR(s.probeTarget, ibv.AccessRemoteRead); err != nil {
 		return fmt.Errorf("conn: register keepalive target on %s: %w", n.info.Name, err)
 	}
 	return nil
@@ -81,7 +81,7 @@ func (m *Manager) registerProbeTargetOn(n *localNIC) (err error) {
 
 // probeRegion is what a handshake answer names as n's keepalive target:
 // nil without memory windows (the pool's first bytes serve).
-func (m *Manager) probeRegion(n *localNIC) *pegadv1.MemoryRegion {
+func (s *NICs) probeRegion(n *localNIC) *pegadv1.MemoryRegion {
 	if n.probeTargetMR == nil {
 		return nil
 	}
@@ -89,46 +89,49 @@ func (m *Manager) probeRegion(n *localNIC) *pegadv1.MemoryRegion {
 }
 
 // releaseProbe deregisters and unmaps the scratch page (Close, or a failed
-// NewManager), before the NICs' protection domains close.
-func (m *Manager) releaseProbe() {
-	for _, n := range m.curNICs() {
+// NewNICs), before the NICs' protection domains close.
+func (s *NICs) releaseProbe() {
+	for _, n := range s.curNICs() {
 		if n != nil && n.probeMR != nil {
 			_ = n.probeMR.Dereg()
 			n.probeMR = nil
 		}
 	}
-	if m.probeMem != nil {
-		_ = unix.Munmap(m.probeMem)
-		m.probeMem = nil
+	if s.probeMem != nil {
+		_ = unix.Munmap(s.probeMem)
+		s.probeMem = nil
 	}
-	if m.probeTarget != nil {
-		_ = unix.Munmap(m.probeTarget)
-		m.probeTarget = nil
+	if s.probeTarget != nil {
+		_ = unix.Munmap(s.probeTarget)
+		s.probeTarget = nil
 	}
 }
 
 // prober probes idle requester connections every ProbeInterval. Owned by
-// the manager: started by NewManager when ProbeInterval > 0, stopped by
-// Close (m.ctx), counted in m.reaping.
-func (m *Manager) prober() { m.tick(m.opts.ProbeInterval, m.probeIdle) }
+// the dialer: started by NewDialer when ProbeInterval > 0, stopped by
+// Close (d.ctx), counted in d.probing.
+func (d *Dialer) prober() {
+	defer d.probing.Done()
+	tick(d.ctx, d.opts.ProbeInterval, d.probeIdle)
+}
 
 // probeIdle probes, one after the other, the connections that no Read has
 // used for ProbeInterval. A dead holder costs one retry budget here, so a
 // tick is at most that late per dead holder.
-func (m *Manager) probeIdle(now time.Time) {
-	m.mu.Lock()
-	idle := make([]*AddrConnection, 0, len(m.peers))
-	for _, c := range m.peers {
-		if c.idleFor(now, m.opts.ProbeInterval) {
+func (d *Dialer) probeIdle(now time.Time) {
+	d.mu.Lock()
+	idle := make([]*AddrConnection, 0, len(d.peers))
+	for _, c := range d.peers {
+		if c.idleFor(now, d.opts.ProbeInterval) {
 			idle = append(idle, c)
 		}
 	}
-	m.mu.Unlock()
+	d.mu.Unlock()
 	for _, c := range idle {
-		ctx, cancel := context.WithTimeout(m.ctx, time.Duration(m.probeTimeout.Load()))
+		ctx, cancel := context.WithTimeout(d.ctx, time.Duration(d.probeTimeout.Load()))
 		err := c.probe(ctx)
 		cancel()
-		if err != nil && m.ctx.Err() == nil {
+		if err != nil && d.ctx.Err() == nil {
 			c.log.Warn().Err(err).Msg("rdma keepalive failed: holder unreachable over RDMA, connection invalidated")
 		}
 	}
@@ -151,10 +154,10 @@ func (c *AddrConnection) idleFor(now time.Time, d time.Duration) bool {
 // one QP of every NIC (the QPs taking turns). nil when every READ
 // completed, or c was invalidated meanwhile; a failure has invalidated c.
 func (c *AddrConnection) probe(ctx context.Context) error {
-	if c.m.probeMem == nil {
+	if c.d.nics.probeMem == nil {
 		return nil
 	}
-	local := uint64(uintptr(unsafe.Pointer(&c.m.probeMem[0])))
+	local := uint64(uintptr(unsafe.Pointer(&c.d.nics.probeMem[0])))
 	if c.acquire() != nil {
 		return nil // invalidated meanwhile: nothing left to watch
 	}

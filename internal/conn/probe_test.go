@@ -13,7 +13,7 @@ import (
 
 // requesterRow is r's listed requester connection to peer, if any.
 func requesterRow(r *node, peer string) (ConnInfo, bool) {
-	for _, ci := range r.mgr.List() {
+	for _, ci := range r.list() {
 		if ci.Role == RoleRequester && ci.Peer == peer {
 			return ci, true
 		}
@@ -62,9 +62,9 @@ func TestKeepaliveDropsDeadHolder(t *testing.T) {
 			}
 			r := newNode(t, d, nodeOpts{id: "req", mem: 1 << 20, qps: 2, probeInterval: interval, connectAttr: qpAttr})
 			if tc.probeTimeout > 0 {
-				r.mgr.probeTimeout.Store(int64(tc.probeTimeout))
+				r.dial.probeTimeout.Store(int64(tc.probeTimeout))
 			}
-			c, err := r.mgr.Get(ctxT(t, 5*time.Second), h.addr)
+			c, err := r.dial.Get(ctxT(t, 5*time.Second), h.addr)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -89,7 +89,7 @@ func TestKeepaliveDropsDeadHolder(t *testing.T) {
 			if !c.Invalid() {
 				t.Error("connection not invalidated")
 			}
-			waitFor(t, "QPs destroyed", func() bool { return r.mgr.QPs() == 0 })
+			waitFor(t, "QPs destroyed", func() bool { return r.nics.QPs() == 0 })
 		})
 	}
 }
@@ -105,7 +105,7 @@ func TestKeepaliveKeepsLiveHolder(t *testing.T) {
 	h.fillRandom(1)
 	r.fillRandom(2)
 	before := bytes.Clone(r.mem)
-	c, err := r.mgr.Get(ctxT(t, 5*time.Second), h.addr)
+	c, err := r.dial.Get(ctxT(t, 5*time.Second), h.addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,7 +117,7 @@ func TestKeepaliveKeepsLiveHolder(t *testing.T) {
 	if c.Invalid() {
 		t.Fatal("live connection invalidated by its keepalive")
 	}
-	c2, err := r.mgr.Get(ctxT(t, 5*time.Second), h.addr)
+	c2, err := r.dial.Get(ctxT(t, 5*time.Second), h.addr)
 	if err != nil || c2 != c {
 		t.Fatalf("Get after probes = %p, %v; want the same connection %p", c2, err, c)
 	}
@@ -134,7 +134,7 @@ func TestKeepaliveSkipsBusyConnection(t *testing.T) {
 	d := newDialers(t)
 	h := newNode(t, d, nodeOpts{id: "holder"})
 	r := newNode(t, d, nodeOpts{id: "req"})
-	c, err := r.mgr.Get(ctxT(t, 5*time.Second), h.addr)
+	c, err := r.dial.Get(ctxT(t, 5*time.Second), h.addr)
 	if err != nil {
 		t.Fatal(err)
 	}

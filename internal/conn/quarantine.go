@@ -22,7 +22,7 @@ import (
 // access only through the QP it was bound on (ibv_bind_mw(3)), a QP in
 // ERROR serves no READ, and the move flushes the binds it has not executed.
 // The connection the QP belongs to is invalidated (one removal from the
-// manager's maps, then its QPs are destroyed: DESIGN lessons 1, 4, 9), so
+// Acceptor's maps, then its QPs are destroyed: DESIGN lessons 1, 4, 9), so
 // the requester handshakes afresh. Owed completions are awaited once more
 // after the flush; CQ slots are handed on only once none is owed. A window
 // whose dealloc failed stays on its NIC (retried when the NIC is
@@ -75,7 +75,7 @@ func (e *InvalidationError) WindowsLive() bool { return true }
 // kept on their NIC, and wn's QP fails closed; the error is an
 // *InvalidationError. On a dead device (DEVICE_FATAL) a failure is
 // expected and harmless (its context serves nothing) and is not one.
-func (m *Manager) invalidate(wn *winNIC) error {
+func (acc *Acceptor) invalidate(wn *winNIC) error {
 	n := wn.p.nic
 	var stuck []ibv.MW
 	var first error
@@ -98,30 +98,30 @@ func (m *Manager) invalidate(wn *winNIC) error {
 	n.win.stuckMu.Unlock()
 	err := &InvalidationError{NIC: n.info.Name, QPN: wn.p.qpn, RemoteNode: wn.a.nodeID, Handshake: wn.a.handshakeID,
 		Windows: len(stuck), Err: first}
-	m.failClosed(wn, err)
+	acc.failClosed(wn, err)
 	return err
 }
 
 // failClosed moves wn's QP to ERROR and invalidates its connection.
-func (m *Manager) failClosed(wn *winNIC, cause error) {
+func (acc *Acceptor) failClosed(wn *winNIC, cause error) {
 	wn.p.toError()
-	m.dropAccepted(wn.a)
-	m.log.Error().Err(cause).Str("nic", wn.p.nic.info.Name).Uint32("qpn", wn.p.qpn).Str("remote_node", wn.a.nodeID).
+	acc.dropAccepted(wn.a)
+	acc.log.Error().Err(cause).Str("nic", wn.p.nic.info.Name).Uint32("qpn", wn.p.qpn).Str("remote_node", wn.a.nodeID).
 		Str("peer", wn.a.remoteAddr).Str("session", wn.a.handshakeID).
 		Msg("memory windows not invalidated: qp moved to ERROR and its connection invalidated")
 }
 
-// dropAccepted removes a from the manager's maps if it is still there and
+// dropAccepted removes a from the Acceptor's maps if it is still there and
 // destroys it (once; whoever removed it first destroys it too, which is
 // the same once).
-func (m *Manager) dropAccepted(a *acceptedConn) {
-	m.mu.Lock()
-	if m.accepted[a.nodeID] == a {
-		delete(m.accepted, a.nodeID)
+func (acc *Acceptor) dropAccepted(a *acceptedConn) {
+	acc.mu.Lock()
+	if acc.accepted[a.nodeID] == a {
+		delete(acc.accepted, a.nodeID)
 	} else {
-		delete(m.retired, a)
+		delete(acc.retired, a)
 	}
-	m.mu.Unlock()
+	acc.mu.Unlock()
 	a.destroy(reasonWindows)
 }
 
@@ -132,17 +132,17 @@ func (m *Manager) dropAccepted(a *acceptedConn) {
 // owed after that are the destroyed QP's, which no HCA writes once
 // ibv_destroy_qp returns: the CQ is drained of those written before.
 // When it returns nothing is owed, so the caller's CQ slots are free.
-func (m *Manager) flushBinds(wn *winNIC, ch chan ibv.WorkCompletion, owed int, cause error) error {
+func (acc *Acceptor) flushBinds(wn *winNIC, ch chan ibv.WorkCompletion, owed int, cause error) error {
 	n := wn.p.nic
 	wn.p.toError()
 	ctx, cancel := context.WithTimeout(context.Background(), bindFlushTimeout)
 	defer cancel()
-	got, _ := m.awaitBinds(ctx, n, ch, owed, nil)
-	m.dropAccepted(wn.a)
+	got, _ := acc.awaitBinds(ctx, n, ch, owed, nil)
+	acc.dropAccepted(wn.a)
 	if got < owed {
 		_ = n.win.poll(n.holderCQNow())
 	}
-	m.log.Error().Err(cause).Str("nic", n.info.Name).Uint32("qpn", wn.p.qpn).Str("remote_node", wn.a.nodeID).
+	acc.log.Error().Err(cause).Str("nic", n.info.Name).Uint32("qpn", wn.p.qpn).Str("remote_node", wn.a.nodeID).
 		Str("session", wn.a.handshakeID).Int("owed", owed).Int("flushed", got).
 		Msg("memory window binds timed out: qp moved to ERROR and its connection invalidated")
 	return fmt.Errorf("%w: %d on %s qp %d: %w", errBindsOwed, owed, n.info.Name, wn.p.qpn, cause)
@@ -152,9 +152,9 @@ func (m *Manager) flushBinds(wn *winNIC, ch chan ibv.WorkCompletion, owed int, c
 // windows bound on the others are invalidated too (their connection is
 // gone), and the error wraps ErrNoWindows, and ErrWindowsLive when a
 // window could not be deallocated.
-func (m *Manager) bindFailedClosed(w *Windows, node string, errs []error) error {
+func (acc *Acceptor) bindFailedClosed(w *Windows, node string, errs []error) error {
 	for _, wn := range w.nics {
-		if err := m.invalidate(wn); err != nil {
+		if err := acc.invalidate(wn); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -163,13 +163,13 @@ func (m *Manager) bindFailedClosed(w *Windows, node string, errs []error) error 
 	if err := errors.Join(errs...); errors.As(err, &ie) {
 		result = resultQuarantined
 	}
-	m.met.WindowBinds.WithLabelValues(result).Inc()
+	acc.met.WindowBinds.WithLabelValues(result).Inc()
 	return fmt.Errorf("%w: requester %s: binds failed closed: %w", ErrNoWindows, node, errors.Join(errs...))
 }
 
 // releaseStuck retries the dealloc of n's stuck windows when n is
 // released (its QPs are gone): the MR and PD are released after them.
-func (m *Manager) releaseStuck(n *localNIC) {
+func (s *NICs) releaseStuck(n *localNIC) {
 	n.win.stuckMu.Lock()
 	stuck := n.win.stuck
 	n.win.stuck = nil
@@ -181,7 +181,7 @@ func (m *Manager) releaseStuck(n *localNIC) {
 		}
 	}
 	if len(failed) > 0 && !n.fatal.Load() {
-		m.log.Error().Str("nic", n.info.Name).Int("windows", len(failed)).Str("errors", strings.Join(failed, "; ")).
+		s.log.Error().Str("nic", n.info.Name).Int("windows", len(failed)).Str("errors", strings.Join(failed, "; ")).
 			Msg("memory windows still not deallocated at release")
 	}
 }

@@ -32,9 +32,9 @@ func fakeFaultsOnly(t *testing.T) {
 
 // holderConnOf is the holder's accepted connection of the requester.
 func holderConnOf(h *fakeNode) *acceptedConn {
-	h.mgr.mu.Lock()
-	defer h.mgr.mu.Unlock()
-	return h.mgr.accepted["requester"]
+	h.acc.mu.Lock()
+	defer h.acc.mu.Unlock()
+	return h.acc.accepted["requester"]
 }
 
 // checkFailedClosed: every QP of a is in ERROR or destroyed, a is no
@@ -73,12 +73,12 @@ func TestFakeVerbsWindowsDeallocFailsClosed(t *testing.T) {
 	hb, rb := base(holder.mem), base(req.mem)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c, err := req.mgr.Get(ctx, "holder:1")
+	c, err := req.dial.Get(ctx, "holder:1")
 	if err != nil {
 		t.Fatal(err)
 	}
 	a := holderConnOf(holder)
-	w, err := holder.mgr.BindWindows(ctx, "requester", "requester-1", []Extent{{Addr: hb + 2*blk, Len: blk}})
+	w, err := holder.acc.BindWindows(ctx, "requester", "requester-1", []Extent{{Addr: hb + 2*blk, Len: blk}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,14 +118,14 @@ func TestFakeVerbsWindowsDeallocFailsClosed(t *testing.T) {
 		t.Errorf("pegaflow_rdma_window_binds_total{result=%q} = %v, want 1", resultQuarantined, got)
 	}
 	// The requester (whose READ failed) handshakes afresh and locks again.
-	req.mgr.Invalidate(c, err)
-	if _, err := req.mgr.Get(ctx, "holder:1"); err != nil {
+	req.dial.Invalidate(c, err)
+	if _, err := req.dial.Get(ctx, "holder:1"); err != nil {
 		t.Fatal(err)
 	}
 	if a2 := holderConnOf(holder); a2 == nil || a2 == a {
 		t.Fatal("no new connection after the requester reconnected")
 	}
-	w2, err := holder.mgr.BindWindows(ctx, "requester", "requester-1", []Extent{{Addr: hb + 4*blk, Len: blk}})
+	w2, err := holder.acc.BindWindows(ctx, "requester", "requester-1", []Extent{{Addr: hb + 4*blk, Len: blk}})
 	if err != nil {
 		t.Fatalf("bind after the reconnect: %v", err)
 	}
@@ -167,15 +167,15 @@ func TestFakeVerbsWindowsBindTimeoutFailsClosed(t *testing.T) {
 			holder, req, _ := windowNodes(t, 1<<20)
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			if _, err := req.mgr.Get(ctx, "holder:1"); err != nil {
+			if _, err := req.dial.Get(ctx, "holder:1"); err != nil {
 				t.Fatal(err)
 			}
 			a := holderConnOf(holder)
-			n := holder.mgr.curNICs()[0]
+			n := holder.nics.curNICs()[0]
 			t.Cleanup(verbs.SetFakeMWFaults(verbs.FakeMWFaults{BindDelay: delay, DeallocErr: tc.deallocErr}))
 			_, usable0 := verbs.FakeMemoryWindows()
 			began := time.Now()
-			w, err := holder.mgr.BindWindows(ctx, "requester", "requester-1", []Extent{{Addr: base(holder.mem), Len: 4096}})
+			w, err := holder.acc.BindWindows(ctx, "requester", "requester-1", []Extent{{Addr: base(holder.mem), Len: 4096}})
 			if err == nil {
 				_ = w.Close()
 				t.Fatalf("BindWindows succeeded although its bind did not complete within %v", bindTimeout)

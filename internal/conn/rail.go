@@ -48,7 +48,7 @@ func (c *AddrConnection) railCheck(err error) error {
 			time.Sleep(20 * time.Millisecond)
 		}
 		if active, qerr := ps.PortActive(); qerr == nil && !active {
-			c.m.railDown(n, c.m.log.With().Str("nic", n.info.Name).Str("event", "read_failed").Logger())
+			c.d.nics.railDown(n, c.d.log.With().Str("nic", n.info.Name).Str("event", "read_failed").Logger())
 			return fmt.Errorf("%w: %s: %w", ErrRailDown, n.info.Name, err)
 		}
 	}
@@ -68,9 +68,9 @@ func (c *AddrConnection) nicOfQP(qpn uint32) *localNIC {
 }
 
 // upNICs returns the NICs whose port is up, in device order.
-func (m *Manager) upNICs() []*localNIC {
-	out := make([]*localNIC, 0, len(m.curNICs()))
-	for _, n := range m.curNICs() {
+func (s *NICs) upNICs() []*localNIC {
+	out := make([]*localNIC, 0, len(s.curNICs()))
+	for _, n := range s.curNICs() {
 		if !n.down.Load() {
 			out = append(out, n)
 		}
@@ -80,53 +80,45 @@ func (m *Manager) upNICs() []*localNIC {
 
 // railDown takes n out of placement and flushes the READs through it.
 // A second call (the port's event after railCheck found it down) has
-// nothing left to do: connections made since leave n out.
-func (m *Manager) railDown(n *localNIC, log zerolog.Logger) {
+// nothing left to do: connections made since leave n out. The connections
+// are the Dialer's (none without one).
+func (s *NICs) railDown(n *localNIC, log zerolog.Logger) {
 	if n.down.Swap(true) {
 		return
 	}
 	n.up.Set(0)
-	conns := m.requesterConns()
-	log.Warn().Int("connections", len(conns)).Int("nics_up", len(m.upNICs())).
+	d := s.dialer.Load()
+	conns := d.requesterConns()
+	log.Warn().Int("connections", len(conns)).Int("nics_up", len(s.upNICs())).
 		Msg("nic port went down: out of placement; flushing its QPs and invalidating connections through it")
 	reason := fmt.Errorf("%w: port of %s went down", ErrConnectionBroken, n.info.Name)
 	for _, c := range conns {
 		// Invalidate first: nothing new is posted on c, and the flush
 		// below ends what is in flight on n (the other NICs' READs run
 		// to completion).
-		m.Invalidate(c, reason)
+		d.Invalidate(c, reason)
 		c.flushNIC(n)
 	}
 }
 
 // railUp puts n back into placement and replaces the connections that were
-// made without it.
-func (m *Manager) railUp(n *localNIC, log zerolog.Logger) {
+// made without it (the Dialer's).
+func (s *NICs) railUp(n *localNIC, log zerolog.Logger) {
 	if !n.down.Swap(false) {
 		return // up already (a port-up without a port-down: nothing left out)
 	}
 	n.up.Set(1)
+	d := s.dialer.Load()
 	var stale []*AddrConnection
-	for _, c := range m.requesterConns() {
+	for _, c := range d.requesterConns() {
 		if !c.uses(n) {
 			stale = append(stale, c)
 		}
 	}
 	log.Info().Int("replaced", len(stale)).Msg("nic port is active again: back in placement")
 	for _, c := range stale {
-		m.Invalidate(c, fmt.Errorf("port of %s is active again: reconnect over every rail", n.info.Name))
+		d.Invalidate(c, fmt.Errorf("port of %s is active again: reconnect over every rail", n.info.Name))
 	}
-}
-
-// requesterConns snapshots the live requester-side connections.
-func (m *Manager) requesterConns() []*AddrConnection {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	out := make([]*AddrConnection, 0, len(m.peers))
-	for _, c := range m.peers {
-		out = append(out, c)
-	}
-	return out
 }
 
 // uses reports whether c has QPs on n.

@@ -58,7 +58,7 @@ func TestFakeVerbsRailDownMidRead(t *testing.T) {
 	holder, req := twoRails(t, 64*bs)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	c, err := req.mgr.Get(ctx, "holder:1")
+	c, err := req.dial.Get(ctx, "holder:1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +99,7 @@ func TestFakeVerbsRailDownMidRead(t *testing.T) {
 
 	// The retry: a fresh connection over the NIC that is up only.
 	clear(req.mem)
-	c2, err := req.mgr.Get(ctx, "holder:1")
+	c2, err := req.dial.Get(ctx, "holder:1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +121,7 @@ func TestFakeVerbsRailDownMidRead(t *testing.T) {
 	// next one carries bytes on both rails again.
 	verbs.FakePortEvent("pegadfake1", ibv.PortUp)
 	waitFor(t, "connection without pegadfake1 replaced", c2.Invalid)
-	c3, err := req.mgr.Get(ctx, "holder:1")
+	c3, err := req.dial.Get(ctx, "holder:1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,9 +152,9 @@ func TestFakeVerbsHolderPairsNoDownNIC(t *testing.T) {
 		return testutil.ToFloat64(holder.met.NICUp.WithLabelValues("pegadfake1")) == 0
 	})
 	// The requester's side comes back (only the holder's stays down).
-	req.mgr.curNICs()[1].down.Store(false)
+	req.nics.curNICs()[1].down.Store(false)
 	nics := []remoteNIC{{name: "pegadfake0"}, {name: "pegadfake1"}}
-	for i, n := range holder.mgr.pairNICs(nics, holder.mgr.log) {
+	for i, n := range holder.nics.pairNICs(nics, holder.nics.log) {
 		if n.info.Name != "pegadfake0" {
 			t.Fatalf("requester NIC %d paired with %s, whose port is down", i, n.info.Name)
 		}
@@ -172,7 +172,7 @@ func TestFakeVerbsAllNICsDown(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	_, err := req.mgr.Get(ctx, "holder:1")
+	_, err := req.dial.Get(ctx, "holder:1")
 	if !errors.Is(err, ErrNoActiveNIC) || !errors.Is(err, ErrConnectionBroken) {
 		t.Fatalf("Get with every port down: %v, want ErrNoActiveNIC (connection class)", err)
 	}
@@ -187,7 +187,7 @@ func TestInFlightBytesSettle(t *testing.T) {
 	holder, req := twoRails(t, 16*bs)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c, err := req.mgr.Get(ctx, "holder:1")
+	c, err := req.dial.Get(ctx, "holder:1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -223,7 +223,7 @@ func TestFakeVerbsRailFailsBeforeEvent(t *testing.T) {
 	holder, req := twoRails(t, 32*bs)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c, err := req.mgr.Get(ctx, "holder:1")
+	c, err := req.dial.Get(ctx, "holder:1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -235,7 +235,7 @@ func TestFakeVerbsRailFailsBeforeEvent(t *testing.T) {
 	if up := testutil.ToFloat64(req.met.NICUp.WithLabelValues("pegadfake1")); up != 0 {
 		t.Fatalf("pegadfake1 nic_up = %v, want 0 before any event", up)
 	}
-	c2, err := req.mgr.Get(ctx, "holder:1")
+	c2, err := req.dial.Get(ctx, "holder:1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -261,7 +261,7 @@ func TestFakeVerbsDeviceFatalReopen(t *testing.T) {
 	sysfs := fakeSysfs(t, nil)
 	names := []string{"pegadfake0", "pegadfake1"}
 	prov := verbs.NewWithOptions(verbs.Options{Library: verbs.FakeLibrary, SysfsRoot: sysfs})
-	reopen := func(o *Options) { o.Reopen = func(i int) (ibv.Device, error) { return prov.Open(names[i]) } }
+	reopen := func(o *stackOptions) { o.Reopen = func(i int) (ibv.Device, error) { return prov.Open(names[i]) } }
 	holder := newProviderNode(t, "holder", prov, names, nil, 64*bs, nil, nil, reopen)
 	ibvtest.Fill(holder.mem, 5)
 	req := newProviderNode(t, "requester", prov, names, nil, 64*bs, holder, nil, reopen)
@@ -270,7 +270,7 @@ func TestFakeVerbsDeviceFatalReopen(t *testing.T) {
 	read := func(t *testing.T) *AddrConnection {
 		t.Helper()
 		for range 3 { // a Read cut by the fatal event fails flushed: read again on a fresh connection
-			c, err := req.mgr.Get(ctx, "holder:1")
+			c, err := req.dial.Get(ctx, "holder:1")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -289,7 +289,7 @@ func TestFakeVerbsDeviceFatalReopen(t *testing.T) {
 		return nil
 	}
 	read(t)
-	dead := req.mgr.curNICs()[1]
+	dead := req.nics.curNICs()[1]
 
 	if told := verbs.FakePortEvent("pegadfake1", ibv.DeviceFatal); told < 2 {
 		t.Fatalf("fatal event told %d contexts, want both nodes'", told)
@@ -312,10 +312,10 @@ func TestFakeVerbsDeviceFatalReopen(t *testing.T) {
 	// The device is back (reset done): the reopen loop brings it in.
 	verbs.FakePortState("pegadfake1", ibv.PortUp)
 	waitFor(t, "requester reopens pegadfake1", func() bool {
-		n := req.mgr.curNICs()[1]
+		n := req.nics.curNICs()[1]
 		return n != dead && !n.down.Load()
 	})
-	waitFor(t, "holder reopens pegadfake1", func() bool { return !holder.mgr.curNICs()[1].down.Load() })
+	waitFor(t, "holder reopens pegadfake1", func() bool { return !holder.nics.curNICs()[1].down.Load() })
 	before = nicBytes(req, "pegadfake1")
 	if c := read(t); len(c.nics) != 2 {
 		t.Fatalf("connection after the reopen over %d NICs, want 2", len(c.nics))

@@ -18,14 +18,14 @@ type RequesterActivity interface {
 // sessions, by which it reaps the connections of providers that do not
 // report their data connections (verbs). Until it is set, such
 // connections go only by disconnect, restart, drain time or Close.
-func (m *Manager) SetRequesterActivity(a RequesterActivity) {
-	m.activity.Store(&a)
+func (acc *Acceptor) SetRequesterActivity(a RequesterActivity) {
+	acc.activity.Store(&a)
 }
 
 // requesterIdle reports whether node has had no live session for d, by
 // the holder's lock table (false when none was set).
-func (m *Manager) requesterIdle(node string, d time.Duration) bool {
-	a := m.activity.Load()
+func (acc *Acceptor) requesterIdle(node string, d time.Duration) bool {
+	a := acc.activity.Load()
 	if a == nil {
 		return false
 	}
@@ -82,7 +82,7 @@ type prewarmer interface{ Prewarm() }
 //
 // It takes each QP's own lock (DataActivity, and qpPair.mu so that a QP
 // being destroyed meanwhile is skipped, never touched); the caller must
-// not hold m.mu.
+// not hold acc.mu.
 func (a *acceptedConn) idleAt(now time.Time, d time.Duration) bool {
 	if now.Sub(a.since) < d {
 		return false
@@ -97,7 +97,7 @@ func (a *acceptedConn) idleAt(now time.Time, d time.Duration) bool {
 			unknown = unknown || !known
 		}
 	}
-	return !unknown || a.m.requesterIdle(a.nodeID, d)
+	return !unknown || a.acc.requesterIdle(a.nodeID, d)
 }
 
 // idleAt reports whether p's provider sees no data connection open on it
@@ -121,17 +121,17 @@ func (p *qpPair) idleAt(now time.Time, d time.Duration) (idle, known bool) {
 // retireLocked keeps old (replaced by a newer handshake of the same
 // requester process) until it drains, and returns the generations of the
 // node beyond maxRetiredPerNode, oldest first, for the caller to destroy
-// outside mu.
-func (m *Manager) retireLocked(old *acceptedConn, now time.Time) []*acceptedConn {
-	if m.retired == nil {
-		m.retired = make(map[*acceptedConn]time.Time)
+// outside acc.mu.
+func (acc *Acceptor) retireLocked(old *acceptedConn, now time.Time) []*acceptedConn {
+	if acc.retired == nil {
+		acc.retired = make(map[*acceptedConn]time.Time)
 	}
 	old.retired = true
-	m.retired[old] = now
-	m.met.Conns.WithLabelValues(RoleHolder, StateConnected).Dec()
-	m.met.Conns.WithLabelValues(RoleHolder, StateInvalidated).Inc()
+	acc.retired[old] = now
+	acc.met.Conns.WithLabelValues(RoleHolder, StateConnected).Dec()
+	acc.met.Conns.WithLabelValues(RoleHolder, StateInvalidated).Inc()
 	var gens []*acceptedConn
-	for r := range m.retired {
+	for r := range acc.retired {
 		if r.nodeID == old.nodeID {
 			gens = append(gens, r)
 		}
@@ -140,12 +140,12 @@ func (m *Manager) retireLocked(old *acceptedConn, now time.Time) []*acceptedConn
 	for len(gens) > maxRetiredPerNode {
 		oldest := 0
 		for i, g := range gens {
-			if m.retired[g].Before(m.retired[gens[oldest]]) {
+			if acc.retired[g].Before(acc.retired[gens[oldest]]) {
 				oldest = i
 			}
 		}
 		out = append(out, gens[oldest])
-		delete(m.retired, gens[oldest])
+		delete(acc.retired, gens[oldest])
 		gens = append(gens[:oldest], gens[oldest+1:]...)
 	}
 	return out
@@ -153,13 +153,13 @@ func (m *Manager) retireLocked(old *acceptedConn, now time.Time) []*acceptedConn
 
 // dropRetiredLocked removes every retired generation of node (its
 // requester restarted: none of them has a reader left) and returns them
-// for the caller to destroy outside mu.
-func (m *Manager) dropRetiredLocked(node string) []*acceptedConn {
+// for the caller to destroy outside acc.mu.
+func (acc *Acceptor) dropRetiredLocked(node string) []*acceptedConn {
 	var out []*acceptedConn
-	for r := range m.retired {
+	for r := range acc.retired {
 		if r.nodeID == node {
 			out = append(out, r)
-			delete(m.retired, r)
+			delete(acc.retired, r)
 		}
 	}
 	return out
@@ -167,8 +167,8 @@ func (m *Manager) dropRetiredLocked(node string) []*acceptedConn {
 
 // retiredLocked finds the retired generation of node made by handshake
 // hsID of incarnation inc.
-func (m *Manager) retiredLocked(node, hsID, inc string) *acceptedConn {
-	for r := range m.retired {
+func (acc *Acceptor) retiredLocked(node, hsID, inc string) *acceptedConn {
+	for r := range acc.retired {
 		if r.nodeID == node && r.handshakeID == hsID && r.incarnation == inc {
 			return r
 		}
@@ -178,63 +178,51 @@ func (m *Manager) retiredLocked(node, hsID, inc string) *acceptedConn {
 
 // reapEvery is the reaper's period: a quarter of the shorter lifetime,
 // so a connection outlives its bound by at most that much.
-func (m *Manager) reapEvery() time.Duration {
-	return min(max(min(m.opts.IdleTimeout, m.opts.ReconnectDrain)/4, 5*time.Millisecond), 5*time.Second)
+func (acc *Acceptor) reapEvery() time.Duration {
+	return min(max(min(acc.opts.IdleTimeout, acc.opts.ReconnectDrain)/4, 5*time.Millisecond), 5*time.Second)
 }
 
 // reaper tears down accepted connections whose requester is gone (idle)
-// and retired generations past their drain time. Owned by the manager:
-// started by NewManager, stopped by Close (m.ctx), counted in m.reaping.
-func (m *Manager) reaper() { m.tick(m.reapEvery(), m.reap) }
-
-// tick runs f every interval until Close (m.ctx); it is the body of the
-// manager's background goroutines, counted in m.reaping.
-func (m *Manager) tick(every time.Duration, f func(now time.Time)) {
-	defer m.reaping.Done()
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-m.ctx.Done():
-			return
-		case now := <-t.C:
-			f(now)
-		}
-	}
+// and retired generations past their drain time. Owned by the acceptor:
+// started by NewAcceptor, stopped by Close (acc.ctx), counted in
+// acc.reaping.
+func (acc *Acceptor) reaper() {
+	defer acc.reaping.Done()
+	tick(acc.ctx, acc.reapEvery(), acc.reap)
 }
 
-// reap is one pass of the reaper. It snapshots the candidates under m.mu,
+// reap is one pass of the reaper. It snapshots the candidates under acc.mu,
 // checks their QPs' activity without it (each check takes the QP's own
 // lock, which a slow provider call may hold: handshakes, disconnects and
-// lookups must not wait for that), then removes, under m.mu again, only
+// lookups must not wait for that), then removes, under acc.mu again, only
 // the victims still installed as they were when checked (a reconnect or a
 // disconnect meanwhile wins; the next pass looks again).
-func (m *Manager) reap(now time.Time) {
+func (acc *Acceptor) reap(now time.Time) {
 	type victim struct {
 		a      *acceptedConn
 		reason string
 		at     time.Time // when it was retired; zero for an installed one
 	}
-	m.mu.Lock()
-	if m.closed {
-		m.mu.Unlock()
+	acc.mu.Lock()
+	if acc.closed {
+		acc.mu.Unlock()
 		return
 	}
-	cands := make([]victim, 0, len(m.accepted)+len(m.retired))
-	for _, a := range m.accepted {
+	cands := make([]victim, 0, len(acc.accepted)+len(acc.retired))
+	for _, a := range acc.accepted {
 		cands = append(cands, victim{a: a})
 	}
-	for a, at := range m.retired {
+	for a, at := range acc.retired {
 		cands = append(cands, victim{a: a, at: at})
 	}
-	m.mu.Unlock()
+	acc.mu.Unlock()
 
 	var vs []victim
 	for _, c := range cands {
 		switch {
-		case c.a.idleAt(now, m.opts.IdleTimeout):
+		case c.a.idleAt(now, acc.opts.IdleTimeout):
 			c.reason = reapIdle
-		case !c.at.IsZero() && now.Sub(c.at) >= m.opts.ReconnectDrain:
+		case !c.at.IsZero() && now.Sub(c.at) >= acc.opts.ReconnectDrain:
 			c.reason = reapDrained
 		default:
 			continue
@@ -245,34 +233,34 @@ func (m *Manager) reap(now time.Time) {
 		return
 	}
 
-	m.mu.Lock()
-	if m.closed { // Close destroys everything that was installed
-		m.mu.Unlock()
+	acc.mu.Lock()
+	if acc.closed { // Close destroys everything that was installed
+		acc.mu.Unlock()
 		return
 	}
 	n := 0
 	for _, v := range vs {
 		if v.at.IsZero() {
-			if m.accepted[v.a.nodeID] != v.a {
+			if acc.accepted[v.a.nodeID] != v.a {
 				continue // retired, replaced or disconnected meanwhile
 			}
-			delete(m.accepted, v.a.nodeID)
+			delete(acc.accepted, v.a.nodeID)
 		} else {
-			if at, ok := m.retired[v.a]; !ok || !at.Equal(v.at) {
+			if at, ok := acc.retired[v.a]; !ok || !at.Equal(v.at) {
 				continue
 			}
-			delete(m.retired, v.a)
+			delete(acc.retired, v.a)
 		}
 		vs[n] = v
 		n++
 	}
 	vs = vs[:n]
-	m.mu.Unlock()
+	acc.mu.Unlock()
 	for _, v := range vs {
 		n := v.a.qpCount()
 		v.a.destroy(v.reason)
-		m.met.AcceptedReaped.WithLabelValues(v.reason).Inc()
-		m.log.Info().Str("peer", v.a.remoteAddr).Str("remote_node", v.a.nodeID).Str("session", v.a.handshakeID).
+		acc.met.AcceptedReaped.WithLabelValues(v.reason).Inc()
+		acc.log.Info().Str("peer", v.a.remoteAddr).Str("remote_node", v.a.nodeID).Str("session", v.a.handshakeID).
 			Str("reason", v.reason).Int("qps", n).Msg("accepted rdma connection reaped")
 	}
 }

@@ -28,12 +28,12 @@ func TestRequesterGoneBeforeFirstReadReaped(t *testing.T) {
 	}{
 		{"requester killed after its handshake", func(t *testing.T, d *dialers, hold *node) {
 			r := newNode(t, d, nodeOpts{id: "req", qps: 2, disconnectTimeout: 100 * time.Millisecond})
-			if _, err := r.mgr.Get(ctxT(t, 10*time.Second), hold.addr); err != nil {
+			if _, err := r.dial.Get(ctxT(t, 10*time.Second), hold.addr); err != nil {
 				t.Fatal(err)
 			}
 			hold.stallDisconnect.Store(true)
 			t.Cleanup(func() { hold.stallDisconnect.Store(false) })
-			r.mgr.Close()
+			r.close()
 			r.prov.Close()
 		}},
 		{"requester gone before any data connection", func(t *testing.T, _ *dialers, hold *node) {
@@ -42,7 +42,7 @@ func TestRequesterGoneBeforeFirstReadReaped(t *testing.T) {
 				Requester: &pegadv1.Requester{NodeId: "req", Incarnation: "i"}, Transport: "tcp", HandshakeId: "hs",
 				Nics: []*pegadv1.NicHandshake{{Nic: "n", Endpoints: []*pegadv1.Endpoint{ep, ep}}},
 			}
-			if _, err := hold.mgr.Accept(context.Background(), req); err != nil {
+			if _, err := hold.acc.Accept(context.Background(), req); err != nil {
 				t.Fatal(err)
 			}
 		}},
@@ -53,7 +53,7 @@ func TestRequesterGoneBeforeFirstReadReaped(t *testing.T) {
 			hold := newNode(t, d, nodeOpts{id: "holder", qps: 2, idleTimeout: 200 * time.Millisecond})
 			tc.handshake(t, d, hold)
 			hold.checkQPs(t, 2)
-			waitFor(t, "connection of the gone requester reaped", func() bool { return hold.mgr.QPs() == 0 })
+			waitFor(t, "connection of the gone requester reaped", func() bool { return hold.nics.QPs() == 0 })
 			if got := testutil.ToFloat64(hold.met.AcceptedReaped.WithLabelValues(reapIdle)); got != 1 {
 				t.Errorf("reaped{idle} = %v, want 1", got)
 			}
@@ -72,7 +72,7 @@ func TestLiveUnusedRequesterKeepsDataConnections(t *testing.T) {
 	d := newDialers(t)
 	hold := newNode(t, d, nodeOpts{id: "holder", qps: qps, idleTimeout: 100 * time.Millisecond})
 	r := newNode(t, d, nodeOpts{id: "req", qps: qps})
-	if _, err := r.mgr.Get(ctxT(t, 10*time.Second), hold.addr); err != nil {
+	if _, err := r.dial.Get(ctxT(t, 10*time.Second), hold.addr); err != nil {
 		t.Fatal(err)
 	}
 	waitDataOpen(t, hold, "req")
@@ -84,9 +84,9 @@ func TestLiveUnusedRequesterKeepsDataConnections(t *testing.T) {
 // connection has a data connection open.
 func waitDataOpen(t *testing.T, hold *node, node string) {
 	t.Helper()
-	hold.mgr.mu.Lock()
-	a := hold.mgr.accepted[node]
-	hold.mgr.mu.Unlock()
+	hold.acc.mu.Lock()
+	a := hold.acc.accepted[node]
+	hold.acc.mu.Unlock()
 	if a == nil {
 		t.Fatalf("no accepted connection from %s", node)
 	}
@@ -168,7 +168,7 @@ func TestReapDoesNotHoldManagerOverQPLocks(t *testing.T) {
 	t.Cleanup(release)
 	hold.fillRandom(11)
 	r1 := newNode(t, d, nodeOpts{id: "req1"})
-	if _, err := r1.mgr.Get(ctxT(t, 10*time.Second), hold.addr); err != nil {
+	if _, err := r1.dial.Get(ctxT(t, 10*time.Second), hold.addr); err != nil {
 		t.Fatal(err)
 	}
 	waitDataOpen(t, hold, "req1") // live: the reap pass below finds nothing idle
@@ -176,7 +176,7 @@ func TestReapDoesNotHoldManagerOverQPLocks(t *testing.T) {
 	reaped := make(chan struct{})
 	go func() {
 		defer close(reaped)
-		hold.mgr.reap(time.Now().Add(time.Hour))
+		hold.acc.reap(time.Now().Add(time.Hour))
 	}()
 	select {
 	case <-g.entered:
@@ -187,8 +187,8 @@ func TestReapDoesNotHoldManagerOverQPLocks(t *testing.T) {
 	r2 := newNode(t, d, nodeOpts{id: "req2"})
 	done := make(chan error, 1)
 	go func() {
-		_ = hold.mgr.List()
-		c, err := r2.mgr.Get(ctxT(t, 10*time.Second), hold.addr)
+		_ = hold.list()
+		c, err := r2.dial.Get(ctxT(t, 10*time.Second), hold.addr)
 		if err == nil {
 			err = c.Read(ctxT(t, 10*time.Second), opsOf(r2, hold, []span{{0, 0, 64 << 10}}))
 		}

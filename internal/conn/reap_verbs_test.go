@@ -16,7 +16,7 @@ import (
 	"github.com/pegaflow/pegad/internal/ibv"
 	"github.com/pegaflow/pegad/internal/ibv/ibvtest"
 	"github.com/pegaflow/pegad/internal/ibv/verbs"
-	"github.com/pegaflow/pegad/internal/metrics"
+	"github.com/pegaflow/pegad/internal/metrics/metricstest"
 )
 
 // fakeActivity is a holder lock table's view of requesters, set by tests.
@@ -50,19 +50,20 @@ func newReapNode(t *testing.T, id string, idle time.Duration, holder *fakeNode) 
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = d.Close() })
-	n := &fakeNode{mem: ibvtest.MapMemory(t, 1<<20), met: metrics.NewForTest()}
-	n.mgr, err = NewManager(Options{
+	n := &fakeNode{mem: ibvtest.MapMemory(t, 1<<20), met: metricstest.New()}
+	var opts stackOptions
+	opts.NICOptions = NICOptions{
 		NodeID: id, Incarnation: id + "-1", Transport: "verbs", Devices: []ibv.Device{d}, Memory: n.mem,
-		QPsPerPeer: 2, Metrics: n.met, Log: zerolog.Nop(), HandshakeTimeout: 5 * time.Second,
-		IdleTimeout: idle,
-		Dial: func(string) (pegadv1.PeerServiceClient, error) {
-			return directPeer{m: holder.mgr, tap: &holder.tap}, nil
-		},
-	})
-	if err != nil {
-		t.Fatal(err)
+		Metrics: n.met, Log: zerolog.Nop(),
 	}
-	t.Cleanup(func() { _ = n.mgr.Close() })
+	opts.DialerOptions = DialerOptions{
+		QPsPerPeer: 2, HandshakeTimeout: 5 * time.Second,
+		Dial: func(string) (pegadv1.PeerServiceClient, error) {
+			return directPeer{acc: holder.acc, tap: &holder.tap}, nil
+		},
+	}
+	opts.AcceptorOptions = AcceptorOptions{IdleTimeout: idle}
+	n.open(t, id, opts)
 	return n
 }
 
@@ -75,23 +76,23 @@ func TestVerbsConnOfGoneRequesterReaped(t *testing.T) {
 	const idle = 150 * time.Millisecond
 	act := &fakeActivity{live: map[string]int{"requester": 1}}
 	hold := newReapNode(t, "holder", idle, nil)
-	hold.mgr.SetRequesterActivity(act)
+	hold.acc.SetRequesterActivity(act)
 	req := newReapNode(t, "requester", idle, hold)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := req.mgr.Get(ctx, "holder:1"); err != nil {
+	if _, err := req.dial.Get(ctx, "holder:1"); err != nil {
 		t.Fatal(err)
 	}
-	if got := hold.mgr.QPs(); got != 2 {
+	if got := hold.nics.QPs(); got != 2 {
 		t.Fatalf("holder QPs = %d, want 2", got)
 	}
 	time.Sleep(4 * idle)
-	if got := hold.mgr.QPs(); got != 2 {
+	if got := hold.nics.QPs(); got != 2 {
 		t.Fatalf("holder QPs = %d while the requester holds a session, want 2", got)
 	}
 	act.set("requester", 0) // its sessions ended or expired: it is gone
-	if !eventually(10*time.Second, func() bool { return hold.mgr.QPs() == 0 }) {
-		t.Fatalf("holder QPs = %d, want the connection reaped", hold.mgr.QPs())
+	if !eventually(10*time.Second, func() bool { return hold.nics.QPs() == 0 }) {
+		t.Fatalf("holder QPs = %d, want the connection reaped", hold.nics.QPs())
 	}
 	if got := testutil.ToFloat64(hold.met.AcceptedReaped.WithLabelValues(reapIdle)); got != 1 {
 		t.Errorf("reaped{idle} = %v, want 1", got)

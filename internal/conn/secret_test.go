@@ -13,16 +13,16 @@ import (
 // endpoints carry none, and a secret of the wrong length is an invalid
 // handshake.
 func TestEndpointSecret(t *testing.T) {
-	m := &Manager{opts: Options{Transport: "tcp"}}
+	s := &NICs{opts: NICOptions{Transport: "tcp"}}
 	ep := ibv.Endpoint{QPN: 0x100, PSN: 7, Addr: "127.0.0.1:9", Secret: [16]byte{1, 2, 15: 3}}
-	back, err := m.endpointFromProto(endpointToProto(ep))
+	back, err := s.endpointFromProto(endpointToProto(ep))
 	if err != nil || back != ep {
 		t.Fatalf("round trip: %+v, %v; want %+v", back, err, ep)
 	}
 	if p := endpointToProto(ibv.Endpoint{QPN: 1}); p.Secret != nil {
 		t.Fatalf("verbs endpoint carries a secret: %x", p.Secret)
 	}
-	_, err = m.endpointFromProto(&pegadv1.Endpoint{Qpn: 0x100, Psn: 7, Addr: "127.0.0.1:9", Secret: make([]byte, 15)})
+	_, err = s.endpointFromProto(&pegadv1.Endpoint{Qpn: 0x100, Psn: 7, Addr: "127.0.0.1:9", Secret: make([]byte, 15)})
 	if !errors.Is(err, ErrInvalidHandshake) {
 		t.Fatalf("15-byte secret: %v, want ErrInvalidHandshake", err)
 	}

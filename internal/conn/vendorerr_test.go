@@ -64,7 +64,7 @@ func TestVendorErrInReadError(t *testing.T) {
 	hold := newNode(t, d, nodeOpts{id: "holder"})
 	req := newNode(t, d, nodeOpts{id: "req",
 		wrapDevice: func(dev ibv.Device) ibv.Device { return &vendorErrDevice{Device: dev} }})
-	c, err := req.mgr.Get(ctxT(t, 10*time.Second), hold.addr)
+	c, err := req.dial.Get(ctxT(t, 10*time.Second), hold.addr)
 	if err != nil {
 		t.Fatal(err)
 	}

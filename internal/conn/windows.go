@@ -15,7 +15,7 @@ import (
 	"github.com/pegaflow/pegad/internal/ibv"
 )
 
-// Memory windows (Options.MemoryWindows): a peer may READ only what it
+// Memory windows (NICOptions.MemoryWindows): a peer may READ only what it
 // locked. The holder registers its pool without remote read; each transfer
 // lock gets, on every NIC of the requester's connection, one type-2 window
 // (ibv_alloc_mw(3)) per extent of its blocks, bound (IBV_WR_BIND_MW) on one
@@ -32,7 +32,7 @@ const (
 	// bind completions land there. windowSlots keeps the binds in flight
 	// per NIC within it.
 	holdCQDepthWindows = 1024
-	// bindBatch binds (at most Options.SQDepth) are posted before their
+	// bindBatch binds (at most NICOptions.SQDepth) are posted before their
 	// completions are awaited; qpPair.binds keeps the binds of concurrent
 	// locks on one QP within its send queue.
 	bindBatch = 32
@@ -92,30 +92,26 @@ func newWindowWaiters() windowWaiters {
 	return windowWaiters{slots: semaphore.NewWeighted(holdCQDepthWindows), waiting: make(map[uint64]chan ibv.WorkCompletion)}
 }
 
-// WindowsEnabled reports whether locks are served through memory windows
-// (Options.MemoryWindows and every NIC binds type-2 windows).
-func (m *Manager) WindowsEnabled() bool { return m.windows }
-
 // memoryWindows says whether locks will be served through windows:
 // asked for, and every device binds type-2 windows (else a warning).
-func (m *Manager) memoryWindows(opts Options) bool {
+func (s *NICs) memoryWindows(opts NICOptions) bool {
 	if !opts.MemoryWindows {
 		return false
 	}
 	for _, d := range opts.Devices {
 		if info := d.Info(); !info.MemWindows {
-			m.log.Warn().Str("nic", info.Name).Msg("NIC binds no type-2 memory windows: --memory-windows is off, " +
+			s.log.Warn().Str("nic", info.Name).Msg("NIC binds no type-2 memory windows: --memory-windows is off, " +
 				"every peer that handshakes can READ the whole pool with its rkey")
 			return false
 		}
 	}
-	m.log.Info().Int("nics", len(opts.Devices)).Msg("memory windows on: a peer READs only the blocks it locked")
+	s.log.Info().Int("nics", len(opts.Devices)).Msg("memory windows on: a peer READs only the blocks it locked")
 	return true
 }
 
 // Windows are one transfer lock's memory windows. Close invalidates them.
 type Windows struct {
-	m    *Manager
+	acc  *Acceptor
 	hsID string
 	nics []*winNIC
 	once sync.Once
@@ -141,28 +137,28 @@ type winNIC struct {
 // the error is then also an *InvalidationError (ErrWindowsLive) when a
 // window may still be valid over ext, whose memory the caller must then
 // never reuse.
-func (m *Manager) BindWindows(ctx context.Context, node, inc string, ext []Extent) (*Windows, error) {
-	if !m.windows {
+func (acc *Acceptor) BindWindows(ctx context.Context, node, inc string, ext []Extent) (*Windows, error) {
+	if !acc.nics.windows {
 		return nil, fmt.Errorf("%w: memory windows are off", ErrNoWindows)
 	}
-	// Close waits for binds in flight before it destroys QPs and PDs.
-	if err := m.begin(&m.accepts); err != nil {
+	// Close waits for binds in flight before the QPs and PDs go.
+	if err := acc.begin(); err != nil {
 		return nil, err
 	}
-	defer m.accepts.Done()
-	m.mu.Lock()
-	a := m.accepted[node]
-	m.mu.Unlock()
+	defer acc.accepts.Done()
+	acc.mu.Lock()
+	a := acc.accepted[node]
+	acc.mu.Unlock()
 	if a == nil || a.incarnation != inc {
-		m.met.WindowBinds.WithLabelValues(resultError).Inc()
+		acc.met.WindowBinds.WithLabelValues(resultError).Inc()
 		return nil, fmt.Errorf("%w: no connection of requester %s (incarnation %s) to bind them on", ErrNoWindows, node, inc)
 	}
 	// Not the caller's cancel: a bind given up on early would leave its
 	// completion owed to a CQ slot already handed to another bind.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), bindTimeout)
 	defer cancel()
-	w := &Windows{m: m, hsID: a.handshakeID}
-	turn := m.windowTurn.Add(1)
+	w := &Windows{acc: acc, hsID: a.handshakeID}
+	turn := acc.windowTurn.Add(1)
 	var errs []error
 	broken := false // a NIC's QP failed closed: the connection is gone
 	for i, qs := range a.nics {
@@ -171,28 +167,28 @@ func (m *Manager) BindWindows(ctx context.Context, node, inc string, ext []Exten
 		}
 		q := int(turn % uint64(len(qs)))
 		wn := &winNIC{a: a, reqNIC: i, qp: q, p: qs[q]}
-		err := m.bindOn(ctx, wn, ext)
+		err := acc.bindOn(ctx, wn, ext)
 		if err == nil {
 			w.nics = append(w.nics, wn)
 			continue
 		}
 		errs = append(errs, err)
 		broken = broken || errors.Is(err, errBindsOwed)
-		if derr := m.invalidate(wn); derr != nil { // what it bound before the failure
+		if derr := acc.invalidate(wn); derr != nil { // what it bound before the failure
 			errs = append(errs, derr)
 			broken = true
 		}
 	}
 	if broken {
-		return nil, m.bindFailedClosed(w, node, errs)
+		return nil, acc.bindFailedClosed(w, node, errs)
 	}
 	if len(w.nics) == 0 {
-		m.met.WindowBinds.WithLabelValues(resultError).Inc()
+		acc.met.WindowBinds.WithLabelValues(resultError).Inc()
 		return nil, fmt.Errorf("%w: requester %s: %w", ErrNoWindows, node, errors.Join(errs...))
 	}
-	m.met.WindowBinds.WithLabelValues(resultOK).Inc()
+	acc.met.WindowBinds.WithLabelValues(resultOK).Inc()
 	if len(errs) > 0 {
-		m.log.Warn().Err(errors.Join(errs...)).Str("remote_node", node).Int("nics", len(w.nics)).
+		acc.log.Warn().Err(errors.Join(errs...)).Str("remote_node", node).Int("nics", len(w.nics)).
 			Msg("memory windows bound on some NICs only")
 	}
 	return w, nil
@@ -200,7 +196,7 @@ func (m *Manager) BindWindows(ctx context.Context, node, inc string, ext []Exten
 
 // bindOn allocates and binds one window per extent on wn's QP, bindBatch
 // at a time, each batch awaited before the next is posted.
-func (m *Manager) bindOn(ctx context.Context, wn *winNIC, ext []Extent) error {
+func (acc *Acceptor) bindOn(ctx context.Context, wn *winNIC, ext []Extent) error {
 	n := wn.p.nic
 	pd, ok1 := n.pd.(ibv.MWPD)
 	qp, ok2 := wn.p.qp.(ibv.MWQP)
@@ -208,7 +204,7 @@ func (m *Manager) bindOn(ctx context.Context, wn *winNIC, ext []Extent) error {
 		return fmt.Errorf("%w: %s binds no windows", ErrNoWindows, n.info.Name)
 	}
 	for len(ext) > 0 {
-		batch := ext[:min(len(ext), bindBatch, m.opts.SQDepth)]
+		batch := ext[:min(len(ext), bindBatch, acc.nics.opts.SQDepth)]
 		ext = ext[len(batch):]
 		k := int64(len(batch))
 		if err := n.win.slots.Acquire(ctx, k); err != nil {
@@ -218,7 +214,7 @@ func (m *Manager) bindOn(ctx context.Context, wn *winNIC, ext []Extent) error {
 			n.win.slots.Release(k)
 			return fmt.Errorf("bind windows on %s qp %d: %w", n.info.Name, wn.p.qpn, err)
 		}
-		err := m.bindBatch(ctx, wn, pd, qp, batch)
+		err := acc.bindBatch(ctx, wn, pd, qp, batch)
 		wn.p.binds.Release(k)
 		n.win.slots.Release(k) // bindBatch returns with no completion owed
 		if err != nil {
@@ -233,7 +229,7 @@ func (m *Manager) bindOn(ctx context.Context, wn *winNIC, ext []Extent) error {
 // completions are owed to the CQ slots the caller holds). Completions
 // still owed when ctx ends are flushed (flushBinds): it never returns
 // with one owed, so the caller's slots can be handed on.
-func (m *Manager) bindBatch(ctx context.Context, wn *winNIC, pd ibv.MWPD, qp ibv.MWQP, batch []Extent) error {
+func (acc *Acceptor) bindBatch(ctx context.Context, wn *winNIC, pd ibv.MWPD, qp ibv.MWQP, batch []Extent) error {
 	n := wn.p.nic
 	ch := make(chan ibv.WorkCompletion, len(batch))
 	var ids []uint64 // of the binds posted
@@ -263,9 +259,9 @@ func (m *Manager) bindBatch(ctx context.Context, wn *winNIC, pd ibv.MWPD, qp ibv
 		ids = append(ids, id)
 		wn.keys = append(wn.keys, &pegadv1.WindowKey{Base: e.Addr, Length: e.Len, Rkey: rkey})
 	}
-	got, err := m.awaitBinds(ctx, n, ch, len(ids), failed)
+	got, err := acc.awaitBinds(ctx, n, ch, len(ids), failed)
 	if got < len(ids) {
-		err = m.flushBinds(wn, ch, len(ids)-got, err)
+		err = acc.flushBinds(wn, ch, len(ids)-got, err)
 	}
 	return err
 }
@@ -273,7 +269,7 @@ func (m *Manager) bindBatch(ctx context.Context, wn *winNIC, pd ibv.MWPD, qp ibv
 // awaitBinds collects count completions from ch, polling n's holder CQ,
 // and returns how many it got and failed (if not nil), else the first
 // failed completion's error, else ctx's error if it ends first.
-func (m *Manager) awaitBinds(ctx context.Context, n *localNIC, ch chan ibv.WorkCompletion, count int, failed error) (int, error) {
+func (acc *Acceptor) awaitBinds(ctx context.Context, n *localNIC, ch chan ibv.WorkCompletion, count int, failed error) (int, error) {
 	first := failed
 	pause := time.Microsecond
 	got := 0
@@ -367,12 +363,12 @@ func (w *Windows) Close() error {
 	w.once.Do(func() {
 		var errs []error
 		for _, wn := range w.nics {
-			if err := w.m.invalidate(wn); err != nil {
+			if err := w.acc.invalidate(wn); err != nil {
 				errs = append(errs, err)
 			}
 		}
 		if len(errs) > 0 {
-			w.m.met.WindowBinds.WithLabelValues(resultQuarantined).Inc()
+			w.acc.met.WindowBinds.WithLabelValues(resultQuarantined).Inc()
 			w.err = errors.Join(errs...)
 		}
 	})
@@ -382,7 +378,7 @@ func (w *Windows) Close() error {
 // BindLock is BindWindows over the segments of a lock's blocks, for the
 // holder (holder.Windows): the answer's windows, the handshake they are
 // bound on, and the release that invalidates them (Windows.Close).
-func (m *Manager) BindLock(ctx context.Context, node, inc string, blocks []*pegadv1.BlockLocation) (
+func (acc *Acceptor) BindLock(ctx context.Context, node, inc string, blocks []*pegadv1.BlockLocation) (
 	[]*pegadv1.MemoryWindows, string, func() error, error) {
 	var ext []Extent
 	for _, b := range blocks {
@@ -394,7 +390,7 @@ func (m *Manager) BindLock(ctx context.Context, node, inc string, blocks []*pega
 			}
 		}
 	}
-	w, err := m.BindWindows(ctx, node, inc, MergeExtents(ext))
+	w, err := acc.BindWindows(ctx, node, inc, MergeExtents(ext))
 	if err != nil {
 		return nil, "", nil, err
 	}

@@ -35,11 +35,11 @@ func windowNodes(t *testing.T, memBytes int) (holder, req *fakeNode, bounds bool
 	if dev := os.Getenv("PEGAD_TEST_MW_DEVICE"); dev != "" {
 		prov, names = verbs.New, []string{dev}
 	}
-	windows := func(o *Options) { o.MemoryWindows = true; o.QPsPerPeer = 2 }
+	windows := func(o *stackOptions) { o.MemoryWindows = true; o.QPsPerPeer = 2 }
 	holder = newProviderNode(t, "holder", prov(), names, nil, memBytes, nil, nil, windows)
 	ibvtest.Fill(holder.mem, 9)
 	req = newProviderNode(t, "requester", prov(), names, nil, memBytes, holder, nil, windows)
-	if !holder.mgr.WindowsEnabled() {
+	if !holder.acc.WindowsEnabled() {
 		t.Fatalf("%s: memory windows not enabled", names[0])
 	}
 	return holder, req, os.Getenv("PEGAD_TEST_MW_NO_BOUNDS") != "1"
@@ -62,10 +62,10 @@ func TestFakeVerbsWindowsOnlyWhatWasLocked(t *testing.T) {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		if _, err := req.mgr.Get(ctx, "holder:1"); err != nil { // the lock follows the handshake
+		if _, err := req.dial.Get(ctx, "holder:1"); err != nil { // the lock follows the handshake
 			t.Fatal(err)
 		}
-		w, err := holder.mgr.BindWindows(ctx, "requester", "requester-1", MergeExtents(append([]Extent(nil), locked...)))
+		w, err := holder.acc.BindWindows(ctx, "requester", "requester-1", MergeExtents(append([]Extent(nil), locked...)))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -84,7 +84,7 @@ func TestFakeVerbsWindowsOnlyWhatWasLocked(t *testing.T) {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		c, err := req.mgr.Get(ctx, "holder:1")
+		c, err := req.dial.Get(ctx, "holder:1")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -171,20 +171,20 @@ func TestFakeVerbsWindowsNeedAConnection(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	ext := []Extent{{Addr: base(holder.mem), Len: 4096}}
-	if _, err := holder.mgr.BindWindows(ctx, "requester", "requester-1", ext); !errors.Is(err, ErrNoWindows) {
+	if _, err := holder.acc.BindWindows(ctx, "requester", "requester-1", ext); !errors.Is(err, ErrNoWindows) {
 		t.Fatalf("before the handshake: %v, want ErrNoWindows", err)
 	}
-	if _, err := req.mgr.Get(ctx, "holder:1"); err != nil {
+	if _, err := req.dial.Get(ctx, "holder:1"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := holder.mgr.BindWindows(ctx, "requester", "requester-0", ext); !errors.Is(err, ErrNoWindows) {
+	if _, err := holder.acc.BindWindows(ctx, "requester", "requester-0", ext); !errors.Is(err, ErrNoWindows) {
 		t.Fatalf("another incarnation: %v, want ErrNoWindows", err)
 	}
-	w, err := holder.mgr.BindWindows(ctx, "requester", "requester-1", ext)
+	w, err := holder.acc.BindWindows(ctx, "requester", "requester-1", ext)
 	if err != nil {
 		t.Fatal(err)
 	}
-	nic := holder.mgr.curNICs()[0].info.Name
+	nic := holder.nics.curNICs()[0].info.Name
 	if got := testutil.ToFloat64(holder.met.MemoryWindows.WithLabelValues(nic)); got != 1 {
 		t.Fatalf("pegaflow_rdma_memory_windows{nic=%q} = %v with one window bound, want 1", nic, got)
 	}
@@ -208,12 +208,12 @@ func TestFakeVerbsWindowsFallBack(t *testing.T) {
 		return verbs.NewWithOptions(verbs.Options{Library: verbs.FakeLibrary, SysfsRoot: fakeSysfs(t, nil)})
 	}
 	var logs bytes.Buffer
-	windows := func(o *Options) { o.MemoryWindows = true; o.Log = zerolog.New(&logs) }
+	windows := func(o *stackOptions) { o.MemoryWindows = true; o.Log = zerolog.New(&logs) }
 	names := []string{"pegadfakeold0"}
 	holder := newProviderNode(t, "holder", prov(), names, nil, 1<<20, nil, nil, windows)
 	ibvtest.Fill(holder.mem, 4)
 	req := newProviderNode(t, "requester", prov(), names, nil, 1<<20, holder, nil)
-	if holder.mgr.WindowsEnabled() {
+	if holder.acc.WindowsEnabled() {
 		t.Fatal("memory windows on over a NIC without them")
 	}
 	if !strings.Contains(logs.String(), `"nic":"pegadfakeold0"`) || !strings.Contains(logs.String(), "binds no type-2 memory windows") {
@@ -221,7 +221,7 @@ func TestFakeVerbsWindowsFallBack(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c, err := req.mgr.Get(ctx, "holder:1")
+	c, err := req.dial.Get(ctx, "holder:1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -244,12 +244,12 @@ func TestFakeVerbsWindowsKeepalive(t *testing.T) {
 		return verbs.NewWithOptions(verbs.Options{Library: verbs.FakeLibrary, SysfsRoot: fakeSysfs(t, nil)})
 	}
 	names := []string{"pegadfake0"}
-	holder := newProviderNode(t, "holder", prov(), names, nil, 1<<20, nil, nil, func(o *Options) { o.MemoryWindows = true })
+	holder := newProviderNode(t, "holder", prov(), names, nil, 1<<20, nil, nil, func(o *stackOptions) { o.MemoryWindows = true })
 	req := newProviderNode(t, "requester", prov(), names, nil, 1<<20, holder, nil,
-		func(o *Options) { o.ProbeInterval = 20 * time.Millisecond })
+		func(o *stackOptions) { o.ProbeInterval = 20 * time.Millisecond })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c, err := req.mgr.Get(ctx, "holder:1")
+	c, err := req.dial.Get(ctx, "holder:1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -275,11 +275,11 @@ func TestFakeVerbsWindowsWithinSendQueue(t *testing.T) {
 	}
 	names := []string{"pegadfake0"}
 	holder := newProviderNode(t, "holder", prov(), names, nil, 1<<20, nil, nil,
-		func(o *Options) { o.MemoryWindows = true; o.SQDepth = 16 })
+		func(o *stackOptions) { o.MemoryWindows = true; o.SQDepth = 16 })
 	req := newProviderNode(t, "requester", prov(), names, nil, 1<<20, holder, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if _, err := req.mgr.Get(ctx, "holder:1"); err != nil {
+	if _, err := req.dial.Get(ctx, "holder:1"); err != nil {
 		t.Fatal(err)
 	}
 	var ext []Extent
@@ -289,7 +289,7 @@ func TestFakeVerbsWindowsWithinSendQueue(t *testing.T) {
 	errs := make(chan error, 8)
 	for range 8 {
 		go func() {
-			w, err := holder.mgr.BindWindows(ctx, "requester", "requester-1", append([]Extent(nil), ext...))
+			w, err := holder.acc.BindWindows(ctx, "requester", "requester-1", append([]Extent(nil), ext...))
 			if err == nil {
 				if keys, _ := w.Proto(); len(keys) != 1 || len(keys[0].Keys) != len(ext) {
 					err = fmt.Errorf("bound %v", keys)

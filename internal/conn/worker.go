@@ -116,8 +116,8 @@ func (s *session) answerInvalidated(b *batch) {
 
 // run is the session worker: it runs batches through its pipeline until
 // done closes. Owned by the connection (started in startWorkers, counted
-// in Manager.workers).
-func (s *session) run(done <-chan struct{}, m *Manager, log zerolog.Logger) {
+// in Dialer.workers).
+func (s *session) run(done <-chan struct{}, ns *NICs, log zerolog.Logger) {
 	log = log.With().Uint32("qpn", s.p.qpn).Logger()
 	log.Debug().Msg("session worker started")
 	defer func() {
@@ -132,7 +132,7 @@ func (s *session) run(done <-chan struct{}, m *Manager, log zerolog.Logger) {
 		close(s.exited)
 		log.Debug().Int("dropped_batches", len(q)).Msg("session worker exited")
 	}()
-	pl := &pipeline{s: s, m: m, log: log}
+	pl := &pipeline{s: s, ns: ns, log: log}
 	for {
 		select {
 		case <-done:
@@ -169,7 +169,7 @@ func (r *running) done() bool {
 // Worker-owned: only the session's goroutine touches it.
 type pipeline struct {
 	s           *session
-	m           *Manager
+	ns          *NICs
 	log         zerolog.Logger
 	runs        []*running
 	outstanding int // WRs posted and not yet completed, over all runs
@@ -209,7 +209,7 @@ func (pl *pipeline) pump(done <-chan struct{}) (exit bool) {
 // that arrives on a QP in ERROR, is answered at once.
 func (pl *pipeline) admit() {
 	s := pl.s
-	for pl.outstanding < pl.m.opts.SQDepth {
+	for pl.outstanding < pl.ns.opts.SQDepth {
 		if n := len(pl.runs); n > 0 {
 			if last := pl.runs[n-1]; !last.stop && last.posted < len(last.b.wrs) {
 				return
@@ -258,7 +258,7 @@ func (pl *pipeline) checkContexts() {
 // post fills the send queue from the runs in admission order, at most
 // SQDepth WRs outstanding over all of them, as signaled chains.
 func (pl *pipeline) post() {
-	s, depth := pl.s, pl.m.opts.SQDepth
+	s, depth := pl.s, pl.ns.opts.SQDepth
 	for _, r := range pl.runs {
 		wrs := r.b.wrs
 		if r.stop || r.posted == len(wrs) {
@@ -339,7 +339,7 @@ func (pl *pipeline) completion(wc ibv.WorkCompletion) {
 		}
 		return
 	}
-	pl.m.met.WorkCompletions.WithLabelValues(wcLabel(wc.Status)).Inc()
+	pl.ns.met.WorkCompletions.WithLabelValues(wcLabel(wc.Status)).Inc()
 	se := &ibv.StatusError{Status: wc.Status, QPN: pl.s.p.qpn, WRID: wc.ID, VendorErr: wc.VendorErr, Cause: wc.Cause}
 	if wc.Status != ibv.WCWRFlushErr {
 		pl.log.Warn().Str("status", wc.Status.String()).Uint32("vendor_err", wc.VendorErr).Uint64("wr_id", wc.ID).
@@ -371,7 +371,7 @@ func (pl *pipeline) wait() bool {
 	case err == nil:
 		return true
 	case !time.Now().Before(pl.drainBy):
-		pl.log.Error().Int("outstanding", pl.outstanding).Dur("waited", pl.m.drainTimeout).
+		pl.log.Error().Int("outstanding", pl.outstanding).Dur("waited", pl.ns.drainTimeout).
 			Msg("qp did not drain after ERROR; destroying it to stop outstanding reads")
 		pl.destroy(nil)
 	default:
@@ -435,7 +435,7 @@ func (pl *pipeline) fail(r *running, err error, flush, qpBroken bool) {
 	}
 	pl.s.p.toError()
 	pl.errored = true
-	pl.drainBy = time.Now().Add(pl.m.drainTimeout)
+	pl.drainBy = time.Now().Add(pl.ns.drainTimeout)
 	r.res.qpErrored = true
 	for _, o := range pl.runs {
 		if o != r && !o.done() {
@@ -461,7 +461,7 @@ func (pl *pipeline) finish() {
 
 func (pl *pipeline) reply(r *running) {
 	if r.successes > 0 {
-		pl.m.met.WorkCompletions.WithLabelValues(wcLabel(ibv.WCSuccess)).Add(float64(r.successes))
+		pl.ns.met.WorkCompletions.WithLabelValues(wcLabel(ibv.WCSuccess)).Add(float64(r.successes))
 	}
 	r.b.state.Store(batchFinished)
 	r.b.res <- r.res
@@ -471,7 +471,7 @@ func (pl *pipeline) reply(r *running) {
 // replies for every run in flight: with err where a run has no failure
 // of its own yet, and as having errored the QP.
 func (pl *pipeline) destroy(err error) {
-	pl.s.destroyUndrained(pl.m)
+	pl.s.destroyUndrained(pl.ns)
 	for _, r := range pl.runs {
 		if r.res.err == nil || (r.firstIsFlush && err != nil) {
 			r.res.err = err
@@ -491,7 +491,7 @@ func (pl *pipeline) destroy(err error) {
 // would not drain after ERROR, or its CQ broke): destroying is the other
 // guarantee that none of them touches memory afterwards. The worker must
 // exit and touch the QP no more.
-func (s *session) destroyUndrained(m *Manager) {
-	s.p.destroy(m)
-	m.met.QPDrainFailures.Inc()
+func (s *session) destroyUndrained(ns *NICs) {
+	s.p.destroy(ns)
+	ns.met.QPDrainFailures.Inc()
 }

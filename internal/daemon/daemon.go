@@ -93,16 +93,21 @@ type Daemon struct {
 	reg     *prometheus.Registry
 	metrics *metrics.Metrics
 
-	pool   *pool.Pool
-	store  *store.Store
-	tier   *ssd.Tier // nil without --ssd-path
-	tr     *transport
-	tls    *peertls.Source // nil: plaintext peer port (security.go)
-	peers  *peer.Clients
-	conns  *conn.Manager
-	holder *holder.Service
-	engine *requester.Engine
-	local  *localapi.Local // its Wait: no handler touches pool memory any more
+	pool  *pool.Pool
+	store *store.Store
+	tier  *ssd.Tier // nil without --ssd-path
+	tr    *transport
+	tls   *peertls.Source // nil: plaintext peer port (security.go)
+	peers *peer.Clients
+	// nics, dialer and acceptor: the NIC set and the requester and
+	// holder halves of the RDMA connections over it (openConns); the
+	// halves close before the NIC set.
+	nics     *conn.NICs
+	dialer   *conn.Dialer
+	acceptor *conn.Acceptor
+	holder   *holder.Service
+	engine   *requester.Engine
+	local    *localapi.Local // its Wait: no handler touches pool memory any more
 	// cluster: the cluster index client and publisher (cluster.go).
 	cluster cluster
 	// kv: the KV-events publisher (kvevents.go); nil when off.
@@ -336,46 +341,24 @@ func (d *Daemon) openPool(cfg *config.Config) (err error) {
 }
 
 // openComponents builds what serves and fetches blocks over the pool: the
-// peer clients (with TLS), the connection manager, the holder, the
-// prefetch engine and, with --cluster-redis, the cluster index.
+// peer clients (with TLS), the connections (NIC set, Dialer, Acceptor),
+// the holder, the prefetch engine and, with --cluster-redis, the cluster
+// index.
 func (d *Daemon) openComponents(cfg *config.Config) (err error) {
 	if err := d.setupPeerTLS(); err != nil {
 		return err
 	}
 	d.peers = peer.NewClientsWithOptions(d.peerClientOptions()...)
-	d.conns, err = conn.NewManager(conn.Options{
-		NodeID:      cfg.NodeID,
-		Incarnation: d.incarnation,
-		Advertise:   d.advertise,
-		Transport:   d.tr.name,
-		Devices:     d.tr.devices,
-		Memory:      d.pool.Bytes(),
-		QPsPerPeer:  cfg.QPsPerPeer,
-		ConnectAttr: connectAttr(d.tr.name, cfg),
-		IdleTimeout: cfg.RDMAIdleTimeout,
-		Dial:        d.peers.Get,
-		// verbs: a holder that died while idle is found by a keepalive
-		// READ (tcp sees its data connections close).
-		ProbeInterval: probeInterval(d.tr.name),
-
-		NoRelaxedOrdering: !cfg.RelaxedOrdering,
-		MemoryWindows:     cfg.MemoryWindows,
-		Reopen:            d.tr.reopen,
-		Placement:         d.pool,
-		Rails:             cfg.NICRails(), // same order as the devices (openTransport opens names in order)
-		Metrics:           d.metrics,
-		Log:               d.log.With().Str("component", "conn").Logger(),
-	})
-	if err != nil {
+	if err := d.openConns(cfg); err != nil {
 		return fmt.Errorf("connections: %w", err)
 	}
 	var windows holder.Windows
-	if d.conns.WindowsEnabled() {
-		windows = d.conns
+	if d.acceptor.WindowsEnabled() {
+		windows = d.acceptor
 	}
 	d.holder, err = holder.New(holder.Options{
 		Store:       d.store,
-		Acceptor:    d.conns,
+		Acceptor:    d.acceptor,
 		Windows:     windows,
 		Metrics:     d.metrics,
 		Log:         d.log.With().Str("component", "holder").Logger(),
@@ -392,12 +375,12 @@ func (d *Daemon) openComponents(cfg *config.Config) (err error) {
 	}
 	// verbs: the reaper frees a requester's connection once it has held
 	// no transfer session for --rdma-idle-timeout.
-	d.conns.SetRequesterActivity(d.holder.Locks())
+	d.acceptor.SetRequesterActivity(d.holder.Locks())
 	d.engine, err = requester.New(requester.Options{
 		NodeID:      cfg.NodeID,
 		Incarnation: d.incarnation,
 		Store:       d.store,
-		Conns:       d.conns,
+		Conns:       d.dialer,
 		Peers:       d.peers.Get,
 		Metrics:     d.metrics,
 		Log:         d.log.With().Str("component", "requester").Logger(),
@@ -552,11 +535,7 @@ func (d *Daemon) stopLocal(stopBy func() time.Duration) {
 // closeDataPlane is step 7: connections, peer clients, transport, the SSD
 // tier and the pool, once no handler can touch pool memory.
 func (d *Daemon) closeDataPlane(stopBy func() time.Duration) (errs []error) {
-	if d.conns != nil {
-		if err := d.conns.Close(); err != nil {
-			errs = append(errs, fmt.Errorf("connections: %w", err))
-		}
-	}
+	errs = append(errs, d.closeConns()...)
 	if d.peers != nil {
 		if err := d.peers.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("peer clients: %w", err))
@@ -644,5 +623,9 @@ func (d *Daemon) TCPDevices() []*tcp.Device {
 	return out
 }
 
-// Conns is the connection manager (tests invalidate connections with it).
-func (d *Daemon) Conns() *conn.Manager { return d.conns }
+// Dialer is the requester half of the connections (tests invalidate
+// connections with it).
+func (d *Daemon) Dialer() *conn.Dialer { return d.dialer }
+
+// Conns lists both halves' connections and their QPs.
+func (d *Daemon) Conns() conn.Listing { return d.connsListing() }

@@ -91,7 +91,7 @@ func (d *Daemon) serveLocal(srvMetrics *grpcprom.ServerMetrics, engine *metrics.
 		Engine:  engine,
 		Store:   d.store,
 		Locks:   d.holder.Locks(),
-		Conns:   d.conns,
+		Conns:   d.connsListing(),
 		Fetcher: d.engine,
 		Metrics: d.metrics,
 		Node: localapi.NodeInfo{

@@ -62,12 +62,12 @@ func connectAttr(name string, cfg *config.Config) ibv.ConnectAttr {
 }
 
 // verbsProbeInterval is how often an idle verbs connection is probed with
-// a keepalive READ (conn.Options.ProbeInterval): with the default retry
+// a keepalive READ (conn.DialerOptions.ProbeInterval): with the default retry
 // budget (about 0.5 s), a dead holder leaves `conns list` within about
 // 1.5 s.
 const verbsProbeInterval = time.Second
 
-// probeInterval is conn.Options.ProbeInterval for a transport: verbs only.
+// probeInterval is conn.DialerOptions.ProbeInterval for a transport: verbs only.
 func probeInterval(transport string) time.Duration {
 	if transport == config.TransportVerbs {
 		return verbsProbeInterval

@@ -83,7 +83,7 @@ type Pinner interface {
 	Unpin(blocks []*store.Block)
 }
 
-// Acceptor is the accept side of RdmaHandshake (internal/conn.Manager). It
+// Acceptor is the accept side of RdmaHandshake (internal/conn.Acceptor). It
 // should return gRPC status errors; other errors become codes.Internal
 // (context errors keep their codes).
 type Acceptor interface {
@@ -91,14 +91,14 @@ type Acceptor interface {
 }
 
 // Disconnector is the optional release side of RdmaDisconnect. An Acceptor
-// that implements it (internal/conn.Manager does) lets a requester free the
+// that implements it (internal/conn.Acceptor does) lets a requester free the
 // holder's side of a connection it abandoned; it follows Acceptor's error
 // conventions.
 type Disconnector interface {
 	Disconnect(ctx context.Context, req *pegadv1.RdmaDisconnectRequest) (*pegadv1.RdmaDisconnectResponse, error)
 }
 
-// Windows binds a lock's memory windows (internal/conn.Manager with
+// Windows binds a lock's memory windows (internal/conn.Acceptor with
 // --memory-windows): over the segments of blocks, for the requester's
 // accepted connection. It returns the answer's windows, the handshake they
 // are bound on, and unbind, which invalidates them (the holder calls it

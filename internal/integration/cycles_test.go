@@ -58,11 +58,11 @@ func TestDaemonConnectInvalidateCycles(t *testing.T) {
 	if _, err := prefetch(ctx, r, peer, ns, []byte("absent")); err != nil {
 		t.Fatal(err)
 	}
-	c, err := r.d.Conns().Get(ctx, peer)
+	c, err := r.d.Dialer().Get(ctx, peer)
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.d.Conns().Invalidate(c, errors.New("test: baseline"))
+	r.d.Dialer().Invalidate(c, errors.New("test: baseline"))
 	eventually(t, "baseline without QPs", 10*time.Second, func() error {
 		if q := r.d.Conns().QPs(); q != 0 {
 			return fmt.Errorf("%d QPs", q)
@@ -106,12 +106,12 @@ func TestDaemonConnectInvalidateCycles(t *testing.T) {
 						}
 					}
 				}
-				c, err := r.d.Conns().Get(ctx, peer)
+				c, err := r.d.Dialer().Get(ctx, peer)
 				if err != nil {
 					errs <- fmt.Errorf("cycle %d: connect: %w", i, err)
 					return
 				}
-				r.d.Conns().Invalidate(c, errors.New("test: cycle"))
+				r.d.Dialer().Invalidate(c, errors.New("test: cycle"))
 			}
 		}()
 	}
@@ -135,10 +135,10 @@ func TestDaemonConnectInvalidateCycles(t *testing.T) {
 	if got, err := get(ctx, r, ns, b.hash); err != nil || !bytes.Equal(got, b.body) {
 		t.Fatalf("block after the cycles: %d bytes, %v", len(got), err)
 	}
-	if c, err := r.d.Conns().Get(ctx, peer); err != nil {
+	if c, err := r.d.Dialer().Get(ctx, peer); err != nil {
 		t.Fatal(err)
 	} else {
-		r.d.Conns().Invalidate(c, errors.New("test: done"))
+		r.d.Dialer().Invalidate(c, errors.New("test: done"))
 	}
 
 	eventually(t, "requester QPs and workers drained", 15*time.Second, func() error {

@@ -182,11 +182,11 @@ func TestQPCount(t *testing.T) {
 	}
 
 	for _, h := range holders {
-		c, err := r.d.Conns().Get(ctx, h.d.PeerAddr())
+		c, err := r.d.Dialer().Get(ctx, h.d.PeerAddr())
 		if err != nil {
 			t.Fatal(err)
 		}
-		r.d.Conns().Invalidate(c, errors.New("test: invalidate"))
+		r.d.Dialer().Invalidate(c, errors.New("test: invalidate"))
 	}
 	eventually(t, "requester QPs torn down", 10*time.Second, func() error {
 		m := r.cn.Scrape(t)

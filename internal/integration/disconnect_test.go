@@ -59,11 +59,11 @@ func TestHolderQPsReleased(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	c, err := r.d.Conns().Get(ctx, h.d.PeerAddr())
+	c, err := r.d.Dialer().Get(ctx, h.d.PeerAddr())
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.d.Conns().Invalidate(c, errors.New("test: invalidate"))
+	r.d.Dialer().Invalidate(c, errors.New("test: invalidate"))
 	eventually(t, "holder QPs released after the requester invalidated", 3*time.Second, holderQPs(0))
 	m := h.cn.Scrape(t)
 	if m[mDisconnectOK] != 1 {

@@ -22,7 +22,7 @@ func TestNICRailsPairDaemons(t *testing.T) {
 	hold, req := start(t, hcfg), start(t, rcfg)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := req.d.Conns().Get(ctx, hold.d.PeerAddr()); err != nil {
+	if _, err := req.d.Dialer().Get(ctx, hold.d.PeerAddr()); err != nil {
 		t.Fatal(err)
 	}
 	var paired []string

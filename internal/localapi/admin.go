@@ -28,7 +28,8 @@ type Locks interface {
 	LockedBlocks() int
 }
 
-// Conns is the connection manager as the admin API uses it (*conn.Manager).
+// Conns is the connections as the admin API lists them (conn.Listing: both
+// halves of internal/conn).
 type Conns interface {
 	List() []conn.ConnInfo
 	QPs() int

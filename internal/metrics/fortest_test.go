@@ -11,11 +11,9 @@ import (
 // TestNoProductionNewForTest: no production file makes metrics on a
 // private registry (NewForTest, or the *ForTest helpers that were here) as
 // a default: metrics are a required option, and private registries are
-// metricstest's, for tests. internal/conn/conn.go is the one caller left,
-// until its metrics are a required option too (fortest.go).
+// metricstest's, for tests.
 func TestNoProductionNewForTest(t *testing.T) {
 	root := filepath.Join("..", "..")
-	allowed := map[string]bool{filepath.Join("internal", "conn", "conn.go"): true}
 	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -33,9 +31,6 @@ func TestNoProductionNewForTest(t *testing.T) {
 		b, err := os.ReadFile(path)
 		if err != nil {
 			return err
-		}
-		if allowed[rel] || rel == filepath.Join("internal", "metrics", "fortest.go") {
-			return nil
 		}
 		for _, f := range []string{"NewForTest(", "NewTierForTest(", "NewClusterForTest(", "NewKVEventsForTest("} {
 			if strings.Contains(string(b), f) {

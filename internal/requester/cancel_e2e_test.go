@@ -28,7 +28,7 @@ func TestE2ECancelSparesOtherFetches(t *testing.T) {
 	defer cancel()
 	// Connect first, so both fetches share the connection and the delay
 	// slows only their READs.
-	if _, err := req.mgr.Get(ctx, h.addr); err != nil {
+	if _, err := req.conns.dial.Get(ctx, h.addr); err != nil {
 		t.Fatal(err)
 	}
 	for _, d := range h.devs {

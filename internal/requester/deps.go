@@ -19,7 +19,7 @@ type reader interface {
 	Read(ctx context.Context, ops []conn.ReadOp) error
 }
 
-// connector hands out connections: what a fetch needs of *conn.Manager.
+// connector hands out connections: what a fetch needs of *conn.Dialer.
 type connector interface {
 	Get(ctx context.Context, peer string) (reader, error)
 	Invalidate(r reader, reason error)
@@ -72,20 +72,20 @@ type nodeStore interface {
 	AllocStagingOn(node int, n uint64) (extent, error)
 }
 
-// managerConns adapts *conn.Manager.
-type managerConns struct{ m *conn.Manager }
+// dialerConns adapts *conn.Dialer.
+type dialerConns struct{ d *conn.Dialer }
 
-func (c managerConns) Get(ctx context.Context, peer string) (reader, error) {
-	ac, err := c.m.Get(ctx, peer)
+func (c dialerConns) Get(ctx context.Context, peer string) (reader, error) {
+	ac, err := c.d.Get(ctx, peer)
 	if err != nil {
 		return nil, err
 	}
 	return ac, nil // never a typed nil in the interface
 }
 
-func (c managerConns) Invalidate(r reader, reason error) {
+func (c dialerConns) Invalidate(r reader, reason error) {
 	if ac, ok := r.(*conn.AddrConnection); ok && ac != nil {
-		c.m.Invalidate(ac, reason)
+		c.d.Invalidate(ac, reason)
 	}
 }
 

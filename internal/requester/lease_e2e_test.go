@@ -39,7 +39,7 @@ func TestE2ERenewAgainstRealHolder(t *testing.T) {
 	// Connect first, so the delay slows only the fetch's READs.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := req.mgr.Get(ctx, h.addr); err != nil {
+	if _, err := req.conns.dial.Get(ctx, h.addr); err != nil {
 		t.Fatal(err)
 	}
 	// 16 READs over 2 QPs, each response held 200 ms by the holder's

@@ -93,7 +93,7 @@ type numaNode struct {
 	m      *metrics.Metrics
 	engine *requester.Engine
 	holder *holder.Service
-	mgr    *conn.Manager
+	conns  *e2eConns
 	addr   string
 }
 
@@ -127,27 +127,25 @@ func newNUMANode(t *testing.T, id, sysfs string, serve bool, log *readLog, windo
 	n.store = store.New(n.pool, n.m)
 	peers := peer.NewClientsWithOptions()
 	t.Cleanup(func() { _ = peers.Close() })
-	mgr, err := conn.NewManager(conn.Options{
+	cs := openConns(t, conn.NICOptions{
 		NodeID: id, Incarnation: id + "-inc", Transport: "verbs", Devices: devs,
-		Memory: n.pool.Bytes(), QPsPerPeer: 1, Dial: conn.Dialer(peers.Get), Placement: n.pool,
-		Metrics: n.m, Log: zerolog.Nop(), HandshakeTimeout: 5 * time.Second, MemoryWindows: len(windows) > 0 && windows[0],
-		IdleTimeout: 200 * time.Millisecond, // a holder reaps a requester 200 ms after its last session
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = mgr.Close() })
+		Memory: n.pool.Bytes(), Placement: n.pool,
+		Metrics: n.m, Log: zerolog.Nop(), MemoryWindows: len(windows) > 0 && windows[0],
+	}, conn.DialerOptions{QPsPerPeer: 1, Dial: peers.Get, HandshakeTimeout: 5 * time.Second},
+		conn.AcceptorOptions{
+			IdleTimeout: 200 * time.Millisecond, // a holder reaps a requester 200 ms after its last session
+		})
 	if serve {
-		ho := holder.Options{Store: n.store, Acceptor: mgr, Metrics: n.m, Log: zerolog.Nop(),
+		ho := holder.Options{Store: n.store, Acceptor: cs.acc, Metrics: n.m, Log: zerolog.Nop(),
 			NodeID: id, Incarnation: id + "-inc"}
-		if mgr.WindowsEnabled() {
-			ho.Windows = mgr
+		if cs.acc.WindowsEnabled() {
+			ho.Windows = cs.acc
 		}
 		if n.holder, err = holder.New(ho); err != nil {
 			t.Fatal(err)
 		}
-		mgr.SetRequesterActivity(n.holder.Locks())
-		n.mgr = mgr
+		cs.acc.SetRequesterActivity(n.holder.Locks())
+		n.conns = cs
 		h := n.holder
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
@@ -161,7 +159,7 @@ func newNUMANode(t *testing.T, id, sysfs string, serve bool, log *readLog, windo
 		t.Cleanup(func() { srv.Stop(); <-done })
 	}
 	n.engine, err = requester.New(requester.Options{NodeID: id, Incarnation: id + "-inc", Store: n.store,
-		Conns: mgr, Peers: peers.Get, Metrics: n.m, Log: zerolog.Nop()})
+		Conns: cs.dial, Peers: peers.Get, Metrics: n.m, Log: zerolog.Nop()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -308,7 +306,7 @@ func TestFetchThroughMemoryWindows(t *testing.T) {
 // holderConns counts the holder-side connections h accepted.
 func holderConns(h *numaNode) int {
 	n := 0
-	for _, c := range h.mgr.List() {
+	for _, c := range h.conns.acc.List() {
 		if c.Role == conn.RoleHolder {
 			n++
 		}

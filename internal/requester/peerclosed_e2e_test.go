@@ -26,7 +26,7 @@ func TestE2EHolderGoneMidRead(t *testing.T) {
 	putRandom(t, h, rand.New(rand.NewPCG(19, 5)), "ns", "a", []store.SlotSize{{KSize: 64 << 10, VSize: 64 << 10}})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := req.mgr.Get(ctx, h.addr); err != nil {
+	if _, err := req.conns.dial.Get(ctx, h.addr); err != nil {
 		t.Fatal(err)
 	}
 	// Responses are held long enough that a cut finds the READs in flight.

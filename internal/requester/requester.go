@@ -61,7 +61,7 @@ type Options struct {
 	NodeID      string
 	Incarnation string
 	Store       *store.Store
-	Conns       *conn.Manager
+	Conns       *conn.Dialer
 	Peers       PeerDialer
 	Metrics     *metrics.Metrics
 	Log         zerolog.Logger
@@ -238,7 +238,7 @@ func New(opts Options) (*Engine, error) {
 	if opts.Store == nil || opts.Conns == nil || opts.Peers == nil {
 		return nil, errors.New("requester: Store, Conns and Peers are required")
 	}
-	return newEngine(opts, storeAdapter{opts.Store}, managerConns{opts.Conns}, hooks{})
+	return newEngine(opts, storeAdapter{opts.Store}, dialerConns{opts.Conns}, hooks{})
 }
 
 // newEngine builds an engine over any store and connector (tests use fakes).

@@ -1,7 +1,7 @@
 package requester_test
 
 // End to end over the real stack: two in-process nodes, each with a real
-// pool, store and conn.Manager over the tcp provider; the holder serves
+// pool, store and conn (NIC set, Dialer, Acceptor) over the tcp provider; the holder serves
 // internal/holder on a real gRPC server on 127.0.0.1:0, and the requester
 // reaches it through internal/peer clients.
 
@@ -42,7 +42,7 @@ type e2eNode struct {
 	pool   *pool.Pool
 	store  *store.Store
 	m      *metrics.Metrics
-	mgr    *conn.Manager
+	conns  *e2eConns
 	peers  *peer.Clients
 	holder *holder.Service
 	addr   string // peer gRPC address (holder nodes)
@@ -112,20 +112,15 @@ func startE2ENode(t *testing.T, o e2eOptions) *e2eNode {
 	}
 	n.peers = peer.NewClientsWithOptions(grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64 * mib)))
 	t.Cleanup(func() { _ = n.peers.Close() })
-	n.mgr, err = conn.NewManager(conn.Options{
+	n.conns = openConns(t, conn.NICOptions{
 		NodeID: id, Incarnation: inc, Transport: "tcp", Devices: devs,
-		Memory: n.pool.Bytes(), QPsPerPeer: 2, Dial: conn.Dialer(n.peers.Get),
-		Metrics: n.m, Log: zerolog.Nop(), HandshakeTimeout: 5 * time.Second,
+		Memory: n.pool.Bytes(), Metrics: n.m, Log: zerolog.Nop(),
 		ConnectAttr: e2eConnectAttr(),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = n.mgr.Close() })
+	}, conn.DialerOptions{QPsPerPeer: 2, Dial: n.peers.Get, HandshakeTimeout: 5 * time.Second}, conn.AcceptorOptions{})
 
 	if o.serve {
 		n.holder, err = holder.New(holder.Options{
-			Store: n.store, Acceptor: n.mgr, Metrics: n.m, Log: zerolog.Nop(),
+			Store: n.store, Acceptor: n.conns.acc, Metrics: n.m, Log: zerolog.Nop(),
 			NodeID: id, Incarnation: inc, LockTimeout: o.lockTimeout,
 		})
 		if err != nil {
@@ -154,7 +149,7 @@ func startE2ENode(t *testing.T, o e2eOptions) *e2eNode {
 	}
 
 	n.engine, err = requester.New(requester.Options{
-		NodeID: id, Incarnation: inc, Store: n.store, Conns: n.mgr,
+		NodeID: id, Incarnation: inc, Store: n.store, Conns: n.conns.dial,
 		Peers: n.peers.Get, Metrics: n.m, Log: zerolog.Nop(),
 	})
 	if err != nil {

@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
+	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	"github.com/pegaflow/pegad/internal/conn"
+	"github.com/pegaflow/pegad/internal/ibv"
 	"github.com/pegaflow/pegad/internal/store"
 )
 
@@ -131,6 +134,81 @@ func (p *pipeline) startLease(g *lockGuard, w window) *trackedLease {
 	}}}
 }
 
+// startRenewer starts the goroutine that keeps the lock alive from the lock
+// on (reconnect, staging, read). It belongs to the fetch and exits when ctx
+// is done; the returned channel closes when it has. It renews every
+// lock_timeout/3 counted from lockedAt (the lease's own clock, not when the
+// read began) and cancels ctx (errTransferDeadline) when the lock's
+// deadline minus a safety margin passes without a renewal. A failed
+// renewal is counted (pegaflow_transfer_lock_renew_failures_total), logged
+// and retried at the next tick; the fetch goes on. A renewal that succeeds
+// confirms the blocks that landed before it was sent (the tracker in tr,
+// set once the window's plan is made: until then no block has landed); the
+// release's was_live confirms the rest.
+func (e *Engine) startRenewer(ctx context.Context, cancelRead context.CancelCauseFunc, g *lockGuard,
+	tr *atomic.Pointer[readTracker], lockedAt time.Time, lockTimeout time.Duration) <-chan struct{} {
+	done := make(chan struct{})
+	margin := min(5*time.Second, lockTimeout/10)
+	deadline := lockedAt.Add(lockTimeout - margin)
+	interval := max(lockTimeout/3, time.Millisecond)
+	go func() {
+		defer close(done)
+		dl := time.NewTimer(time.Until(deadline))
+		defer dl.Stop()
+		next := lockedAt.Add(interval)
+		tick := time.NewTimer(time.Until(next))
+		defer tick.Stop()
+		req := &pegadv1.RenewTransferLockRequest{SessionId: g.sid, Requester: e.requester()}
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-dl.C:
+				cancelRead(errTransferDeadline)
+				return
+			case <-tick.C:
+				// Behind schedule (slow renewals) it renews back to back;
+				// each RPC is bounded by interval.
+				next = next.Add(interval)
+				tick.Reset(time.Until(next))
+				sent := time.Now()
+				t := tr.Load()
+				var stamp uint64
+				if t != nil {
+					stamp = t.renewalSent()
+				}
+				rctx, cancel := context.WithTimeout(ctx, interval)
+				resp, err := g.client.RenewTransferLock(rctx, req)
+				cancel()
+				if err != nil {
+					if ctx.Err() != nil {
+						return
+					}
+					e.m.RenewFailures.Inc()
+					e.log.Warn().Err(err).Str("session", g.sid).Str("remote", g.st.peer).Str("req_id", g.st.reqID).
+						Msg("transfer lock renewal failed; the read goes on until the lock's deadline")
+					continue
+				}
+				// The lock was live when this renewal was sent: the blocks
+				// that landed before it are confirmed.
+				if t != nil {
+					t.confirm(stamp)
+				}
+				// Durations only: the holder's clock is not ours.
+				ext := lockTimeout
+				if ll := resp.GetLifetimeLeft(); ll != nil && ll.AsDuration() < ext {
+					ext = ll.AsDuration()
+				}
+				if nd := sent.Add(ext - margin); nd.After(deadline) {
+					deadline = nd
+					dl.Reset(time.Until(deadline))
+				}
+			}
+		}
+	}()
+	return done
+}
+
 // staging is the staging memory of one window, freed after its blocks are
 // indexed, or quarantined when a Read may still write into it.
 type staging struct {
@@ -161,6 +239,99 @@ func (s *staging) free() {
 		return
 	}
 	s.st.keep.extents(s.exts)
+}
+
+// stagingAlign aligns every segment placed in a staging extent.
+const stagingAlign = 64
+
+func alignUp(n uint64) uint64 { return (n + stagingAlign - 1) &^ (stagingAlign - 1) }
+
+// stage places the planned blocks, in plan order, in staging extents.
+// Blocks are grouped by the local NUMA node sp places them on (without sp:
+// by their remote NUMA node, staged anywhere); each extent is sized
+// min(bytes of that group still to place, maxChunk, the largest allocation
+// the pool can hold: one NUMA part) and never less than the block being
+// placed (lesson 5): large fetches bound eviction amplification, small
+// fetches work on small pools. A chunk the pool has no room for is asked
+// again the size of its first block, so a pool nearly full still takes
+// the blocks that fit. It stops at the first block it cannot place:
+// plan[:placed] are placed, and it returns every extent it allocated, also
+// on error.
+func (e *Engine) stage(plan []*planBlock, sp *conn.StagingPlan) (exts []extent, placed int, err error) {
+	ns, onNode := e.store.(nodeStore)
+	onNode = onNode && sp != nil
+	type group struct {
+		remaining, used uint64
+		cur             extent
+	}
+	groups := make(map[int]*group)
+	keyOf := make([]int, len(plan))
+	for i, b := range plan {
+		k := b.numa
+		if onNode {
+			k = sp.Place(b.numa, b.size)
+		}
+		keyOf[i] = k
+		if groups[k] == nil {
+			groups[k] = &group{}
+		}
+		groups[k].remaining += b.size
+	}
+	alloc := func(key int, n uint64) (extent, error) {
+		if onNode {
+			return ns.AllocStagingOn(key, n)
+		}
+		return e.store.AllocStaging(n)
+	}
+	// No allocation can exceed one part of a NUMA-split pool: a chunk
+	// larger than that fails although its blocks fit in smaller ones.
+	chunk := min(e.maxChunk, e.store.MaxStaging())
+	for i, b := range plan {
+		key, g := keyOf[i], groups[keyOf[i]]
+		if g.cur == nil || g.cur.Len()-g.used < b.size {
+			n := max(b.size, min(g.remaining, chunk))
+			x, aerr := alloc(key, n)
+			if aerr != nil && n > b.size && errors.Is(aerr, store.ErrNoSpace) {
+				x, aerr = alloc(key, b.size)
+			}
+			if aerr != nil {
+				return exts, i, fmt.Errorf("staging %d bytes (NUMA group %d): %w", n, key, aerr)
+			}
+			exts = append(exts, x)
+			g.cur, g.used = x, 0
+		}
+		b.ext = g.cur
+		for j := range b.layout {
+			b.layout[j].KOff += g.used
+			if b.layout[j].VLen > 0 {
+				b.layout[j].VOff += g.used
+			}
+		}
+		g.used += b.size
+		g.remaining -= b.size
+	}
+	return exts, len(plan), nil
+}
+
+// buildOps makes one READ per segment (K and V) of every planned block;
+// opBlock[i] is the plan index of the block op i reads. grant: the lock's
+// memory windows (nil: none).
+func buildOps(plan []*planBlock, grant *conn.Grant) (ops []conn.ReadOp, opBlock []int) {
+	for pi, b := range plan {
+		base := b.ext.Addr()
+		for j, s := range b.loc.GetSlots() {
+			l := b.layout[j]
+			k := s.GetK()
+			ops = append(ops, conn.ReadOp{LocalAddr: base + l.KOff, RemoteAddr: k.GetAddr(), Len: l.KLen, NUMA: int(k.GetNumaNode()), Grant: grant})
+			if v := s.GetV(); v != nil {
+				ops = append(ops, conn.ReadOp{LocalAddr: base + l.VOff, RemoteAddr: v.GetAddr(), Len: l.VLen, NUMA: int(v.GetNumaNode()), Grant: grant})
+			}
+		}
+		for len(opBlock) < len(ops) {
+			opBlock = append(opBlock, pi)
+		}
+	}
+	return ops, opBlock
 }
 
 // read stages plan and reads it, bounded by the lease; once it returns,
@@ -298,39 +469,24 @@ func (p *pipeline) readFailed(l *lease, plan []*planBlock, tr *readTracker, rerr
 	return ferr
 }
 
-// release ends a window that was read in full, and indexes its blocks
-// only when the release says the lock was live to the end (docs/lessons.md L10).
-func (p *pipeline) release(g *lockGuard, plan []*planBlock, tr *readTracker) error {
-	e, st := p.e, p.st
-	e.hook(p.ctx, st, PhaseRelease)
-	rresp, err := g.Release()
-	if err != nil {
-		// Only the blocks a renewal confirmed are known to be read under
-		// the live lock; the rest are dropped.
-		if reclaimedRelease(err) {
-			// A newer incarnation of this node reached the holder, which
-			// reclaimed our session at once: the read ran under a lock that
-			// may have ended (issue 5, fast reclaim).
-			ferr := &FetchError{Peer: st.peer, Phase: PhaseRelease,
-				Err: fmt.Errorf("%w (session %s reclaimed: holder saw a newer incarnation than %q: %w)",
-					ErrDiscarded, g.sid, e.opts.Incarnation, err)}
-			e.keepConfirmed(st, plan, tr, false, p.out, ferr)
-			return ferr
-		}
-		// Whether the lock held until the end of the read is unknown.
-		ferr := p.fail(PhaseRelease, err, ErrRemote)
-		e.keepConfirmed(st, plan, tr, false, p.out, ferr)
-		return ferr
+// innocent reports whether a read failed because its connection broke
+// under it (a batch flushed or never run), which a fresh connection need
+// not repeat: another fetch's cancel breaks the QPs it shares with us.
+func innocent(err error) bool {
+	if errors.Is(err, conn.ErrRailDown) {
+		return true // the NIC is out of placement now: a fresh connection avoids it
 	}
-	if !g.releasedLive(rresp) {
-		ferr := &FetchError{Peer: st.peer, Phase: PhaseRelease,
-			Err: fmt.Errorf("%w (session %s ended %s)", ErrDiscarded, g.sid, rresp.GetEnd())}
-		e.keepConfirmed(st, plan, tr, false, p.out, ferr)
-		return ferr
+	if !errors.Is(err, conn.ErrSessionInvalidated) && !errors.Is(err, conn.ErrConnectionBroken) {
+		return false
 	}
-	e.hook(p.ctx, st, PhaseIndex)
-	for _, b := range plan {
-		e.index(st, b, p.out)
+	// A WR of this read completed in error by itself (retry exceeded,
+	// remote access): the link or the peer failed, not a bystander's
+	// cancel. Retrying would only wait out the deadline on a dead path and
+	// turn a connection error into a deadline one. Flushed WRs are
+	// collateral and do qualify.
+	var se *ibv.StatusError
+	if errors.As(err, &se) && se.Status != ibv.WCWRFlushErr {
+		return false
 	}
-	return nil
+	return true
 }

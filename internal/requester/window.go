@@ -2,8 +2,11 @@ package requester
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"sort"
 	"strings"
 	"time"
 
@@ -196,6 +199,174 @@ func (p *pipeline) query(asked []int) window {
 	return w
 }
 
+// lock sends the query. The fetch waits for its answer only until ctx
+// ends (the caller's cancel or deadline); the RPC itself runs detached
+// from ctx, bounded by its own timeout and cut only by shutdown, because
+// a query the holder executed must not lose its answer: a session granted
+// after the fetch left is released by a guard here. The goroutine is
+// counted in e.wg, so Close waits for it.
+func (e *Engine) lock(ctx context.Context, st *fetchState, client pegadv1.PeerServiceClient,
+	req *pegadv1.QueryBlocksForTransferRequest) (*pegadv1.QueryBlocksForTransferResponse, error) {
+	type answer struct {
+		resp *pegadv1.QueryBlocksForTransferResponse
+		err  error
+	}
+	ans := make(chan answer) // unbuffered: either the fetch takes it or left is closed
+	left := make(chan struct{})
+	// Shutdown still cuts it: the holder reclaims what an old incarnation
+	// held when this daemon comes back.
+	qctx, qcancel := context.WithTimeout(context.WithoutCancel(ctx), e.lockRPCTimeout)
+	stopQ := context.AfterFunc(e.ctx, qcancel)
+	req.QueryId = newQueryID()
+	e.wg.Add(1) // inside a running Prefetch (counted): Close cannot be past Wait
+	go func() {
+		defer e.wg.Done()
+		resp, err := client.QueryBlocksForTransfer(qctx, req)
+		stopQ()
+		qcancel()
+		if err != nil && answerMayBeLost(err) {
+			e.releaseQuery(client, st, req.QueryId, err)
+		}
+		select {
+		case ans <- answer{resp, err}:
+		case <-left:
+			if sid := resp.GetSessionId(); err == nil && sid != "" {
+				e.newGuard(client, st, sid).Abort("fetch left before the lock was granted")
+			}
+		}
+	}()
+	select {
+	case a := <-ans:
+		return a.resp, a.err
+	case <-ctx.Done():
+		close(left)
+		return nil, errors.New("left before the holder answered the lock query")
+	}
+}
+
+// answerMayBeLost reports whether a lock query's error may hide a session
+// the holder granted: the RPC was cut (the connection broke after the
+// holder got it, or the wait for its answer ended), not refused by the
+// holder, whose refusals carry a pegad reason.
+func answerMayBeLost(err error) bool {
+	code, reason := pegaderr.FromStatus(err)
+	if reason != "" {
+		return false
+	}
+	switch code {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled, codes.Unknown, codes.Internal:
+		return true
+	}
+	return false
+}
+
+// releaseQuery releases, by its query id, a session the holder may have
+// granted to a query whose answer was lost (cause): otherwise it would pin
+// its blocks until the lock timeout. Best effort, bounded by the release
+// timeout and cut by shutdown; NOT_FOUND says there was none.
+func (e *Engine) releaseQuery(client pegadv1.PeerServiceClient, st *fetchState, query uint64, cause error) {
+	ctx, cancel := context.WithTimeout(e.ctx, e.releaseTimeout)
+	defer cancel()
+	if rerr := e.channelReady(ctx, client); rerr != nil {
+		e.log.Info().Err(cause).AnErr("reconnect", rerr).Str("req_id", st.reqID).Str("remote", st.peer).
+			Msg("lock query's answer lost; peer not back to release its session by query id, the lock timeout will")
+		return
+	}
+	resp, err := client.ReleaseTransferLock(ctx, &pegadv1.ReleaseTransferLockRequest{
+		QueryId: query, RequesterId: e.opts.NodeID, Requester: e.requester(),
+	})
+	if code, _ := pegaderr.FromStatus(err); err != nil && code == codes.NotFound {
+		return // the holder granted nothing
+	}
+	e.log.Info().Err(cause).AnErr("release", err).Bool("released", resp.GetWasLive()).Str("req_id", st.reqID).
+		Str("remote", st.peer).Msg("lock query's answer lost; its session released by query id")
+}
+
+// newQueryID is a random lock-query id, never 0.
+func newQueryID() uint64 {
+	var b [8]byte
+	for {
+		_, _ = rand.Read(b[:])
+		if id := binary.LittleEndian.Uint64(b[:]); id != 0 {
+			return id
+		}
+	}
+}
+
+// planBlock is one found block: where it lives on the holder and where it
+// is staged here.
+type planBlock struct {
+	idx    int // index into the fetch's keys
+	key    store.Key
+	loc    *pegadv1.BlockLocation
+	numa   int    // remote NUMA node of its first segment
+	size   uint64 // bytes it takes in staging (segments aligned)
+	bytes  uint64 // payload bytes
+	ext    extent
+	layout []store.SlotLayout
+}
+
+// plan checks the holder's answer to a query for the keys at asked and
+// lays out the found blocks; blocks neither found nor deferred to a later
+// window are marked missing in out.
+func (e *Engine) plan(keys []store.Key, asked []int, resp *pegadv1.QueryBlocksForTransferResponse, out *fetchOut) ([]*planBlock, error) {
+	idx := make(map[string]int, len(asked))
+	for _, i := range asked {
+		idx[keys[i].Hash] = i
+	}
+	seen := make(map[int]bool, len(resp.GetBlocks()))
+	plan := make([]*planBlock, 0, len(resp.GetBlocks()))
+	for _, loc := range resp.GetBlocks() {
+		i, ok := idx[string(loc.GetHash())]
+		if !ok || seen[i] {
+			return nil, fmt.Errorf("holder returned unrequested or duplicate block %x", loc.GetHash())
+		}
+		seen[i] = true
+		b := &planBlock{idx: i, key: keys[i], loc: loc}
+		slots := loc.GetSlots()
+		if len(slots) == 0 || len(slots) > store.MaxSlots {
+			return nil, fmt.Errorf("block %x: %d slots", loc.GetHash(), len(slots))
+		}
+		b.numa = int(slots[0].GetK().GetNumaNode())
+		b.layout = make([]store.SlotLayout, len(slots))
+		for j, s := range slots {
+			k, v := s.GetK(), s.GetV()
+			if k.GetSize() == 0 || (v != nil && v.GetSize() == 0) {
+				return nil, fmt.Errorf("block %x slot %d: empty segment", loc.GetHash(), j)
+			}
+			if k.GetSize() > store.MaxBlockLen || v.GetSize() > store.MaxBlockLen {
+				return nil, fmt.Errorf("block %x slot %d: segment too large", loc.GetHash(), j)
+			}
+			// Offsets relative to the block's start; rebased in stage.
+			l := store.SlotLayout{KOff: b.size, KLen: k.GetSize()}
+			b.size += alignUp(k.GetSize())
+			b.bytes += k.GetSize()
+			if v != nil {
+				l.VOff, l.VLen = b.size, v.GetSize()
+				b.size += alignUp(v.GetSize())
+				b.bytes += v.GetSize()
+			}
+			b.layout[j] = l
+		}
+		if b.bytes > store.MaxBlockLen {
+			return nil, fmt.Errorf("block %x: %d bytes", loc.GetHash(), b.bytes)
+		}
+		plan = append(plan, b)
+	}
+	// Request order: staging keeps a prefix of it when the pool is short.
+	sort.Slice(plan, func(i, j int) bool { return plan[i].idx < plan[j].idx })
+	deferred := make(map[string]bool, len(resp.GetDeferred()))
+	for _, h := range resp.GetDeferred() {
+		deferred[string(h)] = true
+	}
+	for _, i := range asked {
+		if !seen[i] && !deferred[keys[i].Hash] {
+			out.status[i] = StatusMissingOnPeer
+		}
+	}
+	return plan, nil
+}
+
 // drop releases the session of a window the fetch will not read.
 func (p *pipeline) drop(w window) {
 	if w.err != nil || w.lease == nil {
@@ -228,3 +399,10 @@ func limitRefused(err error) bool {
 
 // errNoSession: the holder returned blocks but no session to release them.
 var errNoSession = errors.New("holder returned blocks without a session")
+
+func abortReason(ctx context.Context) string {
+	if ctx.Err() != nil {
+		return ctxErr(ctx).Error()
+	}
+	return "fetch left without releasing (panic)"
+}
