@@ -12,6 +12,12 @@ batch_set_v1) for every CPU host-pool layout but Ascend's.
 generic batch_get/batch_set calls while it still asks batch_exists, so the
 backend refuses to attach without it (ValueError naming the key).
 
+It owns how SGLang's host pages map to pegad blocks and namespaces, and
+refuses at registration what it cannot store whole. It must never raise a
+daemon failure into SGLang's storage threads (SGLang does not restart
+them: a failure is "not stored" / "not loaded", and SGLang recomputes), and
+never copy token by token in Python.
+
 Written against sgl-project/sglang python/sglang/srt/mem_cache/
 hicache_storage.py at commit 001067fffe33427bee0ed2f007fb7551a1d76b44 (the
 test stub pins the signatures); the host pools are pool_host/mha.py's
@@ -33,18 +39,26 @@ layout is part of the namespace, so engines with different layouts never
 read each other's bytes. page_first_kv_split (Ascend NPUs: the MLA latent
 and rope parts in two buffers) is refused by name.
 
-Namespaces (keys.rank_namespace): MHA: one per TP rank (each holds its
-heads); SGLang takes the minimum of batch_exists over the TP group itself.
-MLA: the latent is the same on every attention-TP rank, so it is stored once:
-the namespace has no TP rank ("@mla" for "@tp<r>"), the first rank of each attention-TP
-group saves it (the others answer True without writing) and every rank
-loads it. Under attention context parallel (attn_cp_size > 1) each CP rank
-holds its own slice of every page, so the CP rank is in the namespace
-("@cp<c>.tp<r>", "@cp<c>.mla") and the CP size in its digest.
+Namespaces (keys.rank_namespace), from SGLang's storage config (under
+attention DP its tp_rank/tp_size are the attention-TP ones; otherwise the
+global TP rank, laid out (dp, cp, tp), tp fastest): MHA: one per TP rank
+(each holds its heads); SGLang takes the minimum of batch_exists over the
+TP group itself. MLA: the latent is the same on every attention-TP rank, so
+it is stored once: the namespace has no TP rank ("@mla" for "@tp<r>"), the
+first rank of each attention-TP group saves it (the others answer True
+without writing) and every rank loads it; an MLA pool split for decode
+context parallel (dcp_size > 1, a slice of each page per rank) is refused.
+Under attention context parallel (attn_cp_size > 1) each CP rank holds its
+own slice of every page, so the CP rank is in the namespace ("@cp<c>.tp<r>",
+"@cp<c>.mla") and the CP size in its digest. The digest has the pool's
+dtype and the device pool's (SGLang stores fp8 e4m3 and e5m2 alike as
+uint8).
 
 Hybrid models (Mamba, SWA, DSA indexer, ... pools through
-register_mem_host_pool_v2) are refused there, at configuration time; the v2
-calls serve the KV pool alone (PoolName "kv"), through the v1 paths.
+register_mem_host_pool_v2 or in a HostPoolGroup) are refused there, at
+configuration time; the v2 calls serve the KV pool alone (PoolName "kv"),
+through the v1 paths. tp_lcm_size (pages split by head for engines of other
+TP sizes) is not done, and said so in the log.
 
 When pegad is stopped, batch_exists answers 0, gets and sets report False,
 and SGLang recomputes; the client is dialled again at most every "retry"
@@ -99,67 +113,52 @@ class PegadStorage(HiCacheStorage):
 
     def register_mem_pool_host(self, mem_pool_host):
         """The host pool the v1 calls read and write; fixes the namespace.
-        Raises ValueError for a pool it cannot serve."""
-        anchor = getattr(mem_pool_host, "anchor_entry", None)  # a HostPoolGroup: its KV pool
-        if anchor is not None:
-            mem_pool_host = anchor.host_pool
+        Raises ValueError for a pool it cannot serve, naming why."""
         c = self.config
-        layout = mem_pool_host.layout
         mla = bool(getattr(c, "is_mla_model", False))
-        if layout == "page_first_kv_split":
-            raise ValueError("pegad.sglang does not serve the page_first_kv_split host layout (SGLang's Ascend "
-                             "NPU MLA pool, latent and rope in two buffers): use --hicache-mem-layout "
-                             f"{' or '.join(MLA_LAYOUTS)}")
-        supported = MLA_LAYOUTS if mla else LAYOUTS
-        if layout not in supported:
-            raise ValueError(f"pegad.sglang serves the {', '.join(supported)} layouts"
-                             f"{' of an MLA pool' if mla else ''}, not {layout!r}")
-        if isinstance(mem_pool_host.kv_buffer, (tuple, list)):
-            raise ValueError("pegad.sglang does not serve host pools with K and V in separate buffers "
-                             "(head_dim != v_head_dim)")
-        buf = _engine.as_numpy(mem_pool_host.kv_buffer)
-        page = int(mem_pool_host.page_size)
-        want = {("page_first", False): 5, ("layer_first", False): 5, ("page_first_direct", False): 6,
-                ("page_head", False): 6, ("page_first", True): 4, ("layer_first", True): 4,
-                ("page_first_direct", True): 5}[(layout, mla)]
-        ok = buf.ndim == want and buf.flags.c_contiguous and (mla or buf.shape[0] == 2)
-        if ok and layout in ("page_first_direct", "page_head"):  # a page axis of page_size slots
-            ok = buf.shape[2 if mla else 3] == page
-        if not ok:
-            raise ValueError(f"{'MLA' if mla else 'MHA'} host kv_buffer of shape {buf.shape} "
-                             f"({'C' if buf.flags.c_contiguous else 'not C'}-contiguous) is not SGLang's "
-                             f"{layout} pool of page size {page}")
-        self.mem_pool_host = mem_pool_host
-        self._buf, self._page, self._layout, self._mla = buf, page, layout, mla
+        pool = _kv_host_pool(mem_pool_host)
+        buf = _check_pool(pool, mla)
+        if getattr(c, "should_split_heads", False):
+            # tp_lcm_size asks a backend to store page_head pages split by head, so engines of other TP
+            # sizes share them; pegad keys by TP size instead, so they are cached, but per TP size.
+            log.warning("pegad.sglang: tp_lcm_size is set, but blocks are shared only between engines of "
+                        "the same TP size (%s); pages are not split by head", c.tp_size)
+        self.mem_pool_host = pool
+        self._buf, self._page, self._layout, self._mla = buf, int(pool.page_size), pool.layout, mla
         segs = self._page_views(0)
         self._shapes = [s.shape for s in segs]
         self._sizes = [s.size * buf.itemsize for s in segs]
-        # (layers, heads, head_dim) of the pool
+        self.namespace = self._namespace_for(pool, segs[0].shape)
+        self.saves = not mla or _saves_latent(c)
+
+    def _namespace_for(self, pool, seg_shape):
+        """This rank's namespace (keys.rank_namespace) of the pool's model
+        configuration; the module doc says which factors go in."""
+        c, mla, layout = self.config, self._mla, self._layout
         layers, heads, head_dim = {
             "page_first": lambda s: (s[1], s[2], s[3]),
             "layer_first": lambda s: (s[0], s[2], s[3]),
             "page_first_direct": lambda s: (s[0], s[2], s[3]),
             "page_head": lambda s: (s[2], s[0], s[3]),
-        }[layout](segs[0].shape)
-        tp_size, tp_rank = int(c.tp_size), int(c.tp_rank)
+        }[layout](seg_shape)
         cp_size = int(getattr(c, "attn_cp_size", 1) or 1)
         cp_rank = int(getattr(c, "attn_cp_rank", 0) or 0)
-        dp_size = int(getattr(c, "dp_size", 1) or 1)
         shape = dict(engine="sglang", layers=layers, heads=heads, head_dim=head_dim)
         if mla:
             shape["kv"] = "mla-latent"
         if cp_size > 1:
             shape["attn_cp_size"] = cp_size
-        # The pool's own dtype (torch's bf16 and fp16 both come from as_numpy as int16).
-        dtype = str(getattr(mem_pool_host.kv_buffer, "dtype", buf.dtype))
+        # The pool's storage dtype (torch's bf16 and fp16 both come from as_numpy as int16), and the
+        # cache's own: SGLang stores both fp8 formats as uint8 (KVCache.store_dtype), and e4m3 bytes
+        # read as e5m2 are wrong values. The two agree for every other dtype, so those digests are
+        # what they were before the cache dtype was taken from the device pool.
+        dtype = str(getattr(pool.kv_buffer, "dtype", self._buf.dtype))
+        cache_dtype = str(getattr(getattr(pool, "device_pool", None), "dtype", None) or dtype)
         base = self._extra_namespace or keys.model_namespace(
-            c.model_name or "model", dtype, layout, 1 if mla else tp_size, c.pp_size, dtype, page, **shape)
-        self.namespace = keys.rank_namespace(base, None if mla else tp_rank, c.pp_rank,
-                                             cp_rank if cp_size > 1 else None)
-        # MLA: tp_rank = (attn_dp_rank * cp_size + cp_rank) * attn_tp_size + attn_tp_rank; the
-        # first rank of each attention-TP group saves (SGLang's parallel state).
-        attn_tp = max(1, tp_size // max(1, dp_size * cp_size))
-        self.saves = not mla or tp_rank % attn_tp == 0
+            c.model_name or "model", dtype, layout, 1 if mla else c.tp_size, c.pp_size, cache_dtype, self._page,
+            **shape)
+        return keys.rank_namespace(base, None if mla else int(c.tp_rank), c.pp_rank,
+                                   cp_rank if cp_size > 1 else None)
 
     def register_mem_host_pool_v2(self, host_pool, host_pool_name):
         """The v2 registration: the KV pool is served as by
@@ -392,6 +391,77 @@ class PegadStorage(HiCacheStorage):
 
     def close(self):
         self.link.close()
+
+
+def _kv_host_pool(mem_pool_host):
+    """The KV pool of what SGLang registers: the pool itself, or a
+    HostPoolGroup's anchor. A group holding any other pool (a hybrid model's
+    Mamba, SWA or indexer state) is refused: pegad.sglang would store its
+    KV pages alone, and SGLang would load KV without the state it needs."""
+    anchor = getattr(mem_pool_host, "anchor_entry", None)
+    if anchor is None:
+        return mem_pool_host
+    others = [str(getattr(e.name, "value", e.name)) for e in getattr(mem_pool_host, "entries", [anchor])]
+    others = [n for n in others if n != KV_POOL]
+    if others:
+        raise ValueError(f"pegad.sglang stores the KV pool only, not the {', '.join(others)} pool(s) of this "
+                         "hybrid model: run it without --hicache-storage-backend, or with a backend that "
+                         "implements the v2 pools")
+    return anchor.host_pool
+
+
+_DIMS = {("page_first", False): 5, ("layer_first", False): 5, ("page_first_direct", False): 6,
+         ("page_head", False): 6, ("page_first", True): 4, ("layer_first", True): 4,
+         ("page_first_direct", True): 5}
+
+
+def _check_pool(pool, mla):
+    """The pool's kv_buffer as a numpy array, after checking it is SGLang's
+    pool of its layout (the module doc's table); ValueError otherwise."""
+    layout = pool.layout
+    if layout == "page_first_kv_split":
+        raise ValueError("pegad.sglang does not serve the page_first_kv_split host layout (SGLang's Ascend "
+                         "NPU MLA pool, latent and rope in two buffers): use --hicache-mem-layout "
+                         f"{' or '.join(MLA_LAYOUTS)}")
+    supported = MLA_LAYOUTS if mla else LAYOUTS
+    if layout not in supported:
+        raise ValueError(f"pegad.sglang serves the {', '.join(supported)} layouts"
+                         f"{' of an MLA pool' if mla else ''}, not {layout!r}")
+    if mla and int(getattr(pool, "dcp_size", 1) or 1) > 1:
+        # Decode context parallel splits each page's tokens over the ranks (the host pool holds
+        # page_size // dcp_size of them): the latent is then not the same on every rank, and
+        # storing it once would lose the other ranks' slices.
+        raise ValueError(f"pegad.sglang stores an MLA latent once for every rank; this pool is split for "
+                         f"decode context parallel (dcp_size {pool.dcp_size}), each rank holding its own "
+                         "slice of a page: run without --dcp-size or without --hicache-storage-backend")
+    if isinstance(pool.kv_buffer, (tuple, list)):
+        raise ValueError("pegad.sglang does not serve host pools with K and V in separate buffers "
+                         "(head_dim != v_head_dim)")
+    buf = _engine.as_numpy(pool.kv_buffer)
+    page = int(pool.page_size)
+    ok = buf.ndim == _DIMS[(layout, mla)] and buf.flags.c_contiguous and (mla or buf.shape[0] == 2)
+    if ok and layout in ("page_first_direct", "page_head"):  # a page axis of page_size slots
+        ok = buf.shape[2 if mla else 3] == page
+    if not ok:
+        raise ValueError(f"{'MLA' if mla else 'MHA'} host kv_buffer of shape {buf.shape} "
+                         f"({'C' if buf.flags.c_contiguous else 'not C'}-contiguous) is not SGLang's "
+                         f"{layout} pool of page size {page}")
+    return buf
+
+
+def _saves_latent(c):
+    """Whether this rank stores the MLA latent: the first rank of its
+    attention-TP group (the others hold the same latent). SGLang's
+    storage config (cache_controller._generate_storage_config) carries the
+    attention-TP rank and size under attention DP (dp_size > 1), and the
+    global TP rank otherwise, laid out (dp, cp, tp) with tp fastest
+    (dp_attention.compute_dp_attention_world_info). A rank that guesses
+    wrong only stores a latent twice (the second alloc finds it there)."""
+    tp_size, tp_rank = int(c.tp_size), int(c.tp_rank)
+    dp_size = int(getattr(c, "dp_size", 1) or 1)
+    cp_size = int(getattr(c, "attn_cp_size", 1) or 1)
+    attn_tp = tp_size if dp_size > 1 else max(1, tp_size // cp_size)
+    return tp_rank % attn_tp == 0
 
 
 def _key(k):

@@ -119,12 +119,29 @@ def test_sglang_mla_latent_stored_once_at_tp2(daemon, ns, layout):
 
 
 def test_sglang_mla_attention_dp_groups_each_save(daemon, ns):
-    """tp 4 as attention DP 2 x attention TP 2: ranks 0 and 2 save."""
+    """tp 4 as attention DP 2 x attention TP 2. SGLang's storage config then
+    carries the attention-TP rank and size (tp_rank 0-1 of tp_size 2) beside
+    dp_rank and dp_size: each DP group's first rank saves, the other not."""
+    saves = []
+    for dp in (0, 1):
+        for r in (0, 1):
+            s, _ = storage(daemon.socket, "page_first", None, pool=HostPool("page_first", mla=True), tp_size=2,
+                           tp_rank=r, dp_rank=dp, dp_size=2, is_mla_model=True, model_name="mla-dp-" + ns)
+            saves.append(s.saves)
+            s.close()
+    assert saves == [True, False, True, False]
+
+
+def test_sglang_mla_cp_groups_each_save(daemon, ns):
+    """tp 4 with attention CP 2 and no attention DP: the config's tp_rank is
+    the global one, laid out (cp, tp): ranks 0 and 2 (each CP rank's first
+    attention-TP rank) save."""
     saves = []
     for r in range(4):
         s, _ = storage(daemon.socket, "page_first", None, pool=HostPool("page_first", mla=True), tp_size=4,
-                       tp_rank=r, dp_size=2, is_mla_model=True, model_name="mla-dp-" + ns)
+                       tp_rank=r, attn_cp_size=2, attn_cp_rank=r // 2, is_mla_model=True, model_name="mla-cp-" + ns)
         saves.append(s.saves)
+        s.close()
     assert saves == [True, False, True, False]
 
 

@@ -79,7 +79,9 @@ import os  # noqa: E402
 import re  # noqa: E402
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
-_CONST = re.compile(r"^\s*(?:const\s+)?([A-Z][A-Za-z0-9]*)\s*(?:[a-z0-9]+\s*)?=\s*([^/\n]+?)\s*(?://.*)?$")
+# "Name = expr", "Name int = expr" or "Name Op = expr" (a typed constant such
+# as localwire's opcodes and statuses), with an optional trailing comment.
+_CONST = re.compile(r"^\s*(?:const\s+)?([A-Z][A-Za-z0-9]*)\s*(?:[A-Za-z_][A-Za-z0-9_]*\s*)?=\s*([^/\n]+?)\s*(?://.*)?$")
 
 
 def go_consts(pkg_dir, pkg, known=None):
@@ -129,6 +131,7 @@ def test_go_const_parser():
     wire_go = go_consts("api/localwire", "localwire", got)
     assert wire_go["localwire.MaxFrame"] > wire_go["localwire.MaxMessage"] > 0  # "16 << 20" evaluated
     assert wire_go["localwire.MaxBatch"] == got["limits.MaxBlocksPerRequest"]  # resolved across packages
+    assert wire_go["localwire.OpHello"] == 1 and wire_go["localwire.StatusOK"] == 0  # typed constants
 
 
 def test_wire_limits_match_the_go_constants():
@@ -155,3 +158,26 @@ def test_wire_limits_match_the_go_constants():
         assert getattr(wire, py) == go[name], f"_wire.{py} = {getattr(wire, py)}, Go {name} = {go[name]}"
     assert go["localwire.MaxBatch"] == wire.MAX_BATCH and go["localwire.MaxNamespace"] == wire.MAX_NAMESPACE
     assert keys.MAX_NAMESPACE == go["limits.MaxNamespaceLen"]
+
+
+def _go_name(prefix, py):
+    """OP_LOOKUP_PIN -> OpLookupPin, ST_NO_LEASE -> StatusNoLease."""
+    return prefix + "".join(w.capitalize() for w in py.split("_")[1:]).replace("Ok", "OK")
+
+
+@pytest.mark.parametrize("py_prefix,go_prefix", [("OP_", "Op"), ("ST_", "Status")])
+def test_wire_codes_match_the_go_constants(py_prefix, go_prefix):
+    """Every opcode and status code of pegad/_wire.py is api/localwire's,
+    both ways: a code renumbered, added or dropped on either side fails
+    here, naming it."""
+    go = go_consts("api/localwire", "localwire", go_consts("api/limits", "limits"))
+    go_codes = {k.split(".", 1)[1]: v for k, v in go.items()
+                if re.fullmatch(rf"localwire\.{go_prefix}[A-Z][A-Za-z]*", k)}
+    py_codes = {_go_name(go_prefix, n): getattr(wire, n) for n in dir(wire)
+                if n.startswith(py_prefix) and isinstance(getattr(wire, n), int)}
+    assert len(go_codes) >= 10, go_codes  # the parser found the const blocks
+    assert py_codes == go_codes, (f"only in _wire.py: {sorted(set(py_codes) - set(go_codes))}, "
+                                  f"only in Go: {sorted(set(go_codes) - set(py_codes))}, differing: "
+                                  f"{sorted(k for k in set(py_codes) & set(go_codes) if py_codes[k] != go_codes[k])}")
+    if py_prefix == "OP_":
+        assert set(wire.OP_NAMES) == set(go_codes.values())
