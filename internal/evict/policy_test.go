@@ -14,7 +14,7 @@ func newFixedPrefix(w float64) *Prefix {
 }
 
 // order is Walk's order, by node ID.
-func order(p policy) []uint64 {
+func order(p Simulated) []uint64 {
 	var ids []uint64
 	p.Walk(func(n *Node) bool { ids = append(ids, n.ID); return true })
 	return ids
@@ -32,36 +32,36 @@ type op struct {
 func TestWalkOrder(t *testing.T) {
 	cases := []struct {
 		name   string
-		policy func() policy
+		policy func() Simulated
 		ops    []op
 		want   []uint64 // first victim first
 	}{
-		{"lru: oldest first", func() policy { return NewLRU() },
+		{"lru: oldest first", func() Simulated { return NewLRU() },
 			[]op{{insert: 1}, {insert: 2}, {insert: 3}}, []uint64{1, 2, 3}},
-		{"lru: access moves to the end", func() policy { return NewLRU() },
+		{"lru: access moves to the end", func() Simulated { return NewLRU() },
 			[]op{{insert: 1}, {insert: 2}, {insert: 3}, {access: []uint64{1, 0}}}, []uint64{2, 3, 1}},
-		{"lru: fetched first", func() policy { return NewLRU() },
+		{"lru: fetched first", func() Simulated { return NewLRU() },
 			[]op{{insert: 1}, {insert: 2}, {insert: 3, fetched: true}}, []uint64{3, 1, 2}},
-		{"lru: remove", func() policy { return NewLRU() },
+		{"lru: remove", func() Simulated { return NewLRU() },
 			[]op{{insert: 1}, {insert: 2}, {insert: 3}, {remove: 2}}, []uint64{1, 3}},
-		{"prefix: chain tail first", func() policy { return newFixedPrefix(0) },
+		{"prefix: chain tail first", func() Simulated { return newFixedPrefix(0) },
 			[]op{{insert: 1}, {insert: 2, parent: 1}, {insert: 3, parent: 2}}, []uint64{3, 2, 1}},
-		{"prefix: chain accessed stays tail first", func() policy { return newFixedPrefix(0) },
+		{"prefix: chain accessed stays tail first", func() Simulated { return newFixedPrefix(0) },
 			[]op{{insert: 1}, {insert: 2, parent: 1}, {insert: 3, parent: 2}, {insert: 9}, {access: []uint64{1, 2, 3}}},
 			[]uint64{9, 3, 2, 1}},
-		{"prefix: a parent ranks above its newest child", func() policy { return newFixedPrefix(0) },
+		{"prefix: a parent ranks above its newest child", func() Simulated { return newFixedPrefix(0) },
 			[]op{{insert: 1}, {insert: 9}, {insert: 2, parent: 1}}, []uint64{9, 2, 1}},
-		{"prefix: fetched first, even newest", func() policy { return newFixedPrefix(0) },
+		{"prefix: fetched first, even newest", func() Simulated { return newFixedPrefix(0) },
 			[]op{{insert: 1}, {insert: 2}, {insert: 3, fetched: true}}, []uint64{3, 1, 2}},
-		{"prefix: fetched parent of an own child is kept with it", func() policy { return newFixedPrefix(0) },
+		{"prefix: fetched parent of an own child is kept with it", func() Simulated { return newFixedPrefix(0) },
 			[]op{{insert: 1, fetched: true}, {insert: 5, fetched: true}, {insert: 2, parent: 1}}, []uint64{5, 2, 1}},
-		{"prefix: frequent block outlives newer ones", func() policy { return newFixedPrefix(10) },
+		{"prefix: frequent block outlives newer ones", func() Simulated { return newFixedPrefix(10) },
 			[]op{{insert: 1}, {access: []uint64{1}}, {access: []uint64{1}}, {access: []uint64{1}}, {insert: 2}, {insert: 3}},
 			[]uint64{2, 3, 1}},
-		{"prefix: weight 0 is recency alone", func() policy { return newFixedPrefix(0) },
+		{"prefix: weight 0 is recency alone", func() Simulated { return newFixedPrefix(0) },
 			[]op{{insert: 1}, {access: []uint64{1}}, {access: []uint64{1}}, {access: []uint64{1}}, {insert: 2}, {insert: 3}},
 			[]uint64{1, 2, 3}},
-		{"prefix: removed parent leaves its child alone", func() policy { return newFixedPrefix(0) },
+		{"prefix: removed parent leaves its child alone", func() Simulated { return newFixedPrefix(0) },
 			[]op{{insert: 1}, {insert: 2, parent: 1}, {remove: 1}, {insert: 3}}, []uint64{2, 3}},
 	}
 	for _, c := range cases {

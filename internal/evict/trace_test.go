@@ -6,66 +6,11 @@ import (
 	"github.com/pegaflow/pegad/internal/replay"
 )
 
-// policy is what the store asks of a policy (store.Policy, restated here:
-// store imports this package).
-type policy interface {
-	Insert(n, parent *Node, fetched bool)
-	Access(chain []*Node, ids []uint64)
-	Remove(n *Node)
-	Walk(yield func(*Node) bool)
-	Len() int
-}
-
-// simulate replays reqs as the daemon sees them (internal/replay.Drive):
-// each request looks its chain up (Access), counts its longest cached
-// prefix, then inserts the blocks after it that are missing, evicting the
-// policy's first victim while capacity blocks are held.
-func simulate(t testing.TB, reqs []replay.Request, capacity int, p policy) replay.Ratio {
+// simulate is Simulate over a trace's requests.
+func simulate(t testing.TB, reqs []replay.Request, capacity int, p Simulated) replay.Ratio {
 	t.Helper()
-	var r replay.Ratio
-	at := make(map[uint64]*Node)
-	for _, req := range reqs {
-		chain := make([]*Node, len(req.HashIDs))
-		hit := -1
-		for i, h := range req.HashIDs {
-			chain[i] = at[h]
-			if chain[i] == nil && hit < 0 {
-				hit = i
-			}
-		}
-		if hit < 0 {
-			hit = len(chain)
-		}
-		r.Hits += uint64(hit)
-		r.Accesses += uint64(len(chain))
-		p.Access(chain, req.HashIDs)
-		// The daemon allocates the request's missing blocks in one batch
-		// (AllocBatch), evicting for each, and indexes them all at commit:
-		// all the evictions come before any insert.
-		var put []int
-		for i := hit; i < len(chain); i++ {
-			if at[req.HashIDs[i]] == nil {
-				put = append(put, i)
-			}
-		}
-		for p.Len() > 0 && p.Len()+len(put) > capacity {
-			var v *Node
-			p.Walk(func(n *Node) bool { v = n; return false })
-			p.Remove(v)
-			delete(at, v.ID)
-		}
-		for _, i := range put[max(0, len(put)-capacity):] {
-			h := req.HashIDs[i]
-			n := &Node{ID: h}
-			var parent *Node
-			if i > 0 {
-				parent = at[req.HashIDs[i-1]]
-			}
-			p.Insert(n, parent, false)
-			at[h] = n
-		}
-	}
-	return r
+	hits, accesses := Simulate(replay.Chains(reqs), capacity, p)
+	return replay.Ratio{Hits: hits, Accesses: accesses}
 }
 
 func loadTrace(t testing.TB, name string) []replay.Request {

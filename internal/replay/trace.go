@@ -103,3 +103,13 @@ func Stats(reqs []Request) (accesses, unique int) {
 	}
 	return accesses, len(seen)
 }
+
+// Chains is each request's block ids, in trace order: what a simulator
+// of a pegad policy (evict.Simulate) replays.
+func Chains(reqs []Request) [][]uint64 {
+	out := make([][]uint64, len(reqs))
+	for i, r := range reqs {
+		out[i] = r.HashIDs
+	}
+	return out
+}

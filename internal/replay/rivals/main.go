@@ -56,61 +56,8 @@ func main() {
 	_ = json.NewEncoder(os.Stdout).Encode(out)
 }
 
-type policy interface {
-	Insert(n, parent *evict.Node, fetched bool)
-	Access(chain []*evict.Node, ids []uint64)
-	Remove(n *evict.Node)
-	Walk(yield func(*evict.Node) bool)
-	Len() int
-}
-
-// simulate replays reqs as the daemon sees them (replay.Drive): a
-// request looks its chain up, its longest held prefix counts, and the
-// missing blocks after it are put, evicting the policy's first victim
-// while capacity blocks are held.
-func simulate(reqs []replay.Request, capacity int, p policy) replay.Ratio {
-	var r replay.Ratio
-	at := make(map[uint64]*evict.Node)
-	for _, req := range reqs {
-		chain := make([]*evict.Node, len(req.HashIDs))
-		hit := -1
-		for i, h := range req.HashIDs {
-			chain[i] = at[h]
-			if chain[i] == nil && hit < 0 {
-				hit = i
-			}
-		}
-		if hit < 0 {
-			hit = len(chain)
-		}
-		r.Hits += uint64(hit)
-		r.Accesses += uint64(len(chain))
-		p.Access(chain, req.HashIDs)
-		// The daemon allocates the request's missing blocks in one batch
-		// (AllocBatch), evicting for each, and indexes them all at commit:
-		// all the evictions come before any insert.
-		var put []int
-		for i := hit; i < len(chain); i++ {
-			if at[req.HashIDs[i]] == nil {
-				put = append(put, i)
-			}
-		}
-		for p.Len() > 0 && p.Len()+len(put) > capacity {
-			var v *evict.Node
-			p.Walk(func(n *evict.Node) bool { v = n; return false })
-			p.Remove(v)
-			delete(at, v.ID)
-		}
-		for _, i := range put[max(0, len(put)-capacity):] {
-			h := req.HashIDs[i]
-			n := &evict.Node{ID: h}
-			var parent *evict.Node
-			if i > 0 {
-				parent = at[req.HashIDs[i-1]]
-			}
-			p.Insert(n, parent, false)
-			at[h] = n
-		}
-	}
-	return r
+// simulate is evict.Simulate over a trace's requests.
+func simulate(reqs []replay.Request, capacity int, p evict.Simulated) replay.Ratio {
+	hits, accesses := evict.Simulate(replay.Chains(reqs), capacity, p)
+	return replay.Ratio{Hits: hits, Accesses: accesses}
 }
