@@ -33,6 +33,18 @@ def max_diff(got, ref):
 TOL = 1e-4  # float32 sums in another order; a wrong KV moves logits by ~1
 
 
+def fill_pool(socket, ns):
+    """Puts three pools' worth of 8 KiB filler blocks under ns-filler: every
+    block not pinned is evicted. Puts the pool refuses (what is left is
+    pinned) are expected."""
+    with pegad.Client(socket) as c:
+        for i in range(3 * c.pool_size // 8192):
+            try:
+                c.put(ns + "-filler", i.to_bytes(8, "big"), bytes(8192))
+            except pegad.PoolFull:
+                pass  # the pinned prefix is what is left
+
+
 def serve_pair(socket, seed, tp=1, extra=None, between=None, after_alloc=None, **engine):
     """A saves prompt; B serves prompt+suffix from another block table; the
     reference recomputes. Returns (B's logits, B's tokens, ref logits, ref
@@ -245,12 +257,7 @@ def test_scheduler_pin_survives_eviction_before_the_load(bins, ns):
     d = Daemon(bins, "py-pin", pool_size="1MiB")
     try:
         def fill(engine):
-            with pegad.Client(d.socket) as c:
-                for i in range(3 * c.pool_size // 8192):
-                    try:
-                        c.put(ns + "-filler", i.to_bytes(8, "big"), bytes(8192))
-                    except pegad.PoolFull:
-                        pass  # the pinned prefix is what is left
+            fill_pool(d.socket, ns)
         got, gen, want, want_gen, events = serve_pair(d.socket, 13, extra={"namespace": ns}, after_alloc=fill)
         assert ("loaded", 5) in events
         assert not any(e[0] == "load_errors" for e in events)

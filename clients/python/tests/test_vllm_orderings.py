@@ -12,7 +12,7 @@ import pytest
 import pegad
 from pegad import keys
 from harness import Daemon
-from test_vllm_engine import BS, TOL, max_diff, prompts, serve_pair
+from test_vllm_engine import BS, TOL, fill_pool, max_diff, prompts, serve_pair
 from tinyengine import Engine, RequestFailed, block_hashes
 
 
@@ -47,12 +47,7 @@ def test_fail_policy_prefix_survives_eviction_after_the_lookup(bins, ns):
     d = Daemon(bins, "py-fail", pool_size="1MiB")
     try:
         def fill(engine):
-            with pegad.Client(d.socket) as c:
-                for i in range(3 * c.pool_size // 8192):
-                    try:
-                        c.put(ns + "-filler", i.to_bytes(8, "big"), bytes(8192))
-                    except pegad.PoolFull:
-                        pass  # the pinned prefix is what is left
+            fill_pool(d.socket, ns)
         got, gen, want, want_gen, events = serve_pair(d.socket, 23, extra={"namespace": ns}, between=fill,
                                                       policy="fail")
         assert ("loaded", 5) in events and not any(e[0] == "load_errors" for e in events)
