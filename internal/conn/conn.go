@@ -74,6 +74,10 @@ var (
 	// rails or the peer: a fresh connection, without that NIC, can carry
 	// the READ again. Wraps the work completion's error.
 	ErrRailDown = errors.New("conn: the NIC's port went down under the read")
+	// ErrNoRail: a handshake's QPs could be connected on none of the
+	// local NICs, each failing for a fault of its rail (RailFaultError,
+	// one per rail tried, is in the chain). Wrapped in ErrConnectionBroken.
+	ErrNoRail = errors.New("conn: no rail connects to the peer")
 )
 
 // IsConnectionClass reports whether err means the connection it came from
@@ -153,6 +157,10 @@ const (
 	resultInvalid     = "invalid"
 	resultRejected    = "rejected"
 	resultUnreachable = "unreachable"
+	// resultRailFault: a requester's handshake whose QPs on one NIC could
+	// not be connected for a fault of its rail (it is made again without
+	// that NIC).
+	resultRailFault = "rail_fault"
 )
 
 func newHandshakeID() string {

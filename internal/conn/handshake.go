@@ -29,15 +29,44 @@ const (
 )
 
 // connect is the requester side of a handshake; it runs once per peer at
-// a time (singleflight) under the dialer's context. Its phases:
-// prepareHandshake (QPs in INIT on every NIC), exchange (the RPC),
-// validateResponse, connectQPs, publish, then the workers start.
-func (d *Dialer) connect(peer string) (_ *AddrConnection, err error) {
+// a time (singleflight) under the dialer's context. A handshake whose QPs
+// on one NIC could not be connected for a fault of that NIC's rail
+// (railFault) is made again, at once, without the NIC: one rail going
+// down must not fail the connection while another rail is usable, and
+// the port's own event may come after. Each attempt leaves out one more
+// NIC, so there are at most as many as NICs, each bounded by
+// HandshakeTimeout. Only when no rail connects does it fail, naming the
+// rails tried.
+func (d *Dialer) connect(peer string) (*AddrConnection, error) {
 	if err := d.begin(); err != nil {
 		return nil, err
 	}
 	defer d.handshake.Done()
 
+	var faults railFaults
+	skip := make(map[*localNIC]bool)
+	for {
+		c, err := d.attempt(peer, skip)
+		var rf *RailFaultError
+		if err == nil || !errors.As(err, &rf) {
+			return c, err
+		}
+		faults = append(faults, rf)
+		skip[rf.nic] = true
+		left := d.nics.upNICsBut(skip)
+		if len(left) == 0 {
+			return nil, fmt.Errorf("%w: handshake %s: %w: %w", ErrConnectionBroken, peer, ErrNoRail, faults)
+		}
+		d.log.Warn().Str("peer", peer).Str("nic", rf.NIC).Str("rail", rf.Rail).Bool("port_down", rf.PortDown).
+			Int("nics_left", len(left)).Msg("rdma handshake failed on one rail; handshaking again without it")
+	}
+}
+
+// attempt is one handshake over the NICs that are up, less skip. Its
+// phases: prepareHandshake (QPs in INIT on each NIC), exchange (the RPC),
+// validateResponse, connectQPs, publish, then the workers start. An error
+// wrapping *RailFaultError names the NIC to leave out of the next one.
+func (d *Dialer) attempt(peer string, skip map[*localNIC]bool) (_ *AddrConnection, err error) {
 	hsID := newHandshakeID()
 	log := d.log.With().Str("peer", peer).Str("session", hsID).Logger()
 	start := time.Now()
@@ -52,7 +81,7 @@ func (d *Dialer) connect(peer string) (_ *AddrConnection, err error) {
 		}
 	}()
 
-	req, prepared, err := d.prepareHandshake(peer, hsID)
+	req, prepared, err := d.prepareHandshake(peer, hsID, skip)
 	if err != nil {
 		return nil, err
 	}
@@ -93,6 +122,9 @@ func (d *Dialer) connect(peer string) (_ *AddrConnection, err error) {
 		log:          log,
 	}
 	if err := d.connectQPs(c, remote, prepared); err != nil {
+		if errors.As(err, new(*RailFaultError)) {
+			result = resultRailFault
+		}
 		return nil, err
 	}
 	old, err := d.publish(c)
@@ -118,10 +150,10 @@ func (d *Dialer) connect(peer string) (_ *AddrConnection, err error) {
 
 // prepareHandshake creates QPsPerPeer QPs (INIT) on every NIC whose port
 // is up (a NIC that is down would take READs that never complete; see
-// rail.go) and the request that offers them. On error it destroys what it
-// created.
-func (d *Dialer) prepareHandshake(peer, hsID string) (*pegadv1.RdmaHandshakeRequest, [][]*qpPair, error) {
-	nics := d.nics.upNICs()
+// rail.go), less those in skip, and the request that offers them. On
+// error it destroys what it created.
+func (d *Dialer) prepareHandshake(peer, hsID string, skip map[*localNIC]bool) (*pegadv1.RdmaHandshakeRequest, [][]*qpPair, error) {
+	nics := d.nics.upNICsBut(skip)
 	if len(nics) == 0 {
 		return nil, nil, fmt.Errorf("%w: handshake %s: %w", ErrConnectionBroken, peer, ErrNoActiveNIC)
 	}
@@ -185,7 +217,8 @@ func (d *Dialer) exchange(peer string, req *pegadv1.RdmaHandshakeRequest) (
 }
 
 // connectQPs connects each prepared QP to the holder's endpoint for it
-// (RTR, RTS) and adds the NICs and their sessions to c.
+// (RTR, RTS) and adds the NICs and their sessions to c. A connect that
+// failed for a fault of its NIC's rail returns a *RailFaultError.
 func (d *Dialer) connectQPs(c *AddrConnection, remote []remoteNIC, prepared [][]*qpPair) error {
 	for i, qs := range prepared {
 		n := qs[0].nic // QPsPerPeer >= 1
@@ -193,7 +226,11 @@ func (d *Dialer) connectQPs(c *AddrConnection, remote []remoteNIC, prepared [][]
 		attr := d.nics.connectAttr(n)
 		for q, p := range qs {
 			if err := p.qp.Connect(remote[i].endpoints[q], attr); err != nil {
-				return fmt.Errorf("%w: connect qp %d on %s to %s: %w", ErrConnectionBroken, p.qpn, n.info.Name, c.peer, err)
+				err = fmt.Errorf("connect qp %d on %s to %s: %w", p.qpn, n.info.Name, c.peer, err)
+				if rf := d.railFault(n, err); rf != nil {
+					return rf
+				}
+				return fmt.Errorf("%w: %w", ErrConnectionBroken, err)
 			}
 			cn.sessions = append(cn.sessions, newSession(p, d.met))
 		}

@@ -54,7 +54,7 @@ var (
 	FetchErrorClasses = []string{"connection", "local_resource", "remote", "deadline", "invalid", "authentication"}
 	ConnRoles         = []string{"requester", "holder"}
 	ConnStates        = []string{"connecting", "connected", "invalidated"}
-	HandshakeResults  = []string{"ok", "error", "invalid", "rejected", "unreachable"}
+	HandshakeResults  = []string{"ok", "error", "invalid", "rejected", "unreachable", "rail_fault"}
 	InvalidReasons    = []string{"manual", "shutdown", "deadline", "canceled", "completion_error",
 		"session_invalidated", "connection_broken", "peer_restarted", "remote_memory", "other"}
 	WCStatuses = []string{"success", "wr_flush_err", "rem_access_err", "loc_prot_err", "retry_exc_err",
