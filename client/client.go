@@ -400,6 +400,22 @@ func FromPeer(addr string) PrefetchOption {
 	return func(r *pegadv1.PrefetchRequest) { r.Peer = addr }
 }
 
+// WithHandoff names the producer's handoff the blocks were handed off
+// under (Handoff.Token on the peer's node): the holder ends that
+// handoff's pin of each block the prefetch reads. A token naming no live
+// handoff changes nothing.
+func WithHandoff(token string) PrefetchOption {
+	return func(r *pegadv1.PrefetchRequest) { r.HandoffToken = token }
+}
+
+// KnownPeerOnly makes the daemon refuse (ErrDenied, nothing fetched) a
+// FromPeer address that is neither a live node of the cluster index nor
+// checked by the peer port's mTLS against --peer-allow: for addresses
+// that come from untrusted input.
+func KnownPeerOnly() PrefetchOption {
+	return func(r *pegadv1.PrefetchRequest) { r.KnownPeerOnly = true }
+}
+
 // WithPrefetchTimeout bounds the fetch on the daemon's side.
 func WithPrefetchTimeout(d time.Duration) PrefetchOption {
 	return func(r *pegadv1.PrefetchRequest) { r.Timeout = durationpb.New(d) }

@@ -25,7 +25,8 @@ var (
 	ErrClosed      = errors.New("pegad: client closed")
 	ErrProtocol    = errors.New("pegad: protocol error")
 	ErrInternal    = errors.New("pegad: internal error")
-	// ErrDenied: a pin token of another user's pin (Adopt, Pin.Release).
+	// ErrDenied: a pin token of another user's pin (Adopt, Pin.Release),
+	// or a Prefetch with KnownPeerOnly whose peer is not a known node.
 	ErrDenied = errors.New("pegad: denied")
 	// ErrShortBuffer: Get's dst is smaller than the block (the returned
 	// count is the size needed).
@@ -99,7 +100,7 @@ var byReason = map[pegaderr.Reason]error{
 	pegaderr.Invalid: ErrInvalid, pegaderr.InvalidSessionID: ErrInvalid,
 	pegaderr.Draining: ErrUnavailable, pegaderr.Connection: ErrUnavailable, pegaderr.IndexUnavailable: ErrUnavailable,
 	pegaderr.Discarded: ErrAborted, pegaderr.Internal: ErrInternal,
-	pegaderr.IndexDisabled: ErrNoIndex,
+	pegaderr.IndexDisabled: ErrNoIndex, pegaderr.UnknownPeer: ErrDenied,
 }
 
 // fromStatus turns a gRPC error into one that also matches the typed

@@ -24,6 +24,7 @@ func TestFromStatusByReason(t *testing.T) {
 		{"no space", pegaderr.Status(codes.ResourceExhausted, pegaderr.NoSpace, "pool full").Err(), ErrPoolFull},
 		{"draining", pegaderr.Status(codes.Unavailable, pegaderr.Draining, "draining").Err(), ErrUnavailable},
 		{"ended session", pegaderr.Status(codes.NotFound, pegaderr.SessionEnded, "ended").Err(), ErrNotFound},
+		{"unknown peer", pegaderr.Status(codes.PermissionDenied, pegaderr.UnknownPeer, "peer x").Err(), ErrDenied},
 		{"code only", status.Error(codes.ResourceExhausted, "full"), ErrPoolFull},
 		{"reason unknown to this client", pegaderr.Status(codes.NotFound, "SOMETHING_NEW", "x").Err(), ErrNotFound},
 	}

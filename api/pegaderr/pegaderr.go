@@ -69,6 +69,10 @@ const (
 	// The cluster index.
 	IndexDisabled    Reason = "INDEX_DISABLED"    // started without --cluster-redis
 	IndexUnavailable Reason = "INDEX_UNAVAILABLE" // the index does not answer
+	// A prefetch with known_peer_only named a peer that is not a known
+	// node (not live in the cluster index, no --peer-allow to check it):
+	// nothing was sent to it.
+	UnknownPeer Reason = "UNKNOWN_PEER"
 )
 
 // Kind is one row of a server's table: an error that errors.Is Err

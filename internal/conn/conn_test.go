@@ -373,7 +373,7 @@ func TestWorkerExitsOnInvalidate(t *testing.T) {
 	}
 }
 
-// Lesson 9: after a deadline, Read returns only when no late READ can
+// Lesson 9 (docs/lessons.md L9): after a deadline, Read returns only when no late READ can
 // land; a sentinel written after it returns survives the late responses.
 // "async flush" models a real HCA (tcp Faults.AsyncFlush on the
 // requester's devices): ToError returns at once while responses in flight
@@ -539,7 +539,7 @@ func TestCompletionErrorBreaksConnection(t *testing.T) {
 	}
 }
 
-// Lesson 7: a bad address is not a connection-class error.
+// Lesson 7 (docs/lessons.md L7): a bad address is not a connection-class error.
 func TestInvalidOpsKeepConnection(t *testing.T) {
 	d := newDialers(t)
 	hold := newNode(t, d, nodeOpts{id: "holder", nics: 2, mem: 1 << 20})

@@ -29,7 +29,7 @@ func checkSentinel(t *testing.T, b []byte, v byte, what string) {
 	}
 }
 
-// Lesson 9 on the completion-error path: one NIC's READs fail at once
+// Lesson 9 (docs/lessons.md L9) on the completion-error path: one NIC's READs fail at once
 // (REM_ACCESS_ERR: its snapshot rkey is wrong) while the same Read's
 // batches on the other NIC are still waiting for delayed responses. Read
 // must move those QPs to ERROR and wait for their flush before it

@@ -12,7 +12,7 @@ import (
 	"time"
 )
 
-// Lesson 1, holder side: two requesters whose QPNs are identical (peers
+// Lesson 1 (docs/lessons.md L1), holder side: two requesters whose QPNs are identical (peers
 // booted from one image) connect to one holder at once. The holder keys
 // accepted connections by requester node id, so both live side by side:
 // no accept destroys the other's QPs, and concurrent READs from both
@@ -108,7 +108,7 @@ func TestTwoRequestersSameQPNs(t *testing.T) {
 	}
 }
 
-// Lesson 1, atomic invalidation: by the time a connection is marked
+// Lesson 1 (docs/lessons.md L1), atomic invalidation: by the time a connection is marked
 // invalid, the manager no longer hands it out. The hook runs inside
 // invalidate right after the mark, on every path that invalidates (an
 // explicit Invalidate, a failed Read, concurrent cycles, Close).

@@ -44,7 +44,7 @@ func getBoth(t *testing.T, a, b *node) (ca, cb *AddrConnection) {
 	return ca, cb
 }
 
-// Lesson 8: two nodes handshaking with each other at the same moment both
+// Lesson 8 (docs/lessons.md L8): two nodes handshaking with each other at the same moment both
 // end up connected, whatever the interleaving. The hooks force the orders
 // that luck rarely produces.
 func TestMutualHandshakeInterleavings(t *testing.T) {

@@ -22,7 +22,7 @@ import (
 // access only through the QP it was bound on (ibv_bind_mw(3)), a QP in
 // ERROR serves no READ, and the move flushes the binds it has not executed.
 // The connection the QP belongs to is invalidated (one removal from the
-// Acceptor's maps, then its QPs are destroyed: DESIGN lessons 1, 4, 9), so
+// Acceptor's maps, then its QPs are destroyed: docs/lessons.md L1, L4, L9), so
 // the requester handshakes afresh. Owed completions are awaited once more
 // after the flush; CQ slots are handed on only once none is owed. A window
 // whose dealloc failed stays on its NIC (retried when the NIC is

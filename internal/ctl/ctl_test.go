@@ -319,8 +319,39 @@ func TestSessionsList(t *testing.T) {
 	f.sessions = &pegadv1.ListSessionsResponse{}
 	f.mu.Unlock()
 	r = run(t, f, "sessions", "list", "-o", "json")
-	if !strings.Contains(r.stdout, `"sessions": []`) || !strings.Contains(r.stdout, `"fetches": []`) {
+	if !strings.Contains(r.stdout, `"sessions": []`) || !strings.Contains(r.stdout, `"fetches": []`) ||
+		!strings.Contains(r.stdout, `"handoffs": []`) {
 		t.Errorf("empty sessions JSON = %s", r.stdout)
+	}
+}
+
+// TestSessionsListHandoffs: P/D pulls show their handoff id, and the
+// handoffs pending here their blocks, age and ttl left.
+func TestSessionsListHandoffs(t *testing.T) {
+	f := startFake(t)
+	f.mu.Lock()
+	f.sessions = &pegadv1.ListSessionsResponse{
+		Sessions: []*pegadv1.HolderSession{{SessionId: "00112233445566778899aabbccddeeff", RequesterId: "decode-1",
+			Blocks: 2, HandoffId: "0123456789abcdef"}},
+		Fetches: []*pegadv1.Fetch{{ReqId: "req-9", Peer: "10.0.0.3:50055", HandoffId: "fedcba9876543210"}},
+		Handoffs: []*pegadv1.PendingHandoff{{Id: "0123456789abcdef", Namespace: "llama", Blocks: 1, BlocksTotal: 2,
+			Bytes: 4 << 20, Age: durpb.New(1500 * time.Millisecond), TtlLeft: durpb.New(28500 * time.Millisecond)}},
+	}
+	f.mu.Unlock()
+	r := run(t, f, "sessions", "list", "-o", "json")
+	var res sessionsResult
+	decodeJSON(t, r.stdout, &res)
+	wantH := handoffJSON{ID: "0123456789abcdef", Namespace: "llama", Blocks: 1, BlocksTotal: 2, Bytes: 4 << 20,
+		AgeSeconds: 1.5, TTLLeftSeconds: 28.5}
+	if r.code != 0 || res.Sessions[0].HandoffID != "0123456789abcdef" || res.Fetches[0].HandoffID != "fedcba9876543210" ||
+		len(res.Handoffs) != 1 || res.Handoffs[0] != wantH {
+		t.Fatalf("sessions list = %+v (%+v)", res, r)
+	}
+	r = run(t, f, "sessions", "list")
+	for _, s := range []string{"HANDOFF", "0123456789abcdef", "fedcba9876543210", "llama", "1 of 2", "28.5s"} {
+		if !strings.Contains(r.stdout, s) {
+			t.Errorf("table lacks %q:\n%s", s, r.stdout)
+		}
 	}
 }
 
@@ -372,12 +403,14 @@ func TestStatsAndVersion(t *testing.T) {
 	var st statsResult
 	decodeJSON(t, r.stdout, &st)
 	if r.code != 0 || st.PoolUsed != 16<<20 || st.PoolSize != 64<<20 || st.LockTimeouts != 2 || st.UptimeSeconds != 180.5 ||
-		st.NodeID != "node-a" || !st.PoolLocked || st.FetchBytes != 1<<30 || st.Lookups != 4 || st.LookupHits != 30 {
+		st.NodeID != "node-a" || !st.PoolLocked || st.FetchBytes != 1<<30 || st.Lookups != 4 || st.LookupHits != 30 ||
+		st.Recomputed != 6 || st.Ceiling != 0.9 {
 		t.Errorf("stats = %+v (%+v)", st, r)
 	}
 	r = run(t, f, "stats")
 	if !strings.Contains(r.stdout, "16.0 MiB (25.0%)") || !strings.Contains(r.stdout, "LOCK TIMEOUTS") ||
-		!strings.Contains(r.stdout, "LOOKUP HIT RATIO  75.0% (30 of 40 blocks)") {
+		!strings.Contains(r.stdout, "LOOKUP HIT RATIO  75.0% (30 of 40 blocks)") ||
+		!strings.Contains(r.stdout, "HIT CEILING       90.0% (6 recomputed blocks)") {
 		t.Errorf("stats table = %q", r.stdout)
 	}
 

@@ -112,7 +112,7 @@ func startFake(t *testing.T) *fakeDaemon {
 			Blocks: 5, PinnedBlocks: 1, SessionsActive: 1, LockedBlocks: 3, LockTimeouts: 2,
 			Evictions: 4, Qps: 4, Conns: 1, Uptime: durationpb.New(3*time.Minute + 500*time.Millisecond),
 			FetchesOk: 10, FetchesFailed: 1, FetchBytes: 1 << 30,
-			Lookups: 4, LookupHitBlocks: 30, LookupMissBlocks: 10,
+			Lookups: 4, LookupHitBlocks: 30, LookupMissBlocks: 10, RecomputedBlocks: 6,
 		},
 	}
 	lis, err := net.Listen("unix", f.socket)

@@ -25,6 +25,8 @@ func NewPrefetchCommand(g *globalFlags) *cobra.Command {
 	var (
 		peer      string
 		namespace string
+		handoff   string
+		knownPeer bool
 	)
 	cmd := &cobra.Command{
 		Use:   "prefetch [--peer HOST:PORT] --namespace NS HEX...",
@@ -69,8 +71,15 @@ func NewPrefetchCommand(g *globalFlags) *cobra.Command {
 					// the answer, not in the status trailer, which cannot
 					// carry thousands of them, and returns them beside the
 					// failure's error.
+					opts := []pegaclient.PrefetchOption{pegaclient.FromPeer(peer), pegaclient.WithPrefetchTimeout(g.timeout)}
+					if handoff != "" {
+						opts = append(opts, pegaclient.WithHandoff(handoff))
+					}
+					if knownPeer {
+						opts = append(opts, pegaclient.KnownPeerOnly())
+					}
 					var err error
-					res, err = c.Prefetch(ctx, namespace, hashes, pegaclient.FromPeer(peer), pegaclient.WithPrefetchTimeout(g.timeout))
+					res, err = c.Prefetch(ctx, namespace, hashes, opts...)
 					return err
 				})
 				return res, err
@@ -92,6 +101,8 @@ func NewPrefetchCommand(g *globalFlags) *cobra.Command {
 	}
 	cmd.Flags().StringVar(&peer, "peer", "", "peer pegad's gRPC address HOST:PORT (default: the holders the cluster index names)")
 	cmd.Flags().StringVar(&namespace, "namespace", "", "block namespace (required)")
+	cmd.Flags().StringVar(&handoff, "handoff", "", "token of the peer's P/D handoff of these blocks: the pull ends its pin of each block read")
+	cmd.Flags().BoolVar(&knownPeer, "known-peer-only", false, "refuse a --peer that is not a live node of the cluster index nor checked by --peer-allow (exit 5)")
 	return cmd
 }
 

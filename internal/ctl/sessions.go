@@ -30,7 +30,7 @@ func listSessions(ctx context.Context, c *pegaclient.Client, includeBlocks bool)
 			return nil, err
 		}
 		if res == nil {
-			res = page
+			res = page // fetches and pending handoffs come with the first page
 		} else {
 			res.Sessions = append(res.Sessions, page.GetSessions()...)
 		}
@@ -112,6 +112,8 @@ type sessionJSON struct {
 	AgeSeconds           float64 `json:"age_seconds"`
 	ExpiresInSeconds     float64 `json:"expires_in_seconds"`
 	Renewals             uint32  `json:"renewals"`
+	// HandoffID: the P/D handoff the session pulls ("" when none).
+	HandoffID string `json:"handoff_id"`
 }
 
 type fetchJSON struct {
@@ -123,15 +125,29 @@ type fetchJSON struct {
 	BytesDone  uint64  `json:"bytes_done"`
 	AgeSeconds float64 `json:"age_seconds"`
 	Phase      string  `json:"phase"`
+	HandoffID  string  `json:"handoff_id"`
+}
+
+// handoffJSON is a handoff pending on this node (blocks pinned for a
+// consumer's pull).
+type handoffJSON struct {
+	ID             string  `json:"id"`
+	Namespace      string  `json:"namespace"`
+	Blocks         uint32  `json:"blocks"`
+	BlocksTotal    uint32  `json:"blocks_total"`
+	Bytes          uint64  `json:"bytes"`
+	AgeSeconds     float64 `json:"age_seconds"`
+	TTLLeftSeconds float64 `json:"ttl_left_seconds"`
 }
 
 type sessionsResult struct {
 	Sessions []sessionJSON `json:"sessions"`
 	Fetches  []fetchJSON   `json:"fetches"`
+	Handoffs []handoffJSON `json:"handoffs"`
 }
 
 func sessionsOf(res *pegadv1.ListSessionsResponse) *sessionsResult {
-	out := &sessionsResult{Sessions: []sessionJSON{}, Fetches: []fetchJSON{}}
+	out := &sessionsResult{Sessions: []sessionJSON{}, Fetches: []fetchJSON{}, Handoffs: []handoffJSON{}}
 	for _, s := range res.GetSessions() {
 		out.Sessions = append(out.Sessions, sessionJSON{
 			SessionID:            s.GetSessionId(),
@@ -143,6 +159,7 @@ func sessionsOf(res *pegadv1.ListSessionsResponse) *sessionsResult {
 			AgeSeconds:           seconds(s.GetAge()),
 			ExpiresInSeconds:     seconds(s.GetExpiresIn()),
 			Renewals:             s.GetRenewals(),
+			HandoffID:            s.GetHandoffId(),
 		})
 	}
 	for _, f := range res.GetFetches() {
@@ -155,25 +172,39 @@ func sessionsOf(res *pegadv1.ListSessionsResponse) *sessionsResult {
 			BytesDone:  f.GetBytesDone(),
 			AgeSeconds: seconds(f.GetAge()),
 			Phase:      f.GetPhase(),
+			HandoffID:  f.GetHandoffId(),
+		})
+	}
+	for _, h := range res.GetHandoffs() {
+		out.Handoffs = append(out.Handoffs, handoffJSON{
+			ID: h.GetId(), Namespace: h.GetNamespace(), Blocks: h.GetBlocks(), BlocksTotal: h.GetBlocksTotal(),
+			Bytes: h.GetBytes(), AgeSeconds: seconds(h.GetAge()), TTLLeftSeconds: seconds(h.GetTtlLeft()),
 		})
 	}
 	return out
 }
 
 func (r *sessionsResult) writeTable(w io.Writer) error {
-	fmt.Fprintln(w, "SESSION\tREQUESTER\tBLOCKS\tBYTES\tAGE\tEXPIRES IN")
+	fmt.Fprintln(w, "SESSION\tREQUESTER\tBLOCKS\tBYTES\tAGE\tEXPIRES IN\tHANDOFF")
 	for _, s := range r.Sessions {
-		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\t%s\n", s.SessionID, dash(s.RequesterID), s.Blocks,
-			humanBytes(s.Bytes), humanSeconds(s.AgeSeconds), humanSeconds(s.ExpiresInSeconds))
+		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", s.SessionID, dash(s.RequesterID), s.Blocks,
+			humanBytes(s.Bytes), humanSeconds(s.AgeSeconds), humanSeconds(s.ExpiresInSeconds), dash(s.HandoffID))
 	}
-	if len(r.Fetches) == 0 {
-		return nil
+	if len(r.Fetches) > 0 {
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "FETCH\tPEER\tSESSION\tBLOCKS\tDONE\tAGE\tPHASE\tHANDOFF")
+		for _, f := range r.Fetches {
+			fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s of %s\t%s\t%s\t%s\n", f.ReqID, f.Peer, dash(f.SessionID), f.Blocks,
+				humanBytes(f.BytesDone), humanBytes(f.Bytes), humanSeconds(f.AgeSeconds), dash(f.Phase), dash(f.HandoffID))
+		}
 	}
-	fmt.Fprintln(w)
-	fmt.Fprintln(w, "FETCH\tPEER\tSESSION\tBLOCKS\tDONE\tAGE\tPHASE")
-	for _, f := range r.Fetches {
-		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s of %s\t%s\t%s\n", f.ReqID, f.Peer, dash(f.SessionID), f.Blocks,
-			humanBytes(f.BytesDone), humanBytes(f.Bytes), humanSeconds(f.AgeSeconds), dash(f.Phase))
+	if len(r.Handoffs) > 0 {
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "HANDOFF\tNAMESPACE\tBLOCKS\tBYTES\tAGE\tTTL LEFT")
+		for _, h := range r.Handoffs {
+			fmt.Fprintf(w, "%s\t%s\t%d of %d\t%s\t%s\t%s\n", h.ID, h.Namespace, h.Blocks, h.BlocksTotal,
+				humanBytes(h.Bytes), humanSeconds(h.AgeSeconds), humanSeconds(h.TTLLeftSeconds))
+		}
 	}
 	return nil
 }

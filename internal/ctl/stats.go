@@ -59,6 +59,10 @@ type statsResult struct {
 	Lookups        uint64  `json:"lookups"`
 	LookupHits     uint64  `json:"lookup_hit_blocks"`
 	LookupMisses   uint64  `json:"lookup_miss_blocks"`
+	// Recomputed: puts of blocks evicted before; Ceiling: (hits +
+	// Recomputed) / (hits + misses), 0 before the first lookup.
+	Recomputed uint64  `json:"recomputed_blocks"`
+	Ceiling    float64 `json:"hit_ratio_ceiling"`
 }
 
 func statsOf(s *pegadv1.StatsResponse) *statsResult {
@@ -88,7 +92,29 @@ func statsOf(s *pegadv1.StatsResponse) *statsResult {
 		Lookups:        s.GetLookups(),
 		LookupHits:     s.GetLookupHitBlocks(),
 		LookupMisses:   s.GetLookupMissBlocks(),
+		Recomputed:     s.GetRecomputedBlocks(),
+		Ceiling:        ceiling(s.GetLookupHitBlocks(), s.GetLookupMissBlocks(), s.GetRecomputedBlocks()),
 	}
+}
+
+// ceiling is the daemon's pegaflow_prefix_hit_ratio_ceiling over every
+// namespace (metrics.Ceiling, which pegactl must not import: TestDeps):
+// (hits + recomputed) / (hits + misses), capped at 1; 0 before the first
+// lookup.
+func ceiling(hits, misses, recomputed uint64) float64 {
+	if hits+misses == 0 {
+		return 0
+	}
+	return min(float64(hits+recomputed)/float64(hits+misses), 1)
+}
+
+// hitRatioCeiling is the ceiling with the recomputed count.
+func hitRatioCeiling(hits, misses, recomputed uint64) string {
+	c := ceiling(hits, misses, recomputed)
+	if hits+misses == 0 {
+		return "" // no lookup yet: a dash
+	}
+	return fmt.Sprintf("%.1f%% (%d recomputed blocks)", 100*c, recomputed)
 }
 
 // evictionPolicy names the policy; prefix with its climber's weight.
@@ -139,6 +165,7 @@ func (r *statsResult) writeTable(w io.Writer) error {
 		{"FETCH BYTES", humanBytes(r.FetchBytes)},
 		{"LOOKUPS", fmt.Sprint(r.Lookups)},
 		{"LOOKUP HIT RATIO", hitRatio(r.LookupHits, r.LookupMisses)},
+		{"HIT CEILING", hitRatioCeiling(r.LookupHits, r.LookupMisses, r.Recomputed)},
 	}
 	for _, kv := range rows {
 		if _, err := fmt.Fprintf(w, "%s\t%s\n", kv[0], dash(kv[1])); err != nil {

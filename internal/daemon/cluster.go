@@ -9,7 +9,6 @@ import (
 	"github.com/pegaflow/pegad/internal/clusterapi"
 	"github.com/pegaflow/pegad/internal/index"
 	"github.com/pegaflow/pegad/internal/index/redisindex"
-	"github.com/pegaflow/pegad/internal/localapi"
 	"github.com/pegaflow/pegad/internal/localdata"
 	"github.com/pegaflow/pegad/internal/metrics"
 	"github.com/pegaflow/pegad/internal/requester"
@@ -68,14 +67,19 @@ func (d *Daemon) clusterSelf() index.Node {
 	}
 }
 
-// fetcher is the prefetch engine the local API uses: a fetch without a
-// peer asks the cluster index (refused when standalone).
-func (d *Daemon) fetcher() localapi.Fetcher {
-	var loc requester.Locator
+// openFetcher makes the prefetch engine the local API uses: a fetch
+// without a peer asks the cluster index (refused when standalone), and a
+// known_peer_only fetch checks its peer against the index's live nodes,
+// or trusts the peer port's mTLS when an allow-list checks every holder
+// it dials.
+func (d *Daemon) openFetcher() (err error) {
+	o := requester.ClusterOptions{Self: d.cfg.NodeID, PD: d.pd,
+		PeersVerified: d.tls != nil && d.cfg.PeerAllow != ""}
 	if d.cluster.idx != nil {
-		loc = d.cluster.idx
+		o.Locator, o.Nodes = d.cluster.idx, d.cluster.idx
 	}
-	return requester.NewCluster(d.engine, requester.ClusterOptions{Locator: loc, Self: d.cfg.NodeID})
+	d.fetch, err = requester.NewCluster(d.engine, o)
+	return err
 }
 
 // locator is the index LOOKUP_CLUSTER asks; nil when standalone (a nil

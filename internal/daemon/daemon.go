@@ -29,6 +29,7 @@ import (
 	"github.com/pegaflow/pegad/internal/config"
 	"github.com/pegaflow/pegad/internal/conn"
 	"github.com/pegaflow/pegad/internal/evict"
+	"github.com/pegaflow/pegad/internal/handoff"
 	"github.com/pegaflow/pegad/internal/holder"
 	"github.com/pegaflow/pegad/internal/ibv/tcp"
 	"github.com/pegaflow/pegad/internal/kvevents"
@@ -107,6 +108,12 @@ type Daemon struct {
 	acceptor *conn.Acceptor
 	holder   *holder.Service
 	engine   *requester.Engine
+	// fetch is the engine as the local API uses it (cluster index,
+	// known-peer checks); handoffs the node's P/D handoffs and pd their
+	// metrics.
+	fetch    *requester.Cluster
+	handoffs *handoff.Table
+	pd       *metrics.PD
 	local    *localapi.Local // its Wait: no handler touches pool memory any more
 	// cluster: the cluster index client and publisher (cluster.go).
 	cluster cluster
@@ -125,7 +132,7 @@ type Daemon struct {
 	advertise               string
 	serving                 atomic.Bool // /healthz: true between READY and shutdown
 	ready                   bool        // Start completed; set before Start returns
-	// draining: shutdown began; new sessions, handshakes and prefetches
+	// draining: shutdown began; new sessions, handshakes, prefetches and handoffs
 	// are refused (drainInterceptor), granted work goes on.
 	draining atomic.Bool
 	// sweeps records the lock sweeper's ticks for the watchdog.
@@ -349,6 +356,12 @@ func (d *Daemon) openComponents(cfg *config.Config) (err error) {
 		return err
 	}
 	d.peers = peer.NewClientsWithOptions(d.peerClientOptions()...)
+	d.pd = metrics.NewPD(d.reg)
+	if d.handoffs, err = handoff.New(handoff.Options{
+		Store: d.store, Metrics: d.pd, Log: d.log.With().Str("component", "handoff").Logger(),
+	}); err != nil {
+		return err
+	}
 	if err := d.openConns(cfg); err != nil {
 		return fmt.Errorf("connections: %w", err)
 	}
@@ -369,6 +382,7 @@ func (d *Daemon) openComponents(cfg *config.Config) (err error) {
 
 		Limits:       d.holderLimits(),
 		Authenticate: d.authenticator(),
+		Handoffs:     d.handoffs,
 	})
 	if err != nil {
 		return err
@@ -394,13 +408,13 @@ func (d *Daemon) openComponents(cfg *config.Config) (err error) {
 	if err := d.openCluster(); err != nil {
 		return err
 	}
-	return nil
+	return d.openFetcher()
 }
 
 // Close shuts down in order (docs/operations.md "Shutdown"):
 //
 //  1. announce: health NOT_SERVING, /healthz 503 "draining", STOPPING=1;
-//     new sessions, handshakes and prefetches get UNAVAILABLE "draining";
+//     new sessions, handshakes, prefetches and handoffs get UNAVAILABLE "draining";
 //     the node leaves the cluster index, so requesters stop choosing it;
 //  2. drain until no fetch runs here and no peer holds a session here, or
 //     until shutdown-timeout (reads of granted sessions, releases and
@@ -524,6 +538,11 @@ func (d *Daemon) stopLocal(stopBy func() time.Duration) {
 	if d.data != nil {
 		// Ends every local lease: nothing may hold pool memory past here.
 		_ = d.data.Close()
+	}
+	if d.handoffs != nil {
+		if n := d.handoffs.Close(); n > 0 {
+			d.log.Info().Int("handoffs", n).Msg("Ended pending handoffs at shutdown")
+		}
 	}
 	d.wg.Wait()
 	if d.store != nil {

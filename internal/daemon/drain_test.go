@@ -171,6 +171,9 @@ func TestDrainHolderServesGrantedSession(t *testing.T) {
 	_, err := a.peer.QueryBlocksForTransfer(ctxT(t), &pegadv1.QueryBlocksForTransferRequest{
 		Namespace: "ns", Hashes: [][]byte{{1}}, Requester: &pegadv1.Requester{NodeId: "other", Incarnation: "i"}})
 	wantDraining(t, "new session", err)
+	// A handoff could not be pulled from a node refusing new sessions.
+	_, err = a.local.Handoff(ctxT(t), &pegadv1.HandoffRequest{Namespace: "ns", Hashes: [][]byte{{1}}})
+	wantDraining(t, "new handoff", err)
 	eventually(t, "drain log", 5*time.Second, func() bool {
 		return strings.Contains(a.logs.String(), "Draining: waiting for peers to release their sessions")
 	})

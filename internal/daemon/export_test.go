@@ -50,8 +50,10 @@ func SetVerbsProbe(t testing.TB, probe func() (bool, string)) {
 }
 
 // SweepsHolderAndData reports whether the daemon's one lease sweeper
-// expires exactly the holder's lock table and the data socket's leases.
+// expires exactly the holder's lock table, the data socket's leases and
+// the P/D handoffs.
 func (d *Daemon) SweepsHolderAndData() bool {
 	es, ok := d.sweeps.Expirer.(lease.Expirers)
-	return ok && len(es) == 2 && es[0] == lease.Expirer(d.holder.Locks()) && es[1] == lease.Expirer(d.data)
+	return ok && len(es) == 3 && es[0] == lease.Expirer(d.holder.Locks()) && es[1] == lease.Expirer(d.data) &&
+		es[2] == lease.Expirer(d.handoffs)
 }

@@ -64,10 +64,11 @@ func (s *sweepClock) ExpireBefore(now time.Time) int {
 }
 
 // startSweeper runs the daemon's one lease sweeper, every gc-interval,
-// over both lease tables: the holder's transfer locks and the data
-// socket's leases and unadopted pins. It stops with d.cancel (ctx).
+// over its lease tables: the holder's transfer locks, the data socket's
+// leases and unadopted pins, and the P/D handoffs. It stops with d.cancel
+// (ctx).
 func (d *Daemon) startSweeper(ctx context.Context) {
-	d.sweeps.Expirer = lease.Expirers{d.holder.Locks(), d.data}
+	d.sweeps.Expirer = lease.Expirers{d.holder.Locks(), d.data, d.handoffs}
 	d.sweeps.last.Store(time.Now().UnixNano())
 	d.wg.Add(1)
 	go func() {
@@ -186,7 +187,9 @@ func (d *Daemon) drainInterceptor() grpc.UnaryServerInterceptor {
 			switch info.FullMethod {
 			case pegadv1.PeerService_QueryBlocksForTransfer_FullMethodName,
 				pegadv1.PeerService_RdmaHandshake_FullMethodName,
-				pegadv1.LocalService_Prefetch_FullMethodName:
+				pegadv1.LocalService_Prefetch_FullMethodName,
+				// A handoff here could not be pulled: new sessions are refused.
+				pegadv1.LocalService_Handoff_FullMethodName:
 				return nil, errDraining
 			}
 		}

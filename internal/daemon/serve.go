@@ -34,6 +34,8 @@ func (d *Daemon) listen() error {
 	}
 	d.servePeer(srvMetrics)
 	engine := metrics.NewEngine(d.reg) // the data socket's lookups, shown by Stats too
+	// Puts of evicted blocks, beside the lookups: the hit-ratio ceiling.
+	d.store.OnRecomputed(engine.Recomputed)
 	d.serveLocal(srvMetrics, engine)
 	d.serveData(engine)
 	if d.bound.metrics != nil {
@@ -82,18 +84,22 @@ func (d *Daemon) serveLocal(srvMetrics *grpcprom.ServerMetrics, engine *metrics.
 		grpc.ChainStreamInterceptor(srvMetrics.StreamServerInterceptor(), streamRecovery(d.log)),
 	)
 	d.local = localapi.NewLocal(localapi.LocalOptions{
-		Store:   d.store,
-		Fetcher: d.fetcher(),
-		Log:     d.log.With().Str("component", "localapi").Logger(),
+		Store:     d.store,
+		Fetcher:   d.fetch,
+		Handoffs:  d.handoffs,
+		NodeID:    cfg.NodeID,
+		Advertise: d.advertise,
+		Log:       d.log.With().Str("component", "localapi").Logger(),
 	})
 	pegadv1.RegisterLocalServiceServer(d.localSrv, d.local)
 	pegadv1.RegisterAdminServiceServer(d.localSrv, localapi.NewAdmin(localapi.AdminOptions{
-		Engine:  engine,
-		Store:   d.store,
-		Locks:   d.holder.Locks(),
-		Conns:   d.connsListing(),
-		Fetcher: d.engine,
-		Metrics: d.metrics,
+		Engine:   engine,
+		Store:    d.store,
+		Locks:    d.holder.Locks(),
+		Conns:    d.connsListing(),
+		Fetcher:  d.engine,
+		Handoffs: d.handoffs,
+		Metrics:  d.metrics,
 		Node: localapi.NodeInfo{
 			NodeID: cfg.NodeID, Incarnation: d.incarnation, Transport: d.tr.name,
 			VerbsAvailable: d.tr.verbsAvailable, Started: d.started,

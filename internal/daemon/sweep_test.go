@@ -8,8 +8,8 @@ import (
 )
 
 // TestOneSweeperForBothLeaseTables: the daemon runs one lease sweeper, and
-// it sweeps both tables — the holder's transfer locks and the data
-// socket's leases — so an unreleased session ends at its lock timeout and
+// it sweeps every table — the holder's transfer locks, the data socket's
+// leases and the P/D handoffs — so an unreleased session ends at its lock timeout and
 // the watchdog sees the sweeper tick. Before, two sweepers ran and the
 // watchdog saw only the holder's.
 func TestOneSweeperForBothLeaseTables(t *testing.T) {
@@ -18,7 +18,7 @@ func TestOneSweeperForBothLeaseTables(t *testing.T) {
 	cfg.GCInterval = 20 * time.Millisecond
 	n := startNode(t, cfg)
 	if !n.d.SweepsHolderAndData() {
-		t.Fatal("the sweeper does not expire exactly the holder's locks and the data socket's leases")
+		t.Fatal("the sweeper does not expire exactly the holder's locks, the data socket's leases and the handoffs")
 	}
 	putBlock(t, n, "ns", []byte{7}, pattern(1000, 7), false)
 	q, err := n.peer.QueryBlocksForTransfer(ctxT(t), &pegadv1.QueryBlocksForTransferRequest{

@@ -21,7 +21,10 @@ type SessionInfo struct {
 	CreatedAt   time.Time
 	ExpiresAt   time.Time
 	Renewals    int
-	blocks      []*store.Block // immutable; for Locked
+	// Handoff is the token of the handoff the session pulls for ("":
+	// none); listings show only its id.
+	Handoff string
+	blocks  []*store.Block // immutable; for Locked
 }
 
 // Sessions snapshots the live sessions (not lapsed ones the sweeper has
@@ -89,11 +92,13 @@ func (t *LockTable) SessionsPage(cursor uint64, limit int) (page []SessionInfo, 
 
 // infoLocked is s's listing row; its shard's mu held.
 func (t *LockTable) infoLocked(s *session) SessionInfo {
-	return SessionInfo{
+	info := SessionInfo{
 		ID: s.id.String(), RequesterID: s.owner(), Incarnation: s.incarnation(),
 		Blocks: len(s.blocks), Bytes: s.bytes, CreatedAt: t.clock.At(s.created),
 		ExpiresAt: t.clock.At(s.deadline()), Renewals: int(s.lease.Renewals()), blocks: s.blocks,
 	}
+	info.Handoff = s.handoff()
+	return info
 }
 
 type pageRow struct {

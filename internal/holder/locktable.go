@@ -150,11 +150,23 @@ func (t *LockTable) shardOf(id sessionID) *shard {
 // atomically with the insert, so a session of an old incarnation can never
 // slip in after a reclaim.
 func (t *LockTable) open(owner, inc string, blocks []*store.Block, bytes uint64) (*session, error) {
-	return t.openQuery(owner, inc, 0, blocks, bytes, nil)
+	return t.openQuery(owner, inc, grant{blocks: blocks, bytes: bytes})
 }
 
-// openQuery is open for the query with the requester's id query (0: none).
-func (t *LockTable) openQuery(owner, inc string, query uint64, blocks []*store.Block, bytes uint64, unbind func() error) (*session, error) {
+// grant is what a query asks the table to hold: the pinned blocks and
+// their bytes, the requester's query id (0: none), the unbind of their
+// memory windows (nil: none) and the handoff the query named ("": none).
+type grant struct {
+	query   uint64
+	blocks  []*store.Block
+	bytes   uint64
+	unbind  func() error
+	handoff string
+}
+
+// openQuery is open for the query g.
+func (t *LockTable) openQuery(owner, inc string, g grant) (*session, error) {
+	blocks, bytes := g.blocks, g.bytes
 	now := t.clock.Now()
 	n := t.lockNode(owner, now)
 	prev := n.current
@@ -172,8 +184,11 @@ func (t *LockTable) openQuery(owner, inc string, query uint64, blocks []*store.B
 	}
 	created := t.clock.Stamp(now)
 	s := &session{
-		who: n.incarnationLocked(inc), blocks: blocks, bytes: bytes, query: query,
-		created: created, seq: t.openSeq.Add(1), unbind: unbind,
+		who: n.incarnationLocked(inc), blocks: blocks, bytes: bytes, query: g.query,
+		created: created, seq: t.openSeq.Add(1),
+	}
+	if g.unbind != nil || g.handoff != "" {
+		s.extra = &sessionExtra{unbind: g.unbind, handoff: g.handoff}
 	}
 	deadline := created + lease.Stamp(min(t.timeout, t.maxLifetime))
 	for {
@@ -225,8 +240,8 @@ func (t *LockTable) removeLocked(sh *shard, s *session, why EndReason) {
 // returns the blocks it unpinned.
 func (t *LockTable) finish(s *session) (unpinned int) {
 	quarantined := false
-	if s.unbind != nil {
-		if err := s.unbind(); err != nil { // else no READ through its windows from here on
+	if unbind := s.unbind(); unbind != nil {
+		if err := unbind(); err != nil { // else no READ through its windows from here on
 			t.quarantine(s.owner(), s.id.String(), s.blocks, s.bytes, err, true)
 			quarantined = true
 		}

@@ -89,7 +89,7 @@ func TestWindowsNotInvalidatedQuarantine(t *testing.T) {
 	}
 	t.Run("bytes stay counted", func(t *testing.T) {
 		e := newEnv(t, nil)
-		s, err := e.svc.locks.openQuery("r1", "i1", 0, e.pins.pins(2), 500, func() error { return liveErr{} })
+		s, err := e.svc.locks.openQuery("r1", "i1", grant{blocks: e.pins.pins(2), bytes: 500, unbind: func() error { return liveErr{} }})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/pegaflow/pegad/internal/lease"
 	"github.com/pegaflow/pegad/internal/metrics"
+	"github.com/pegaflow/pegad/internal/store"
 )
 
 // ReleaseResult is what a release did.
@@ -21,6 +22,10 @@ type ReleaseResult struct {
 	WasLive  bool      // this call ended a live session
 	End      EndReason // how the session ended (EndReleased when WasLive)
 	Age      time.Duration
+	// Handoff is the token the session's query named and Keys its blocks,
+	// when this call released it live ("" and nil otherwise).
+	Handoff string
+	Keys    []store.Key
 }
 
 // Release ends session id on behalf of its requester owner. A session
@@ -45,8 +50,15 @@ func (t *LockTable) Release(wireID, owner, inc string) (ReleaseResult, error) {
 		}
 		t.removeLocked(sh, s, EndReleased)
 		sh.mu.Unlock()
-		released := t.finish(s)
-		return ReleaseResult{Released: released, WasLive: true, End: EndReleased, Age: now.Sub(t.clock.At(s.created))}, nil
+		r := ReleaseResult{WasLive: true, End: EndReleased, Age: now.Sub(t.clock.At(s.created))}
+		if r.Handoff = s.handoff(); r.Handoff != "" {
+			r.Keys = make([]store.Key, len(s.blocks))
+			for i, b := range s.blocks { // keys before the unpin: a block may be freed by it
+				r.Keys[i] = b.Key()
+			}
+		}
+		r.Released = t.finish(s)
+		return r, nil
 	}
 	ts, ok := t.gone(sh, id, lapsed, now)
 	if !ok {

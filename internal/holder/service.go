@@ -83,6 +83,26 @@ type Pinner interface {
 	Unpin(blocks []*store.Block)
 }
 
+// Handoffs is what the holder needs of the node's handoffs
+// (*handoff.Table): end the pins of blocks a consumer has pulled. A token
+// naming no live handoff changes nothing.
+type Handoffs interface {
+	Pulled(token string, keys []store.Key) int
+}
+
+// maxHandoffToken bounds the token a session keeps: a well-formed one is
+// 48 characters; longer ones cannot name a handoff and are not kept.
+const maxHandoffToken = 64
+
+// handoffOf is the token a session keeps for a query's handoff_token
+// ("": none, or no handoffs here, or one too long to name any).
+func (s *Service) handoffOf(tok string) string {
+	if s.opts.Handoffs == nil || len(tok) > maxHandoffToken {
+		return ""
+	}
+	return tok
+}
+
 // Acceptor is the accept side of RdmaHandshake (internal/conn.Acceptor). It
 // should return gRPC status errors; other errors become codes.Internal
 // (context errors keep their codes).
@@ -153,6 +173,11 @@ type Options struct {
 
 	// Limits bound what peers may pin (zero: unlimited).
 	Limits Limits
+	// Handoffs are this node's P/D handoffs (internal/handoff): a session
+	// whose query named one of their tokens and that is released after a
+	// complete read ends the handoff's pin of its blocks. Nil: tokens are
+	// ignored.
+	Handoffs Handoffs
 	// Authenticate, when set (peer mTLS), makes the certificate identity
 	// the owner of sessions and the subject of Limits; a request claiming
 	// another node id is PermissionDenied. Nil: the claimed id is trusted.
@@ -281,16 +306,17 @@ func invalid(format string, a ...any) error {
 // validateQuery checks everything before any state changes and returns the
 // store keys in request order.
 func (s *Service) validateQuery(req *pegadv1.QueryBlocksForTransferRequest) (keys []store.Key, node, inc string, err error) {
-	ns := req.GetNamespace()
-	if err := limits.ValidNamespace(ns); err != nil {
-		return nil, "", "", invalid("%v", err)
-	}
-	hashes := req.GetHashes()
+	ns, hashes := req.GetNamespace(), req.GetHashes()
+	// The count first, against this holder's own cap (MaxHashes may be
+	// below the protocol's), then the key checks every chain gets.
 	switch {
 	case len(hashes) == 0:
 		return nil, "", "", invalid("no hashes: want 1..%d", s.opts.MaxHashes)
 	case len(hashes) > s.opts.MaxHashes:
 		return nil, "", "", invalid("%d hashes: at most %d per request", len(hashes), s.opts.MaxHashes)
+	}
+	if err := limits.ValidChain(ns, hashes); err != nil {
+		return nil, "", "", invalid("%v", err)
 	}
 	node, inc, err = requesterOf(req.GetRequester(), req.GetRequesterId())
 	if err != nil {
@@ -299,9 +325,6 @@ func (s *Service) validateQuery(req *pegadv1.QueryBlocksForTransferRequest) (key
 	keys = make([]store.Key, len(hashes))
 	seen := make(map[string]int, len(hashes))
 	for i, h := range hashes {
-		if err := limits.ValidHash(h); err != nil {
-			return nil, "", "", invalid("hash %d: %v", i, err)
-		}
 		k := string(h)
 		if j, dup := seen[k]; dup {
 			return nil, "", "", invalid("hash %d repeats hash %d: each hash at most once per request", i, j)
@@ -372,7 +395,8 @@ func (s *Service) QueryBlocksForTransfer(ctx context.Context, req *pegadv1.Query
 		}
 		return nil, pegaderr.Status(codes.Unavailable, pegaderr.Connection, "memory windows: "+err.Error()).Err()
 	}
-	sess, err := s.locks.openQuery(node, inc, req.GetQueryId(), pinned, bytes, unbind)
+	sess, err := s.locks.openQuery(node, inc, grant{query: req.GetQueryId(), blocks: pinned, bytes: bytes,
+		unbind: unbind, handoff: s.handoffOf(req.GetHandoffToken())})
 	if err != nil {
 		if unbind != nil {
 			if uerr := unbind(); uerr != nil { // before the deferred unpin
@@ -556,6 +580,9 @@ func (s *Service) ReleaseTransferLock(ctx context.Context, req *pegadv1.ReleaseT
 		return nil, toStatus(err)
 	}
 	if r.WasLive {
+		if r.Handoff != "" && req.GetReadComplete() {
+			s.opts.Handoffs.Pulled(r.Handoff, r.Keys)
+		}
 		s.opts.Log.Debug().Str("session", id).Str("requester", node).Int("blocks", r.Released).
 			Dur("age", r.Age).Msg("Transfer lock released")
 		return &pegadv1.ReleaseTransferLockResponse{

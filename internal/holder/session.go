@@ -82,7 +82,7 @@ type incarnation struct {
 	inc  string
 }
 
-// session is one transfer lock. id, who, blocks, bytes, created, seq and unbind are
+// session is one transfer lock. id, who, blocks, bytes, created, seq and extra are
 // immutable; prev and next are guarded by its node's mu; the rest by its
 // shard's mu. Its lease (deadline, renewals, expiry order) is a lease.Item
 // in its shard's lease.Queue.
@@ -100,10 +100,9 @@ type session struct {
 	// query is the requester's id of the query that opened it (0: none),
 	// so that a requester that lost the answer can still release it.
 	query uint64
-	// unbind invalidates the session's memory windows (Options.Windows;
-	// nil: none); finish calls it before the unpin, which an error of it
-	// turns into a quarantine.
-	unbind func() error
+	// extra holds what only some sessions have (memory windows, a
+	// handoff); nil for the rest, so a session stays one small record.
+	extra *sessionExtra
 
 	prev, next *session // in who.node.sessions; guarded by that node's mu
 }
@@ -154,6 +153,32 @@ func (l *sessionList) remove(s *session) {
 	}
 	s.prev, s.next = nil, nil
 	l.n--
+}
+
+// sessionExtra is the rarer part of a session. Immutable.
+type sessionExtra struct {
+	// unbind invalidates the session's memory windows (Options.Windows;
+	// nil: none); finish calls it before the unpin, which an error of it
+	// turns into a quarantine.
+	unbind func() error
+	// handoff is the token of the producer's handoff its query named (a
+	// P/D pull; "": none): a release after a complete read ends the
+	// handoff's pin of these blocks (Options.Handoffs).
+	handoff string
+}
+
+func (s *session) unbind() func() error {
+	if s.extra == nil {
+		return nil
+	}
+	return s.extra.unbind
+}
+
+func (s *session) handoff() string {
+	if s.extra == nil {
+		return ""
+	}
+	return s.extra.handoff
 }
 
 type tombstone struct {

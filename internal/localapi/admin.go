@@ -13,6 +13,7 @@ import (
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	"github.com/pegaflow/pegad/api/pegaderr"
 	"github.com/pegaflow/pegad/internal/conn"
+	"github.com/pegaflow/pegad/internal/handoff"
 	"github.com/pegaflow/pegad/internal/holder"
 	"github.com/pegaflow/pegad/internal/metrics"
 	"github.com/pegaflow/pegad/internal/store"
@@ -50,7 +51,9 @@ type AdminOptions struct {
 	Locks   Locks
 	Conns   Conns
 	Fetcher Fetcher
-	Metrics *metrics.Metrics
+	// Handoffs are the node's pending P/D handoffs; nil: none listed.
+	Handoffs *handoff.Table
+	Metrics  *metrics.Metrics
 	// Engine has the data socket's lookup counters; nil: none.
 	Engine *metrics.Engine
 	Node   NodeInfo
@@ -114,6 +117,7 @@ func (a *Admin) ListSessions(_ context.Context, req *pegadv1.ListSessionsRequest
 				Age:                  durationpb.New(max(now.Sub(s.CreatedAt), 0)),
 				ExpiresIn:            durationpb.New(max(s.ExpiresAt.Sub(now), 0)),
 				Renewals:             uint32(s.Renewals),
+				HandoffId:            handoff.ID(s.Handoff),
 			})
 		}
 	}
@@ -132,6 +136,16 @@ func (a *Admin) ListSessions(_ context.Context, req *pegadv1.ListSessionsRequest
 				BytesDone: f.BytesDone,
 				Age:       durationpb.New(max(now.Sub(f.Started), 0)),
 				Phase:     f.Phase,
+				HandoffId: handoff.ID(f.Handoff),
+			})
+		}
+	}
+	if a.o.Handoffs != nil && cursor == 0 {
+		pending, _ := a.o.Handoffs.List(MaxListLimit)
+		for _, h := range pending {
+			resp.Handoffs = append(resp.Handoffs, &pegadv1.PendingHandoff{
+				Id: h.ID, Namespace: h.Namespace, Blocks: uint32(h.Blocks), BlocksTotal: uint32(h.Total),
+				Bytes: h.Bytes, Age: durationpb.New(h.Age), TtlLeft: durationpb.New(max(h.TTLLeft, 0)),
 			})
 		}
 	}
@@ -206,6 +220,7 @@ func (a *Admin) Stats(context.Context, *pegadv1.StatsRequest) (*pegadv1.StatsRes
 	resp.EvictionPolicy, resp.EvictionWeight, resp.EvictionSamples = ps.Policy, ps.Weight, ps.Samples
 	if a.o.Engine != nil {
 		resp.Lookups, resp.LookupHitBlocks, resp.LookupMissBlocks = a.o.Engine.Totals()
+		resp.RecomputedBlocks = a.o.Engine.RecomputedTotal()
 	}
 	if a.o.Locks != nil {
 		resp.SessionsActive = uint64(a.o.Locks.Len())

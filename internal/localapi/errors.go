@@ -9,6 +9,7 @@ import (
 
 	"github.com/pegaflow/pegad/api/pegaderr"
 	"github.com/pegaflow/pegad/internal/conn"
+	"github.com/pegaflow/pegad/internal/handoff"
 	"github.com/pegaflow/pegad/internal/holder"
 	"github.com/pegaflow/pegad/internal/index"
 	"github.com/pegaflow/pegad/internal/pool"
@@ -38,6 +39,8 @@ var statusKinds = slices.Concat([]pegaderr.Kind{
 	// A failed prefetch's class first: its cause may be a context error
 	// (a transfer deadline cancels the read) that says less.
 	{Err: requester.ErrInvalidInput, Code: codes.InvalidArgument, Reason: pegaderr.Invalid},
+	// Before the index rows: a peer the index could not check is refused.
+	{Err: requester.ErrUnknownPeer, Code: codes.PermissionDenied, Reason: pegaderr.UnknownPeer},
 	{Err: requester.ErrDeadline, Code: codes.DeadlineExceeded, Reason: pegaderr.Deadline},
 	{Err: requester.ErrLocalResource, Code: codes.ResourceExhausted, Reason: pegaderr.LocalResource},
 	{Err: requester.ErrDiscarded, Code: codes.Aborted, Reason: pegaderr.Discarded},
@@ -54,6 +57,10 @@ var statusKinds = slices.Concat([]pegaderr.Kind{
 	{Err: store.ErrNoSpace, Code: codes.ResourceExhausted, Reason: pegaderr.NoSpace},
 	{Err: store.ErrInvalid, Code: codes.InvalidArgument, Reason: pegaderr.Invalid},
 	{Err: pool.ErrInvalid, Code: codes.InvalidArgument, Reason: pegaderr.Invalid},
+	{Err: handoff.ErrMissing, Code: codes.NotFound, Reason: pegaderr.NotFound},
+	{Err: handoff.ErrInvalid, Code: codes.InvalidArgument, Reason: pegaderr.Invalid},
+	{Err: handoff.ErrLimit, Code: codes.ResourceExhausted, Reason: pegaderr.Limit},
+	{Err: handoff.ErrClosed, Code: codes.Unavailable, Reason: pegaderr.Draining},
 }, holder.StatusKinds, []pegaderr.Kind{
 	{Err: conn.ErrConnectionBroken, Code: codes.Unavailable, Reason: pegaderr.Connection},
 	{Err: conn.ErrSessionInvalidated, Code: codes.Unavailable, Reason: pegaderr.Connection},

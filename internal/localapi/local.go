@@ -23,6 +23,7 @@ import (
 	"github.com/pegaflow/pegad/api/limits"
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	"github.com/pegaflow/pegad/api/pegaderr"
+	"github.com/pegaflow/pegad/internal/handoff"
 	"github.com/pegaflow/pegad/internal/requester"
 	"github.com/pegaflow/pegad/internal/store"
 )
@@ -52,7 +53,7 @@ const (
 
 // Fetcher is the prefetch engine as the APIs use it (*requester.Engine).
 type Fetcher interface {
-	Prefetch(ctx context.Context, peer, namespace string, hashes [][]byte) (*requester.Result, error)
+	Fetch(ctx context.Context, r requester.Request) (*requester.Result, error)
 	InFlight() []requester.FetchInfo
 }
 
@@ -62,10 +63,15 @@ type Local struct {
 
 	store   *store.Store
 	fetcher Fetcher // nil: Prefetch answers Unavailable
-	log     zerolog.Logger
-	now     func() time.Time
-	idle    time.Duration // PutBlock stream idle timeout
-	putBuf  *budget       // bytes PutBlock streams hold before their block is stored
+	// handoffs, self and advertise serve Handoff (nil handoffs: it
+	// answers Unavailable).
+	handoffs  *handoff.Table
+	self      string
+	advertise string
+	log       zerolog.Logger
+	now       func() time.Time
+	idle      time.Duration // PutBlock stream idle timeout
+	putBuf    *budget       // bytes PutBlock streams hold before their block is stored
 
 	// poolUsers counts running handlers that touch pool memory; Wait
 	// closes it and waits for them, so the pool is unmapped only after.
@@ -76,8 +82,14 @@ type Local struct {
 type LocalOptions struct {
 	Store   *store.Store
 	Fetcher Fetcher
-	Log     zerolog.Logger
-	Now     func() time.Time // nil: time.Now
+	// Handoffs are the node's P/D handoffs; NodeID and Advertise are what
+	// a Handoff answer names (this node, its peer address as peers dial
+	// it).
+	Handoffs  *handoff.Table
+	NodeID    string
+	Advertise string
+	Log       zerolog.Logger
+	Now       func() time.Time // nil: time.Now
 	// PutIdleTimeout ends a PutBlock stream that sends nothing for this
 	// long (0: DefaultPutIdleTimeout).
 	PutIdleTimeout time.Duration
@@ -100,6 +112,7 @@ func NewLocal(o LocalOptions) *Local {
 	}
 	return &Local{
 		store: o.Store, fetcher: o.Fetcher, log: o.Log, now: o.Now,
+		handoffs: o.Handoffs, self: o.NodeID, advertise: o.Advertise,
 		idle: o.PutIdleTimeout, putBuf: &budget{free: o.PutBufferBytes, size: o.PutBufferBytes},
 	}
 }
@@ -404,7 +417,8 @@ func (l *Local) Prefetch(ctx context.Context, req *pegadv1.PrefetchRequest) (*pe
 		keys[i] = store.Key{Namespace: req.GetNamespace(), Hash: string(h)}
 	}
 	l.store.Promote(keys)
-	res, err := l.fetcher.Prefetch(ctx, req.GetPeer(), req.GetNamespace(), hashes)
+	res, err := l.fetcher.Fetch(ctx, requester.Request{Peer: req.GetPeer(), Namespace: req.GetNamespace(), Hashes: hashes,
+		Handoff: req.GetHandoffToken(), KnownPeerOnly: req.GetKnownPeerOnly()})
 	if err != nil {
 		return failedPrefetch(res, err, req.GetFailureInResponse())
 	}

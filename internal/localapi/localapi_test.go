@@ -45,8 +45,8 @@ type fakeFetcher struct {
 	deadline bool
 }
 
-func (f *fakeFetcher) Prefetch(ctx context.Context, peer, ns string, hashes [][]byte) (*requester.Result, error) {
-	f.gotPeer, f.gotNS, f.gotN = peer, ns, len(hashes)
+func (f *fakeFetcher) Fetch(ctx context.Context, r requester.Request) (*requester.Result, error) {
+	f.gotPeer, f.gotNS, f.gotN = r.Peer, r.Namespace, len(r.Hashes)
 	_, f.deadline = ctx.Deadline()
 	return f.res, f.err
 }

@@ -41,8 +41,11 @@ func (l *Local) PutBlock(stream pegadv1.LocalService_PutBlockServer) error {
 	if h == nil {
 		return invalidf("the first PutBlock message must be a header")
 	}
-	if err := validKey(h.GetNamespace(), h.GetHash()); err != nil {
-		return err
+	// The key is checked here, before any byte is taken, and only here:
+	// the store trusts a CheckedKey.
+	key, err := store.CheckKey(store.Key{Namespace: h.GetNamespace(), Hash: string(h.GetHash())})
+	if err != nil {
+		return invalidf("%v", err)
 	}
 	sizes, total, err := slotSizes(h.GetSlots())
 	if err != nil {
@@ -54,14 +57,12 @@ func (l *Local) PutBlock(stream pegadv1.LocalService_PutBlockServer) error {
 	if total > l.putBuf.size {
 		return statusf(codes.ResourceExhausted, pegaderr.Limit, "block of %d bytes is larger than the put buffer of %d bytes", total, l.putBuf.size)
 	}
-	key := store.Key{Namespace: h.GetNamespace(), Hash: string(h.GetHash())}
-
 	data, held, err := r.receiveAll(total, l.putBuf)
 	defer l.putBuf.give(held)
 	if err != nil {
 		return err
 	}
-	created, err := l.store.Put(key, sizes, func(buf []byte) error {
+	created, err := l.store.PutChecked(key, sizes, func(buf []byte) error {
 		for _, d := range data {
 			buf = buf[copy(buf, d):]
 		}
@@ -73,7 +74,7 @@ func (l *Local) PutBlock(stream pegadv1.LocalService_PutBlockServer) error {
 		}
 		return toStatus(err)
 	}
-	l.log.Debug().Str("namespace", key.Namespace).Hex("hash", h.GetHash()).Uint64("bytes", total).
+	l.log.Debug().Str("namespace", h.GetNamespace()).Hex("hash", h.GetHash()).Uint64("bytes", total).
 		Bool("created", created).Msg("block put")
 	return stream.SendAndClose(&pegadv1.PutBlockResponse{Bytes: total, Created: created})
 }

@@ -63,15 +63,15 @@ func (s *Server) ExpireBefore(now time.Time) int {
 	return s.leases.ExpireBefore(now) + s.pins.ExpireBefore(now)
 }
 
-// chainKeys checks a chain against the store's limits.
+// chainKeys checks a chain against the store's limits (checkChain) and
+// returns its keys.
 func chainKeys(c localwire.Chain) ([]store.Key, error) {
+	if err := checkChain(c); err != nil {
+		return nil, err
+	}
 	keys := make([]store.Key, len(c.Hashes))
 	for i, h := range c.Hashes {
-		k, err := key(localwire.Key{Namespace: c.Namespace, Hash: h})
-		if err != nil {
-			return nil, fmt.Errorf("hash %d: %w", i, err)
-		}
-		keys[i] = k
+		keys[i] = store.Key{Namespace: c.Namespace, Hash: string(h)}
 	}
 	return keys, nil
 }
@@ -183,7 +183,7 @@ func (cn *conn) adopt(b []byte, tok []byte) []byte {
 	res := localwire.Result{Adopted: make([]localwire.LeasePlace, 0, len(p.blocks))}
 	var bytes uint64
 	for i, blk := range p.blocks {
-		id, err := cn.open(held{key: blk.Key(), block: blk})
+		id, err := cn.open(held{block: blk})
 		if err != nil { // the table is closing: give back what is left
 			cn.s.store.Unpin(p.blocks[i:])
 			for j, l := range res.Adopted {

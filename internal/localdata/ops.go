@@ -4,18 +4,15 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/pegaflow/pegad/api/limits"
 	"github.com/pegaflow/pegad/api/localwire"
 	"github.com/pegaflow/pegad/internal/lease"
 	"github.com/pegaflow/pegad/internal/store"
 )
 
-// key checks a wire key against the store's limits.
-func key(k localwire.Key) (store.Key, error) {
-	if err := limits.ValidKey(k.Namespace, k.Hash); err != nil {
-		return store.Key{}, err
-	}
-	return store.Key{Namespace: k.Namespace, Hash: string(k.Hash)}, nil
+// key checks a wire key against the store's limits, once: the store
+// trusts the CheckedKey it returns.
+func key(k localwire.Key) (store.CheckedKey, error) {
+	return store.CheckKey(store.Key{Namespace: k.Namespace, Hash: string(k.Hash)})
 }
 
 // layout places the slots contiguously (slot 0 K, slot 0 V, slot 1 K, ...)
@@ -87,7 +84,7 @@ func (cn *conn) alloc(b []byte, items []localwire.AllocItem) []byte {
 			b = localwire.AppendError(b, localwire.StatusInvalid, err.Error())
 			continue
 		}
-		if st.Has(k) {
+		if st.Has(k.Key()) {
 			b = localwire.AppendError(b, localwire.StatusExists, "block already stored")
 			continue
 		}
@@ -115,7 +112,7 @@ func (cn *conn) lease(b []byte, keys []localwire.Key) []byte {
 			bad[i] = err
 			continue
 		}
-		valid = append(valid, k)
+		valid = append(valid, k.Key())
 	}
 	pinned, missing := st.Pin(valid)
 	// Walk keys in order, matching them with the pinned blocks (in order)
@@ -146,7 +143,7 @@ func (cn *conn) lease(b []byte, keys []localwire.Key) []byte {
 			budget -= 3 + 48
 			continue
 		}
-		id, err := cn.open(held{key: blk.Key(), block: blk})
+		id, err := cn.open(held{block: blk})
 		if err != nil {
 			st.Unpin([]*store.Block{blk})
 			b = localwire.AppendError(b, statusOf(err), err.Error())
@@ -206,7 +203,7 @@ func (cn *conn) finish(b []byte, op localwire.Op, id lease.ID) []byte {
 			return localwire.AppendError(b, localwire.StatusInternal, err.Error())
 		}
 		if res.Created {
-			cn.s.saved(h.key.Namespace, layoutSize(h.layout))
+			cn.s.saved(h.key.Key().Namespace, layoutSize(h.layout))
 		}
 	case localwire.OpAbort:
 		st.ReleaseExtent(h.ext)
@@ -271,7 +268,7 @@ func (cn *conn) reserveResult(b []byte, n uint64) []byte {
 // invalid tells a PUT's client that its reservation is still its own.
 // The key and layout were checked before the lease was taken, so a
 // failure here is a daemon bug.
-func (cn *conn) insert(h held, k store.Key, lay []store.SlotLayout) (bool, error) {
+func (cn *conn) insert(h held, k store.CheckedKey, lay []store.SlotLayout) (bool, error) {
 	created, err := cn.s.insert(k, h.ext, lay)
 	cn.s.store.ReleaseExtent(h.ext) // Insert took its own reference
 	if err != nil {
@@ -312,7 +309,7 @@ func (cn *conn) put(b []byte, it *localwire.PutItem) []byte {
 		return localwire.AppendError(b, localwire.StatusInternal, err.Error())
 	}
 	if res.Created {
-		cn.s.saved(k.Namespace, total)
+		cn.s.saved(k.Key().Namespace, total)
 	}
 	if it.Next > 0 {
 		next, ext, err := cn.reserve(it.Next)

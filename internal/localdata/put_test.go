@@ -272,11 +272,11 @@ func TestPutInsertFailsAfterTake(t *testing.T) {
 	var fail atomic.Bool
 	var f *fixture
 	f = newFixtureWith(t, func(l net.Listener) net.Listener { return l }, func(s *Server) {
-		s.insert = func(k store.Key, e *store.Extent, lay []store.SlotLayout) (bool, error) {
+		s.insert = func(k store.CheckedKey, e *store.Extent, lay []store.SlotLayout) (bool, error) {
 			if fail.Swap(false) {
 				return false, fmt.Errorf("%w: injected after the lease was taken", store.ErrInvalid)
 			}
-			return f.st.Insert(k, e, lay)
+			return f.st.InsertChecked(k, e, lay)
 		}
 	})
 	dial := func() *client.Client {

@@ -52,9 +52,6 @@ const (
 	keepBuffer = 1 << 20
 )
 
-// ErrClosed: Serve after Close.
-var ErrClosed = errors.New("localdata: server closed")
-
 // Options configure New.
 type Options struct {
 	Store *store.Store
@@ -97,7 +94,7 @@ type Options struct {
 // reservation (ext without a key or layout yet: RESERVE) or a pinned
 // block. Kept by value in the lease table: a lease costs one allocation.
 type held struct {
-	key    store.Key
+	key    store.CheckedKey // a write allocation's, checked at ALLOC (a pinned block's is block.Key())
 	ext    *store.Extent
 	layout []store.SlotLayout // nil for a reservation
 	size   uint64             // a reservation's length
@@ -154,9 +151,9 @@ type Server struct {
 	// (immutable; never nil).
 	halfOpen *netgate.Gate[*net.UnixConn]
 	refused  func(reason string)
-	// insert is store.Insert (immutable); tests make it fail after a
-	// lease was taken, which the checks before make a daemon bug.
-	insert func(store.Key, *store.Extent, []store.SlotLayout) (bool, error)
+	// insert is store.InsertChecked (immutable); tests make it fail after
+	// a lease was taken, which the checks before make a daemon bug.
+	insert func(store.CheckedKey, *store.Extent, []store.SlotLayout) (bool, error)
 
 	mu     sync.Mutex // guards lis, conns, closed
 	lis    net.Listener
@@ -179,7 +176,7 @@ func New(o Options) *Server {
 	}
 	s := &Server{store: o.Store, log: o.Log, hello: o.HelloTimeout, maxVer: o.MaxVersion, conns: make(map[net.Conn]struct{}),
 		maxLeases: o.MaxLeases, locator: o.Locator, self: o.Self}
-	s.insert = s.store.Insert
+	s.insert = s.store.InsertChecked
 	s.halfOpen = netgate.New[*net.UnixConn](o.MaxHalfOpen, o.MaxHalfOpenPerUID)
 	s.refused = o.Refused
 	if s.refused == nil {
@@ -226,18 +223,25 @@ func (s *Server) end(h held, why lease.Reason) {
 		// timeout: an idle client, not a stuck one.
 		s.log.Debug().Uint64("bytes", h.size).Msg("Local reservation expired unused")
 	default:
-		s.log.Warn().Str("namespace", h.key.Namespace).Hex("hash", []byte(h.key.Hash)).Bool("write", k == kindWrite).
+		key := h.key.Key()
+		if h.block != nil {
+			key = h.block.Key()
+		}
+		s.log.Warn().Str("namespace", key.Namespace).Hex("hash", []byte(key.Hash)).Bool("write", k == kindWrite).
 			Stringer("timeout", s.leases.Timeout()).Msg("Local lease expired; its client neither finished nor renewed it")
 	}
 }
 
-// Serve accepts connections on l until Close; it returns nil after Close.
+// Serve accepts connections on l until Close; it returns nil after Close,
+// also when Close came first (it then closes l at once). So a daemon that
+// stops before this goroutine ran sees the clean stop it made, not an
+// error to filter (no ErrClosed to branch on).
 func (s *Server) Serve(l net.Listener) error {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
 		l.Close()
-		return ErrClosed
+		return nil
 	}
 	s.lis = l
 	s.mu.Unlock()
@@ -321,6 +325,7 @@ type conn struct {
 	r       *bufio.Reader
 	owner   *lease.Owner[held]
 	slots   []localwire.SlotPlace // scratch of lease, reused
+	chain   localwire.Chain       // scratch of the LOOKUPs, reused: its hashes alias body
 	version uint32                // what HELLO agreed
 	uid     uint32                // the client's (SO_PEERCRED); pins are adopted by the same user only
 	log     zerolog.Logger
@@ -556,10 +561,10 @@ func (cn *conn) serve(h localwire.Header) error {
 			b = cn.put(b, &items[i])
 		}
 	case localwire.OpLookup, localwire.OpLookupPin, localwire.OpLookupCluster:
-		c, err := localwire.DecodeChain(cn.body, count)
-		if err != nil {
+		if err := localwire.DecodeChainInto(&cn.chain, cn.body, count); err != nil {
 			return err
 		}
+		c := cn.chain
 		switch h.Op {
 		case localwire.OpLookup:
 			b = cn.lookup(b, c)

@@ -24,8 +24,10 @@ import (
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 )
 
-// ErrClosed is returned by Get after Close.
-var ErrClosed = errors.New("peer: clients closed")
+// errClosed is returned by Get after Close. Unexported: the daemon closes
+// its peer clients after every user of them (the requester, the dialer),
+// so no caller meets it to branch on.
+var errClosed = errors.New("peer: clients closed")
 
 // Clients is safe for concurrent use.
 type Clients struct {
@@ -91,7 +93,7 @@ func (c client) Reconnect(ctx context.Context) error {
 		case connectivity.Ready:
 			return nil
 		case connectivity.Shutdown:
-			return ErrClosed
+			return errClosed
 		case connectivity.Idle:
 			c.cc.Connect()
 		}
@@ -108,7 +110,7 @@ func (c *Clients) conn(peer string) (*grpc.ClientConn, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
-		return nil, ErrClosed
+		return nil, errClosed
 	}
 	if err := c.refusedErr(peer); err != nil {
 		return nil, err

@@ -116,8 +116,8 @@ func TestClientsErrors(t *testing.T) {
 	if err := c.Close(); err != nil {
 		t.Fatalf("second Close: %v", err)
 	}
-	if _, err := c.Get("127.0.0.1:1"); !errors.Is(err, ErrClosed) {
-		t.Fatalf("Get after Close = %v, want ErrClosed", err)
+	if _, err := c.Get("127.0.0.1:1"); !errors.Is(err, errClosed) {
+		t.Fatalf("Get after Close = %v, want errClosed", err)
 	}
 }
 

@@ -238,6 +238,24 @@ func TestExhaustThenNoSpaceThenCoalesce(t *testing.T) {
 	}
 }
 
+// TestNoSpaceAllocatesNothing: a full pool answers every allocation (the
+// store's fast path tries one before each eviction) without building an
+// error value.
+func TestNoSpaceAllocatesNothing(t *testing.T) {
+	p := newPool(t, 1<<20)
+	if _, err := p.Alloc(p.Size()); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	allocs := testing.AllocsPerRun(100, func() { _, err = p.Alloc(4096) })
+	if !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("alloc in a full pool: %v, want ErrNoSpace", err)
+	}
+	if allocs != 0 {
+		t.Fatalf("a no-space alloc made %v heap allocations, want 0", allocs)
+	}
+}
+
 func TestFreeRejectsWhatIsNotLive(t *testing.T) {
 	p := newPool(t, 1<<20)
 	a, err := p.Alloc(1000)

@@ -542,7 +542,7 @@ func TestCloseRejectsNewFetches(t *testing.T) {
 	if err := hs.e.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := hs.e.Prefetch(context.Background(), "peer:1", "ns", hashes("c", 1)); !errors.Is(err, ErrClosed) {
+	if _, err := hs.e.Prefetch(context.Background(), "peer:1", "ns", hashes("c", 1)); !errors.Is(err, errClosed) {
 		t.Fatalf("err = %v", err)
 	}
 }

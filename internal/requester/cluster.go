@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/pegaflow/pegad/internal/index"
+	"github.com/pegaflow/pegad/internal/metrics"
 	"github.com/pegaflow/pegad/internal/store"
 )
 
@@ -36,6 +37,20 @@ type ClusterOptions struct {
 	LookupTimeout time.Duration
 	// MaxHolders caps the holders fetched from at once (0: 8).
 	MaxHolders int
+	// Nodes is the cluster index's membership, which a Request with
+	// KnownPeerOnly checks its peer against; nil: none (standalone).
+	Nodes NodeLister
+	// PeersVerified: the peer port's mTLS checks every holder's
+	// certificate against --peer-allow as it is dialed, so any peer a
+	// fetch reaches is admitted (KnownPeerOnly needs no index then).
+	PeersVerified bool
+	// PD counts P/D pulls and refused peers; required.
+	PD *metrics.PD
+}
+
+// NodeLister lists the cluster's live nodes (index.Index is one).
+type NodeLister interface {
+	Nodes(ctx context.Context) ([]index.Node, error)
 }
 
 // Cluster is the prefetch engine seen by the local API: a fetch names a
@@ -49,14 +64,74 @@ type Cluster struct {
 
 // NewCluster wraps e. A nil o.Locator keeps peer-less prefetch refused
 // with index.ErrDisabled.
-func NewCluster(e *Engine, o ClusterOptions) *Cluster {
+func NewCluster(e *Engine, o ClusterOptions) (*Cluster, error) {
+	if o.PD == nil {
+		return nil, errors.New("requester: ClusterOptions.PD is required")
+	}
 	if o.LookupTimeout <= 0 {
 		o.LookupTimeout = defaultLookupTimeout
 	}
 	if o.MaxHolders <= 0 {
 		o.MaxHolders = defaultMaxHolders
 	}
-	return &Cluster{Engine: e, o: o}
+	return &Cluster{Engine: e, o: o}, nil
+}
+
+// Fetch is Prefetch of r: with r.KnownPeerOnly, a peer that is not a
+// known node (checkPeer) is refused with ErrUnknownPeer before anything is
+// sent, and counted; with r.Handoff, the bytes fetched count as a P/D
+// pull.
+func (c *Cluster) Fetch(ctx context.Context, r Request) (*Result, error) {
+	if r.KnownPeerOnly && r.Peer != "" { // without a peer the index chooses: known by construction
+		if err := c.checkPeer(ctx, r.Peer); err != nil {
+			return nil, err
+		}
+	}
+	r.KnownPeerOnly = false
+	var (
+		res *Result
+		err error
+	)
+	if r.Peer != "" {
+		res, err = c.Engine.Fetch(ctx, r)
+	} else {
+		res, err = c.fromIndex(ctx, r)
+	}
+	if r.Handoff != "" && res != nil {
+		c.o.PD.PullBytes.Add(float64(res.Bytes))
+	}
+	return res, err
+}
+
+// checkPeer admits peer when the peer port's mTLS checks it against
+// --peer-allow at the dial, or when the cluster index lists a live node
+// advertising that address. Otherwise it refuses (ErrUnknownPeer), also
+// when the index cannot answer: an address from a request body is never
+// dialed unchecked.
+func (c *Cluster) checkPeer(ctx context.Context, peer string) error {
+	if c.o.PeersVerified {
+		return nil
+	}
+	refuse := func(reason string, err error) error {
+		c.o.PD.PeerRefusals.WithLabelValues(reason).Inc()
+		c.log.Warn().Str("remote", peer).Str("reason", reason).Err(err).Msg("Prefetch refused: not a known peer")
+		return &FetchError{Peer: peer, Phase: "validate", Class: ErrUnknownPeer, Err: err}
+	}
+	if c.o.Nodes == nil {
+		return refuse(metrics.RefusedNoCheck, fmt.Errorf("peer %q: %s", peer, noPeerCheck))
+	}
+	lctx, cancel := context.WithTimeout(ctx, c.o.LookupTimeout)
+	defer cancel()
+	nodes, err := c.o.Nodes.Nodes(lctx)
+	if err != nil {
+		return refuse(metrics.RefusedIndexDown, fmt.Errorf("peer %q not checked: %w", peer, err))
+	}
+	for _, n := range nodes {
+		if n.Addr == peer {
+			return nil
+		}
+	}
+	return refuse(metrics.RefusedNotInIndex, fmt.Errorf("peer %q: no live node of the cluster index advertises that address (%d live)", peer, len(nodes)))
 }
 
 // Prefetch fetches hashes from peer, or, with peer "", from whichever live
@@ -74,10 +149,13 @@ func NewCluster(e *Engine, o ClusterOptions) *Cluster {
 // says no live node had it. Bounded by ctx (or the engine's default fetch
 // timeout) and at most one round per holder.
 func (c *Cluster) Prefetch(ctx context.Context, peer, namespace string, hashes [][]byte) (*Result, error) {
-	if peer != "" {
-		res, err := c.Engine.Prefetch(ctx, peer, namespace, hashes)
-		return res, err
-	}
+	return c.Fetch(ctx, Request{Peer: peer, Namespace: namespace, Hashes: hashes})
+}
+
+// fromIndex is Fetch without a peer: the cluster index says who holds
+// each block (Prefetch has the steps).
+func (c *Cluster) fromIndex(ctx context.Context, req Request) (*Result, error) {
+	namespace, hashes := req.Namespace, req.Hashes
 	start := time.Now()
 	if err := validate("cluster", namespace, hashes); err != nil {
 		return nil, &FetchError{Phase: "validate", Class: ErrInvalidInput, Err: err}
@@ -95,7 +173,7 @@ func (c *Cluster) Prefetch(ctx context.Context, peer, namespace string, hashes [
 	keep := newKeepSet(c.store)
 	defer keep.release()
 	ctx = withKeep(ctx, keep)
-	r := &clusterRun{c: c, ns: namespace, keep: keep,
+	r := &clusterRun{c: c, ns: namespace, handoff: req.Handoff, keep: keep,
 		res: &Result{Blocks: make([]BlockResult, len(hashes)), ReqID: newReqID()}}
 	byHash := r.wanted(hashes)
 	if err := r.locate(ctx); err != nil {
@@ -117,10 +195,11 @@ type want struct {
 // clusterRun is one Cluster.Prefetch. It belongs to the calling goroutine;
 // its round's goroutines share it under mu.
 type clusterRun struct {
-	c     *Cluster
-	ns    string
-	keep  *keepSet
-	wants []*want
+	c       *Cluster
+	ns      string
+	handoff string // Request.Handoff, sent to every holder
+	keep    *keepSet
+	wants   []*want
 	// mu guards every want, res.Bytes and sessions while a round runs.
 	mu       sync.Mutex
 	res      *Result
@@ -215,7 +294,7 @@ func (r *clusterRun) fetchGroup(ctx context.Context, g group[*want]) {
 	if dl, ok := ctx.Deadline(); ok && slices.ContainsFunc(g.items, func(w *want) bool { return len(w.cands) > 1 }) {
 		actx, cancel = context.WithDeadline(ctx, time.Now().Add(time.Until(dl)/2))
 	}
-	res, err := r.c.Engine.Prefetch(actx, g.holder.Addr, r.ns, hs)
+	res, err := r.c.Engine.Fetch(actx, Request{Peer: g.holder.Addr, Namespace: r.ns, Hashes: hs, Handoff: r.handoff})
 	cancel()
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -15,6 +15,7 @@ import (
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
 	"github.com/pegaflow/pegad/internal/index"
+	"github.com/pegaflow/pegad/internal/metrics/metricstest"
 	"github.com/pegaflow/pegad/internal/store"
 )
 
@@ -69,7 +70,11 @@ func newClusterHarness(t *testing.T, holders map[string]*fakeHolder, loc Locator
 			return h, nil
 		}
 	}))
-	return NewCluster(hs.e, ClusterOptions{Locator: loc, Self: "me"}), hs
+	c, err := NewCluster(hs.e, ClusterOptions{Locator: loc, Self: "me", PD: metricstest.NewPD()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, hs
 }
 
 func TestClusterPrefetch(t *testing.T) {
@@ -290,7 +295,10 @@ func TestClusterPrefetchHangingHolder(t *testing.T) {
 			return good, nil
 		}
 	}))
-	c := NewCluster(hs.e, ClusterOptions{Locator: &fakeLocator{table: map[string][]string{"a": {"n1", "n2"}}}, Self: "me"})
+	c, err := NewCluster(hs.e, ClusterOptions{Locator: &fakeLocator{table: map[string][]string{"a": {"n1", "n2"}}}, Self: "me", PD: metricstest.NewPD()})
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	res, err := c.Prefetch(ctx, "", "ns", [][]byte{[]byte("a")})

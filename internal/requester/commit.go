@@ -25,7 +25,7 @@ func (e *Engine) index(st *fetchState, b *planBlock, out *fetchOut) {
 
 // keepConfirmed indexes, of a fetch cut short or whose lock lapsed, the
 // blocks read entirely before the lock was last confirmed live (a renewal
-// sent after them succeeded, or the release answered live): lesson 10 per
+// sent after them succeeded, or the release answered live): docs/lessons.md L10, per
 // block. A block read but not confirmed is marked discarded when drop is
 // ErrDiscarded; the others are left to the fetch's error, which runFetch
 // gives them. Called after Read returned, before
@@ -64,7 +64,7 @@ func (e *Engine) keepConfirmed(st *fetchState, plan []*planBlock, tr *readTracke
 func (p *pipeline) release(g *lockGuard, plan []*planBlock, tr *readTracker) error {
 	e, st := p.e, p.st
 	e.hook(p.ctx, st, PhaseRelease)
-	rresp, err := g.Release()
+	rresp, err := g.Complete()
 	if err != nil {
 		// Only the blocks a renewal confirmed are known to be read under
 		// the live lock; the rest are dropped.

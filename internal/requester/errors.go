@@ -41,7 +41,14 @@ var (
 	// until a certificate, a CA or an allow-list changes; the peer is not
 	// redialled meanwhile (peer.Clients).
 	ErrAuthentication = errors.New("certificate refused")
+	// ErrUnknownPeer: a prefetch with Request.KnownPeerOnly named a peer
+	// that is not a known node (not live in the cluster index, and no
+	// --peer-allow checks it); nothing was sent to it.
+	ErrUnknownPeer = errors.New("unknown peer refused")
 )
+
+// noPeerCheck says why a peer cannot be checked at all.
+const noPeerCheck = "no cluster index and no --peer-allow to check it against"
 
 // Outcomes that are not error classes.
 var (
@@ -50,8 +57,9 @@ var (
 	ErrDiscarded = errors.New("requester: lock lapsed during the read; fetched data discarded")
 	// ErrPanic: a panic in the fetch path was recovered; the fetch failed.
 	ErrPanic = errors.New("requester: panic in fetch path")
-	// ErrClosed: the engine is shut down.
-	ErrClosed = errors.New("requester: engine closed")
+	// errClosed: the engine is shut down. Unexported: a fetch it ends is
+	// errors.Is context.Canceled, and callers branch on that.
+	errClosed = errors.New("requester: engine closed")
 )
 
 // errTransferDeadline cancels a Read that outlives the lock's deadline.
@@ -167,7 +175,7 @@ func classify(err, fallback error) error {
 		return ErrAuthentication
 	case errors.Is(err, errTransferDeadline), errors.Is(err, context.DeadlineExceeded):
 		return ErrDeadline
-	case errors.Is(err, context.Canceled), errors.Is(err, ErrClosed):
+	case errors.Is(err, context.Canceled), errors.Is(err, errClosed):
 		return nil
 	case errors.Is(err, pool.ErrNoSpace), errors.Is(err, pool.ErrInvalid), // store.ErrNoSpace is pool.ErrNoSpace
 		errors.Is(err, conn.ErrInvalidOp): // staging outside registered memory: ours, not the link's
@@ -213,7 +221,7 @@ func reclaimedRelease(err error) bool {
 }
 
 // ctxErr is the error of a done ctx: its Err, also wrapping its cause when
-// that differs (ErrClosed at shutdown, errTransferDeadline).
+// that differs (errClosed at shutdown, errTransferDeadline).
 func ctxErr(ctx context.Context) error {
 	err, cause := ctx.Err(), context.Cause(ctx)
 	if cause == nil || cause == err {

@@ -42,7 +42,15 @@ func (e *Engine) newGuard(client pegadv1.PeerServiceClient, st *fetchState, sid 
 // Release is the normal release (success or a handled error). Later calls
 // return the first call's result.
 func (g *lockGuard) Release() (*pegadv1.ReleaseTransferLockResponse, error) {
-	g.once.Do(func() { g.resp, g.err = g.release() })
+	g.once.Do(func() { g.resp, g.err = g.release(false) })
+	return g.resp, g.err
+}
+
+// Complete is Release after the session's blocks were read in full: the
+// release says so (read_complete), and a handoff the query named ends its
+// pin of them on the holder.
+func (g *lockGuard) Complete() (*pegadv1.ReleaseTransferLockResponse, error) {
+	g.once.Do(func() { g.resp, g.err = g.release(true) })
 	return g.resp, g.err
 }
 
@@ -55,20 +63,22 @@ func (g *lockGuard) Abort(reason string) {
 		g.e.log.Warn().Str("session", g.sid).Str("remote", g.st.peer).Str("req_id", g.st.reqID).
 			Str("phase", g.st.getPhase()).Str("reason", reason).
 			Msg("transfer lock released by guard on abnormal exit of a fetch")
-		g.resp, g.err = g.release()
+		g.resp, g.err = g.release(false)
 	})
 }
 
 // release sends ReleaseTransferLock, retrying transient failures within the
-// release timeout (the holder's release is idempotent). A release that
-// still fails is counted; the holder's GC reclaims the session.
-func (g *lockGuard) release() (*pegadv1.ReleaseTransferLockResponse, error) {
+// release timeout (the holder's release is idempotent); read says the
+// session's blocks were read in full. A release that still fails is
+// counted; the holder's GC reclaims the session.
+func (g *lockGuard) release(read bool) (*pegadv1.ReleaseTransferLockResponse, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), g.e.releaseTimeout)
 	defer cancel()
 	req := &pegadv1.ReleaseTransferLockRequest{
-		SessionId:   g.sid,
-		RequesterId: g.e.opts.NodeID,
-		Requester:   g.e.requester(),
+		SessionId:    g.sid,
+		RequesterId:  g.e.opts.NodeID,
+		Requester:    g.e.requester(),
+		ReadComplete: read,
 	}
 	var err error
 	backoff := 10 * time.Millisecond

@@ -38,7 +38,7 @@ import (
 	"github.com/pegaflow/pegad/internal/store"
 )
 
-// MaxChunk caps one staging extent (lesson 5).
+// MaxChunk caps one staging extent (docs/lessons.md L5).
 const MaxChunk = 256 << 20
 
 // MaxHashes is the most hashes one Prefetch (one QueryBlocksForTransfer)
@@ -141,6 +141,26 @@ type FetchInfo struct {
 	BytesDone uint64 // read so far, counted as completions arrive
 	Started   time.Time
 	Phase     string
+	// Handoff is the token of the peer's handoff the fetch pulls ("":
+	// none).
+	Handoff string
+}
+
+// Request is one prefetch (Engine.Fetch, Cluster.Fetch).
+type Request struct {
+	// Peer is the holder's address; "": the cluster index says
+	// (Cluster.Fetch only).
+	Peer      string
+	Namespace string
+	Hashes    [][]byte
+	// Handoff is the token of the peer's handoff of these blocks ("":
+	// none). Every lock query carries it, so the holder ends the
+	// handoff's pin of each block once this fetch has read it.
+	Handoff string
+	// KnownPeerOnly: fetch only from a Peer that the cluster index lists
+	// as live or that the peer port's mTLS checks against --peer-allow
+	// (Cluster.Fetch checks; Engine.Fetch, which cannot, refuses).
+	KnownPeerOnly bool
 }
 
 // Phases of a fetch, as InFlight reports them.
@@ -177,7 +197,7 @@ type Engine struct {
 	// reconnectWait: see connect (tests shorten it).
 	reconnectWait time.Duration
 
-	// ctx is canceled (cause ErrClosed) by Close; every fetch watches it.
+	// ctx is canceled (cause errClosed) by Close; every fetch watches it.
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 	// wg counts running Prefetch calls; Close waits for it.
@@ -198,6 +218,7 @@ type fetchState struct {
 	reqID   string
 	peer    string
 	ns      string
+	handoff string // Request.Handoff
 	started time.Time
 	// keep holds what this prefetch made local until it returns.
 	keep *keepSet
@@ -316,15 +337,7 @@ func validate(peer, ns string, hashes [][]byte) error {
 	case len(hashes) > MaxHashes:
 		return fmt.Errorf("%d hashes (max %d per prefetch)", len(hashes), MaxHashes)
 	}
-	if err := limits.ValidNamespace(ns); err != nil {
-		return err
-	}
-	for i, h := range hashes {
-		if err := limits.ValidHash(h); err != nil {
-			return fmt.Errorf("hash %d: %w", i, err)
-		}
-	}
-	return nil
+	return limits.ValidChain(ns, hashes)
 }
 
 // Prefetch fetches hashes of namespace from peer. The error is non-nil when
@@ -332,6 +345,18 @@ func validate(peer, ns string, hashes [][]byte) error {
 // already local are not fetched again; a block another Prefetch is already
 // fetching is waited for, not fetched twice.
 func (e *Engine) Prefetch(ctx context.Context, peer, namespace string, hashes [][]byte) (*Result, error) {
+	return e.Fetch(ctx, Request{Peer: peer, Namespace: namespace, Hashes: hashes})
+}
+
+// Fetch is Prefetch of r, with r's handoff token. r.KnownPeerOnly is
+// refused (ErrUnknownPeer): the engine has nothing to check a peer
+// against; Cluster.Fetch does.
+func (e *Engine) Fetch(ctx context.Context, r Request) (*Result, error) {
+	peer, namespace, hashes := r.Peer, r.Namespace, r.Hashes
+	if r.KnownPeerOnly {
+		return nil, &FetchError{Peer: peer, Phase: "validate", Class: ErrUnknownPeer,
+			Err: fmt.Errorf("peer %q: %s", peer, noPeerCheck)}
+	}
 	start := time.Now()
 	if err := validate(peer, namespace, hashes); err != nil {
 		e.m.FetchErrors.WithLabelValues(classInvalid).Inc()
@@ -341,7 +366,7 @@ func (e *Engine) Prefetch(ctx context.Context, peer, namespace string, hashes []
 	e.mu.Lock()
 	if e.closed {
 		e.mu.Unlock()
-		return nil, ErrClosed
+		return nil, errClosed
 	}
 	e.wg.Add(1)
 	e.mu.Unlock()
@@ -350,10 +375,10 @@ func (e *Engine) Prefetch(ctx context.Context, peer, namespace string, hashes []
 	defer e.m.FetchesInFlight.Dec()
 
 	// The fetch ends when the caller cancels, its deadline passes, or the
-	// engine closes (cause ErrClosed).
+	// engine closes (cause errClosed).
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	stop := context.AfterFunc(e.ctx, func() { cancel(ErrClosed) })
+	stop := context.AfterFunc(e.ctx, func() { cancel(errClosed) })
 	defer stop()
 	if _, ok := ctx.Deadline(); !ok {
 		var c context.CancelFunc
@@ -369,7 +394,7 @@ func (e *Engine) Prefetch(ctx context.Context, peer, namespace string, hashes []
 		keep = newKeepSet(e.store)
 		defer keep.release()
 	}
-	st := &fetchState{reqID: newReqID(), peer: peer, ns: namespace, started: start, keep: keep}
+	st := &fetchState{reqID: newReqID(), peer: peer, ns: namespace, handoff: r.Handoff, started: start, keep: keep}
 	res := &Result{Blocks: make([]BlockResult, len(hashes)), ReqID: st.reqID}
 	for i, h := range hashes {
 		res.Blocks[i] = BlockResult{Hash: h, Status: StatusFailed}
@@ -455,7 +480,7 @@ func (e *Engine) InFlight() []FetchInfo {
 		s.mu.Lock()
 		infos = append(infos, FetchInfo{
 			ReqID: s.reqID, Peer: s.peer, SessionID: s.session, Blocks: s.blocks,
-			Bytes: s.bytes, BytesDone: s.done.Load(), Started: s.started, Phase: s.phase,
+			Bytes: s.bytes, BytesDone: s.done.Load(), Started: s.started, Phase: s.phase, Handoff: s.handoff,
 		})
 		s.mu.Unlock()
 	}
@@ -470,7 +495,7 @@ func (e *Engine) Close() error {
 	e.mu.Lock()
 	e.closed = true
 	e.mu.Unlock()
-	e.cancel(ErrClosed)
+	e.cancel(errClosed)
 	e.wg.Wait()
 	return nil
 }

@@ -178,7 +178,7 @@ func TestGuardExactlyOnce(t *testing.T) {
 		{name: "panic before release", hookPhase: PhaseRelease, wantErr: ErrPanic, wantAbort: 1, wantTotal: metrics.FetchPanic},
 		{name: "panic after release", hookPhase: PhaseIndex, wantErr: ErrPanic, wantAbort: 0, wantTotal: metrics.FetchPanic},
 		{name: "cancel mid-read", cancelIn: true, wantErr: context.Canceled, wantAbort: 1, wantTotal: metrics.FetchCanceled},
-		{name: "shutdown mid-read", closeIn: true, wantErr: ErrClosed, wantAbort: 1, wantTotal: metrics.FetchCanceled},
+		{name: "shutdown mid-read", closeIn: true, wantErr: errClosed, wantAbort: 1, wantTotal: metrics.FetchCanceled},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -251,7 +251,7 @@ func alignUp(n uint64) uint64 { return (n + stagingAlign - 1) &^ (stagingAlign -
 // by their remote NUMA node, staged anywhere); each extent is sized
 // min(bytes of that group still to place, maxChunk, the largest allocation
 // the pool can hold: one NUMA part) and never less than the block being
-// placed (lesson 5): large fetches bound eviction amplification, small
+// placed (docs/lessons.md L5): large fetches bound eviction amplification, small
 // fetches work on small pools. A chunk the pool has no room for is asked
 // again the size of its first block, so a pool nearly full still takes
 // the blocks that fit. It stops at the first block it cannot place:

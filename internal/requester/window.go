@@ -181,7 +181,7 @@ func (p *pipeline) query(asked []int) window {
 	w := window{asked: asked, lockedAt: time.Now()}
 	w.resp, w.err = p.e.lock(p.ctx, p.st, p.client, &pegadv1.QueryBlocksForTransferRequest{
 		Namespace: p.st.ns, Hashes: hashes, RequesterId: p.e.opts.NodeID, Requester: p.e.requester(),
-		WindowBytes: defaultWindowBytes,
+		WindowBytes: defaultWindowBytes, HandoffToken: p.st.handoff,
 	})
 	if w.err != nil {
 		return w

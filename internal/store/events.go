@@ -101,8 +101,8 @@ func (s *Store) unlockNotify() {
 func (s *Store) Keys() []Key {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	keys := make([]Key, 0, len(s.index))
-	for k := range s.index {
+	keys := make([]Key, 0, s.index.len())
+	for k := range s.index.all() {
 		keys = append(keys, k)
 	}
 	return keys

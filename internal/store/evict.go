@@ -64,6 +64,7 @@ func (s *Store) AllocExtentOn(node int, n uint64) (*Extent, error) {
 		s.evictNeed += need
 		for _, b := range victims {
 			s.spillLocked(b) // before removeLocked frees its memory
+			s.evictedLocked(b)
 			s.removeLocked(b, Evicted)
 			s.evictions++
 			s.evictedBytes += b.size

@@ -94,7 +94,7 @@ func (s *Store) FlushLower(ctx context.Context) (int, error) {
 		return 0, nil
 	}
 	s.mu.Lock()
-	keys := make([]Key, 0, len(s.index))
+	keys := make([]Key, 0, s.index.len())
 	for el := s.lru.Front(); el != nil; el = el.Next() {
 		keys = append(keys, el.Value.(*Block).key)
 	}
@@ -209,11 +209,15 @@ func (s *Store) promote(key Key) bool {
 	if s.lower == nil || !s.lower.Has(key) {
 		return false
 	}
+	ck, err := checkKey(key) // once for this promotion: put trusts it
+	if err != nil {
+		return false
+	}
 	g := s.beginPromote(key)
 	defer s.endPromote(key, g)
-	err := s.lower.Load(key, func(sizes []SlotSize, data []byte) error {
+	err = s.lower.Load(key, func(sizes []SlotSize, data []byte) error {
 		promoteGapHook()
-		_, err := s.put(key, sizes, func(buf []byte) error {
+		_, err := s.put(ck, sizes, func(buf []byte) error {
 			if len(buf) != len(data) {
 				return errors.New("lower tier block size disagrees with its slots")
 			}

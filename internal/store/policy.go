@@ -66,7 +66,7 @@ func (s *Store) parentLocked(key Key) *evict.Node {
 		return nil
 	}
 	delete(s.hints, key)
-	if p := s.index[pk]; p != nil {
+	if p := s.index.get(pk); p != nil {
 		return &p.node
 	}
 	return nil

@@ -33,7 +33,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/pegaflow/pegad/api/limits"
 	"github.com/pegaflow/pegad/internal/evict"
 	"github.com/pegaflow/pegad/internal/metrics"
 	"github.com/pegaflow/pegad/internal/pool"
@@ -189,7 +188,7 @@ type Store struct {
 	// side by side) and take mu only for the short, allocation-free pass
 	// that pins what they found; see Pin.
 	idxMu sync.RWMutex
-	index map[Key]*Block
+	index blockIndex
 	// lru holds the indexed blocks (*Block), most recently used at the
 	// front: the order of listings and FlushLower, not of eviction.
 	lru *list.List
@@ -225,6 +224,13 @@ type Store struct {
 	// promoting: the keys being read back from the lower tier, guarded
 	// by mu; Delete bumps their generation (lower.go).
 	promoting map[Key]*promotion
+
+	// recompute remembers evicted hashes and recomputedN counts the
+	// local puts found there, both guarded by mu; onRecomputed is told
+	// each, under mu (recompute.go).
+	recompute    recomputeSketch
+	recomputedN  uint64
+	onRecomputed atomic.Pointer[func(string)]
 }
 
 // New creates a store over p that evicts in LRU order. m may be nil (no
@@ -235,7 +241,7 @@ func New(p *pool.Pool, m *metrics.Metrics) *Store { return NewWithPolicy(p, m, e
 // store owns from here on.
 func NewWithPolicy(p *pool.Pool, m *metrics.Metrics, pol Policy) *Store {
 	s := &Store{
-		pool: p, m: m, index: make(map[Key]*Block), lru: list.New(), byNS: make(map[string]*listIndex),
+		pool: p, m: m, index: newBlockIndex(), lru: list.New(), byNS: make(map[string]*listIndex),
 		policy: pol, hints: make(map[Key]Key),
 	}
 	if m != nil {
@@ -302,19 +308,10 @@ func (s *Store) pinnedMetricLocked() {
 
 func (s *Store) indexMetricsLocked() {
 	if s.m != nil {
-		s.m.Blocks.Set(float64(len(s.index)))
+		s.m.Blocks.Set(float64(s.index.len()))
 		s.m.BlockBytes.Set(float64(s.bytes))
 		s.m.PinnedDeferred.Set(float64(s.deferred))
 	}
-}
-
-// validKey checks the key's limits; the error wraps both ErrInvalid and
-// limits.ErrInvalidKey.
-func validKey(k Key) error {
-	if err := limits.ValidKey(k.Namespace, k.Hash); err != nil {
-		return fmt.Errorf("%w: %w", ErrInvalid, err)
-	}
-	return nil
 }
 
 func validSlotCount(n int) error {
@@ -331,22 +328,31 @@ func inside(off, n, limit uint64) bool { return off <= limit && n <= limit-off }
 // e). created is false when key was already indexed (the old block is kept
 // and nothing changes). ErrInvalid for a layout outside e or bad key.
 func (s *Store) Insert(key Key, e *Extent, slots []SlotLayout) (created bool, err error) {
-	return s.insert(key, e, slots, false, nil)
+	ck, err := checkKey(key)
+	if err != nil {
+		return false, err
+	}
+	return s.insert(ck, e, slots, false, nil)
 }
 
 // InsertFetched is Insert of a block copied from another node that holds
 // it too (a prefetch): the policy evicts such copies before the blocks
 // only this node holds.
 func (s *Store) InsertFetched(key Key, e *Extent, slots []SlotLayout) (created bool, err error) {
-	return s.insert(key, e, slots, true, nil)
-}
-
-// insert is Insert; g is the promotion it commits (nil: none), which a
-// Delete since the promotion began cancels.
-func (s *Store) insert(key Key, e *Extent, slots []SlotLayout, fetched bool, g *promoteGuard) (created bool, err error) {
-	if err := validKey(key); err != nil {
+	ck, err := checkKey(key)
+	if err != nil {
 		return false, err
 	}
+	return s.insert(ck, e, slots, true, nil)
+}
+
+// insert is InsertChecked; g is the promotion it commits (nil: none),
+// which a Delete since the promotion began cancels.
+func (s *Store) insert(ck CheckedKey, e *Extent, slots []SlotLayout, fetched bool, g *promoteGuard) (created bool, err error) {
+	if !ck.checked() {
+		return false, errUnchecked
+	}
+	key := ck.Key()
 	if e == nil || e.s != s {
 		return false, fmt.Errorf("%w: extent not from this store", ErrInvalid)
 	}
@@ -387,7 +393,7 @@ func (s *Store) insert(key Key, e *Extent, slots []SlotLayout, fetched bool, g *
 	if e.refs <= 0 {
 		return false, fmt.Errorf("%w: extent already released", ErrInvalid)
 	}
-	if _, ok := s.index[key]; ok {
+	if s.index.get(key) != nil {
 		return false, nil
 	}
 	if g.canceledLocked() {
@@ -397,10 +403,13 @@ func (s *Store) insert(key Key, e *Extent, slots []SlotLayout, fetched bool, g *
 	b.elem = s.lru.PushFront(b)
 	s.policy.Insert(&b.node, s.parentLocked(key), fetched)
 	s.idxMu.Lock()
-	s.index[key] = b
+	s.index.add(b)
 	s.idxMu.Unlock()
 	s.listAddLocked(b)
 	s.bytes += b.size
+	if !fetched && g == nil {
+		s.putLocked(b)
+	}
 	s.changedLocked(key, Stored)
 	s.indexMetricsLocked()
 	return true, nil
@@ -411,14 +420,20 @@ func (s *Store) insert(key Key, e *Extent, slots []SlotLayout, fetched bool, g *
 // the buffer it is given. Nothing is stored when fill returns an error.
 // A key already indexed returns created=false without calling fill.
 func (s *Store) Put(key Key, sizes []SlotSize, fill func(buf []byte) error) (created bool, err error) {
-	return s.put(key, sizes, fill, nil)
-}
-
-// put is Put; g is the promotion it commits (nil: a local put).
-func (s *Store) put(key Key, sizes []SlotSize, fill func(buf []byte) error, g *promoteGuard) (created bool, err error) {
-	if err := validKey(key); err != nil {
+	ck, err := checkKey(key)
+	if err != nil {
 		return false, err
 	}
+	return s.put(ck, sizes, fill, nil)
+}
+
+// put is PutChecked; g is the promotion it commits (nil: a local put).
+// Neither it nor insert checks the key again.
+func (s *Store) put(ck CheckedKey, sizes []SlotSize, fill func(buf []byte) error, g *promoteGuard) (created bool, err error) {
+	if !ck.checked() {
+		return false, errUnchecked
+	}
+	key := ck.Key()
 	if err := validSlotCount(len(sizes)); err != nil {
 		return false, err
 	}
@@ -452,15 +467,14 @@ func (s *Store) put(key Key, sizes []SlotSize, fill func(buf []byte) error, g *p
 	if err := fill(e.mem[:total]); err != nil {
 		return false, fmt.Errorf("store: fill %s/%x: %w", key.Namespace, key.Hash, err)
 	}
-	return s.insert(key, e, layout, false, g)
+	return s.insert(ck, e, layout, false, g)
 }
 
 // Has reports whether key is indexed (no LRU touch).
 func (s *Store) Has(key Key) bool {
 	s.idxMu.RLock()
 	defer s.idxMu.RUnlock()
-	_, ok := s.index[key]
-	return ok
+	return s.index.get(key) != nil
 }
 
 // Pin looks up keys and pins the found ones (in order); missing lists the
@@ -509,7 +523,7 @@ func (s *Store) pinFound(keys []Key) (found []*Block, n int) {
 	found = make([]*Block, len(keys))
 	s.idxMu.RLock()
 	for i, k := range keys {
-		if b := s.index[k]; b != nil {
+		if b := s.index.get(k); b != nil {
 			found[i] = b
 			n++
 		}
@@ -586,7 +600,7 @@ func (s *Store) unpinLocked(b *Block) {
 // reference unless a pin keeps it. It reports whether memory was freed.
 func (s *Store) removeLocked(b *Block, why ChangeKind) (freed bool) {
 	s.idxMu.Lock()
-	delete(s.index, b.key)
+	s.index.remove(b.key)
 	s.idxMu.Unlock()
 	s.changedLocked(b.key, why)
 	s.lru.Remove(b.elem)
@@ -611,8 +625,8 @@ func (s *Store) Delete(key Key) (deferred bool, err error) {
 	defer s.unlockNotify()
 	onLower := s.lower != nil && s.lower.Forget(key) // a leaf lock (lower.go)
 	s.cancelPromotionsLocked(key)                    // a promotion under way must not put it back
-	b, ok := s.index[key]
-	if !ok {
+	b := s.index.get(key)
+	if b == nil {
 		if onLower {
 			return false, nil
 		}
@@ -768,7 +782,7 @@ func (s *Store) ReadPinned(b *Block, w func(chunk []byte) error) error {
 func (s *Store) Stats() Stats {
 	s.mu.Lock()
 	st := Stats{
-		Blocks: uint64(len(s.index)), Bytes: s.bytes, Pinned: s.pinned, DeferredFree: s.deferred,
+		Blocks: uint64(s.index.len()), Bytes: s.bytes, Pinned: s.pinned, DeferredFree: s.deferred,
 		Evictions: s.evictions, RefUnderflows: s.underflows,
 		EvictedBytes: s.evictedBytes, EvictNeedBytes: s.evictNeed,
 	}

@@ -111,7 +111,7 @@ func indexedKeys(s *Store) map[Key]bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	m := map[Key]bool{}
-	for k := range s.index {
+	for k := range s.index.all() {
 		m[k] = true
 	}
 	return m
@@ -482,7 +482,7 @@ func allocsLive(s *Store, extra ...*Extent) []pool.Alloc {
 	for _, e := range extra {
 		add(e)
 	}
-	for _, b := range s.index {
+	for _, b := range s.index.all() {
 		add(b.ext)
 	}
 	return out
@@ -740,7 +740,7 @@ func TestUnderflowIgnored(t *testing.T) {
 // demoteLocked makes k's block the LRU policy's next victim (and the
 // listing order's oldest).
 func demoteLocked(s *Store, k Key) {
-	b := s.index[k]
+	b := s.index.get(k)
 	s.lru.MoveToBack(b.elem)
 	s.policy.(*evict.LRU).Demote(&b.node)
 }

@@ -28,16 +28,29 @@ func PutBlock(ctx context.Context, c pegadv1.LocalServiceClient, ns string, hash
 	}
 	if err := s.Send(&pegadv1.PutBlockRequest{Msg: &pegadv1.PutBlockRequest_Header{Header: &pegadv1.PutBlockHeader{
 		Namespace: ns, Hash: hash, Slots: []*pegadv1.SlotSize{slot}}}}); err != nil {
-		return nil, err
+		return nil, sendErr(s, err)
 	}
 	for rest := body; len(rest) > 0; {
 		k := min(len(rest), 1<<20)
 		if err := s.Send(&pegadv1.PutBlockRequest{Msg: &pegadv1.PutBlockRequest_Data{Data: rest[:k]}}); err != nil {
-			return nil, err
+			return nil, sendErr(s, err)
 		}
 		rest = rest[k:]
 	}
 	return s.CloseAndRecv()
+}
+
+// sendErr is the error of a failed Send: io.EOF says the server ended the
+// stream (a refused header, answered before the data was sent), whose
+// status only a receive reads (grpc.ClientStream.SendMsg).
+func sendErr(s pegadv1.LocalService_PutBlockClient, err error) error {
+	if !errors.Is(err, io.EOF) {
+		return err
+	}
+	if _, rerr := s.CloseAndRecv(); rerr != nil {
+		return rerr
+	}
+	return err
 }
 
 // GetBlock reads a block's bytes (slot order) through the local API.

@@ -166,7 +166,9 @@ type HolderSession struct {
 	Renewals             uint32                 `protobuf:"varint,9,opt,name=renewals,proto3" json:"renewals,omitempty"`
 	// The locked blocks, in the order the requester asked for them; only
 	// with ListSessionsRequest.include_blocks.
-	Locked        []*LockedBlock `protobuf:"bytes,10,rep,name=locked,proto3" json:"locked,omitempty"`
+	Locked []*LockedBlock `protobuf:"bytes,10,rep,name=locked,proto3" json:"locked,omitempty"`
+	// The id of the handoff its query named (a P/D pull); empty: none.
+	HandoffId     string `protobuf:"bytes,11,opt,name=handoff_id,json=handoffId,proto3" json:"handoff_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -271,6 +273,109 @@ func (x *HolderSession) GetLocked() []*LockedBlock {
 	return nil
 }
 
+func (x *HolderSession) GetHandoffId() string {
+	if x != nil {
+		return x.HandoffId
+	}
+	return ""
+}
+
+// A handoff pinned on this node, not yet pulled in full, released or
+// expired (LocalService.Handoff).
+type PendingHandoff struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The token's first 16 characters; the secret is never shown.
+	Id        string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Namespace string `protobuf:"bytes,2,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// Blocks still pinned (not pulled yet), of the blocks handed off.
+	Blocks        uint32               `protobuf:"varint,3,opt,name=blocks,proto3" json:"blocks,omitempty"`
+	BlocksTotal   uint32               `protobuf:"varint,4,opt,name=blocks_total,json=blocksTotal,proto3" json:"blocks_total,omitempty"`
+	Bytes         uint64               `protobuf:"varint,5,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	Age           *durationpb.Duration `protobuf:"bytes,6,opt,name=age,proto3" json:"age,omitempty"`
+	TtlLeft       *durationpb.Duration `protobuf:"bytes,7,opt,name=ttl_left,json=ttlLeft,proto3" json:"ttl_left,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PendingHandoff) Reset() {
+	*x = PendingHandoff{}
+	mi := &file_pegad_v1_admin_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PendingHandoff) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PendingHandoff) ProtoMessage() {}
+
+func (x *PendingHandoff) ProtoReflect() protoreflect.Message {
+	mi := &file_pegad_v1_admin_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PendingHandoff.ProtoReflect.Descriptor instead.
+func (*PendingHandoff) Descriptor() ([]byte, []int) {
+	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *PendingHandoff) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *PendingHandoff) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *PendingHandoff) GetBlocks() uint32 {
+	if x != nil {
+		return x.Blocks
+	}
+	return 0
+}
+
+func (x *PendingHandoff) GetBlocksTotal() uint32 {
+	if x != nil {
+		return x.BlocksTotal
+	}
+	return 0
+}
+
+func (x *PendingHandoff) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *PendingHandoff) GetAge() *durationpb.Duration {
+	if x != nil {
+		return x.Age
+	}
+	return nil
+}
+
+func (x *PendingHandoff) GetTtlLeft() *durationpb.Duration {
+	if x != nil {
+		return x.TtlLeft
+	}
+	return nil
+}
+
 // A fetch this node is running as requester.
 type Fetch struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
@@ -282,14 +387,17 @@ type Fetch struct {
 	Age       *durationpb.Duration   `protobuf:"bytes,6,opt,name=age,proto3" json:"age,omitempty"`
 	Phase     string                 `protobuf:"bytes,7,opt,name=phase,proto3" json:"phase,omitempty"`
 	// Bytes read so far (counted as READ completions arrive), of bytes.
-	BytesDone     uint64 `protobuf:"varint,8,opt,name=bytes_done,json=bytesDone,proto3" json:"bytes_done,omitempty"`
+	BytesDone uint64 `protobuf:"varint,8,opt,name=bytes_done,json=bytesDone,proto3" json:"bytes_done,omitempty"`
+	// The id of the peer's handoff this fetch pulls (a P/D pull); empty:
+	// none.
+	HandoffId     string `protobuf:"bytes,9,opt,name=handoff_id,json=handoffId,proto3" json:"handoff_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Fetch) Reset() {
 	*x = Fetch{}
-	mi := &file_pegad_v1_admin_proto_msgTypes[3]
+	mi := &file_pegad_v1_admin_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -301,7 +409,7 @@ func (x *Fetch) String() string {
 func (*Fetch) ProtoMessage() {}
 
 func (x *Fetch) ProtoReflect() protoreflect.Message {
-	mi := &file_pegad_v1_admin_proto_msgTypes[3]
+	mi := &file_pegad_v1_admin_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -314,7 +422,7 @@ func (x *Fetch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Fetch.ProtoReflect.Descriptor instead.
 func (*Fetch) Descriptor() ([]byte, []int) {
-	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{3}
+	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Fetch) GetReqId() string {
@@ -373,6 +481,13 @@ func (x *Fetch) GetBytesDone() uint64 {
 	return 0
 }
 
+func (x *Fetch) GetHandoffId() string {
+	if x != nil {
+		return x.HandoffId
+	}
+	return ""
+}
+
 type ListSessionsResponse struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Sessions []*HolderSession       `protobuf:"bytes,1,rep,name=sessions,proto3" json:"sessions,omitempty"`
@@ -383,13 +498,16 @@ type ListSessionsResponse struct {
 	NextCursor string `protobuf:"bytes,3,opt,name=next_cursor,json=nextCursor,proto3" json:"next_cursor,omitempty"`
 	// True when there were more in-flight fetches than listed.
 	FetchesTruncated bool `protobuf:"varint,4,opt,name=fetches_truncated,json=fetchesTruncated,proto3" json:"fetches_truncated,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Handoffs pending on this node: on the first page only, oldest first,
+	// at most 4096.
+	Handoffs      []*PendingHandoff `protobuf:"bytes,5,rep,name=handoffs,proto3" json:"handoffs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ListSessionsResponse) Reset() {
 	*x = ListSessionsResponse{}
-	mi := &file_pegad_v1_admin_proto_msgTypes[4]
+	mi := &file_pegad_v1_admin_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -401,7 +519,7 @@ func (x *ListSessionsResponse) String() string {
 func (*ListSessionsResponse) ProtoMessage() {}
 
 func (x *ListSessionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pegad_v1_admin_proto_msgTypes[4]
+	mi := &file_pegad_v1_admin_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -414,7 +532,7 @@ func (x *ListSessionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSessionsResponse.ProtoReflect.Descriptor instead.
 func (*ListSessionsResponse) Descriptor() ([]byte, []int) {
-	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{4}
+	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ListSessionsResponse) GetSessions() []*HolderSession {
@@ -445,6 +563,13 @@ func (x *ListSessionsResponse) GetFetchesTruncated() bool {
 	return false
 }
 
+func (x *ListSessionsResponse) GetHandoffs() []*PendingHandoff {
+	if x != nil {
+		return x.Handoffs
+	}
+	return nil
+}
+
 type ReleaseLockRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	SessionId string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
@@ -456,7 +581,7 @@ type ReleaseLockRequest struct {
 
 func (x *ReleaseLockRequest) Reset() {
 	*x = ReleaseLockRequest{}
-	mi := &file_pegad_v1_admin_proto_msgTypes[5]
+	mi := &file_pegad_v1_admin_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -468,7 +593,7 @@ func (x *ReleaseLockRequest) String() string {
 func (*ReleaseLockRequest) ProtoMessage() {}
 
 func (x *ReleaseLockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pegad_v1_admin_proto_msgTypes[5]
+	mi := &file_pegad_v1_admin_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -481,7 +606,7 @@ func (x *ReleaseLockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseLockRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseLockRequest) Descriptor() ([]byte, []int) {
-	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{5}
+	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ReleaseLockRequest) GetSessionId() string {
@@ -507,7 +632,7 @@ type ReleaseLockResponse struct {
 
 func (x *ReleaseLockResponse) Reset() {
 	*x = ReleaseLockResponse{}
-	mi := &file_pegad_v1_admin_proto_msgTypes[6]
+	mi := &file_pegad_v1_admin_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -519,7 +644,7 @@ func (x *ReleaseLockResponse) String() string {
 func (*ReleaseLockResponse) ProtoMessage() {}
 
 func (x *ReleaseLockResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pegad_v1_admin_proto_msgTypes[6]
+	mi := &file_pegad_v1_admin_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -532,7 +657,7 @@ func (x *ReleaseLockResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseLockResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseLockResponse) Descriptor() ([]byte, []int) {
-	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{6}
+	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ReleaseLockResponse) GetReleasedBlocks() uint32 {
@@ -550,7 +675,7 @@ type ListConnsRequest struct {
 
 func (x *ListConnsRequest) Reset() {
 	*x = ListConnsRequest{}
-	mi := &file_pegad_v1_admin_proto_msgTypes[7]
+	mi := &file_pegad_v1_admin_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -562,7 +687,7 @@ func (x *ListConnsRequest) String() string {
 func (*ListConnsRequest) ProtoMessage() {}
 
 func (x *ListConnsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pegad_v1_admin_proto_msgTypes[7]
+	mi := &file_pegad_v1_admin_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -575,7 +700,7 @@ func (x *ListConnsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListConnsRequest.ProtoReflect.Descriptor instead.
 func (*ListConnsRequest) Descriptor() ([]byte, []int) {
-	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{7}
+	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{8}
 }
 
 type NicConn struct {
@@ -589,7 +714,7 @@ type NicConn struct {
 
 func (x *NicConn) Reset() {
 	*x = NicConn{}
-	mi := &file_pegad_v1_admin_proto_msgTypes[8]
+	mi := &file_pegad_v1_admin_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -601,7 +726,7 @@ func (x *NicConn) String() string {
 func (*NicConn) ProtoMessage() {}
 
 func (x *NicConn) ProtoReflect() protoreflect.Message {
-	mi := &file_pegad_v1_admin_proto_msgTypes[8]
+	mi := &file_pegad_v1_admin_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -614,7 +739,7 @@ func (x *NicConn) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NicConn.ProtoReflect.Descriptor instead.
 func (*NicConn) Descriptor() ([]byte, []int) {
-	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{8}
+	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *NicConn) GetNic() string {
@@ -658,7 +783,7 @@ type Conn struct {
 
 func (x *Conn) Reset() {
 	*x = Conn{}
-	mi := &file_pegad_v1_admin_proto_msgTypes[9]
+	mi := &file_pegad_v1_admin_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -670,7 +795,7 @@ func (x *Conn) String() string {
 func (*Conn) ProtoMessage() {}
 
 func (x *Conn) ProtoReflect() protoreflect.Message {
-	mi := &file_pegad_v1_admin_proto_msgTypes[9]
+	mi := &file_pegad_v1_admin_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -683,7 +808,7 @@ func (x *Conn) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Conn.ProtoReflect.Descriptor instead.
 func (*Conn) Descriptor() ([]byte, []int) {
-	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{9}
+	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Conn) GetPeer() string {
@@ -751,7 +876,7 @@ type ListConnsResponse struct {
 
 func (x *ListConnsResponse) Reset() {
 	*x = ListConnsResponse{}
-	mi := &file_pegad_v1_admin_proto_msgTypes[10]
+	mi := &file_pegad_v1_admin_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -763,7 +888,7 @@ func (x *ListConnsResponse) String() string {
 func (*ListConnsResponse) ProtoMessage() {}
 
 func (x *ListConnsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pegad_v1_admin_proto_msgTypes[10]
+	mi := &file_pegad_v1_admin_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -776,7 +901,7 @@ func (x *ListConnsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListConnsResponse.ProtoReflect.Descriptor instead.
 func (*ListConnsResponse) Descriptor() ([]byte, []int) {
-	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{10}
+	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ListConnsResponse) GetConns() []*Conn {
@@ -794,7 +919,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_pegad_v1_admin_proto_msgTypes[11]
+	mi := &file_pegad_v1_admin_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -806,7 +931,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pegad_v1_admin_proto_msgTypes[11]
+	mi := &file_pegad_v1_admin_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -819,7 +944,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{11}
+	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{12}
 }
 
 type StatsResponse struct {
@@ -855,13 +980,17 @@ type StatsResponse struct {
 	EvictionPolicy  string  `protobuf:"bytes,23,opt,name=eviction_policy,json=evictionPolicy,proto3" json:"eviction_policy,omitempty"`
 	EvictionWeight  float64 `protobuf:"fixed64,24,opt,name=eviction_weight,json=evictionWeight,proto3" json:"eviction_weight,omitempty"`
 	EvictionSamples uint64  `protobuf:"varint,25,opt,name=eviction_samples,json=evictionSamples,proto3" json:"eviction_samples,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Local puts of blocks this node held before and evicted, over every
+	// namespace (pegaflow_recomputed_blocks_total): with the lookup counts
+	// above, the hit-ratio ceiling (hit + recomputed) / (hit + miss).
+	RecomputedBlocks uint64 `protobuf:"varint,26,opt,name=recomputed_blocks,json=recomputedBlocks,proto3" json:"recomputed_blocks,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *StatsResponse) Reset() {
 	*x = StatsResponse{}
-	mi := &file_pegad_v1_admin_proto_msgTypes[12]
+	mi := &file_pegad_v1_admin_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -873,7 +1002,7 @@ func (x *StatsResponse) String() string {
 func (*StatsResponse) ProtoMessage() {}
 
 func (x *StatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pegad_v1_admin_proto_msgTypes[12]
+	mi := &file_pegad_v1_admin_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -886,7 +1015,7 @@ func (x *StatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsResponse.ProtoReflect.Descriptor instead.
 func (*StatsResponse) Descriptor() ([]byte, []int) {
-	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{12}
+	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *StatsResponse) GetNodeId() string {
@@ -1064,6 +1193,13 @@ func (x *StatsResponse) GetEvictionSamples() uint64 {
 	return 0
 }
 
+func (x *StatsResponse) GetRecomputedBlocks() uint64 {
+	if x != nil {
+		return x.RecomputedBlocks
+	}
+	return 0
+}
+
 type VersionRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1072,7 +1208,7 @@ type VersionRequest struct {
 
 func (x *VersionRequest) Reset() {
 	*x = VersionRequest{}
-	mi := &file_pegad_v1_admin_proto_msgTypes[13]
+	mi := &file_pegad_v1_admin_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1084,7 +1220,7 @@ func (x *VersionRequest) String() string {
 func (*VersionRequest) ProtoMessage() {}
 
 func (x *VersionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pegad_v1_admin_proto_msgTypes[13]
+	mi := &file_pegad_v1_admin_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1097,7 +1233,7 @@ func (x *VersionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VersionRequest.ProtoReflect.Descriptor instead.
 func (*VersionRequest) Descriptor() ([]byte, []int) {
-	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{13}
+	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{14}
 }
 
 type VersionResponse struct {
@@ -1113,7 +1249,7 @@ type VersionResponse struct {
 
 func (x *VersionResponse) Reset() {
 	*x = VersionResponse{}
-	mi := &file_pegad_v1_admin_proto_msgTypes[14]
+	mi := &file_pegad_v1_admin_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1125,7 +1261,7 @@ func (x *VersionResponse) String() string {
 func (*VersionResponse) ProtoMessage() {}
 
 func (x *VersionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pegad_v1_admin_proto_msgTypes[14]
+	mi := &file_pegad_v1_admin_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1138,7 +1274,7 @@ func (x *VersionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VersionResponse.ProtoReflect.Descriptor instead.
 func (*VersionResponse) Descriptor() ([]byte, []int) {
-	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{14}
+	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *VersionResponse) GetVersion() string {
@@ -1188,7 +1324,7 @@ const file_pegad_v1_admin_proto_rawDesc = "" +
 	"\vLockedBlock\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04hash\x18\x02 \x01(\fR\x04hash\x12\x14\n" +
-	"\x05bytes\x18\x03 \x01(\x04R\x05bytes\"\xa1\x03\n" +
+	"\x05bytes\x18\x03 \x01(\x04R\x05bytes\"\xc0\x03\n" +
 	"\rHolderSession\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12!\n" +
@@ -1203,7 +1339,17 @@ const file_pegad_v1_admin_proto_rawDesc = "" +
 	"expires_in\x18\b \x01(\v2\x19.google.protobuf.DurationR\texpiresIn\x12\x1a\n" +
 	"\brenewals\x18\t \x01(\rR\brenewals\x12-\n" +
 	"\x06locked\x18\n" +
-	" \x03(\v2\x15.pegad.v1.LockedBlockR\x06locked\"\xe1\x01\n" +
+	" \x03(\v2\x15.pegad.v1.LockedBlockR\x06locked\x12\x1d\n" +
+	"\n" +
+	"handoff_id\x18\v \x01(\tR\thandoffId\"\xf2\x01\n" +
+	"\x0ePendingHandoff\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1c\n" +
+	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x16\n" +
+	"\x06blocks\x18\x03 \x01(\rR\x06blocks\x12!\n" +
+	"\fblocks_total\x18\x04 \x01(\rR\vblocksTotal\x12\x14\n" +
+	"\x05bytes\x18\x05 \x01(\x04R\x05bytes\x12+\n" +
+	"\x03age\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\x03age\x124\n" +
+	"\bttl_left\x18\a \x01(\v2\x19.google.protobuf.DurationR\attlLeft\"\x80\x02\n" +
 	"\x05Fetch\x12\x15\n" +
 	"\x06req_id\x18\x01 \x01(\tR\x05reqId\x12\x12\n" +
 	"\x04peer\x18\x02 \x01(\tR\x04peer\x12\x1d\n" +
@@ -1214,13 +1360,16 @@ const file_pegad_v1_admin_proto_rawDesc = "" +
 	"\x03age\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\x03age\x12\x14\n" +
 	"\x05phase\x18\a \x01(\tR\x05phase\x12\x1d\n" +
 	"\n" +
-	"bytes_done\x18\b \x01(\x04R\tbytesDone\"\xc4\x01\n" +
+	"bytes_done\x18\b \x01(\x04R\tbytesDone\x12\x1d\n" +
+	"\n" +
+	"handoff_id\x18\t \x01(\tR\thandoffId\"\xfa\x01\n" +
 	"\x14ListSessionsResponse\x123\n" +
 	"\bsessions\x18\x01 \x03(\v2\x17.pegad.v1.HolderSessionR\bsessions\x12)\n" +
 	"\afetches\x18\x02 \x03(\v2\x0f.pegad.v1.FetchR\afetches\x12\x1f\n" +
 	"\vnext_cursor\x18\x03 \x01(\tR\n" +
 	"nextCursor\x12+\n" +
-	"\x11fetches_truncated\x18\x04 \x01(\bR\x10fetchesTruncated\"O\n" +
+	"\x11fetches_truncated\x18\x04 \x01(\bR\x10fetchesTruncated\x124\n" +
+	"\bhandoffs\x18\x05 \x03(\v2\x18.pegad.v1.PendingHandoffR\bhandoffs\"O\n" +
 	"\x12ReleaseLockRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1a\n" +
@@ -1244,7 +1393,7 @@ const file_pegad_v1_admin_proto_rawDesc = "" +
 	"\x10remote_advertise\x18\b \x01(\tR\x0fremoteAdvertise\"9\n" +
 	"\x11ListConnsResponse\x12$\n" +
 	"\x05conns\x18\x01 \x03(\v2\x0e.pegad.v1.ConnR\x05conns\"\x0e\n" +
-	"\fStatsRequest\"\xe1\x06\n" +
+	"\fStatsRequest\"\x8e\a\n" +
 	"\rStatsResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12 \n" +
 	"\vincarnation\x18\x02 \x01(\tR\vincarnation\x12\x1c\n" +
@@ -1274,7 +1423,8 @@ const file_pegad_v1_admin_proto_rawDesc = "" +
 	"\x12lookup_miss_blocks\x18\x16 \x01(\x04R\x10lookupMissBlocks\x12'\n" +
 	"\x0feviction_policy\x18\x17 \x01(\tR\x0eevictionPolicy\x12'\n" +
 	"\x0feviction_weight\x18\x18 \x01(\x01R\x0eevictionWeight\x12)\n" +
-	"\x10eviction_samples\x18\x19 \x01(\x04R\x0fevictionSamples\"\x10\n" +
+	"\x10eviction_samples\x18\x19 \x01(\x04R\x0fevictionSamples\x12+\n" +
+	"\x11recomputed_blocks\x18\x1a \x01(\x04R\x10recomputedBlocks\"\x10\n" +
 	"\x0eVersionRequest\"\xa9\x01\n" +
 	"\x0fVersionResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x16\n" +
@@ -1302,53 +1452,57 @@ func file_pegad_v1_admin_proto_rawDescGZIP() []byte {
 	return file_pegad_v1_admin_proto_rawDescData
 }
 
-var file_pegad_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_pegad_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_pegad_v1_admin_proto_goTypes = []any{
 	(*ListSessionsRequest)(nil),   // 0: pegad.v1.ListSessionsRequest
 	(*LockedBlock)(nil),           // 1: pegad.v1.LockedBlock
 	(*HolderSession)(nil),         // 2: pegad.v1.HolderSession
-	(*Fetch)(nil),                 // 3: pegad.v1.Fetch
-	(*ListSessionsResponse)(nil),  // 4: pegad.v1.ListSessionsResponse
-	(*ReleaseLockRequest)(nil),    // 5: pegad.v1.ReleaseLockRequest
-	(*ReleaseLockResponse)(nil),   // 6: pegad.v1.ReleaseLockResponse
-	(*ListConnsRequest)(nil),      // 7: pegad.v1.ListConnsRequest
-	(*NicConn)(nil),               // 8: pegad.v1.NicConn
-	(*Conn)(nil),                  // 9: pegad.v1.Conn
-	(*ListConnsResponse)(nil),     // 10: pegad.v1.ListConnsResponse
-	(*StatsRequest)(nil),          // 11: pegad.v1.StatsRequest
-	(*StatsResponse)(nil),         // 12: pegad.v1.StatsResponse
-	(*VersionRequest)(nil),        // 13: pegad.v1.VersionRequest
-	(*VersionResponse)(nil),       // 14: pegad.v1.VersionResponse
-	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 16: google.protobuf.Duration
+	(*PendingHandoff)(nil),        // 3: pegad.v1.PendingHandoff
+	(*Fetch)(nil),                 // 4: pegad.v1.Fetch
+	(*ListSessionsResponse)(nil),  // 5: pegad.v1.ListSessionsResponse
+	(*ReleaseLockRequest)(nil),    // 6: pegad.v1.ReleaseLockRequest
+	(*ReleaseLockResponse)(nil),   // 7: pegad.v1.ReleaseLockResponse
+	(*ListConnsRequest)(nil),      // 8: pegad.v1.ListConnsRequest
+	(*NicConn)(nil),               // 9: pegad.v1.NicConn
+	(*Conn)(nil),                  // 10: pegad.v1.Conn
+	(*ListConnsResponse)(nil),     // 11: pegad.v1.ListConnsResponse
+	(*StatsRequest)(nil),          // 12: pegad.v1.StatsRequest
+	(*StatsResponse)(nil),         // 13: pegad.v1.StatsResponse
+	(*VersionRequest)(nil),        // 14: pegad.v1.VersionRequest
+	(*VersionResponse)(nil),       // 15: pegad.v1.VersionResponse
+	(*timestamppb.Timestamp)(nil), // 16: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 17: google.protobuf.Duration
 }
 var file_pegad_v1_admin_proto_depIdxs = []int32{
-	15, // 0: pegad.v1.HolderSession.created_at:type_name -> google.protobuf.Timestamp
-	16, // 1: pegad.v1.HolderSession.age:type_name -> google.protobuf.Duration
-	16, // 2: pegad.v1.HolderSession.expires_in:type_name -> google.protobuf.Duration
+	16, // 0: pegad.v1.HolderSession.created_at:type_name -> google.protobuf.Timestamp
+	17, // 1: pegad.v1.HolderSession.age:type_name -> google.protobuf.Duration
+	17, // 2: pegad.v1.HolderSession.expires_in:type_name -> google.protobuf.Duration
 	1,  // 3: pegad.v1.HolderSession.locked:type_name -> pegad.v1.LockedBlock
-	16, // 4: pegad.v1.Fetch.age:type_name -> google.protobuf.Duration
-	2,  // 5: pegad.v1.ListSessionsResponse.sessions:type_name -> pegad.v1.HolderSession
-	3,  // 6: pegad.v1.ListSessionsResponse.fetches:type_name -> pegad.v1.Fetch
-	8,  // 7: pegad.v1.Conn.nics:type_name -> pegad.v1.NicConn
-	16, // 8: pegad.v1.Conn.age:type_name -> google.protobuf.Duration
-	9,  // 9: pegad.v1.ListConnsResponse.conns:type_name -> pegad.v1.Conn
-	16, // 10: pegad.v1.StatsResponse.uptime:type_name -> google.protobuf.Duration
-	0,  // 11: pegad.v1.AdminService.ListSessions:input_type -> pegad.v1.ListSessionsRequest
-	5,  // 12: pegad.v1.AdminService.ReleaseLock:input_type -> pegad.v1.ReleaseLockRequest
-	7,  // 13: pegad.v1.AdminService.ListConns:input_type -> pegad.v1.ListConnsRequest
-	11, // 14: pegad.v1.AdminService.Stats:input_type -> pegad.v1.StatsRequest
-	13, // 15: pegad.v1.AdminService.Version:input_type -> pegad.v1.VersionRequest
-	4,  // 16: pegad.v1.AdminService.ListSessions:output_type -> pegad.v1.ListSessionsResponse
-	6,  // 17: pegad.v1.AdminService.ReleaseLock:output_type -> pegad.v1.ReleaseLockResponse
-	10, // 18: pegad.v1.AdminService.ListConns:output_type -> pegad.v1.ListConnsResponse
-	12, // 19: pegad.v1.AdminService.Stats:output_type -> pegad.v1.StatsResponse
-	14, // 20: pegad.v1.AdminService.Version:output_type -> pegad.v1.VersionResponse
-	16, // [16:21] is the sub-list for method output_type
-	11, // [11:16] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	17, // 4: pegad.v1.PendingHandoff.age:type_name -> google.protobuf.Duration
+	17, // 5: pegad.v1.PendingHandoff.ttl_left:type_name -> google.protobuf.Duration
+	17, // 6: pegad.v1.Fetch.age:type_name -> google.protobuf.Duration
+	2,  // 7: pegad.v1.ListSessionsResponse.sessions:type_name -> pegad.v1.HolderSession
+	4,  // 8: pegad.v1.ListSessionsResponse.fetches:type_name -> pegad.v1.Fetch
+	3,  // 9: pegad.v1.ListSessionsResponse.handoffs:type_name -> pegad.v1.PendingHandoff
+	9,  // 10: pegad.v1.Conn.nics:type_name -> pegad.v1.NicConn
+	17, // 11: pegad.v1.Conn.age:type_name -> google.protobuf.Duration
+	10, // 12: pegad.v1.ListConnsResponse.conns:type_name -> pegad.v1.Conn
+	17, // 13: pegad.v1.StatsResponse.uptime:type_name -> google.protobuf.Duration
+	0,  // 14: pegad.v1.AdminService.ListSessions:input_type -> pegad.v1.ListSessionsRequest
+	6,  // 15: pegad.v1.AdminService.ReleaseLock:input_type -> pegad.v1.ReleaseLockRequest
+	8,  // 16: pegad.v1.AdminService.ListConns:input_type -> pegad.v1.ListConnsRequest
+	12, // 17: pegad.v1.AdminService.Stats:input_type -> pegad.v1.StatsRequest
+	14, // 18: pegad.v1.AdminService.Version:input_type -> pegad.v1.VersionRequest
+	5,  // 19: pegad.v1.AdminService.ListSessions:output_type -> pegad.v1.ListSessionsResponse
+	7,  // 20: pegad.v1.AdminService.ReleaseLock:output_type -> pegad.v1.ReleaseLockResponse
+	11, // 21: pegad.v1.AdminService.ListConns:output_type -> pegad.v1.ListConnsResponse
+	13, // 22: pegad.v1.AdminService.Stats:output_type -> pegad.v1.StatsResponse
+	15, // 23: pegad.v1.AdminService.Version:output_type -> pegad.v1.VersionResponse
+	19, // [19:24] is the sub-list for method output_type
+	14, // [14:19] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_pegad_v1_admin_proto_init() }
@@ -1362,7 +1516,7 @@ func file_pegad_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_pegad_v1_admin_proto_rawDesc), len(file_pegad_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   15,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -834,8 +834,18 @@ type PrefetchRequest struct {
 	// past it the message says how many outcomes were left out), because a
 	// trailer past the client's header-list limit resets the stream.
 	FailureInResponse bool `protobuf:"varint,5,opt,name=failure_in_response,json=failureInResponse,proto3" json:"failure_in_response,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// The token of the holder's handoff (HandoffResponse.token on the peer's
+	// node): sent to the holder, which ends that handoff's pin of each block
+	// once this prefetch has read it. Empty: none. A token naming no live
+	// handoff changes nothing; the prefetch proceeds as without it.
+	HandoffToken string `protobuf:"bytes,6,opt,name=handoff_token,json=handoffToken,proto3" json:"handoff_token,omitempty"`
+	// True: refuse (PERMISSION_DENIED, reason UNKNOWN_PEER) a peer that is
+	// neither a live node of the cluster index nor checked by the peer
+	// port's mTLS against --peer-allow; nothing is fetched then. For
+	// addresses that come from untrusted input (a request body).
+	KnownPeerOnly bool `protobuf:"varint,7,opt,name=known_peer_only,json=knownPeerOnly,proto3" json:"known_peer_only,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PrefetchRequest) Reset() {
@@ -899,6 +909,20 @@ func (x *PrefetchRequest) GetTimeout() *durationpb.Duration {
 func (x *PrefetchRequest) GetFailureInResponse() bool {
 	if x != nil {
 		return x.FailureInResponse
+	}
+	return false
+}
+
+func (x *PrefetchRequest) GetHandoffToken() string {
+	if x != nil {
+		return x.HandoffToken
+	}
+	return ""
+}
+
+func (x *PrefetchRequest) GetKnownPeerOnly() bool {
+	if x != nil {
+		return x.KnownPeerOnly
 	}
 	return false
 }
@@ -1115,6 +1139,265 @@ func (x *PrefetchFailure) GetMessage() string {
 	return ""
 }
 
+type HandoffRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Namespace string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// Every block must be stored here; otherwise nothing is pinned
+	// (NOT_FOUND, the message says how many are missing). At most 4096.
+	Hashes [][]byte `protobuf:"bytes,2,rep,name=hashes,proto3" json:"hashes,omitempty"`
+	// How long the pin lasts unless pulled or released. 0: the server's
+	// default (30 s); at most 300 s (INVALID_ARGUMENT beyond).
+	Ttl           *durationpb.Duration `protobuf:"bytes,3,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HandoffRequest) Reset() {
+	*x = HandoffRequest{}
+	mi := &file_pegad_v1_local_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HandoffRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HandoffRequest) ProtoMessage() {}
+
+func (x *HandoffRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_pegad_v1_local_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HandoffRequest.ProtoReflect.Descriptor instead.
+func (*HandoffRequest) Descriptor() ([]byte, []int) {
+	return file_pegad_v1_local_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *HandoffRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *HandoffRequest) GetHashes() [][]byte {
+	if x != nil {
+		return x.Hashes
+	}
+	return nil
+}
+
+func (x *HandoffRequest) GetTtl() *durationpb.Duration {
+	if x != nil {
+		return x.Ttl
+	}
+	return nil
+}
+
+type HandoffResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Opaque and unguessable: the consumer passes it in
+	// PrefetchRequest.handoff_token. Its first 16 characters are the
+	// handoff's id (HandoffInfo.id), the rest its secret.
+	Token string `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	// Blocks pinned (the distinct hashes of the request).
+	Blocks uint32 `protobuf:"varint,2,opt,name=blocks,proto3" json:"blocks,omitempty"`
+	Bytes  uint64 `protobuf:"varint,3,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	// This node's id and its peer address as peers dial it (--advertise).
+	NodeId        string                 `protobuf:"bytes,4,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	PeerAddr      string                 `protobuf:"bytes,5,opt,name=peer_addr,json=peerAddr,proto3" json:"peer_addr,omitempty"`
+	Ttl           *durationpb.Duration   `protobuf:"bytes,6,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	ExpiresAt     *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HandoffResponse) Reset() {
+	*x = HandoffResponse{}
+	mi := &file_pegad_v1_local_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HandoffResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HandoffResponse) ProtoMessage() {}
+
+func (x *HandoffResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_pegad_v1_local_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HandoffResponse.ProtoReflect.Descriptor instead.
+func (*HandoffResponse) Descriptor() ([]byte, []int) {
+	return file_pegad_v1_local_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *HandoffResponse) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
+func (x *HandoffResponse) GetBlocks() uint32 {
+	if x != nil {
+		return x.Blocks
+	}
+	return 0
+}
+
+func (x *HandoffResponse) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *HandoffResponse) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *HandoffResponse) GetPeerAddr() string {
+	if x != nil {
+		return x.PeerAddr
+	}
+	return ""
+}
+
+func (x *HandoffResponse) GetTtl() *durationpb.Duration {
+	if x != nil {
+		return x.Ttl
+	}
+	return nil
+}
+
+func (x *HandoffResponse) GetExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpiresAt
+	}
+	return nil
+}
+
+type ReleaseHandoffRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Token         string                 `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseHandoffRequest) Reset() {
+	*x = ReleaseHandoffRequest{}
+	mi := &file_pegad_v1_local_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseHandoffRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseHandoffRequest) ProtoMessage() {}
+
+func (x *ReleaseHandoffRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_pegad_v1_local_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseHandoffRequest.ProtoReflect.Descriptor instead.
+func (*ReleaseHandoffRequest) Descriptor() ([]byte, []int) {
+	return file_pegad_v1_local_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *ReleaseHandoffRequest) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
+type ReleaseHandoffResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// True when this call ended a live handoff.
+	Released bool `protobuf:"varint,1,opt,name=released,proto3" json:"released,omitempty"`
+	// Blocks it unpinned (those not pulled yet).
+	ReleasedBlocks uint32 `protobuf:"varint,2,opt,name=released_blocks,json=releasedBlocks,proto3" json:"released_blocks,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *ReleaseHandoffResponse) Reset() {
+	*x = ReleaseHandoffResponse{}
+	mi := &file_pegad_v1_local_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseHandoffResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseHandoffResponse) ProtoMessage() {}
+
+func (x *ReleaseHandoffResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_pegad_v1_local_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseHandoffResponse.ProtoReflect.Descriptor instead.
+func (*ReleaseHandoffResponse) Descriptor() ([]byte, []int) {
+	return file_pegad_v1_local_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *ReleaseHandoffResponse) GetReleased() bool {
+	if x != nil {
+		return x.Released
+	}
+	return false
+}
+
+func (x *ReleaseHandoffResponse) GetReleasedBlocks() uint32 {
+	if x != nil {
+		return x.ReleasedBlocks
+	}
+	return 0
+}
+
 var File_pegad_v1_local_proto protoreflect.FileDescriptor
 
 const file_pegad_v1_local_proto_rawDesc = "" +
@@ -1166,13 +1449,15 @@ const file_pegad_v1_local_proto_rawDesc = "" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04hash\x18\x02 \x01(\fR\x04hash\"1\n" +
 	"\x13DeleteBlockResponse\x12\x1a\n" +
-	"\bdeferred\x18\x01 \x01(\bR\bdeferred\"\xc0\x01\n" +
+	"\bdeferred\x18\x01 \x01(\bR\bdeferred\"\x8d\x02\n" +
 	"\x0fPrefetchRequest\x12\x12\n" +
 	"\x04peer\x18\x01 \x01(\tR\x04peer\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x16\n" +
 	"\x06hashes\x18\x03 \x03(\fR\x06hashes\x123\n" +
 	"\atimeout\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\atimeout\x12.\n" +
-	"\x13failure_in_response\x18\x05 \x01(\bR\x11failureInResponse\"\x8a\x01\n" +
+	"\x13failure_in_response\x18\x05 \x01(\bR\x11failureInResponse\x12#\n" +
+	"\rhandoff_token\x18\x06 \x01(\tR\fhandoffToken\x12&\n" +
+	"\x0fknown_peer_only\x18\a \x01(\bR\rknownPeerOnly\"\x8a\x01\n" +
 	"\x13PrefetchBlockResult\x12\x12\n" +
 	"\x04hash\x18\x01 \x01(\fR\x04hash\x125\n" +
 	"\x06status\x18\x02 \x01(\x0e2\x1d.pegad.v1.PrefetchBlockStatusR\x06status\x12\x14\n" +
@@ -1188,7 +1473,25 @@ const file_pegad_v1_local_proto_rawDesc = "" +
 	"\x0fPrefetchFailure\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x18\n" +
-	"\amessage\x18\x03 \x01(\tR\amessage*\xc6\x02\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\"s\n" +
+	"\x0eHandoffRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x16\n" +
+	"\x06hashes\x18\x02 \x03(\fR\x06hashes\x12+\n" +
+	"\x03ttl\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\"\xf3\x01\n" +
+	"\x0fHandoffResponse\x12\x14\n" +
+	"\x05token\x18\x01 \x01(\tR\x05token\x12\x16\n" +
+	"\x06blocks\x18\x02 \x01(\rR\x06blocks\x12\x14\n" +
+	"\x05bytes\x18\x03 \x01(\x04R\x05bytes\x12\x17\n" +
+	"\anode_id\x18\x04 \x01(\tR\x06nodeId\x12\x1b\n" +
+	"\tpeer_addr\x18\x05 \x01(\tR\bpeerAddr\x12+\n" +
+	"\x03ttl\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x129\n" +
+	"\n" +
+	"expires_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"-\n" +
+	"\x15ReleaseHandoffRequest\x12\x14\n" +
+	"\x05token\x18\x01 \x01(\tR\x05token\"]\n" +
+	"\x16ReleaseHandoffResponse\x12\x1a\n" +
+	"\breleased\x18\x01 \x01(\bR\breleased\x12'\n" +
+	"\x0freleased_blocks\x18\x02 \x01(\rR\x0ereleasedBlocks*\xc6\x02\n" +
 	"\x13PrefetchBlockStatus\x12%\n" +
 	"!PREFETCH_BLOCK_STATUS_UNSPECIFIED\x10\x00\x12!\n" +
 	"\x1dPREFETCH_BLOCK_STATUS_FETCHED\x10\x01\x12'\n" +
@@ -1197,14 +1500,16 @@ const file_pegad_v1_local_proto_rawDesc = "" +
 	"\x1cPREFETCH_BLOCK_STATUS_FAILED\x10\x04\x12#\n" +
 	"\x1fPREFETCH_BLOCK_STATUS_DISCARDED\x10\x05\x12#\n" +
 	"\x1fPREFETCH_BLOCK_STATUS_NOT_FOUND\x10\x06\x12%\n" +
-	"!PREFETCH_BLOCK_STATUS_NOT_FETCHED\x10\a2\xf0\x02\n" +
+	"!PREFETCH_BLOCK_STATUS_NOT_FETCHED\x10\a2\x85\x04\n" +
 	"\fLocalService\x12C\n" +
 	"\bPutBlock\x12\x19.pegad.v1.PutBlockRequest\x1a\x1a.pegad.v1.PutBlockResponse(\x01\x12C\n" +
 	"\bGetBlock\x12\x19.pegad.v1.GetBlockRequest\x1a\x1a.pegad.v1.GetBlockResponse0\x01\x12G\n" +
 	"\n" +
 	"ListBlocks\x12\x1b.pegad.v1.ListBlocksRequest\x1a\x1c.pegad.v1.ListBlocksResponse\x12J\n" +
 	"\vDeleteBlock\x12\x1c.pegad.v1.DeleteBlockRequest\x1a\x1d.pegad.v1.DeleteBlockResponse\x12A\n" +
-	"\bPrefetch\x12\x19.pegad.v1.PrefetchRequest\x1a\x1a.pegad.v1.PrefetchResponseB0Z.github.com/pegaflow/pegad/api/pegad/v1;pegadv1b\x06proto3"
+	"\bPrefetch\x12\x19.pegad.v1.PrefetchRequest\x1a\x1a.pegad.v1.PrefetchResponse\x12>\n" +
+	"\aHandoff\x12\x18.pegad.v1.HandoffRequest\x1a\x19.pegad.v1.HandoffResponse\x12S\n" +
+	"\x0eReleaseHandoff\x12\x1f.pegad.v1.ReleaseHandoffRequest\x1a .pegad.v1.ReleaseHandoffResponseB0Z.github.com/pegaflow/pegad/api/pegad/v1;pegadv1b\x06proto3"
 
 var (
 	file_pegad_v1_local_proto_rawDescOnce sync.Once
@@ -1219,55 +1524,66 @@ func file_pegad_v1_local_proto_rawDescGZIP() []byte {
 }
 
 var file_pegad_v1_local_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_pegad_v1_local_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_pegad_v1_local_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_pegad_v1_local_proto_goTypes = []any{
-	(PrefetchBlockStatus)(0),      // 0: pegad.v1.PrefetchBlockStatus
-	(*SlotSize)(nil),              // 1: pegad.v1.SlotSize
-	(*PutBlockHeader)(nil),        // 2: pegad.v1.PutBlockHeader
-	(*PutBlockRequest)(nil),       // 3: pegad.v1.PutBlockRequest
-	(*PutBlockResponse)(nil),      // 4: pegad.v1.PutBlockResponse
-	(*GetBlockRequest)(nil),       // 5: pegad.v1.GetBlockRequest
-	(*GetBlockResponse)(nil),      // 6: pegad.v1.GetBlockResponse
-	(*BlockInfo)(nil),             // 7: pegad.v1.BlockInfo
-	(*ListBlocksRequest)(nil),     // 8: pegad.v1.ListBlocksRequest
-	(*ListBlocksResponse)(nil),    // 9: pegad.v1.ListBlocksResponse
-	(*DeleteBlockRequest)(nil),    // 10: pegad.v1.DeleteBlockRequest
-	(*DeleteBlockResponse)(nil),   // 11: pegad.v1.DeleteBlockResponse
-	(*PrefetchRequest)(nil),       // 12: pegad.v1.PrefetchRequest
-	(*PrefetchBlockResult)(nil),   // 13: pegad.v1.PrefetchBlockResult
-	(*PrefetchResponse)(nil),      // 14: pegad.v1.PrefetchResponse
-	(*PrefetchFailure)(nil),       // 15: pegad.v1.PrefetchFailure
-	(*timestamppb.Timestamp)(nil), // 16: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 17: google.protobuf.Duration
+	(PrefetchBlockStatus)(0),       // 0: pegad.v1.PrefetchBlockStatus
+	(*SlotSize)(nil),               // 1: pegad.v1.SlotSize
+	(*PutBlockHeader)(nil),         // 2: pegad.v1.PutBlockHeader
+	(*PutBlockRequest)(nil),        // 3: pegad.v1.PutBlockRequest
+	(*PutBlockResponse)(nil),       // 4: pegad.v1.PutBlockResponse
+	(*GetBlockRequest)(nil),        // 5: pegad.v1.GetBlockRequest
+	(*GetBlockResponse)(nil),       // 6: pegad.v1.GetBlockResponse
+	(*BlockInfo)(nil),              // 7: pegad.v1.BlockInfo
+	(*ListBlocksRequest)(nil),      // 8: pegad.v1.ListBlocksRequest
+	(*ListBlocksResponse)(nil),     // 9: pegad.v1.ListBlocksResponse
+	(*DeleteBlockRequest)(nil),     // 10: pegad.v1.DeleteBlockRequest
+	(*DeleteBlockResponse)(nil),    // 11: pegad.v1.DeleteBlockResponse
+	(*PrefetchRequest)(nil),        // 12: pegad.v1.PrefetchRequest
+	(*PrefetchBlockResult)(nil),    // 13: pegad.v1.PrefetchBlockResult
+	(*PrefetchResponse)(nil),       // 14: pegad.v1.PrefetchResponse
+	(*PrefetchFailure)(nil),        // 15: pegad.v1.PrefetchFailure
+	(*HandoffRequest)(nil),         // 16: pegad.v1.HandoffRequest
+	(*HandoffResponse)(nil),        // 17: pegad.v1.HandoffResponse
+	(*ReleaseHandoffRequest)(nil),  // 18: pegad.v1.ReleaseHandoffRequest
+	(*ReleaseHandoffResponse)(nil), // 19: pegad.v1.ReleaseHandoffResponse
+	(*timestamppb.Timestamp)(nil),  // 20: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),    // 21: google.protobuf.Duration
 }
 var file_pegad_v1_local_proto_depIdxs = []int32{
 	1,  // 0: pegad.v1.PutBlockHeader.slots:type_name -> pegad.v1.SlotSize
 	2,  // 1: pegad.v1.PutBlockRequest.header:type_name -> pegad.v1.PutBlockHeader
 	7,  // 2: pegad.v1.GetBlockResponse.header:type_name -> pegad.v1.BlockInfo
 	1,  // 3: pegad.v1.BlockInfo.slots:type_name -> pegad.v1.SlotSize
-	16, // 4: pegad.v1.BlockInfo.created_at:type_name -> google.protobuf.Timestamp
-	16, // 5: pegad.v1.BlockInfo.last_access:type_name -> google.protobuf.Timestamp
+	20, // 4: pegad.v1.BlockInfo.created_at:type_name -> google.protobuf.Timestamp
+	20, // 5: pegad.v1.BlockInfo.last_access:type_name -> google.protobuf.Timestamp
 	7,  // 6: pegad.v1.ListBlocksResponse.blocks:type_name -> pegad.v1.BlockInfo
-	17, // 7: pegad.v1.PrefetchRequest.timeout:type_name -> google.protobuf.Duration
+	21, // 7: pegad.v1.PrefetchRequest.timeout:type_name -> google.protobuf.Duration
 	0,  // 8: pegad.v1.PrefetchBlockResult.status:type_name -> pegad.v1.PrefetchBlockStatus
 	13, // 9: pegad.v1.PrefetchResponse.blocks:type_name -> pegad.v1.PrefetchBlockResult
-	17, // 10: pegad.v1.PrefetchResponse.duration:type_name -> google.protobuf.Duration
+	21, // 10: pegad.v1.PrefetchResponse.duration:type_name -> google.protobuf.Duration
 	15, // 11: pegad.v1.PrefetchResponse.error:type_name -> pegad.v1.PrefetchFailure
-	3,  // 12: pegad.v1.LocalService.PutBlock:input_type -> pegad.v1.PutBlockRequest
-	5,  // 13: pegad.v1.LocalService.GetBlock:input_type -> pegad.v1.GetBlockRequest
-	8,  // 14: pegad.v1.LocalService.ListBlocks:input_type -> pegad.v1.ListBlocksRequest
-	10, // 15: pegad.v1.LocalService.DeleteBlock:input_type -> pegad.v1.DeleteBlockRequest
-	12, // 16: pegad.v1.LocalService.Prefetch:input_type -> pegad.v1.PrefetchRequest
-	4,  // 17: pegad.v1.LocalService.PutBlock:output_type -> pegad.v1.PutBlockResponse
-	6,  // 18: pegad.v1.LocalService.GetBlock:output_type -> pegad.v1.GetBlockResponse
-	9,  // 19: pegad.v1.LocalService.ListBlocks:output_type -> pegad.v1.ListBlocksResponse
-	11, // 20: pegad.v1.LocalService.DeleteBlock:output_type -> pegad.v1.DeleteBlockResponse
-	14, // 21: pegad.v1.LocalService.Prefetch:output_type -> pegad.v1.PrefetchResponse
-	17, // [17:22] is the sub-list for method output_type
-	12, // [12:17] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	21, // 12: pegad.v1.HandoffRequest.ttl:type_name -> google.protobuf.Duration
+	21, // 13: pegad.v1.HandoffResponse.ttl:type_name -> google.protobuf.Duration
+	20, // 14: pegad.v1.HandoffResponse.expires_at:type_name -> google.protobuf.Timestamp
+	3,  // 15: pegad.v1.LocalService.PutBlock:input_type -> pegad.v1.PutBlockRequest
+	5,  // 16: pegad.v1.LocalService.GetBlock:input_type -> pegad.v1.GetBlockRequest
+	8,  // 17: pegad.v1.LocalService.ListBlocks:input_type -> pegad.v1.ListBlocksRequest
+	10, // 18: pegad.v1.LocalService.DeleteBlock:input_type -> pegad.v1.DeleteBlockRequest
+	12, // 19: pegad.v1.LocalService.Prefetch:input_type -> pegad.v1.PrefetchRequest
+	16, // 20: pegad.v1.LocalService.Handoff:input_type -> pegad.v1.HandoffRequest
+	18, // 21: pegad.v1.LocalService.ReleaseHandoff:input_type -> pegad.v1.ReleaseHandoffRequest
+	4,  // 22: pegad.v1.LocalService.PutBlock:output_type -> pegad.v1.PutBlockResponse
+	6,  // 23: pegad.v1.LocalService.GetBlock:output_type -> pegad.v1.GetBlockResponse
+	9,  // 24: pegad.v1.LocalService.ListBlocks:output_type -> pegad.v1.ListBlocksResponse
+	11, // 25: pegad.v1.LocalService.DeleteBlock:output_type -> pegad.v1.DeleteBlockResponse
+	14, // 26: pegad.v1.LocalService.Prefetch:output_type -> pegad.v1.PrefetchResponse
+	17, // 27: pegad.v1.LocalService.Handoff:output_type -> pegad.v1.HandoffResponse
+	19, // 28: pegad.v1.LocalService.ReleaseHandoff:output_type -> pegad.v1.ReleaseHandoffResponse
+	22, // [22:29] is the sub-list for method output_type
+	15, // [15:22] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_pegad_v1_local_proto_init() }
@@ -1289,7 +1605,7 @@ func file_pegad_v1_local_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_pegad_v1_local_proto_rawDesc), len(file_pegad_v1_local_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   15,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -22,11 +22,13 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	LocalService_PutBlock_FullMethodName    = "/pegad.v1.LocalService/PutBlock"
-	LocalService_GetBlock_FullMethodName    = "/pegad.v1.LocalService/GetBlock"
-	LocalService_ListBlocks_FullMethodName  = "/pegad.v1.LocalService/ListBlocks"
-	LocalService_DeleteBlock_FullMethodName = "/pegad.v1.LocalService/DeleteBlock"
-	LocalService_Prefetch_FullMethodName    = "/pegad.v1.LocalService/Prefetch"
+	LocalService_PutBlock_FullMethodName       = "/pegad.v1.LocalService/PutBlock"
+	LocalService_GetBlock_FullMethodName       = "/pegad.v1.LocalService/GetBlock"
+	LocalService_ListBlocks_FullMethodName     = "/pegad.v1.LocalService/ListBlocks"
+	LocalService_DeleteBlock_FullMethodName    = "/pegad.v1.LocalService/DeleteBlock"
+	LocalService_Prefetch_FullMethodName       = "/pegad.v1.LocalService/Prefetch"
+	LocalService_Handoff_FullMethodName        = "/pegad.v1.LocalService/Handoff"
+	LocalService_ReleaseHandoff_FullMethodName = "/pegad.v1.LocalService/ReleaseHandoff"
 )
 
 // LocalServiceClient is the client API for LocalService service.
@@ -42,6 +44,14 @@ type LocalServiceClient interface {
 	DeleteBlock(ctx context.Context, in *DeleteBlockRequest, opts ...grpc.CallOption) (*DeleteBlockResponse, error)
 	// Fetches blocks from a peer pegad into this node's pool.
 	Prefetch(ctx context.Context, in *PrefetchRequest, opts ...grpc.CallOption) (*PrefetchResponse, error)
+	// Prefill/decode handoff: pins blocks on this node for a consumer on
+	// another node (docs/data-path.md "Handoffs"). The pin ends when
+	// the consumer's prefetch naming the token has pulled every block, when
+	// its ttl passes, or at ReleaseHandoff.
+	Handoff(ctx context.Context, in *HandoffRequest, opts ...grpc.CallOption) (*HandoffResponse, error)
+	// Ends a handoff early. Idempotent: a token naming no live handoff
+	// answers OK with released false.
+	ReleaseHandoff(ctx context.Context, in *ReleaseHandoffRequest, opts ...grpc.CallOption) (*ReleaseHandoffResponse, error)
 }
 
 type localServiceClient struct {
@@ -114,6 +124,26 @@ func (c *localServiceClient) Prefetch(ctx context.Context, in *PrefetchRequest, 
 	return out, nil
 }
 
+func (c *localServiceClient) Handoff(ctx context.Context, in *HandoffRequest, opts ...grpc.CallOption) (*HandoffResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(HandoffResponse)
+	err := c.cc.Invoke(ctx, LocalService_Handoff_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *localServiceClient) ReleaseHandoff(ctx context.Context, in *ReleaseHandoffRequest, opts ...grpc.CallOption) (*ReleaseHandoffResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReleaseHandoffResponse)
+	err := c.cc.Invoke(ctx, LocalService_ReleaseHandoff_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // LocalServiceServer is the server API for LocalService service.
 // All implementations must embed UnimplementedLocalServiceServer
 // for forward compatibility.
@@ -127,6 +157,14 @@ type LocalServiceServer interface {
 	DeleteBlock(context.Context, *DeleteBlockRequest) (*DeleteBlockResponse, error)
 	// Fetches blocks from a peer pegad into this node's pool.
 	Prefetch(context.Context, *PrefetchRequest) (*PrefetchResponse, error)
+	// Prefill/decode handoff: pins blocks on this node for a consumer on
+	// another node (docs/data-path.md "Handoffs"). The pin ends when
+	// the consumer's prefetch naming the token has pulled every block, when
+	// its ttl passes, or at ReleaseHandoff.
+	Handoff(context.Context, *HandoffRequest) (*HandoffResponse, error)
+	// Ends a handoff early. Idempotent: a token naming no live handoff
+	// answers OK with released false.
+	ReleaseHandoff(context.Context, *ReleaseHandoffRequest) (*ReleaseHandoffResponse, error)
 	mustEmbedUnimplementedLocalServiceServer()
 }
 
@@ -151,6 +189,12 @@ func (UnimplementedLocalServiceServer) DeleteBlock(context.Context, *DeleteBlock
 }
 func (UnimplementedLocalServiceServer) Prefetch(context.Context, *PrefetchRequest) (*PrefetchResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Prefetch not implemented")
+}
+func (UnimplementedLocalServiceServer) Handoff(context.Context, *HandoffRequest) (*HandoffResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Handoff not implemented")
+}
+func (UnimplementedLocalServiceServer) ReleaseHandoff(context.Context, *ReleaseHandoffRequest) (*ReleaseHandoffResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReleaseHandoff not implemented")
 }
 func (UnimplementedLocalServiceServer) mustEmbedUnimplementedLocalServiceServer() {}
 func (UnimplementedLocalServiceServer) testEmbeddedByValue()                      {}
@@ -245,6 +289,42 @@ func _LocalService_Prefetch_Handler(srv interface{}, ctx context.Context, dec fu
 	return interceptor(ctx, in, info, handler)
 }
 
+func _LocalService_Handoff_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(HandoffRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(LocalServiceServer).Handoff(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: LocalService_Handoff_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(LocalServiceServer).Handoff(ctx, req.(*HandoffRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _LocalService_ReleaseHandoff_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReleaseHandoffRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(LocalServiceServer).ReleaseHandoff(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: LocalService_ReleaseHandoff_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(LocalServiceServer).ReleaseHandoff(ctx, req.(*ReleaseHandoffRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // LocalService_ServiceDesc is the grpc.ServiceDesc for LocalService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -263,6 +343,14 @@ var LocalService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Prefetch",
 			Handler:    _LocalService_Prefetch_Handler,
+		},
+		{
+			MethodName: "Handoff",
+			Handler:    _LocalService_Handoff_Handler,
+		},
+		{
+			MethodName: "ReleaseHandoff",
+			Handler:    _LocalService_ReleaseHandoff_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

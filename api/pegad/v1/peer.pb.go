@@ -176,7 +176,12 @@ type QueryBlocksForTransferRequest struct {
 	// holder granted the session) releases the session by it
 	// (ReleaseTransferLockRequest.query_id) instead of leaving it pinned
 	// until the lock timeout. 0: none.
-	QueryId       uint64 `protobuf:"fixed64,6,opt,name=query_id,json=queryId,proto3" json:"query_id,omitempty"`
+	QueryId uint64 `protobuf:"fixed64,6,opt,name=query_id,json=queryId,proto3" json:"query_id,omitempty"`
+	// The token of a handoff on this holder (LocalService.Handoff) that the
+	// requester pulls for: the session remembers it, and a release with
+	// read_complete ends the handoff's pin of the session's blocks. A token
+	// naming no live handoff changes nothing. Empty: none.
+	HandoffToken  string `protobuf:"bytes,7,opt,name=handoff_token,json=handoffToken,proto3" json:"handoff_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -251,6 +256,13 @@ func (x *QueryBlocksForTransferRequest) GetQueryId() uint64 {
 		return x.QueryId
 	}
 	return 0
+}
+
+func (x *QueryBlocksForTransferRequest) GetHandoffToken() string {
+	if x != nil {
+		return x.HandoffToken
+	}
+	return ""
 }
 
 type Segment struct {
@@ -701,7 +713,11 @@ type ReleaseTransferLockRequest struct {
 	// query with this query_id opened. NOT_FOUND when there is none (never
 	// opened, or ended already). Holders older than query ids answer
 	// INVALID_ARGUMENT (no session id).
-	QueryId       uint64 `protobuf:"fixed64,4,opt,name=query_id,json=queryId,proto3" json:"query_id,omitempty"`
+	QueryId uint64 `protobuf:"fixed64,4,opt,name=query_id,json=queryId,proto3" json:"query_id,omitempty"`
+	// The requester read every block of the session (its normal release,
+	// not a guard's abort or a drop of an unread window): a handoff the
+	// session's query named then ends its pin of those blocks.
+	ReadComplete  bool `protobuf:"varint,5,opt,name=read_complete,json=readComplete,proto3" json:"read_complete,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -762,6 +778,13 @@ func (x *ReleaseTransferLockRequest) GetQueryId() uint64 {
 		return x.QueryId
 	}
 	return 0
+}
+
+func (x *ReleaseTransferLockRequest) GetReadComplete() bool {
+	if x != nil {
+		return x.ReadComplete
+	}
+	return false
 }
 
 type ReleaseTransferLockResponse struct {
@@ -1439,14 +1462,15 @@ const file_pegad_v1_peer_proto_rawDesc = "" +
 	"\tRequester\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12 \n" +
 	"\vincarnation\x18\x02 \x01(\tR\vincarnation\x12\x1c\n" +
-	"\tadvertise\x18\x03 \x01(\tR\tadvertise\"\xe9\x01\n" +
+	"\tadvertise\x18\x03 \x01(\tR\tadvertise\"\x8e\x02\n" +
 	"\x1dQueryBlocksForTransferRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x16\n" +
 	"\x06hashes\x18\x02 \x03(\fR\x06hashes\x12!\n" +
 	"\frequester_id\x18\x03 \x01(\tR\vrequesterId\x121\n" +
 	"\trequester\x18\x04 \x01(\v2\x13.pegad.v1.RequesterR\trequester\x12!\n" +
 	"\fwindow_bytes\x18\x05 \x01(\x04R\vwindowBytes\x12\x19\n" +
-	"\bquery_id\x18\x06 \x01(\x06R\aqueryId\"N\n" +
+	"\bquery_id\x18\x06 \x01(\x06R\aqueryId\x12#\n" +
+	"\rhandoff_token\x18\a \x01(\tR\fhandoffToken\"N\n" +
 	"\aSegment\x12\x12\n" +
 	"\x04addr\x18\x01 \x01(\x04R\x04addr\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\x12\x1b\n" +
@@ -1479,13 +1503,14 @@ const file_pegad_v1_peer_proto_rawDesc = "" +
 	"\tWindowKey\x12\x12\n" +
 	"\x04base\x18\x01 \x01(\x04R\x04base\x12\x16\n" +
 	"\x06length\x18\x02 \x01(\x04R\x06length\x12\x12\n" +
-	"\x04rkey\x18\x03 \x01(\rR\x04rkey\"\xac\x01\n" +
+	"\x04rkey\x18\x03 \x01(\rR\x04rkey\"\xd1\x01\n" +
 	"\x1aReleaseTransferLockRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12!\n" +
 	"\frequester_id\x18\x02 \x01(\tR\vrequesterId\x121\n" +
 	"\trequester\x18\x03 \x01(\v2\x13.pegad.v1.RequesterR\trequester\x12\x19\n" +
-	"\bquery_id\x18\x04 \x01(\x06R\aqueryId\"\x89\x01\n" +
+	"\bquery_id\x18\x04 \x01(\x06R\aqueryId\x12#\n" +
+	"\rread_complete\x18\x05 \x01(\bR\freadComplete\"\x89\x01\n" +
 	"\x1bReleaseTransferLockResponse\x12'\n" +
 	"\x0freleased_blocks\x18\x01 \x01(\rR\x0ereleasedBlocks\x12\x19\n" +
 	"\bwas_live\x18\x02 \x01(\bR\awasLive\x12&\n" +

@@ -21,5 +21,8 @@ func NewTier() *metrics.Tier { return metrics.NewTier(prometheus.NewRegistry()) 
 // NewCluster is the cluster index's metrics on a private registry.
 func NewCluster() *metrics.Cluster { return metrics.NewCluster(prometheus.NewRegistry()) }
 
+// NewPD is the P/D handoff metrics on a private registry.
+func NewPD() *metrics.PD { return metrics.NewPD(prometheus.NewRegistry()) }
+
 // NewKVEvents is the KV-events publisher's metrics on a private registry.
 func NewKVEvents() *metrics.KVEvents { return metrics.NewKVEvents(prometheus.NewRegistry()) }

@@ -39,6 +39,16 @@ class LocalServiceStub(object):
                 request_serializer=pegad_dot_v1_dot_local__pb2.PrefetchRequest.SerializeToString,
                 response_deserializer=pegad_dot_v1_dot_local__pb2.PrefetchResponse.FromString,
                 )
+        self.Handoff = channel.unary_unary(
+                '/pegad.v1.LocalService/Handoff',
+                request_serializer=pegad_dot_v1_dot_local__pb2.HandoffRequest.SerializeToString,
+                response_deserializer=pegad_dot_v1_dot_local__pb2.HandoffResponse.FromString,
+                )
+        self.ReleaseHandoff = channel.unary_unary(
+                '/pegad.v1.LocalService/ReleaseHandoff',
+                request_serializer=pegad_dot_v1_dot_local__pb2.ReleaseHandoffRequest.SerializeToString,
+                response_deserializer=pegad_dot_v1_dot_local__pb2.ReleaseHandoffResponse.FromString,
+                )
 
 
 class LocalServiceServicer(object):
@@ -78,6 +88,24 @@ class LocalServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Handoff(self, request, context):
+        """Prefill/decode handoff: pins blocks on this node for a consumer on
+        another node (docs/data-path.md "Handoffs"). The pin ends when
+        the consumer's prefetch naming the token has pulled every block, when
+        its ttl passes, or at ReleaseHandoff.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReleaseHandoff(self, request, context):
+        """Ends a handoff early. Idempotent: a token naming no live handoff
+        answers OK with released false.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LocalServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -105,6 +133,16 @@ def add_LocalServiceServicer_to_server(servicer, server):
                     servicer.Prefetch,
                     request_deserializer=pegad_dot_v1_dot_local__pb2.PrefetchRequest.FromString,
                     response_serializer=pegad_dot_v1_dot_local__pb2.PrefetchResponse.SerializeToString,
+            ),
+            'Handoff': grpc.unary_unary_rpc_method_handler(
+                    servicer.Handoff,
+                    request_deserializer=pegad_dot_v1_dot_local__pb2.HandoffRequest.FromString,
+                    response_serializer=pegad_dot_v1_dot_local__pb2.HandoffResponse.SerializeToString,
+            ),
+            'ReleaseHandoff': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseHandoff,
+                    request_deserializer=pegad_dot_v1_dot_local__pb2.ReleaseHandoffRequest.FromString,
+                    response_serializer=pegad_dot_v1_dot_local__pb2.ReleaseHandoffResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -198,5 +236,39 @@ class LocalService(object):
         return grpc.experimental.unary_unary(request, target, '/pegad.v1.LocalService/Prefetch',
             pegad_dot_v1_dot_local__pb2.PrefetchRequest.SerializeToString,
             pegad_dot_v1_dot_local__pb2.PrefetchResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def Handoff(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/pegad.v1.LocalService/Handoff',
+            pegad_dot_v1_dot_local__pb2.HandoffRequest.SerializeToString,
+            pegad_dot_v1_dot_local__pb2.HandoffResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ReleaseHandoff(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/pegad.v1.LocalService/ReleaseHandoff',
+            pegad_dot_v1_dot_local__pb2.ReleaseHandoffRequest.SerializeToString,
+            pegad_dot_v1_dot_local__pb2.ReleaseHandoffResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
