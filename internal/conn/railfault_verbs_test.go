@@ -23,55 +23,20 @@ import (
 	"github.com/pegaflow/pegad/internal/metrics/metricstest"
 )
 
-// noRouteDevice is a fake HCA device whose QPs' connect fails with errno
-// (as ibv_modify_qp to RTR does under rxe once its netdev has no route to
-// the peer's GID) while it is set. Only this side's QPs fail: the holder
-// opens the same fake device and connects its QPs as usual. Its port
-// state and events are the device's.
-type noRouteDevice struct {
-	ibv.Device
-	errno *atomic.Uintptr // a syscall.Errno; 0: connects work
-}
-
-func (d noRouteDevice) PortActive() (bool, error) { return d.Device.(ibv.PortStater).PortActive() }
-
-func (d noRouteDevice) Events() <-chan ibv.DeviceEvent { return d.Device.(ibv.EventDevice).Events() }
-
-func (d noRouteDevice) AllocPD() (ibv.PD, error) {
-	pd, err := d.Device.AllocPD()
-	if err != nil {
-		return nil, err
-	}
-	return noRoutePD{PD: pd, d: d}, nil
-}
-
-type noRoutePD struct {
-	ibv.PD
-	d noRouteDevice
-}
-
-func (p noRoutePD) CreateQP(cq ibv.CQ, c ibv.QPCap) (ibv.QP, error) {
-	qp, err := p.PD.CreateQP(cq, c)
-	if err != nil {
-		return nil, err
-	}
-	return noRouteQP{QP: qp, d: p.d}, nil
-}
-
-type noRouteQP struct {
-	ibv.QP
-	d noRouteDevice
-}
-
-func (q noRouteQP) Connect(remote ibv.Endpoint, attr ibv.ConnectAttr) error {
-	if e := syscall.Errno(q.d.errno.Load()); e != 0 {
-		return fmt.Errorf("qp %d to RTR: %w", q.QPN(), &verbs.Error{Op: "ibv_modify_qp", Errno: e})
-	}
-	return q.QP.Connect(remote, attr)
+// noRoute makes a requester device's QP connects fail with the errno in
+// errno while it is non-zero, as rxe's ibv_modify_qp to RTR does once its
+// netdev has no route to the peer (ibvtest.FailConnect).
+func noRoute(d ibv.Device, errno *atomic.Uintptr) ibv.Device {
+	return ibvtest.FailConnect{Device: d, Err: func(qpn uint32) error {
+		if e := syscall.Errno(errno.Load()); e != 0 {
+			return fmt.Errorf("qp %d to RTR: %w", qpn, &verbs.Error{Op: "ibv_modify_qp", Errno: e})
+		}
+		return nil
+	}}
 }
 
 // railFaultRails is twoRails with the requester's devices wrapped as
-// noRouteDevices, on rails r0 and r1: set faults[i] to make the
+// FailConnect devices (noRoute), on rails r0 and r1: set faults[i] to make the
 // requester's connects on NIC i fail.
 func railFaultRails(t *testing.T, memBytes int) (holder, req *fakeNode, faults []*atomic.Uintptr) {
 	t.Helper()
@@ -90,7 +55,7 @@ func railFaultRails(t *testing.T, memBytes int) (holder, req *fakeNode, faults [
 		t.Cleanup(func() { _ = d.Close() })
 		f := new(atomic.Uintptr)
 		faults = append(faults, f)
-		devs = append(devs, noRouteDevice{Device: d, errno: f})
+		devs = append(devs, noRoute(d, f))
 	}
 	req = &fakeNode{mem: ibvtest.MapMemory(t, memBytes), met: metricstest.New()}
 	var opts stackOptions

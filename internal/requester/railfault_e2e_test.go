@@ -20,6 +20,7 @@ import (
 	"github.com/pegaflow/pegad/internal/conn"
 	"github.com/pegaflow/pegad/internal/holder"
 	"github.com/pegaflow/pegad/internal/ibv"
+	"github.com/pegaflow/pegad/internal/ibv/ibvtest"
 	"github.com/pegaflow/pegad/internal/ibv/verbs"
 	"github.com/pegaflow/pegad/internal/metrics/metricstest"
 	"github.com/pegaflow/pegad/internal/peer"
@@ -28,55 +29,20 @@ import (
 	"github.com/pegaflow/pegad/internal/store"
 )
 
-// noRouteDevice is a fake HCA device whose QPs' connect fails with errno
-// while it is set, as rxe's ibv_modify_qp to RTR does once its netdev has
-// no route to the peer (`ip link set veth3 down` in verbs-e2e phase 5).
-// Only the requester's QPs fail: the holder opens the same fake device.
-// Its port state and events are the device's.
-type noRouteDevice struct {
-	ibv.Device
-	errno *atomic.Uintptr // a syscall.Errno; 0: connects work
-}
-
-func (d noRouteDevice) PortActive() (bool, error) { return d.Device.(ibv.PortStater).PortActive() }
-
-func (d noRouteDevice) Events() <-chan ibv.DeviceEvent { return d.Device.(ibv.EventDevice).Events() }
-
-func (d noRouteDevice) AllocPD() (ibv.PD, error) {
-	pd, err := d.Device.AllocPD()
-	if err != nil {
-		return nil, err
-	}
-	return noRoutePD{PD: pd, d: d}, nil
-}
-
-type noRoutePD struct {
-	ibv.PD
-	d noRouteDevice
-}
-
-func (p noRoutePD) CreateQP(cq ibv.CQ, c ibv.QPCap) (ibv.QP, error) {
-	qp, err := p.PD.CreateQP(cq, c)
-	if err != nil {
-		return nil, err
-	}
-	return noRouteQP{QP: qp, d: p.d}, nil
-}
-
-type noRouteQP struct {
-	ibv.QP
-	d noRouteDevice
-}
-
-func (q noRouteQP) Connect(remote ibv.Endpoint, attr ibv.ConnectAttr) error {
-	if e := syscall.Errno(q.d.errno.Load()); e != 0 {
-		return fmt.Errorf("qp %d to RTR: %w", q.QPN(), &verbs.Error{Op: "ibv_modify_qp", Errno: e})
-	}
-	return q.QP.Connect(remote, attr)
+// noRoute makes a requester device's QP connects fail with the errno in
+// errno while it is non-zero, as rxe's ibv_modify_qp to RTR does once its
+// netdev has no route to the peer (ibvtest.FailConnect).
+func noRoute(d ibv.Device, errno *atomic.Uintptr) ibv.Device {
+	return ibvtest.FailConnect{Device: d, Err: func(qpn uint32) error {
+		if e := syscall.Errno(errno.Load()); e != 0 {
+			return fmt.Errorf("qp %d to RTR: %w", qpn, &verbs.Error{Op: "ibv_modify_qp", Errno: e})
+		}
+		return nil
+	}}
 }
 
 // railNode is a node on the fake HCA's pegadfake0 and pegadfake1 (two
-// rails); with faults, its devices are noRouteDevices set through it. The
+// rails); with faults, its devices are FailConnect devices (noRoute) set through it. The
 // holder (serve) answers on 127.0.0.1:0.
 func newRailNode(t *testing.T, id string, serve bool, faults []*atomic.Uintptr) *numaNode {
 	t.Helper()
@@ -91,7 +57,7 @@ func newRailNode(t *testing.T, id string, serve bool, faults []*atomic.Uintptr) 
 		}
 		t.Cleanup(func() { _ = d.Close() })
 		if faults != nil {
-			d = noRouteDevice{Device: d, errno: faults[i]}
+			d = noRoute(d, faults[i])
 		}
 		devs = append(devs, d)
 	}
