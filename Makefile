@@ -31,7 +31,7 @@ PY_VENV ?= bin/python-venv
 # test, vet, tidy-check and staticcheck cover it too.
 K8S_MOD := deploy/kubernetes
 
-.PHONY: all build test test-short bench bench-all fuzz proto proto-check lint vet fmt-check nocgo tidy-check staticcheck e2e reliability verbs-e2e clean help python-venv python-test replay gpu-check
+.PHONY: all build test test-short bench bench-all fuzz proto proto-check lint vet fmt-check nocgo tidy-check staticcheck e2e reliability verbs-e2e clean help python-venv python-test replay gpu-check pd-e2e
 
 all: build
 
@@ -135,6 +135,9 @@ replay: ## replay both traces (internal/replay/testdata) through pegad at 2/5/10
 
 e2e: ## scripted end-to-end checks (scripts/e2e-*.sh) on real binaries
 	@set -e; for s in scripts/e2e-*.sh; do echo "==> $$s"; bash "$$s"; done
+
+pd-e2e: ## prefill/decode disaggregation: two pegads on tcp, the tiny engines through the P/D proxy with faults, and the handoff-to-load vs bare READ sweep (redis-server; not in make test)
+	GO=$(GO) PY_VENV=$(PY_VENV) scripts/pd-e2e.sh
 
 verbs-e2e: ## --transport verbs on soft-RoCE (rdma_rxe) in a qemu guest built from Debian's packages (qemu-system-x86, cpio; cache in bin/verbs-e2e)
 	GO=$(GO) TEST_TAGS="$(TEST_TAGS)" scripts/verbs-e2e/run.sh

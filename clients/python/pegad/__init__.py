@@ -12,7 +12,7 @@
 See clients/python/README.md and docs/local-protocol.md.
 """
 
-from .client import (DATA_SOCKET_SUFFIX, DEFAULT_SOCKET, AllocRequest, BlockStatus, Client, ClusterHit, Pin,
+from .client import (DATA_SOCKET_SUFFIX, DEFAULT_SOCKET, AllocRequest, BlockStatus, Client, ClusterHit, Handoff, Pin,
                      PrefetchBlock,
                      PrefetchResult, Reader, Slot, SlotSize, Writer)
 from .errors import (Aborted, ClientClosed, Denied, Exists, FailedPrecondition, InternalError, InvalidArgument, LeaseEnded,
@@ -23,7 +23,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Client", "Writer", "Reader", "Slot", "SlotSize", "AllocRequest", "BlockStatus", "PrefetchBlock", "Pin",
-    "ClusterHit", "Denied",
+    "ClusterHit", "Denied", "Handoff",
     "PrefetchResult", "DATA_SOCKET_SUFFIX", "DEFAULT_SOCKET",
     "PegadError", "NotFound", "PoolFull", "InvalidArgument", "WrongType", "Exists",
     "LeaseEnded", "LimitReached", "Unavailable", "ClientClosed", "ProtocolError",

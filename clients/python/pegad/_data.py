@@ -138,9 +138,10 @@ class DataConn:
             raise errors.ProtocolError(f"frame of {length} bytes, {count} items")
         return op, status, count, seq, self._recv_exact(length - 8)
 
-    def call(self, op, items, timeout=None):
+    def call(self, op, items, timeout=None, decode=wire.decode_results):
         """Send one request of items (encoded bytes each) and return the
-        decoded results. A failure of the connection itself breaks it for
+        results as decode(op, body, count) makes them (the body is valid
+        only during the call). A failure of the connection itself breaks it for
         good (the daemon then ends its leases). timeout (seconds) bounds
         the wait for the connection and each read of this call, for the
         connection's last call (close's ABORT): it stays on the socket."""
@@ -166,7 +167,7 @@ class DataConn:
                 if rop != op or seq != self._seq or count != len(items):
                     raise errors.ProtocolError(
                         f"answer op {rop} seq {seq} count {count} to op {op} seq {self._seq} count {len(items)}")
-                return wire.decode_results(op, rbody, count)
+                return decode(op, rbody, count)
             except BaseException as e:
                 # Also on KeyboardInterrupt: a response may be left half
                 # read, so the stream cannot be trusted any more.

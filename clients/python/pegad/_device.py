@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["LayoutError", "Layer", "resolve", "Copier", "runs", "address"]
+__all__ = ["LayoutError", "Layer", "resolve", "Copier", "runs"]
 
 
 class LayoutError(ValueError):
@@ -118,29 +118,26 @@ def resolve(name, t, block_size, heads=None, head_size=None, num_blocks=None):
     return Layer(name, layout, blocks, per * es)
 
 
-def address(buf):
-    """The address of a (possibly read-only) buffer's first byte."""
-    return np.frombuffer(buf, np.uint8).ctypes.data
-
-
-def runs(block_ids, bufs, pool, block_bytes):
-    """Group blocks whose pool buffers lie back to back (a batch's blocks
-    mostly do) so each run costs one copy per layer: [(block ids, byte
-    offset in pool, n)]. bufs are the blocks' buffers in pool."""
-    base = address(pool)
+def runs(block_ids, offsets, block_bytes):
+    """Group blocks that lie back to back in the pool so each run costs one
+    copy per layer: [(block ids in pool order, byte offset in the pool of
+    the first, n)]. offsets are the blocks' byte offsets in the pool, in
+    the order of block_ids. A run may also go down: a full pool evicts a
+    chain from its last block back, so a batch saved into the room it
+    frees gets each block just below the one before."""
     out = []
-    ids, start, prev = [], None, None
-    for bid, buf in zip(block_ids, bufs):
-        off = address(buf) - base
-        if prev is not None and off != prev + block_bytes:
-            out.append((ids, start, len(ids)))
-            ids, start = [], None
-        if start is None:
-            start = off
-        ids.append(bid)
-        prev = off
-    if ids:
-        out.append((ids, start, len(ids)))
+    i, n = 0, len(block_ids)
+    while i < n:
+        j = i + 1
+        if j < n and offsets[j] == offsets[i] - block_bytes:
+            while j < n and offsets[j] == offsets[j - 1] - block_bytes:
+                j += 1
+            out.append((block_ids[i:j][::-1], offsets[j - 1], j - i))
+        else:
+            while j < n and offsets[j] == offsets[j - 1] + block_bytes:
+                j += 1
+            out.append((block_ids[i:j], offsets[i], j - i))
+        i = j
     return out
 
 

@@ -18,6 +18,7 @@ _CODES = {
     grpc.StatusCode.INTERNAL: errors.InternalError,
     grpc.StatusCode.DEADLINE_EXCEEDED: errors.Unavailable,
     grpc.StatusCode.FAILED_PRECONDITION: errors.FailedPrecondition,
+    grpc.StatusCode.PERMISSION_DENIED: errors.Denied,
 }
 
 _STATUS_PREFIX = "PREFETCH_BLOCK_STATUS_"
@@ -101,11 +102,12 @@ def _result(pr):
     return PrefetchResult(blocks, pr.bytes, d, pr.session_id)
 
 
-def prefetch(stub, ns, hashes, peer, server_timeout, timeout):
+def prefetch(stub, ns, hashes, peer, server_timeout, timeout, handoff="", known_peer_only=False):
     # failure_in_response: a failed fetch answers OK with the failure and
     # every block's outcome in the response, not in a status trailer that
     # thousands of outcomes outgrow. An older daemon ignores it.
-    req = local_pb2.PrefetchRequest(peer=peer, namespace=ns, hashes=hashes, failure_in_response=True)
+    req = local_pb2.PrefetchRequest(peer=peer, namespace=ns, hashes=hashes, failure_in_response=True,
+                                    handoff_token=handoff, known_peer_only=known_peer_only)
     if server_timeout is not None:
         req.timeout.FromNanoseconds(int(server_timeout * 1e9))
     try:
@@ -117,6 +119,22 @@ def prefetch(stub, ns, hashes, peer, server_timeout, timeout):
     if pr.HasField("error"):
         raise _failure(pr)
     return _result(pr)
+
+
+def handoff(stub, ns, hashes, ttl, timeout):
+    req = local_pb2.HandoffRequest(namespace=ns, hashes=hashes)
+    req.ttl.FromNanoseconds(int(ttl * 1e9))
+    try:
+        return stub.Handoff(req, timeout=timeout)
+    except grpc.RpcError as e:
+        raise _error(e) from None
+
+
+def release_handoff(stub, token, timeout):
+    try:
+        return stub.ReleaseHandoff(local_pb2.ReleaseHandoffRequest(token=token), timeout=timeout).released
+    except grpc.RpcError as e:
+        raise _error(e) from None
 
 
 _BY_VALUE = {c.value[0]: c for c in grpc.StatusCode}

@@ -10,7 +10,13 @@ vLLM without these hooks rather than failing the connector.
 import dataclasses
 
 COUNTERS = ("lookups", "hit_blocks", "loaded_blocks", "load_error_blocks", "saved_blocks",
-            "save_dropped_blocks", "loaded_bytes", "saved_bytes")
+            "save_dropped_blocks", "loaded_bytes", "saved_bytes",
+            # P/D (pegad._vllm_pd): producer handoffs given / failed and their
+            # blocks; consumer pulls, blocks and bytes they fetched, pulls the
+            # daemon refused (a peer it does not know), pulls that failed
+            # (peer gone, blocks missing), parameters refused before any pull
+            "pd_handoffs", "pd_handoff_failed", "pd_handoff_blocks", "pd_pulls", "pd_pulled_blocks",
+            "pd_pulled_bytes", "pd_pull_refused", "pd_pull_failed", "pd_refused_params")
 MEDIUM = "PEGAD"  # BlockStored.medium: where these blocks live (vLLM's own are "GPU")
 
 try:

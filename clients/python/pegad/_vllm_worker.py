@@ -1,8 +1,9 @@
 """The worker side of pegad.vllm: one vLLM worker's loads and saves.
 
 It owns the step's copies between the worker's paged KV cache and pegad
-(through pegad._device, one copy per layer and run of blocks), the pins
-it adopts or leases for a load, the room it reserves for a save, and what
+(through pegad._device, one copy per layer and run of blocks, in chunks
+whose daemon calls, pegad._blocks, overlap the copies of the others), the
+pins it adopts or leases for a load, the room it reserves for a save, and what
 it reports back (finished loads, failed blocks, counters). It must never
 raise a daemon failure into vLLM (a failure is a load error or a dropped
 save), never depend on vLLM's layer hooks (full CUDA graph replay skips
@@ -14,9 +15,16 @@ import concurrent.futures
 import logging
 import threading
 
-from . import _device, _engine, errors
+from . import _blocks, _device, _engine, errors
 
 log = logging.getLogger("pegad.vllm")
+
+# Loads and saves go in chunks of this many bytes (at least CHUNK_MIN
+# blocks), so that the daemon's work on one chunk overlaps the copy of
+# another.
+CHUNK_BYTES = 32 << 20
+CHUNK_MIN = 16
+HANDOFF_COMMIT_WAIT = 5.0  # seconds a P/D producer's step waits for its commit at most
 
 
 class Worker:
@@ -31,6 +39,8 @@ class Worker:
         self.block_bytes = 0
         self._saver = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pegad-save")
         self._loader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pegad-load")
+        # A load's LEASE and RELEASE calls, off the thread that copies.
+        self._io = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pegad-load-io")
         self._mu = threading.Lock()  # guards _done (the load thread appends)
         self._done = []  # (req_id, failed block ids) of loads finished since the last get_finished
         self._errors = set()  # failed block ids reported by the next get_block_ids_with_load_errors
@@ -43,8 +53,6 @@ class Worker:
             self.copier.close()
         self.copier = _device.Copier(layers)
         self.block_bytes = self.copier.block_bytes
-        self.layout = layers[0].layout if layers else None
-        return layers
 
     # ------------------------------------------------------------- loads
 
@@ -71,58 +79,100 @@ class Worker:
         block ids that could not be loaded: a missing block and every later
         one of the chain (vLLM recomputes them)."""
         client = self.link.get()
-        res = None
-        if client is not None and self.copier is not None:
-            try:
-                res = self._adopt(client, run)
-                if res is None:
-                    res = client.lease_batch(self.namespace, run.hashes)
-            except _engine.FAILURES as e:
-                self.link.failed(client, e)
-                res = None
-        if res is None:
+        if client is None or self.copier is None:
             return self._failed(run, 0)
-        bad = next((i for i, r in enumerate(res) if not _usable(r, self.block_bytes)), len(res))
-        good = res[:bad]
-        extra = [r for r in res[bad:] if not isinstance(r, Exception)]
-        if extra:  # after a missing block nothing of the chain is loaded
-            _release(client, extra)
-        if not good:
-            return self._failed(run, 0)
+        if run.remote is not None:
+            self._pull(client, run)
         try:
-            pool = good[0].pool
-            pool_t = self.copier.pool_tensor(pool)
-            ev = self.copier.load(pool_t, _device.runs(run.block_ids[:bad], [r.buffer for r in good],
-                                                        pool, self.block_bytes))
-            if ev is not None:
-                ev.synchronize()  # the load thread waits, never the forward
-            client.release_batch(good)
+            loaded = self._copy_in(client, run)
         except _engine.FAILURES as e:
-            # An ended lease, or a connection that broke (a daemon restart):
-            # nothing proves the bytes were not reused meanwhile.
+            # A call that failed, an ended lease, or a connection that broke
+            # (a daemon restart): nothing proves the bytes were not reused.
             if not isinstance(e, errors.LeaseEnded):
                 self.link.failed(client, e)
             return self._failed(run, 0)
-        self._count(loaded_blocks=bad, loaded_bytes=bad * self.block_bytes)
-        return self._failed(run, bad) if bad < len(res) else []
+        self._count(loaded_blocks=loaded, loaded_bytes=loaded * self.block_bytes)
+        return self._failed(run, loaded) if loaded < len(run.hashes) else []
+
+    def _copy_in(self, client, run):
+        """Copy run's blocks from the first on into the paged cache, a chunk
+        at a time, while the I/O thread leases the next chunks and releases
+        the copied ones (after their device copy). How many blocks from the
+        first were loaded; raises what failed."""
+        n, bb, step = len(run.hashes), self.block_bytes, self._chunk()
+        pinned = self._adopt(client, run)
+        if pinned is not None:  # one lease set, copied and released a chunk at a time
+            parts = [(pos, pos, pinned) for pos in range(0, n, step)]
+        else:
+            parts = [(0, 0, _blocks.lease(client, self.namespace, run.hashes[:step]))] + \
+                [(pos, 0, self._io.submit(_blocks.lease, client, self.namespace, run.hashes[pos:pos + step]))
+                 for pos in range(step, n, step)]
+        releases, loaded = [], 0
+        try:
+            for pos, base, part in parts:
+                res = part.result() if isinstance(part, concurrent.futures.Future) else part
+                m = min(step, n - pos)
+                good = res.prefix(bb, base, base + m)
+                if good:
+                    ev = self.copier.load(self.copier.pool_tensor(res.pool),
+                                          _device.runs(run.block_ids[pos:pos + good], res.offsets[base:base + good], bb))
+                    releases.append(self._io.submit(_release, res, range(base, base + good), ev))
+                    loaded += good
+                if good < m:  # after a missing block nothing of the chain is loaded
+                    break
+        finally:
+            for _, _, part in parts:  # the rest, once leased (the I/O thread runs in order)
+                self._io.submit(_drop, part)
+        for f in releases:
+            f.result()  # LeaseEnded: the bytes may have been reused during the copy
+        return loaded
+
+    def _chunk(self):
+        """Blocks per chunk of a load or save."""
+        return max(CHUNK_MIN, CHUNK_BYTES // max(self.block_bytes, 1))
+
+    def _pull(self, client, run):
+        """P/D: fetch this rank's blocks of run from the producer's pegad
+        into this node's, in one prefetch (with its handoff token, so the
+        producer's pin of each block ends as it is read; known_peer_only:
+        the daemon dials only a node the cluster index or --peer-allow
+        knows). What it could not fetch is missing from the lease after
+        it: a load error, recomputed. One prefetch, not chunks overlapped
+        with the copy: each prefetch's lock and release cost more here
+        than the overlap won (docs/engines.md, P/D)."""
+        pull = run.remote
+        try:
+            res = client.prefetch(self.namespace, run.hashes, peer=pull.peer, timeout=pull.timeout,
+                                  handoff=pull.tokens.get(self.namespace), known_peer_only=True)
+        except PermissionError as e:  # errors.Denied: a peer the daemon does not know
+            log.warning("P/D pull of %d blocks from %s refused: %s", len(run.hashes), pull.peer, e)
+            self._count(pd_pull_refused=1)
+            return
+        except _engine.FAILURES as e:
+            log.warning("P/D pull of %d blocks from %s failed: %s", len(run.hashes), pull.peer, e)
+            self._count(pd_pull_failed=1)
+            res = getattr(e, "result", None)
+            if res is None:
+                return
+        fetched = sum(1 for b in res.blocks if b.status == "fetched")
+        self._count(pd_pulls=1, pd_pulled_blocks=fetched, pd_pulled_bytes=res.bytes)
 
     def _adopt(self, client, run):
-        """The readers of the scheduler's pin for this rank, in chain order,
-        padded with NotFound for blocks it did not pin; None when there is
-        no pin to adopt (lapsed, taken), so the blocks are leased instead."""
+        """The leases (pegad._blocks.Leases) of the scheduler's pin for
+        this rank, in chain order, padded with NotFound for blocks it did
+        not pin; None when there is no pin to adopt (lapsed, taken), so the
+        blocks are leased instead."""
         token = (run.pins or {}).get(self.namespace)
         if token is None or not hasattr(client, "adopt"):
             return None
         try:
-            readers = client.adopt(token)
+            res = _blocks.adopt(client, token)
         except (errors.NotFound, errors.Denied, errors.InvalidArgument, errors.LeaseEnded,
                 errors.FailedPrecondition) as e:
             log.info("pin of %d blocks not adopted (%s): leasing them", len(run.hashes), e)
             return None
-        n = len(run.hashes)
-        if len(readers) > n:  # a pin taken at lookup may cover more than the blocks allocated
-            _release(client, readers[n:])
-        return list(readers[:n]) + [errors.NotFound("not pinned by the scheduler")] * (n - min(n, len(readers)))
+        res.fit(len(run.hashes))  # a pin taken at lookup may cover more than the blocks allocated
+        return res
 
     def _failed(self, run, i):
         ids = list(run.block_ids[i:])
@@ -162,69 +212,110 @@ class Worker:
         if client is None:
             self._count(save_dropped_blocks=n)
             return
+        hashes = [h for r in runs for h in r.hashes]
+        block_ids = [b for r in runs for b in r.block_ids]
+        # In chunks, so that the daemon's work (ALLOC evicting room, COMMIT
+        # indexing) runs on the save thread while this one copies: every
+        # chunk's room is taken before any commit (the saver runs in order),
+        # so no part of this save can be evicted to make room for the rest.
+        step = self._chunk()
+        starts = range(0, n, step)
+        allocs = [self._alloc(client, hashes[:step])] + \
+            [self._saver.submit(self._alloc, client, hashes[pos:pos + step]) for pos in starts[1:]]
+        done = None
+        for k, pos in enumerate(starts):
+            writers = allocs[k].result() if k else allocs[0]
+            held = [] if writers is None else [i for i, off in enumerate(writers.offsets) if off is not None]
+            if not held:
+                continue
+            try:
+                ev = self.copier.save(self.copier.pool_tensor(writers.pool),
+                                      _device.runs([block_ids[pos + i] for i in held],
+                                                   [writers.offsets[i] for i in held], self.block_bytes))
+            except Exception as e:  # a copy that cannot run must not stop the engine: the blocks are given back
+                log.warning("save of %d blocks failed, dropped: %s", n - pos, e)
+                self._saver.submit(self._abort, client, writers)
+                for f in allocs[k + 1:]:  # returned by then: the saver runs in order
+                    self._saver.submit(lambda f=f: f.result() is not None and self._abort(client, f.result()))
+                return
+            done = self._saver.submit(self._commit, client, writers, ev, len(held))
+        if done is not None and any(r.handoff for r in runs):
+            # A P/D producer's prompt: committed before the step's output
+            # reaches the scheduler, whose request_finished hands it off.
+            # The saver runs in order, so its last commit ends the save.
+            try:
+                done.result(HANDOFF_COMMIT_WAIT)
+            except concurrent.futures.TimeoutError:
+                log.warning("save of %d blocks not committed in %.0f s: the handoff may miss them",
+                            n, HANDOFF_COMMIT_WAIT)
+
+    def _alloc(self, client, hashes):
+        """Room for hashes' blocks (pegad._blocks.Reservations), the blocks
+        that got none counted as dropped (Exists: stored already, by us or
+        another engine, so nothing to write); None when the call failed."""
+        if not hashes:
+            return None
         try:
-            res = client.alloc_batch([(self.namespace, h, self.block_bytes) for r in runs for h in r.hashes])
+            writers = _blocks.alloc(client, self.namespace, hashes, self.block_bytes)
         except _engine.FAILURES as e:
             self.link.failed(client, e)
-            self._count(save_dropped_blocks=n)
-            return
-        writers, ids = [], []
-        for bid, w in zip((b for r in runs for b in r.block_ids), res):
-            if isinstance(w, errors.Exists):
-                continue  # stored already (by us or another engine): nothing to write
-            if isinstance(w, Exception):
-                self._count(save_dropped_blocks=1)
-                continue
-            writers.append(w)
-            ids.append(bid)
-        if not writers:
-            return
-        try:
-            pool = writers[0].pool
-            ev = self.copier.save(self.copier.pool_tensor(pool),
-                                  _device.runs(ids, [w.buffer for w in writers], pool, self.block_bytes))
-        except Exception as e:  # a copy that cannot run must not stop the engine: the blocks are given back
-            log.warning("save of %d blocks failed, dropped: %s", len(writers), e)
-            self._saver.submit(self._abort, client, writers)
-            return
-        self._saver.submit(self._commit, client, writers, ev)
+            self._count(save_dropped_blocks=len(hashes))
+            return None
+        dropped = sum(1 for e in writers.errors if e is not None and not isinstance(e, errors.Exists))
+        if dropped:
+            self._count(save_dropped_blocks=dropped)
+        return writers
 
-    def _commit(self, client, writers, ev):
+    def _commit(self, client, writers, ev, n):
+        """Commit the n blocks writers holds (pegad._blocks.Reservations)."""
         if ev is not None:
             ev.synchronize()  # the save thread waits for the device copy, never the forward
         try:
-            client.commit_batch(writers)
-            self._count(saved_blocks=len(writers), saved_bytes=len(writers) * self.block_bytes)
+            res = writers.commit()
         except _engine.FAILURES as e:
-            self._count(save_dropped_blocks=len(writers))
-            if not isinstance(e, (errors.Exists, errors.LeaseEnded)):
-                self.link.failed(client, e)
+            self._count(save_dropped_blocks=n)
+            self.link.failed(client, e)
+            return
+        failed = [r for _, r in res if isinstance(r, Exception)]
+        saved = len(res) - len(failed)
+        self._count(saved_blocks=saved, saved_bytes=saved * self.block_bytes, save_dropped_blocks=len(failed))
+        broken = next((e for e in failed if not isinstance(e, (errors.Exists, errors.LeaseEnded))), None)
+        if broken is not None:
+            self.link.failed(client, broken)
 
     def _abort(self, client, writers):
-        self._count(save_dropped_blocks=len(writers))
+        self._count(save_dropped_blocks=len(writers.held))
         try:
-            client.abort_batch(writers)
+            writers.abort()
         except _engine.FAILURES as e:
             self.link.failed(client, e)
 
     def flush(self, timeout=None):
         """Wait until queued loads and saves are done (tests, shutdown)."""
         self._loader.submit(lambda: None).result(timeout)
+        self._io.submit(lambda: None).result(timeout)
         self._saver.submit(lambda: None).result(timeout)
 
     def shutdown(self):
         self._loader.shutdown(wait=True)
+        self._io.shutdown(wait=True)
         self._saver.shutdown(wait=True)
         if self.copier is not None:
             self.copier.close()
 
 
-def _usable(r, size):
-    return not isinstance(r, Exception) and r.buffer is not None and r.size == size
+def _release(leases, which, ev):
+    """Release which of leases once the device copy out of them (ev) is done."""
+    if ev is not None:
+        ev.synchronize()  # the I/O thread waits, never the forward
+    leases.release(which)
 
 
-def _release(client, readers):
+def _drop(part):
+    """Release what part (pegad._blocks.Leases, or the Future of one) still
+    holds; a lease call that failed holds nothing."""
     try:
-        client.release_batch(readers)
-    except _engine.FAILURES:
-        pass  # the pins end with the connection anyway
+        res = part.result() if isinstance(part, concurrent.futures.Future) else part
+    except Exception:  # the failure was reported where the chunk was needed
+        return
+    res.release(quiet=True)

@@ -349,6 +349,39 @@ class Pin:
         return f"Pin(n={self.n}, token={self.token.hex()})"
 
 
+class Handoff:
+    """A prefill/decode handoff (Client.handoff): n blocks pinned on this
+    node for a consumer on another node, who pulls them with
+    Client.prefetch(..., peer=peer_addr, handoff=token). The pin ends when
+    that pull has read every block, when ttl (seconds) passes, or on
+    release(). token is opaque; pass it on as is."""
+
+    def __init__(self, client, token, n, node_id, peer_addr, ttl, nbytes):
+        self._client = client
+        self.token = token
+        self.n = n
+        self.node_id = node_id
+        self.peer_addr = peer_addr
+        self.ttl = ttl
+        self.bytes = nbytes
+
+    def release(self):
+        """End the handoff now. Idempotent: True when this call ended it,
+        False when it had ended already (pulled, expired or released)."""
+        from . import _grpc
+        return self._client._grpc_call(_grpc.release_handoff, self.token, self._client._timeout)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self.release()
+        return False
+
+    def __repr__(self):
+        return f"Handoff(n={self.n}, node_id={self.node_id!r}, peer_addr={self.peer_addr!r}, ttl={self.ttl})"
+
+
 class Client:
     """A client of the local pegad listening on socket (its --socket).
 
@@ -788,11 +821,18 @@ class Client:
         h = _hash(hash)
         return self._grpc_call(_grpc.delete, ns, h, self._timeout)
 
-    def prefetch(self, namespace, hashes, peer=None, timeout=None):
+    def prefetch(self, namespace, hashes, peer=None, timeout=None, handoff=None, known_peer_only=False):
         """Ask the daemon to fetch blocks from peer (its gRPC host:port) into
         its pool, or, with peer None, from the nodes the cluster index says
         hold them (FailedPrecondition when the daemon has no --cluster-redis);
         timeout (seconds) bounds the fetch on the daemon's side.
+        handoff: the token of the producer's Handoff (Handoff.token, or the
+        str it was passed on as); the holder then ends that handoff's pin
+        of each block this fetch reads. A token naming no live handoff
+        changes nothing. known_peer_only: the daemon refuses (Denied,
+        nothing fetched) a peer that is neither a live node of the cluster
+        index nor checked by the peer port's mTLS against --peer-allow; for
+        addresses from untrusted input.
         Returns a PrefetchResult. On failure the exception's .result (when
         the daemon sent one) says which blocks failed and how. No hashes
         (hashes[hit.local:hit.n] with nothing missing) is a no-op: an empty
@@ -802,9 +842,35 @@ class Client:
         hs = [_hash(h) for h in hashes]
         if peer is not None and not isinstance(peer, str):
             raise errors.WrongType(f"peer must be str, not {type(peer).__name__}")
+        if isinstance(handoff, Handoff):
+            handoff = handoff.token
+        if handoff is not None and not isinstance(handoff, str):
+            raise errors.WrongType(f"handoff must be str, not {type(handoff).__name__}")
+        if not isinstance(known_peer_only, bool):
+            raise errors.WrongType(f"known_peer_only must be bool, not {type(known_peer_only).__name__}")
         if not hs:
             return PrefetchResult([], 0, 0.0, "")
-        return self._grpc_call(_grpc.prefetch, ns, hs, peer or "", timeout, self._timeout)
+        return self._grpc_call(_grpc.prefetch, ns, hs, peer or "", timeout, self._timeout,
+                               handoff or "", known_peer_only)
+
+    def handoff(self, namespace, hashes, ttl=30.0):
+        """Pin the blocks hashes of namespace on this node for a consumer on
+        another node (prefill/decode disaggregation): a Handoff, whose
+        token, node_id and peer_addr the consumer's prefetch needs. Every
+        block must be stored here: otherwise NotFound (the message says how
+        many are missing) and nothing is pinned. ttl (seconds, default 30,
+        at most 300: InvalidArgument beyond) bounds the pin when no
+        consumer pulls."""
+        from . import _grpc
+        ns = _namespace(namespace).decode("utf-8")
+        hs = [_hash(h) for h in hashes]
+        if not hs:
+            raise errors.InvalidArgument("handoff of no hashes")
+        if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not ttl > 0:
+            raise errors.InvalidArgument(f"ttl must be a positive number of seconds, not {ttl!r}")
+        r = self._grpc_call(_grpc.handoff, ns, hs, ttl, self._timeout)
+        return Handoff(self, r.token, r.blocks, r.node_id, r.peer_addr,
+                       r.ttl.seconds + r.ttl.nanos / 1e9, r.bytes)
 
 
     # --- prefix lookups (data protocol version 3) ------------------------
@@ -922,10 +988,10 @@ class Client:
                 self._pool = concurrent.futures.ThreadPoolExecutor(ASYNC_WORKERS, thread_name_prefix="pegad")
             return self._pool.submit(fn, *args)
 
-    def prefetch_async(self, namespace, hashes, peer=None, timeout=None):
+    def prefetch_async(self, namespace, hashes, peer=None, timeout=None, handoff=None, known_peer_only=False):
         """prefetch without blocking: a concurrent.futures.Future of its
         PrefetchResult (.done(), .result(timeout))."""
-        return self._submit(self.prefetch, namespace, list(hashes), peer, timeout)
+        return self._submit(self.prefetch, namespace, list(hashes), peer, timeout, handoff, known_peer_only)
 
     def get_batch_async(self, namespace, hashes, outs):
         """get_batch without blocking: a Future of its results. outs must

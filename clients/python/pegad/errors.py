@@ -74,7 +74,8 @@ class ShortBuffer(PegadError, ValueError):
 
 
 class Denied(PegadError, PermissionError):
-    """A pin token of another user's pin (adopt, Pin.release)."""
+    """A pin token of another user's pin (adopt, Pin.release), or a refused
+    peer (prefetch with known_peer_only, a certificate refused)."""
 
 
 class Aborted(PegadError):

@@ -41,6 +41,15 @@ What it does:
 - request_finished (and request_finished_all_groups, SupportsHMA) returns
   (False, None): nothing holds vLLM's blocks. More than one KV cache group
   (a hybrid model under the hybrid allocator) is refused at start-up.
+- P/D (kv_role kv_producer / kv_consumer / kv_both; pegad._vllm_pd owns
+  the parameters): a producer's request with do_remote_decode has its
+  last step's saves committed before the step ends, and request_finished
+  hands its prompt's blocks off on this node's pegad (Client.handoff) and
+  returns (False, the parameters a decode needs, vLLM's remote_* keys). A
+  consumer's request with do_remote_prefill is answered as an asynchronous
+  load whose workers first pull the blocks from the named pegad
+  (prefetch with the handoff token, known_peer_only), then load them; a
+  kv_consumer saves nothing.
 - Stats through build_kv_connector_stats / get_kv_connector_stats /
   build_prom_metrics; BlockStored events of the blocks each step saves
   through take_events.
@@ -64,7 +73,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1 import base as _base
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1, KVConnectorMetadata,
                                                                KVConnectorRole)
 
-from . import _engine, _vllm_stats, _vllm_worker, keys
+from . import _engine, _vllm_pd, _vllm_stats, _vllm_worker, errors, keys
 from .client import DEFAULT_SOCKET
 
 __all__ = ["PegadConnector", "PegadConnectorMetadata", "UPSTREAM_COMMIT"]
@@ -87,6 +96,8 @@ class BlockRun:
     block_ids: list
     hashes: list  # bytes, as pegad keys them
     pins: dict = None  # loads: rank namespace -> lease token of the scheduler's pin (LOOKUP_PIN)
+    remote: object = None  # loads: a _vllm_pd.RemotePull, pulled from the producer's pegad first
+    handoff: bool = False  # saves: a P/D producer's, committed before the step ends (request_finished hands them off)
 
 
 @dataclass
@@ -167,6 +178,19 @@ class PegadConnector(KVConnectorBase_V1, *_HMA):
         # MLA: one latent for every TP rank, under TP rank 0's namespace.
         self.namespaces = keys.rank_namespaces(self.base, 1 if self.mla else pc.tensor_parallel_size,
                                                pc.pipeline_parallel_size)
+        role_name = getattr(ktc, "kv_role", None) or "kv_both"
+        if role_name not in ("kv_producer", "kv_consumer", "kv_both"):
+            raise ValueError(f"kv_role {role_name!r}: pegad.vllm is kv_producer, kv_consumer or kv_both")
+        # P/D (module pegad._vllm_pd): a producer saves and hands its prompts
+        # off (do_remote_decode), a consumer pulls them (do_remote_prefill)
+        # and saves nothing; kv_both does both, and both look up and load
+        # this node's blocks as before.
+        self.produces = role_name != "kv_consumer"
+        self.consumes = role_name != "kv_producer"
+        self.handoff_ttl = float(extra.get("handoff_ttl", 30.0))
+        # request_finished blocks the scheduler this long at most, for a commit it does not see
+        self.handoff_wait = float(extra.get("handoff_wait", 0.1))
+        self.pull_timeout = float(extra.get("pull_timeout", 10.0))
         self.cluster = bool(extra.get("cluster", False))
         self.pin = bool(extra.get("pin", True))  # scheduler pins, workers adopt (when the daemon can)
         self.load_async = bool(extra.get("load_async", True))
@@ -188,7 +212,7 @@ class PegadConnector(KVConnectorBase_V1, *_HMA):
                 log.warning("kv_load_failure_policy is \"fail\": a load pegad cannot finish (the daemon stopped) "
                             "fails its request; set \"kv_load_failure_policy\": \"recompute\" to recompute it")
             self._reqs = {}  # req_id -> _ReqState
-            self._matched = {}  # req_id -> (first block, blocks held, pins of the lookup or None)
+            self._matched = {}  # req_id -> (first block, blocks held, pins of the lookup or None, RemotePull or None)
             self._prefetch = {}  # req_id -> Future of a cluster prefetch (done: not tried again)
             self._prefetcher = None
             self._events = []  # BlockStored events of the saves planned since take_events
@@ -197,7 +221,7 @@ class PegadConnector(KVConnectorBase_V1, *_HMA):
             self.tp_rank = tp_rank
             self.namespace = keys.rank_namespace(self.base, 0 if self.mla else tp_rank, pp_rank)
             self.worker = _vllm_worker.Worker(self.link, self.namespace, self._count,
-                                              saves=not self.mla or tp_rank == 0)
+                                              saves=(not self.mla or tp_rank == 0) and self.produces)
 
     def _count(self, **kw):
         with self._stats_mu:
@@ -230,6 +254,13 @@ class PegadConnector(KVConnectorBase_V1, *_HMA):
         self._drop_match(rid)
         if limit <= start:
             return 0, False
+        if self.consumes:
+            remote = self._remote(request, start, limit)
+            if remote is not None:
+                n, pull = remote
+                self._matched[rid] = (start, n, None, pull)
+                tokens = max(0, (start + n) * bs - num_computed_tokens)
+                return tokens, tokens > 0  # always asynchronous: the workers pull, then load
         fut = self._prefetch.get(rid)
         if fut is not None and not fut.done():
             return None, False
@@ -256,9 +287,26 @@ class PegadConnector(KVConnectorBase_V1, *_HMA):
                 _unpin(pins)
                 self._prefetch[rid] = pre
                 return None, False
-        self._matched[rid] = (start, n, pins)
+        self._matched[rid] = (start, n, pins, None)
         tokens = max(0, (start + n) * bs - num_computed_tokens)
         return tokens, self.load_async and tokens > 0
+
+    def _remote(self, request, start, limit):
+        """A consumer's request with the producer's parameters: (blocks from
+        start to pull and load, RemotePull), or None (no P/D parameters, or
+        refused ones: counted, and the request is served as any other).
+        Only one pull per request, as vLLM's NixlConnector: a request that
+        comes back (preempted) finds the pulled blocks on this node."""
+        params = getattr(request, "kv_transfer_params", None)
+        try:
+            out = _vllm_pd.consumer_pull(params, request, self.base, self.namespaces, start, limit,
+                                         self.pull_timeout)
+        except _vllm_pd.Refused as e:
+            log.warning("request %s: P/D parameters refused, recomputing: %s", request.request_id, e)
+            self._count(pd_refused_params=1)
+            params["do_remote_prefill"] = False
+            return None
+        return out
 
     def _lookup_pinned(self, client, hashes):
         """LOOKUP_PIN on every rank's namespace: the prefix all of them
@@ -326,18 +374,22 @@ class PegadConnector(KVConnectorBase_V1, *_HMA):
         elif block_ids:
             st.block_ids = block_ids
         m = self._matched.pop(rid, None)
-        start, n, pins = m if m is not None else (0, 0, None)
+        start, n, pins, remote = m if m is not None else (0, 0, None, None)
+        if remote is not None:
+            request.kv_transfer_params["do_remote_prefill"] = False  # one pull per request
         n = min(n, (max(num_external_tokens, 0) + self.block_size - 1) // self.block_size)
         if n <= 0 or len(block_ids) < start + n:
             _unpin(pins)
             return
         hashes = [keys.hash_bytes(h) for h in request.block_hashes[start:start + n]]
-        if pins is not None:
+        if remote is not None:
+            tokens = None  # nothing here to pin yet: the workers pull, then lease
+        elif pins is not None:
             st.pins.extend(pins.values())
             tokens = {ns: p.token for ns, p in pins.items()}
         else:
             tokens = self._pin_ranks(st, hashes)
-        st.load = BlockRun(rid, block_ids[start:start + n], hashes, tokens)
+        st.load = BlockRun(rid, block_ids[start:start + n], hashes, tokens, remote)
         st.saved = max(st.saved, start + n)
 
     def _pin_ranks(self, st, hashes):
@@ -389,8 +441,9 @@ class PegadConnector(KVConnectorBase_V1, *_HMA):
             elif new is not None:
                 st.block_ids.extend(new[0])
             computed[rid] = cached.num_computed_tokens[i]
-        for rid, ncomp in computed.items():
-            self._plan_save(meta, self._reqs[rid], ncomp, scheduler_output.num_scheduled_tokens.get(rid, 0))
+        if self.produces:  # a kv_consumer saves nothing
+            for rid, ncomp in computed.items():
+                self._plan_save(meta, self._reqs[rid], ncomp, scheduler_output.num_scheduled_tokens.get(rid, 0))
         return meta
 
     def _plan_save(self, meta, st, ncomp, scheduled):
@@ -403,7 +456,8 @@ class PegadConnector(KVConnectorBase_V1, *_HMA):
         if full <= st.saved:
             return
         hashes = [keys.hash_bytes(h) for h in req.block_hashes[st.saved:full]]
-        meta.saves.append(BlockRun(req.request_id, st.block_ids[st.saved:full], hashes))
+        meta.saves.append(BlockRun(req.request_id, st.block_ids[st.saved:full], hashes,
+                                   handoff=_vllm_pd.wants_decode(req)))
         parent = keys.hash_bytes(req.block_hashes[st.saved - 1]) if st.saved > 0 else None
         tokens = list(getattr(req, "all_token_ids", ()) or ())[st.saved * self.block_size:full * self.block_size]
         self._events.append(_vllm_stats.block_stored(hashes, parent, tokens, self.block_size))
@@ -411,14 +465,44 @@ class PegadConnector(KVConnectorBase_V1, *_HMA):
 
     def request_finished(self, request, block_ids):
         """Forget the request. Every publishable full block was saved by the
-        step that filled it, so the blocks can be freed now: (False, None)."""
+        step that filled it, so the blocks can be freed now: False. The
+        parameters are None, or, for a producer's request with
+        do_remote_decode, what the consumer pulls (_vllm_pd.producer_params):
+        its prompt's blocks, handed off on this node's pegad."""
         rid = request.request_id
         st = self._reqs.pop(rid, None)
         if st is not None and st.load is not None:  # pinned for a load never handed to the workers
             _unpin(st.pins)
         self._drop_match(rid)
         self._prefetch.pop(rid, None)
-        return False, None
+        if not (self.produces and _vllm_pd.wants_decode(request) and _vllm_pd.finished_ok(request)):
+            return False, None
+        return False, self._handoff(request)
+
+    def _handoff(self, request):
+        """Hand the request's prompt blocks off for a consumer: the
+        parameters, or None when none can be (counted; the decode then
+        recomputes the prompt)."""
+        nb = _vllm_pd.prompt_blocks(request, self.block_size)
+        hashes = [keys.hash_bytes(h) for h in request.block_hashes[:nb]]
+        client = self.link.get()
+        taken, n = None, 0
+        if client is not None and hashes:
+            try:
+                taken, n = _vllm_pd.handoff(client, self.namespaces, hashes, self.handoff_ttl, self.handoff_wait)
+            except errors.InvalidArgument as e:  # e.g. a handoff_ttl over the daemon's cap: the link is fine
+                log.error("handoff refused: %s", e)
+            except _engine.FAILURES as e:
+                self.link.failed(client, e)
+        if not taken:
+            log.warning("request %s: no block of its prompt to hand off, the decode recomputes it",
+                        request.request_id)
+            self._count(pd_handoff_failed=1)
+            return None
+        self._count(pd_handoffs=1, pd_handoff_blocks=n)
+        mc, pc = self._vllm_config.model_config, self._vllm_config.parallel_config
+        return _vllm_pd.producer_params(request, taken, self.base, hashes[:n], self.block_size,
+                                        pc.tensor_parallel_size, pc.pipeline_parallel_size, self.mla, mc.model)
 
     def request_finished_all_groups(self, request, block_ids):
         """SupportsHMA: the one KV cache group's blocks (more are refused at

@@ -50,11 +50,12 @@ def _pool_runs(copier, ids, gaps):
     blocks in gaps (so runs break there)."""
     bb = copier.block_bytes
     pool = memoryview(bytearray(bb * (len(ids) + len(gaps) + 1)))
-    bufs, off = [], 0
+    bufs, offs, off = [], [], 0
     for i, _ in enumerate(ids):
         bufs.append(pool[off:off + bb])
+        offs.append(off)
         off += bb * (2 if i in gaps else 1)
-    return pool, bufs, _device.runs(ids, bufs, pool, bb)
+    return pool, bufs, offs, _device.runs(ids, offs, bb)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -64,7 +65,7 @@ def test_save_and_load_are_byte_exact(layout, dtype):
     copier, layers = _copier(kv)
     assert layers[0].layout == LAYOUTS[layout][2]
     ids = [7, 2, 11, 0, 5]
-    pool, bufs, runs = _pool_runs(copier, ids, gaps={1})
+    pool, bufs, offs, runs = _pool_runs(copier, ids, gaps={1})
     assert len(runs) == 2
     pool_t = copier.pool_tensor(pool)
     ev = copier.save(pool_t, runs)
@@ -76,7 +77,7 @@ def test_save_and_load_are_byte_exact(layout, dtype):
     other = _kv(layout, dtype, seed=2)  # another engine's cache, other bytes in every block
     before = [kv2.clone() for kv2 in (other.logical(li) for li in range(LAYERS))]
     c2, _ = _copier(other)
-    ev = c2.load(c2.pool_tensor(pool), _device.runs(ids, bufs, pool, c2.block_bytes))
+    ev = c2.load(c2.pool_tensor(pool), _device.runs(ids, offs, c2.block_bytes))
     if ev is not None:
         ev.synchronize()
     for li in range(LAYERS):
@@ -117,4 +118,25 @@ def test_a_new_pool_mapping_replaces_the_old():
     ta = copier.pool_tensor(a)
     assert copier.pool_tensor(a) is ta
     tb = copier.pool_tensor(b)
-    assert tb is not ta and tb.data_ptr() == _device.address(b)
+    assert tb is not ta and tb.data_ptr() == np.frombuffer(b, np.uint8).ctypes.data
+
+
+def test_blocks_laid_out_downwards_are_one_run():
+    """A full pool evicts a chain from its last block back, so a batch saved
+    after it gets each block just below the one before: that is one run
+    (one copy per layer), not one per block, and still byte-exact."""
+    kv = _kv("nhd", "float16")
+    copier, _ = _copier(kv)
+    bb = copier.block_bytes
+    ids = [7, 2, 11, 0, 5, 9]
+    offs = [0, bb, 5 * bb, 4 * bb, 3 * bb, 2 * bb]  # up for 2 blocks, then down for 4
+    runs = _device.runs(ids, offs, bb)
+    assert runs == [([7, 2], 0, 2), ([9, 5, 0, 11], 2 * bb, 4)]
+    pool = memoryview(bytearray(6 * bb))
+    ev = copier.save(copier.pool_tensor(pool), runs)
+    if ev is not None:
+        ev.synchronize()
+    for b, off in zip(ids, offs):
+        want = b"".join(_bytes(kv.logical(li)[b]) for li in range(LAYERS))
+        assert bytes(pool[off:off + bb]) == want, f"block {b} misplaced"
+    copier.close()

@@ -63,10 +63,8 @@ def serve_pair(socket, seed, tp=1, extra=None, between=None, after_alloc=None, *
     return got, gen, want, want_gen, events
 
 
-@pytest.mark.parametrize("split", [None, 1], ids=["one-thread", "two-threads"])
-def test_b_loads_the_prefix_and_matches_full_recompute(daemon, ns, split):
-    extra = {"namespace": ns} if split is None else {"namespace": ns, "load_split_bytes": split}
-    got, gen, want, want_gen, events = serve_pair(daemon.socket, 1, extra=extra)
+def test_b_loads_the_prefix_and_matches_full_recompute(daemon, ns):
+    got, gen, want, want_gen, events = serve_pair(daemon.socket, 1, extra={"namespace": ns})
     assert ("loaded", 5) in events  # 5 full blocks of the prompt
     assert min(got) == 5 * BS  # B computed only from the first position after the prefix
     assert max_diff(got, want) < TOL

@@ -4,6 +4,8 @@ and must match a full recompute in the same layout and dtype, and must not
 when K and V are swapped in the stored blocks. MLA at TP 2 stores one
 latent (under TP rank 0's namespace) that both ranks load."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -56,10 +58,17 @@ def test_swapped_k_and_v_fail_in_torch_layouts(daemon, ns, layout):
     assert max_diff(got, want) > 20 * TOL["bfloat16"]
 
 
+def _stored(daemon, namespace):
+    """(blocks, bytes) the daemon holds under namespace (pegactl blocks list)."""
+    out = json.loads(daemon.ctl("-o", "json", "blocks", "list", "--namespace", namespace).stdout)
+    return len(out["blocks"]), sum(blk["bytes"] for blk in out["blocks"])
+
+
 def test_mla_tp2_stores_one_latent(daemon, ns):
     """TP 2 MLA: rank 0 saves the latent once, under @tp0; both ranks load
-    it. Stored bytes per token: layers * latent * 2 (bf16), against twice
-    that with one copy per rank."""
+    it. Stored bytes per token, as the daemon lists them: layers * latent *
+    2 (bf16), against tp times that in the per-rank scheme (one copy per
+    rank's namespace, as MHA stores its heads)."""
     kv = {"layout": "mla", "dtype": "bfloat16"}
     got, gen, want, want_gen, events = serve_pair(daemon.socket, 33, tp=2, extra={"namespace": ns}, kv=kv)
     assert ("loaded", 5) in events and not any(e[0] == "load_errors" for e in events)
@@ -71,3 +80,9 @@ def test_mla_tp2_stores_one_latent(daemon, ns):
         assert c.lookup(keys.rank_namespace(ns, 0), hs) == 5
         assert c.lookup(keys.rank_namespace(ns, 1), hs) == 0  # not stored once per rank
         assert c.get(keys.rank_namespace(ns, 0), hs[0], bytearray(per_block)) == per_block
+    (n0, b0), (n1, b1) = (_stored(daemon, keys.rank_namespace(ns, r)) for r in (0, 1))
+    assert n0 >= 5 and (n1, b1) == (0, 0)
+    once, per_rank = b0 / (n0 * BS), 2 * LAYERS * LATENT * 2
+    print(f"MLA at TP 2 ({LAYERS} layers, latent {LATENT}, bf16): {once:.0f} bytes stored per token, "
+          f"per-rank scheme {per_rank}")
+    assert once == LAYERS * LATENT * 2 == per_rank / 2

@@ -239,6 +239,7 @@ class Request:
     all_token_ids: list = field(default_factory=list)
     num_publishable_block_hashes: int = None
     block_hashes: list = field(default_factory=list)
+    kv_transfer_params: dict = None  # vLLM: from the request body (P/D), None without
 
     def __post_init__(self):
         self.all_token_ids = list(self.prompt_token_ids)
@@ -274,11 +275,12 @@ class RequestFailed(Exception):
     """vLLM's "fail" policy ended the request: a load it was promised failed."""
 
 
-def vllm_config(socket, tp_size=1, block_size=4, extra=None, rank=0, policy="recompute", kv=None):
+def vllm_config(socket, tp_size=1, block_size=4, extra=None, rank=0, policy="recompute", kv=None, role="kv_both"):
     """kv: the KV() layout of the workers (None: the numpy engine); "mla"
-    makes the model an MLA one (vLLM's model_config.use_mla)."""
-    ktc = SimpleNamespace(kv_connector="PegadConnector", kv_connector_module_path="pegad.vllm", kv_role="kv_both",
-                          is_kv_producer=True, kv_load_failure_policy=policy,
+    makes the model an MLA one (vLLM's model_config.use_mla). role: vLLM's
+    kv_role (kv_producer, kv_consumer, kv_both)."""
+    ktc = SimpleNamespace(kv_connector="PegadConnector", kv_connector_module_path="pegad.vllm", kv_role=role,
+                          is_kv_producer=role != "kv_consumer", kv_load_failure_policy=policy,
                           kv_connector_extra_config={"socket": socket, **(extra or {})})
     layout, dtype = (kv or {}).get("layout"), (kv or {}).get("dtype", "float32")
     mla = layout == "mla"
@@ -295,7 +297,7 @@ def vllm_config(socket, tp_size=1, block_size=4, extra=None, rank=0, policy="rec
 
 # --- worker processes -------------------------------------------------------
 
-def _worker(rank, tp, conn, peer, socket, num_blocks, block_size, extra, stubs, policy, kv_spec):
+def _worker(rank, tp, conn, peer, socket, num_blocks, block_size, extra, stubs, policy, kv_spec, role="kv_both"):
     sys.path[:0] = stubs
     try:
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
@@ -308,7 +310,7 @@ def _worker(rank, tp, conn, peer, socket, num_blocks, block_size, extra, stubs, 
         c = None
         if socket is not None:
             from pegad.vllm import PegadConnector
-            c = PegadConnector(vllm_config(socket, tp, block_size, extra, rank, policy, kv_spec),
+            c = PegadConnector(vllm_config(socket, tp, block_size, extra, rank, policy, kv_spec, role),
                                KVConnectorRole.WORKER)
             c.register_kv_caches({f"layers.{i}.attn": kv.tensors[i] for i in range(LAYERS)})
 
@@ -365,19 +367,21 @@ class Engine:
     """One engine: the scheduler side here, tp worker processes. socket None:
     no connector (the full-recompute reference). policy: vLLM's
     kv_load_failure_policy; graphs: "piecewise" or "full" (no layer hooks);
-    kv: the workers' torch KV() as {"layout", "dtype"} (None: numpy)."""
+    kv: the workers' torch KV() as {"layout", "dtype"} (None: numpy);
+    role: vLLM's kv_role."""
 
     def __init__(self, socket, tp=1, num_blocks=64, block_size=4, extra=None, block_order=None, stubs=(),
-                 policy="recompute", graphs="piecewise", kv=None):
+                 policy="recompute", graphs="piecewise", kv=None, role="kv_both"):
         self.socket, self.tp, self.bs = socket, tp, block_size
         self.policy, self.graphs = policy, graphs
         self.free = list(block_order if block_order is not None else range(num_blocks))
         self.conn = None
         self.events = []  # what the driver saw: ("none",), ("loaded", n), ("load_errors", ids), ("async",)
+        self.transfer_params = {}  # req_id -> the kv_transfer_params request_finished returned
         if socket is not None:
             from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
             from pegad.vllm import PegadConnector
-            self.conn = PegadConnector(vllm_config(socket, tp, block_size, extra, 0, policy, kv),
+            self.conn = PegadConnector(vllm_config(socket, tp, block_size, extra, 0, policy, kv, role),
                                        KVConnectorRole.SCHEDULER)
         ctx = mp.get_context("spawn")
         peers = ctx.Pipe() if tp == 2 else (None, None)
@@ -385,7 +389,7 @@ class Engine:
         for r in range(tp):
             a, b = ctx.Pipe()
             p = ctx.Process(target=_worker, args=(r, tp, b, peers[r] if tp == 2 else None, socket, num_blocks,
-                                                  block_size, extra, list(stubs), policy, kv), daemon=True)
+                                                  block_size, extra, list(stubs), policy, kv, role), daemon=True)
             p.start()
             self.pipes.append(a)
             self.procs.append(p)
@@ -466,14 +470,17 @@ class Engine:
             time.sleep(0.01)
         raise AssertionError("the asynchronous load did not finish in 30 s")
 
-    def serve(self, req_id, prompt, decode=2, between=None, after_alloc=None):
+    def serve(self, req_id, prompt, decode=2, between=None, after_alloc=None, kv_transfer_params=None):
         """Prefill prompt, then decode greedily. Returns (logits of every
         token computed by this engine keyed by position, tokens generated).
         between(engine) runs after the scheduler's lookup, before
         update_state_after_alloc; after_alloc(engine) after it, before the
-        workers' step (to evict or stop the daemon there)."""
+        workers' step (to evict or stop the daemon there).
+        kv_transfer_params: the request body's (P/D); what request_finished
+        returns lands in transfer_params[req_id]."""
         bs = self.bs
         req = Request(req_id, list(prompt), bs)
+        req.kv_transfer_params = dict(kv_transfer_params) if kv_transfer_params is not None else None
         ext, is_async = self._lookup(req) if self.conn is not None else (0, False)
         if between is not None:
             between(self)
@@ -494,7 +501,9 @@ class Engine:
         out = self._prefill(req, table, computed, sync=not is_async and ext > 0)
         gen = self._decode(req, table, out, decode)
         if self.conn is not None:
-            assert self.conn.request_finished(req, list(table)) == (False, None)
+            delay, params = self.conn.request_finished(req, list(table))
+            assert delay is False and (params is None or kv_transfer_params is not None)
+            self.transfer_params[req_id] = params
             self._all(send=("finished", {req_id}))
         self.free.extend(table)
         return out, gen
