@@ -92,13 +92,11 @@ func (t *LockTable) SessionsPage(cursor uint64, limit int) (page []SessionInfo, 
 
 // infoLocked is s's listing row; its shard's mu held.
 func (t *LockTable) infoLocked(s *session) SessionInfo {
-	info := SessionInfo{
+	return SessionInfo{
 		ID: s.id.String(), RequesterID: s.owner(), Incarnation: s.incarnation(),
 		Blocks: len(s.blocks), Bytes: s.bytes, CreatedAt: t.clock.At(s.created),
-		ExpiresAt: t.clock.At(s.deadline()), Renewals: int(s.lease.Renewals()), blocks: s.blocks,
+		ExpiresAt: t.clock.At(s.deadline()), Renewals: int(s.lease.Renewals()), Handoff: s.handoff(), blocks: s.blocks,
 	}
-	info.Handoff = s.handoff()
-	return info
 }
 
 type pageRow struct {

@@ -21,6 +21,7 @@ import numpy as np
 
 from . import _wire as wire
 from . import errors
+from ._handles import _namespace
 
 __all__ = ["Reservations", "Leases", "alloc", "lease", "adopt"]
 
@@ -149,11 +150,8 @@ class Leases(_Batch):
 
 
 def _check_ns(namespace):
-    if not isinstance(namespace, str):
-        raise errors.WrongType(f"namespace must be str, not {type(namespace).__name__}")
-    b = namespace.encode("utf-8")
-    if not 1 <= len(b) <= wire.MAX_NAMESPACE:
-        raise errors.InvalidArgument(f"namespace of {len(b)} bytes (want 1..{wire.MAX_NAMESPACE})")
+    """The checked namespace's wire prefix (its length, then its bytes)."""
+    b = _namespace(namespace)
     return wire._U16.pack(len(b)) + b
 
 
