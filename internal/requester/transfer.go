@@ -364,6 +364,16 @@ func (p *pipeline) read(l *lease, stg *staging, plan []*planBlock, tr *readTrack
 	tr.opBlock = opBlock
 
 	e.hook(p.ctx, st, PhaseRead)
+	// A fetch cancelled by now (shutdown, the caller) posts no READ. The
+	// fetch's own ctx is asked, not the lease's: a child context is
+	// cancelled only after its parent's Done has closed, so a goroutine
+	// woken by the parent could find the lease still live, post, and
+	// report as read a fetch that was aborted (TestDrainTimeoutAbortsFetch
+	// failed that way on CI).
+	if err := p.ctx.Err(); err != nil {
+		l.stop()
+		return plan, ctxErr(p.ctx)
+	}
 	// Bytes count as their completions arrive (sessions list, the
 	// fetch-bytes counter); each block's completion is tracked, so a fetch
 	// cut short keeps the blocks read before the lock was last confirmed.
