@@ -68,8 +68,9 @@ var (
 	ErrInvalid = errors.New("handoff: invalid request")
 	// ErrLimit: the node holds its maximum of pending handoffs.
 	ErrLimit = errors.New("handoff: too many pending handoffs")
-	// ErrClosed: the table is shut down.
-	ErrClosed = errors.New("handoff: shutting down")
+	// ErrDraining: the table is shut down (the daemon is draining); named
+	// for what callers map it to, so that only conn and ibv export an ErrClosed.
+	ErrDraining = errors.New("handoff: shutting down")
 )
 
 // Pinner is the part of *store.Store a handoff uses.
@@ -196,7 +197,7 @@ func (t *Table) add(e *entry) error {
 	defer t.mu.Unlock()
 	switch {
 	case t.closed:
-		return ErrClosed
+		return ErrDraining
 	case len(t.byID) >= t.o.MaxPending:
 		return fmt.Errorf("%w: %d pending", ErrLimit, len(t.byID))
 	}

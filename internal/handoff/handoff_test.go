@@ -227,7 +227,7 @@ func TestExpiry(t *testing.T) {
 		t.Fatalf("Close ended %d, want 1", n)
 	}
 	e.pinned(t, 0)
-	if _, err := e.tab.Open("ns", hashes("h0"), 0); !errors.Is(err, ErrClosed) {
+	if _, err := e.tab.Open("ns", hashes("h0"), 0); !errors.Is(err, ErrDraining) {
 		t.Fatalf("Open after Close = %v", err)
 	}
 	e.pinned(t, 0)

@@ -60,7 +60,7 @@ var statusKinds = slices.Concat([]pegaderr.Kind{
 	{Err: handoff.ErrMissing, Code: codes.NotFound, Reason: pegaderr.NotFound},
 	{Err: handoff.ErrInvalid, Code: codes.InvalidArgument, Reason: pegaderr.Invalid},
 	{Err: handoff.ErrLimit, Code: codes.ResourceExhausted, Reason: pegaderr.Limit},
-	{Err: handoff.ErrClosed, Code: codes.Unavailable, Reason: pegaderr.Draining},
+	{Err: handoff.ErrDraining, Code: codes.Unavailable, Reason: pegaderr.Draining},
 }, holder.StatusKinds, []pegaderr.Kind{
 	{Err: conn.ErrConnectionBroken, Code: codes.Unavailable, Reason: pegaderr.Connection},
 	{Err: conn.ErrSessionInvalidated, Code: codes.Unavailable, Reason: pegaderr.Connection},
