@@ -78,7 +78,10 @@ func (f *holdFlags) run(ctx context.Context, g *globalFlags, out io.Writer, hash
 		return err
 	}
 	defer p.Close()
-	qctx, cancel := context.WithTimeout(ctx, g.timeout)
+	// Ctrl-C while the lock is being taken must not cancel the call: the
+	// holder may have locked already, and only the reply names the session
+	// to release. The hold below then ends at once and releases it.
+	qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.timeout)
 	res, err := p.lock(qctx, f.namespace, hashes)
 	cancel()
 	if err != nil {

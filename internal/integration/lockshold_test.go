@@ -91,4 +91,16 @@ func TestLocksHold(t *testing.T) {
 	if stdout, _, _ := runPegactl(sock, "-o", "json", "locks", "list"); !strings.Contains(stdout, `"sessions": []`) {
 		t.Fatalf("a lock is left after the hold:\n%s", stdout)
 	}
+
+	// Ctrl-C before the lock's reply came (here: before the command ran)
+	// still releases what the holder locked, and is no error.
+	ctx, cancel = context.WithCancel(context.Background())
+	cancel()
+	r = <-hold(ctx, "1m")
+	if r.code != 0 || !strings.Contains(r.out, `"end": "released"`) {
+		t.Fatalf("hold interrupted while locking: exit %d\n%s%s", r.code, r.out, r.errOut)
+	}
+	if stdout, _, _ := runPegactl(sock, "-o", "json", "locks", "list"); !strings.Contains(stdout, `"sessions": []`) {
+		t.Fatalf("a lock is left after a hold interrupted while locking:\n%s", stdout)
+	}
 }
