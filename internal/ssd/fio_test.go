@@ -24,8 +24,10 @@ import (
 //   - read: random single-block reads back (Load: pread, CRC check) from
 //     fioQD goroutines; fio --rw=randread --iodepth=fioQD.
 //
-// fio uses io_uring where the kernel allows it, else libaio. Skipped
-// without fio (Debian's package).
+// fio uses io_uring where the kernel allows it, else libaio. The write
+// also reports fio with the tier's own engine (psync: one pwrite at a
+// time, QD1) and fio at QD4 (issue 36 item 5). Skipped without fio
+// (Debian's package).
 const (
 	fioBlock  = 1 << 20
 	fioBlocks = 64
@@ -50,19 +52,31 @@ func BenchmarkTierVsFio(b *testing.B) {
 			defer tr.Close()
 			round := 0
 			tierWrite(b, tr, round)
-			var tierBps, fioBps float64
+			var tierBps, fioBps, psyncBps, qd4Bps float64
+			file := filepath.Join(dir, "fio.dat")
 			for i := 0; i < b.N; i++ {
 				round++
 				w := tierWrite(b, tr, round)
 				if mode == "write" {
 					tierBps += w
+					// issue 36 item 5: the tier's own engine (pwrite,
+					// one at a time) and the QD4 figure beside it.
+					psyncBps += runFio(b, "psync", file, mode, 1)
+					qd4Bps += runFio(b, engine, file, mode, fioQD)
 				} else {
 					tierBps += tierRandRead(b, tr, round)
 				}
-				fioBps += runFio(b, engine, filepath.Join(dir, "fio.dat"), mode)
+				fioBps += runFio(b, engine, file, mode, 0)
 			}
-			b.ReportMetric(tierBps/float64(b.N)/1e6, "tier-MB/s")
-			b.ReportMetric(fioBps/float64(b.N)/1e6, "fio-MB/s")
+			n := float64(b.N)
+			b.ReportMetric(tierBps/n/1e6, "tier-MB/s")
+			b.ReportMetric(fioBps/n/1e6, "fio-MB/s")
+			if mode == "write" {
+				b.ReportMetric(psyncBps/n/1e6, "fio-psync-qd1-MB/s")
+				b.ReportMetric(qd4Bps/n/1e6, "fio-qd4-MB/s")
+				b.ReportMetric(tierBps/psyncBps, "tier/psync-ratio")
+				b.ReportMetric(tierBps/fioBps, "tier/fio-ratio")
+			}
 		})
 	}
 }
@@ -125,14 +139,15 @@ func fioEngine(b *testing.B) string {
 }
 
 // runFio runs fio on file (same file system as the tier's log) and
-// returns its bandwidth in bytes per second.
-func runFio(b *testing.B, engine, file, mode string) float64 {
+// returns its bandwidth in bytes per second. qd 0 is the mode's queue
+// depth above (write 1, randread fioQD); a write with qd > 0 uses it.
+func runFio(b *testing.B, engine, file, mode string, qd int) float64 {
 	rec := recordLen(key(0), 2, fioBlock)
 	size := fmt.Sprintf("--size=%d", fioBlocks*rec)
 	args := []string{"--name=" + mode, "--filename=" + file, "--bs=" + fmt.Sprint(rec), size, "--direct=1",
 		"--ioengine=" + engine, "--output-format=json", "--rw=" + mode}
 	if mode == "write" {
-		args = append(args, "--iodepth=1")
+		args = append(args, fmt.Sprintf("--iodepth=%d", max(qd, 1)))
 	} else {
 		// Lay the file out first (not timed), then the random reads.
 		if out, err := exec.Command("fio", "--name=lay", "--filename="+file, "--bs="+fmt.Sprint(rec), size,

@@ -68,6 +68,15 @@ func (c *cq) fakeVector() int {
 // posting (tests; the setting is process-wide).
 func setFakeDelay(d time.Duration) { C.pv_fake_set_delay(C.uint64_t(max(d, 0))) }
 
+// setFakeTimerSpin sets how long before a delayed completion's moment the
+// fake's timer thread spins instead of sleeping (tests; 0: sleep only).
+func setFakeTimerSpin(d time.Duration) { C.pv_fake_set_timer_spin(C.uint64_t(max(d, 0))) }
+
+// fakeSignalLateness is the mean of how late past their moment delayed
+// completions signalled an armed CQ's channel since the last call (tests:
+// the fake's own share of a blocked Wait's latency).
+func fakeSignalLateness() time.Duration { return time.Duration(C.pv_fake_signal_lateness()) }
+
 // fakePortEvent raises async event typ on port 1 of fake device dev and
 // changes the port to match (tests); how many open contexts were told.
 func fakePortEvent(dev string, typ int) int {

@@ -12,6 +12,14 @@ pv_lib *pv_fake_lib(void);
 // pv_fake_set_delay makes the fake's completions visible ns after posting
 // (0: at once).
 void pv_fake_set_delay(uint64_t ns);
+// pv_fake_set_timer_spin sets how long before a delayed CQE's moment the
+// fake's timer thread stops sleeping and spins (default 50us; 0: it only
+// sleeps, as before issue 36, and wakes as late as the host makes it).
+void pv_fake_set_timer_spin(uint64_t ns);
+// pv_fake_signal_lateness is the mean of how late (ns) past their moment
+// delayed CQEs signalled an armed CQ's channel since the last call (0:
+// none did), and starts a new count.
+uint64_t pv_fake_signal_lateness(void);
 // pv_fake_port_event changes port 1 of fake device dev as event type says
 // (IBV_EVENT_PORT_ERR: down; IBV_EVENT_PORT_ACTIVE: up; IBV_EVENT_GID_CHANGE:
 // a new RoCE v2 GID) and raises the event on every open context of it.
