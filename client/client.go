@@ -51,6 +51,8 @@ type options struct {
 	noData     bool
 	conn       grpc.ClientConnInterface
 	fallback   bool
+	node       int // WithNUMANode's; valid when nodeSet
+	nodeSet    bool
 }
 
 // WithDataSocket sets the data socket's path (default: socket + ".data").
@@ -81,6 +83,7 @@ type Client struct {
 	data   *dataLink        // nil without the data socket (fallback, WithoutDataSocket)
 	socket string
 	dials  *dialRecord // nil with WithConn
+	node   int         // WithNUMANode's node, NoNUMANode when none; immutable
 }
 
 // Dial connects to the daemon whose local API listens on socket, and to
@@ -97,7 +100,13 @@ func Dial(ctx context.Context, socket string, opts ...Option) (*Client, error) {
 	for _, f := range opts {
 		f(&o)
 	}
-	c := &Client{socket: socket}
+	c := &Client{socket: socket, node: NoNUMANode}
+	if o.nodeSet {
+		if err := checkNUMANode(o.node); err != nil {
+			return nil, err
+		}
+		c.node = o.node
+	}
 	if !o.noData {
 		data, err := dialData(ctx, o.dataSocket)
 		switch {

@@ -22,6 +22,7 @@ type dataConn struct {
 	mem          []byte        // the mapped pool; immutable until close
 	leaseTimeout time.Duration // immutable
 	version      uint32        // the protocol version the daemon answered; immutable
+	parts        []PoolPart    // the pool's NUMA parts (version 4; nil before); immutable
 
 	mu      sync.Mutex // guards everything below and serializes requests
 	c       *net.UnixConn
@@ -133,6 +134,7 @@ func (d *dataConn) hello(ctx context.Context, version uint32) error {
 	}
 	d.mem = mem
 	d.version = version
+	d.parts = poolParts(rep.Parts)
 	d.leaseTimeout = time.Duration(rep.LeaseTimeout) * time.Millisecond
 	return nil
 }

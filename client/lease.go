@@ -214,7 +214,7 @@ func (c *Client) AllocBatch(ctx context.Context, reqs []AllocRequest) ([]AllocRe
 		n, size := 0, 0
 		for n < len(todo) && n < localwire.MaxBatch {
 			it := items[todo[n]]
-			sz := 3 + len(it.Namespace) + len(it.Hash) + 2 + 16*len(it.Slots)
+			sz := 4 + 3 + len(it.Namespace) + len(it.Hash) + 2 + 16*len(it.Slots) // 4: ALLOC_ON's node
 			if n > 0 && size+sz > localwire.MaxFrame/2 {
 				break
 			}
@@ -223,9 +223,17 @@ func (c *Client) AllocBatch(ctx context.Context, reqs []AllocRequest) ([]AllocRe
 		}
 		batch := todo[:n]
 		todo = todo[n:]
-		res, err := d.call(ctx, localwire.OpAlloc, n, func(b []byte) []byte {
+		op := localwire.OpAlloc
+		if c.node != NoNUMANode && d.version >= localwire.MinVersionOf(localwire.OpAllocOn) {
+			op = localwire.OpAllocOn
+		}
+		res, err := d.call(ctx, op, n, func(b []byte) []byte {
 			for _, i := range batch {
-				b = localwire.AppendAllocItem(b, items[i])
+				if op == localwire.OpAllocOn {
+					b = localwire.AppendAllocOnItem(b, localwire.AllocOnItem{Node: int32(c.node), AllocItem: items[i]})
+				} else {
+					b = localwire.AppendAllocItem(b, items[i])
+				}
 			}
 			return b
 		})

@@ -112,13 +112,20 @@ func DecodeHello(body []byte) (Hello, error) {
 func AppendHelloReply(b []byte, h HelloReply) []byte {
 	b = binary.LittleEndian.AppendUint32(b, h.Version)
 	b = binary.LittleEndian.AppendUint64(b, h.PoolSize)
-	return binary.LittleEndian.AppendUint64(b, h.LeaseTimeout)
+	b = binary.LittleEndian.AppendUint64(b, h.LeaseTimeout)
+	if h.Version >= 4 {
+		b = appendParts(b, h.Parts)
+	}
+	return b
 }
 
 // DecodeHelloReply decodes a HELLO response body.
 func DecodeHelloReply(body []byte) (HelloReply, error) {
 	r := reader{b: body}
 	h := HelloReply{Version: r.u32("version"), PoolSize: r.u64("pool size"), LeaseTimeout: r.u64("lease timeout")}
+	if r.err == nil && h.Version >= 4 {
+		h.Parts = r.parts(h.PoolSize)
+	}
 	return h, r.done()
 }
 
@@ -244,7 +251,7 @@ func AppendError(b []byte, st Status, msg string) []byte {
 func AppendResult(b []byte, op Op, res *Result) []byte {
 	b = append(b, byte(StatusOK))
 	switch op {
-	case OpAlloc, OpReserve:
+	case OpAlloc, OpAllocOn, OpReserve:
 		b = binary.LittleEndian.AppendUint64(b, res.Lease)
 		b = binary.LittleEndian.AppendUint64(b, res.Seg.Off)
 		b = binary.LittleEndian.AppendUint64(b, res.Seg.Len)
@@ -299,7 +306,7 @@ func DecodeResults(op Op, body []byte, count int) ([]Result, error) {
 			continue
 		}
 		switch op {
-		case OpAlloc, OpReserve:
+		case OpAlloc, OpAllocOn, OpReserve:
 			res.Lease, res.Seg.Off, res.Seg.Len = r.u64("lease"), r.u64("offset"), r.u64("length")
 		case OpCommit:
 			res.Created = r.created()

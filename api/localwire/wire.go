@@ -20,9 +20,10 @@ import (
 // Version is the newest protocol version, the one a HELLO from this
 // package's users carries. Version 2 adds RESERVE and PUT (a Put in one
 // round trip); version 3 the prefix lookups (LOOKUP, LOOKUP_PIN, ADOPT,
-// UNPIN, LOOKUP_CLUSTER). A daemon answers HELLO with the version the
+// UNPIN, LOOKUP_CLUSTER); version 4 NUMA placement (the pool's parts in
+// the HELLO reply, ALLOC_ON). A daemon answers HELLO with the version the
 // client asked for, from MinVersion up to Version.
-const Version = 3
+const Version = 4
 
 // MinVersion is the oldest version a daemon still speaks.
 const MinVersion = 1
@@ -60,11 +61,15 @@ const (
 	OpAdopt         Op = 12 // one token → its pin's blocks as read leases of this connection (version 3)
 	OpUnpin         Op = 13 // one token → its pin dropped (version 3)
 	OpLookupCluster Op = 14 // one chain → n local, and the node the cluster index says holds the longest prefix (version 3)
+
+	OpAllocOn Op = 15 // (node, namespace, hash, slot sizes)… → write leases, as ALLOC, on the node's part of the pool where it has room (version 4)
 )
 
 // MinVersionOf is the protocol version that brought op.
 func MinVersionOf(op Op) uint32 {
 	switch {
+	case op >= OpAllocOn:
+		return 4
 	case op >= OpLookup:
 		return 3
 	case op >= OpReserve:
@@ -103,6 +108,8 @@ func (o Op) String() string {
 		return "unpin"
 	case OpLookupCluster:
 		return "lookup_cluster"
+	case OpAllocOn:
+		return "alloc_on"
 	}
 	return fmt.Sprintf("op(%d)", uint8(o))
 }
@@ -245,10 +252,13 @@ type HelloReply struct {
 	Version      uint32
 	PoolSize     uint64
 	LeaseTimeout uint64 // milliseconds a lease lives without Renew
+	// Parts are the pool's NUMA parts, in address order, tiling
+	// [0, PoolSize) (version 4; nil before).
+	Parts []Part
 }
 
 // Result is one item of a response. Which fields are set depends on the op:
-// Alloc and Reserve: Lease, Seg; Commit: Created; Lease: Lease, Slots;
+// Alloc, AllocOn and Reserve: Lease, Seg; Commit: Created; Lease: Lease, Slots;
 // Put: Created, Next, and Lease, Seg of the next reservation when Next is
 // OK (Lease 0: none asked for); Lookup: N; LookupPin: N, Token; Adopt:
 // Adopted; LookupCluster: Cluster; others: none. Msg is set when Status

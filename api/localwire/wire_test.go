@@ -159,6 +159,8 @@ func FuzzDecodeRequests(f *testing.F) {
 	f.Add(uint8(OpLookup), uint16(1), AppendChain(nil, Chain{Namespace: "ns", Hashes: [][]byte{{1}, {2, 3}}}))
 	f.Add(uint8(OpLookupCluster), uint16(1), AppendChain(nil, Chain{Namespace: "ns@tp0", Hashes: [][]byte{{9}}}))
 	f.Add(uint8(OpAdopt), uint16(1), AppendToken(nil, []byte("0123456789abcdef01234567")))
+	f.Add(uint8(OpAllocOn), uint16(2), AppendAllocOnItem(AppendAllocOnItem(nil, AllocOnItem{Node: 1, AllocItem: AllocItem{Key: Key{"ns", []byte{1}}, Slots: []SlotSize{{1, 2}}}}),
+		AllocOnItem{Node: NoNode, AllocItem: AllocItem{Key: Key{"ns", []byte{2}}, Slots: []SlotSize{{3, 0}}}}))
 	f.Fuzz(func(t *testing.T, op uint8, count uint16, body []byte) {
 		n := int(count % (MaxBatch + 1))
 		var re []byte
@@ -188,6 +190,17 @@ func FuzzDecodeRequests(f *testing.F) {
 					t.Fatalf("accepted %+v", it)
 				}
 				re = AppendAllocItem(re, it)
+			}
+		case OpAllocOn:
+			items, err := DecodeAllocOnItems(body, n)
+			if err != nil {
+				return
+			}
+			for _, it := range items {
+				if len(it.Slots) > MaxSlots || len(it.Namespace) > MaxNamespace || len(it.Hash) > MaxHash {
+					t.Fatalf("accepted %+v", it)
+				}
+				re = AppendAllocOnItem(re, it)
 			}
 		case OpPut:
 			items, err := DecodePutItems(body, n)
@@ -233,7 +246,9 @@ func FuzzDecodeResults(f *testing.F) {
 	f.Add(uint8(OpAlloc), uint16(1), AppendResult(nil, OpAlloc, &Result{Lease: 1, Seg: Segment{2, 3}}))
 	f.Add(uint8(OpLease), uint16(1), AppendResult(nil, OpLease, &Result{Lease: 1, Slots: []SlotPlace{{K: Segment{0, 1}}}}))
 	f.Add(uint8(OpCommit), uint16(2), AppendError(AppendResult(nil, OpCommit, &Result{Created: true}), StatusNoLease, "gone"))
-	f.Add(uint8(OpHello), uint16(0), AppendHelloReply(nil, HelloReply{Version, 1 << 20, 1000}))
+	f.Add(uint8(OpHello), uint16(0), AppendHelloReply(nil, HelloReply{3, 1 << 20, 1000, nil}))
+	f.Add(uint8(OpHello), uint16(0), AppendHelloReply(nil, HelloReply{Version, 1 << 20, 1000, []Part{{0, 0, 1 << 19}, {1, 1 << 19, 1 << 19}}}))
+	f.Add(uint8(OpAllocOn), uint16(1), AppendResult(nil, OpAllocOn, &Result{Lease: 1, Seg: Segment{2, 3}}))
 	f.Add(uint8(OpPut), uint16(2), AppendResult(AppendResult(nil, OpPut, &Result{Created: true, Lease: 2, Seg: Segment{0, 9}}), OpPut, &Result{Next: StatusPoolFull}))
 	f.Add(uint8(OpLookup), uint16(1), AppendResult(nil, OpLookup, &Result{N: 12}))
 	f.Add(uint8(OpLookupPin), uint16(1), AppendResult(nil, OpLookupPin, &Result{N: 2, Token: []byte("tok")}))
@@ -243,8 +258,22 @@ func FuzzDecodeResults(f *testing.F) {
 	f.Fuzz(func(t *testing.T, op uint8, count uint16, body []byte) {
 		n := int(count % (MaxBatch + 1))
 		if Op(op) == OpHello {
-			if h, err := DecodeHelloReply(body); err == nil && !bytes.Equal(AppendHelloReply(nil, h), body) {
+			h, err := DecodeHelloReply(body)
+			if err != nil {
+				return
+			}
+			if !bytes.Equal(AppendHelloReply(nil, h), body) {
 				t.Fatalf("hello reply %x re-encodes differently", body)
+			}
+			var end uint64
+			for _, p := range h.Parts {
+				if p.Off != end || p.Len == 0 || p.Node < NoNode || p.Node > MaxNode {
+					t.Fatalf("accepted part %+v after [0,%d)", p, end)
+				}
+				end += p.Len
+			}
+			if h.Version >= 4 && end != h.PoolSize {
+				t.Fatalf("accepted parts covering %d of %d bytes", end, h.PoolSize)
 			}
 			return
 		}

@@ -112,6 +112,11 @@ type Config struct {
 	// PoolHugePages backs the pool with huge pages: none, thp, 2M or 1G
 	// (2M/1G must be reserved: vm.nr_hugepages).
 	PoolHugePages string `mapstructure:"pool-hugepages"`
+	// NamespaceQuota bounds the pool bytes of namespaces: entries NS=SIZE
+	// (repeatable flag; a YAML list, or a comma list in one string), NS a
+	// namespace or a namespace prefix, the longest prefix winning
+	// (NamespaceQuotas). SIGHUP reloads it.
+	NamespaceQuota []string `mapstructure:"namespace-quota"`
 	// Eviction names the policy that picks which unpinned blocks go when
 	// the pool needs room: prefix (chain-aware, adaptive; the default)
 	// or lru (internal/evict, docs/tiering.md).
@@ -339,6 +344,7 @@ func RegisterFlags(fs *pflag.FlagSet, d Config) {
 	fs.String("debug-listen", d.DebugListen, "loopback HTTP address serving /debug/pprof/ (empty, the default, disables)")
 	fs.String("pool-size", d.PoolSize.String(), "pinned host-memory pool size (e.g. 256MiB, 16GiB, 512M, bytes)")
 	fs.String("pool-hugepages", d.PoolHugePages, "pool pages: none|thp|2M|1G (2M/1G must be reserved, vm.nr_hugepages)")
+	fs.StringArray("namespace-quota", d.NamespaceQuota, "most pool bytes a namespace or namespace prefix may hold, NS=SIZE (repeatable; longest prefix wins; at its quota a namespace evicts its own blocks; SIGHUP reloads)")
 	fs.String("eviction", d.Eviction, "eviction policy: prefix|adaptive|lru (prefix: chain-aware, adaptive recency/frequency; adaptive: W-TinyLFU admission, window chosen by shadow caches)")
 	fs.String("transport", d.Transport, "data transport: auto|verbs|tcp (auto: verbs when devices exist, else tcp)")
 	fs.String("nics", d.NICs, "tcp: number of software NICs; verbs: a count or a comma list of device names, optionally RAIL=DEVICE")

@@ -143,6 +143,8 @@ func keyValues(c Config) map[string]yamlValue {
 			v = yamlValue{"!!int", strconv.Itoa(x)}
 		case uint32:
 			v = yamlValue{"!!int", "0x" + strconv.FormatUint(uint64(x), 16)}
+		case []string: // read back as a comma list (namespace-quota)
+			v = yamlValue{"!!str", strings.Join(x, ",")}
 		default:
 			v = yamlValue{"!!str", fmt.Sprint(x)}
 		}
@@ -187,7 +189,7 @@ func CheckFile(path string) ([]Problem, error) {
 		// One key at a time, so each bad value is reported on its own.
 		one := c
 		dec, err := mapstructure.NewDecoder(&mapstructure.DecoderConfig{
-			DecodeHook:       mapstructure.ComposeDecodeHookFunc(byteSizeHook, durationHook),
+			DecodeHook:       decodeHook(),
 			WeaklyTypedInput: true,
 			Result:           &one,
 		})

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -90,7 +91,7 @@ func TestWriteYAMLRoundTrip(t *testing.T) {
 		t.Fatalf("printed config does not load: %v\n%s", err, out.String())
 	}
 	back.File, e.Config.File = "", ""
-	if back != e.Config {
+	if !reflect.DeepEqual(back, e.Config) {
 		t.Fatalf("round trip:\n got %+v\nwant %+v", back, e.Config)
 	}
 }

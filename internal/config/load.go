@@ -61,12 +61,15 @@ func loadConfig(fs *pflag.FlagSet, d Config) (Config, error) {
 
 	var c Config
 	if err := v.Unmarshal(&c, func(dc *mapstructure.DecoderConfig) {
-		dc.DecodeHook = mapstructure.ComposeDecodeHookFunc(byteSizeHook, durationHook)
+		dc.DecodeHook = decodeHook()
 		dc.ErrorUnused = true
 	}); err != nil {
 		return Config{}, fmt.Errorf("config: %s", withSources(cleanDecodeError(err), fs, file))
 	}
 	c.File = file
+	if len(c.NamespaceQuota) == 0 {
+		c.NamespaceQuota = nil // as Default(): an empty flag or key is none
+	}
 	if err := c.Validate(); err != nil {
 		return Config{}, err
 	}
@@ -126,6 +129,13 @@ var (
 	byteSizeType = reflect.TypeOf(ByteSize(0))
 	durationType = reflect.TypeOf(time.Duration(0))
 )
+
+// decodeHook decodes the keys that are not strings, numbers or bools:
+// sizes, durations, and lists (from a YAML list, or a comma list in a
+// flag, an env value or a string).
+func decodeHook() mapstructure.DecodeHookFunc {
+	return mapstructure.ComposeDecodeHookFunc(byteSizeHook, durationHook, mapstructure.StringToSliceHookFunc(","))
+}
 
 // byteSizeHook decodes sizes from strings ("256MiB") and non-negative numbers.
 func byteSizeHook(from, to reflect.Type, data any) (any, error) {

@@ -38,6 +38,7 @@ func (c *Config) problems() []Problem {
 		bad("pool-size", "%s is below the minimum %s", c.PoolSize, MinPoolSize)
 	}
 	c.validateSSD(bad)
+	c.validateQuotas(bad)
 	switch c.PoolHugePages {
 	case "none", "thp", "2M", "1G":
 	default:

@@ -404,13 +404,15 @@ func TestStatsAndVersion(t *testing.T) {
 	decodeJSON(t, r.stdout, &st)
 	if r.code != 0 || st.PoolUsed != 16<<20 || st.PoolSize != 64<<20 || st.LockTimeouts != 2 || st.UptimeSeconds != 180.5 ||
 		st.NodeID != "node-a" || !st.PoolLocked || st.FetchBytes != 1<<30 || st.Lookups != 4 || st.LookupHits != 30 ||
-		st.Recomputed != 6 || st.Ceiling != 0.9 {
+		st.Recomputed != 6 || st.Ceiling != 0.9 ||
+		len(st.Quotas) != 1 || st.Quotas[0] != (quotaRow{Prefix: "llama-70b", Limit: 8 << 30, Used: 2 << 30, Blocks: 512, Evictions: 3, Refusals: 1}) {
 		t.Errorf("stats = %+v (%+v)", st, r)
 	}
 	r = run(t, f, "stats")
 	if !strings.Contains(r.stdout, "16.0 MiB (25.0%)") || !strings.Contains(r.stdout, "LOCK TIMEOUTS") ||
 		!strings.Contains(r.stdout, "LOOKUP HIT RATIO  75.0% (30 of 40 blocks)") ||
-		!strings.Contains(r.stdout, "HIT CEILING       90.0% (6 recomputed blocks)") {
+		!strings.Contains(r.stdout, "HIT CEILING       90.0% (6 recomputed blocks)") ||
+		!strings.Contains(r.stdout, "QUOTA llama-70b   2.0 GiB of 8.0 GiB (25.0%), 512 blocks, 3 evicted for it, 1 refused") {
 		t.Errorf("stats table = %q", r.stdout)
 	}
 

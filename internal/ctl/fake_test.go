@@ -113,6 +113,7 @@ func startFake(t *testing.T) *fakeDaemon {
 			Evictions: 4, Qps: 4, Conns: 1, Uptime: durationpb.New(3*time.Minute + 500*time.Millisecond),
 			FetchesOk: 10, FetchesFailed: 1, FetchBytes: 1 << 30,
 			Lookups: 4, LookupHitBlocks: 30, LookupMissBlocks: 10, RecomputedBlocks: 6,
+			Quotas: []*pegadv1.NamespaceQuota{{Prefix: "llama-70b", LimitBytes: 8 << 30, UsedBytes: 2 << 30, Blocks: 512, Evictions: 3, Refusals: 1}},
 		},
 	}
 	lis, err := net.Listen("unix", f.socket)

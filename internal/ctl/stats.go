@@ -63,6 +63,39 @@ type statsResult struct {
 	// Recomputed) / (hits + misses), 0 before the first lookup.
 	Recomputed uint64  `json:"recomputed_blocks"`
 	Ceiling    float64 `json:"hit_ratio_ceiling"`
+	// Quotas: --namespace-quota's groups, longest prefix first ([] without).
+	Quotas []quotaRow `json:"quotas"`
+}
+
+// quotaRow is one namespace quota's state.
+type quotaRow struct {
+	Prefix    string `json:"prefix"`
+	Limit     uint64 `json:"limit_bytes"`
+	Used      uint64 `json:"used_bytes"`
+	Blocks    uint64 `json:"blocks"`
+	Evictions uint64 `json:"evictions"`
+	Refusals  uint64 `json:"refusals"`
+}
+
+// quotasOf converts the response's quotas.
+func quotasOf(qs []*pegadv1.NamespaceQuota) []quotaRow {
+	out := make([]quotaRow, 0, len(qs))
+	for _, q := range qs {
+		out = append(out, quotaRow{Prefix: q.GetPrefix(), Limit: q.GetLimitBytes(), Used: q.GetUsedBytes(),
+			Blocks: q.GetBlocks(), Evictions: q.GetEvictions(), Refusals: q.GetRefusals()})
+	}
+	return out
+}
+
+// quota is one QUOTA row's value: used of limit, blocks, and what keeping
+// to it cost.
+func (q quotaRow) String() string {
+	pct := 0.0
+	if q.Limit > 0 {
+		pct = 100 * float64(q.Used) / float64(q.Limit)
+	}
+	return fmt.Sprintf("%s of %s (%.1f%%), %d blocks, %d evicted for it, %d refused",
+		humanBytes(q.Used), humanBytes(q.Limit), pct, q.Blocks, q.Evictions, q.Refusals)
 }
 
 func statsOf(s *pegadv1.StatsResponse) *statsResult {
@@ -94,6 +127,7 @@ func statsOf(s *pegadv1.StatsResponse) *statsResult {
 		LookupMisses:   s.GetLookupMissBlocks(),
 		Recomputed:     s.GetRecomputedBlocks(),
 		Ceiling:        ceiling(s.GetLookupHitBlocks(), s.GetLookupMissBlocks(), s.GetRecomputedBlocks()),
+		Quotas:         quotasOf(s.GetQuotas()),
 	}
 }
 
@@ -166,6 +200,9 @@ func (r *statsResult) writeTable(w io.Writer) error {
 		{"LOOKUPS", fmt.Sprint(r.Lookups)},
 		{"LOOKUP HIT RATIO", hitRatio(r.LookupHits, r.LookupMisses)},
 		{"HIT CEILING", hitRatioCeiling(r.LookupHits, r.LookupMisses, r.Recomputed)},
+	}
+	for _, q := range r.Quotas {
+		rows = append(rows, [2]string{"QUOTA " + q.Prefix, q.String()})
 	}
 	for _, kv := range rows {
 		if _, err := fmt.Fprintf(w, "%s\t%s\n", kv[0], dash(kv[1])); err != nil {

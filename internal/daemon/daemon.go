@@ -57,6 +57,9 @@ type options struct {
 	// peerInterceptor, when set, is the innermost unary interceptor of the
 	// peer server (tests inject holder errors with it).
 	peerInterceptor grpc.UnaryServerInterceptor
+	// reload reads the configuration again for SIGHUP (quota.go); nil:
+	// SIGHUP reloads only the peer TLS files.
+	reload func() (config.Config, error)
 }
 
 // WithLogger makes the daemon log to l instead of building a logger from
@@ -333,6 +336,9 @@ func (d *Daemon) openPool(cfg *config.Config) (err error) {
 	}
 	d.store = store.NewWithPolicy(d.pool, d.metrics, store.NewPolicy(kind))
 	d.log.Info().Str("policy", string(kind)).Msg("Eviction policy")
+	if err := d.applyQuotas(cfg); err != nil {
+		return err
+	}
 	if err := d.openTier(); err != nil {
 		return err
 	}

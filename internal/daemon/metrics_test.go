@@ -176,7 +176,9 @@ func TestReadmeMetricTable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := startNode(t, testConfig(t))
+	cfg := testConfig(t)
+	cfg.NamespaceQuota = []string{"ns=1MiB"} // the quota families have series
+	n := startNode(t, cfg)
 	// One granted session makes the per-requester family appear.
 	putBlock(t, n, "ns", []byte{1}, []byte("x"), false)
 	if _, err := n.peer.QueryBlocksForTransfer(ctxT(t), &pegadv1.QueryBlocksForTransferRequest{Namespace: "ns", Hashes: [][]byte{{1}},

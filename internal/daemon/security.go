@@ -138,26 +138,41 @@ func (d *Daemon) warnPlaintext(addr net.Addr) {
 		Msg("Peer port is plaintext on a non-loopback address: any host that reaches it can pin blocks and read pool memory; set --peer-tls-cert, --peer-tls-key and --peer-tls-ca (docs/security.md)")
 }
 
-// startReloader reloads the peer TLS files on SIGHUP (without TLS, SIGHUP
-// is logged and otherwise ignored rather than killing the daemon) and
-// re-checks the certificate's expiry; stops with ctx.
+// startReloader reloads the peer TLS files and the namespace quotas
+// (quota.go) on SIGHUP (with neither, SIGHUP is logged and otherwise
+// ignored rather than killing the daemon) and re-checks the certificate's
+// expiry; its goroutines stop with ctx.
 func (d *Daemon) startReloader(ctx context.Context) {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
+	var tlsHup chan os.Signal // the TLS source's own signal, fed by the loop below
+	if d.tls != nil {
+		tlsHup = make(chan os.Signal, 1)
+		d.wg.Add(1)
+		go func() {
+			defer d.wg.Done()
+			d.tls.Run(ctx, tlsHup, expiryCheck)
+		}()
+	}
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
 		defer signal.Stop(hup)
-		if d.tls != nil {
-			d.tls.Run(ctx, hup, expiryCheck)
-			return
-		}
 		for {
 			select {
 			case <-ctx.Done():
 				return
-			case <-hup:
-				d.log.Info().Msg("SIGHUP: nothing to reload (no peer TLS files)")
+			case sig := <-hup:
+				if tlsHup != nil {
+					select {
+					case tlsHup <- sig:
+					default: // a reload is pending already
+					}
+				}
+				d.reloadQuotasOnHUP()
+				if tlsHup == nil && d.opts.reload == nil {
+					d.log.Info().Msg("SIGHUP: nothing to reload (no peer TLS files, no configuration source)")
+				}
 			}
 		}
 	}()

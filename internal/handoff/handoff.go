@@ -13,6 +13,9 @@
 //     released after reading its blocks (the holder calls it); the
 //     handoff's pin of those blocks ends, and the handoff completes when
 //     none is left;
+//   - Done: its consumer is done with it (its pull is over, complete or
+//     not: it had some blocks already, or stopped early); the pins of
+//     the blocks it did not pull end now, not at the ttl;
 //   - Release: the producer ends it early;
 //   - ExpireBefore: its ttl passed (the sweeper);
 //   - Close: the daemon shuts down.
@@ -330,6 +333,35 @@ func (t *Table) Pulled(tok string, keys []store.Key) int {
 			Msg("Handoff completed: the consumer pulled every block")
 	}
 	return len(done)
+}
+
+// Done ends the handoff tok names because its consumer is done with it
+// (the holder's EndHandoff, sent once the consumer's pull is over): the
+// pins of blocks not pulled end now, and it counts as completed. It is
+// Release with the consumer's result: ended false when tok names no live
+// handoff (a wrong secret names none), ErrInvalid for a malformed token.
+func (t *Table) Done(tok string) (ended bool, blocks int, err error) {
+	if _, _, err := ParseToken(tok); err != nil {
+		return false, 0, err
+	}
+	now := t.clock.Now()
+	t.mu.Lock()
+	e := t.liveLocked(tok, now)
+	var rest []*store.Block
+	if e != nil {
+		rest = t.removeLocked(e)
+	}
+	t.mu.Unlock()
+	if e == nil {
+		return false, 0, nil
+	}
+	t.o.Store.Unpin(rest)
+	age := now.Sub(e.created)
+	t.o.Metrics.HandoffAge.Observe(age.Seconds())
+	t.ended(e, metrics.HandoffCompleted)
+	t.o.Log.Debug().Str("handoff", hex.EncodeToString(e.id[:])).Int("blocks", e.total).Int("unpulled", len(rest)).
+		Dur("age", age).Msg("Handoff completed: its consumer is done with it")
+	return true, len(rest), nil
 }
 
 func (t *Table) ended(e *entry, result string) {

@@ -176,6 +176,48 @@ func TestWrongTokenChangesNothing(t *testing.T) {
 	e.pinned(t, 1)
 }
 
+// TestDoneEndsWhatWasNotPulled: a consumer that pulled only part of a
+// handoff (it had the rest, or stopped early) ends it when done; the
+// pins it never pulled end then, each once, and it counts as completed.
+func TestDoneEndsWhatWasNotPulled(t *testing.T) {
+	e := newEnv(t, 4)
+	h, err := e.tab.Open("ns", hashes("h0", "h1", "h2", "h3"), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := e.tab.Pulled(h.Token, keys("h1")); n != 1 {
+		t.Fatalf("Pulled(h1) = %d", n)
+	}
+	forged := h.Token[:IDLen] + strings.Repeat("0", TokenLen-IDLen) // the right id, a wrong secret
+	if ended, _, err := e.tab.Done(forged); ended || err != nil {
+		t.Fatalf("Done with a wrong secret = %v, %v: it ended someone else's handoff", ended, err)
+	}
+	e.pinned(t, 3)
+	ended, n, err := e.tab.Done(h.Token)
+	if err != nil || !ended || n != 3 {
+		t.Fatalf("Done = %v, %d, %v; want true, 3 (the blocks not pulled)", ended, n, err)
+	}
+	e.pinned(t, 0)
+	e.ended(t, metrics.HandoffCompleted, 1)
+	if got := testutil.ToFloat64(e.m.Pending); got != 0 {
+		t.Fatalf("pending gauge = %v", got)
+	}
+	if ended, _, err := e.tab.Done(h.Token); ended || err != nil {
+		t.Fatalf("second Done = %v, %v", ended, err)
+	}
+	if n := e.tab.Pulled(h.Token, keys("h0")); n != 0 {
+		t.Fatalf("Pulled after Done ended %d pins", n)
+	}
+	if _, _, err := e.tab.Done("short"); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("Done of a malformed token = %v, want ErrInvalid", err)
+	}
+	e.pinned(t, 0)
+	e.ended(t, metrics.HandoffCompleted, 1)
+	if st := e.st.Stats(); st.RefUnderflows != 0 {
+		t.Fatalf("%d unpin underflows", st.RefUnderflows)
+	}
+}
+
 func TestReleaseIsIdempotent(t *testing.T) {
 	e := newEnv(t, 2)
 	h, err := e.tab.Open("ns", hashes("h0", "h1"), 0)
@@ -265,6 +307,7 @@ func TestConcurrentEnds(t *testing.T) {
 			wg.Go(func() { e.tab.Pulled(h.Token, keys(n)) })
 		}
 		wg.Go(func() { _, _, _ = e.tab.Release(h.Token) })
+		wg.Go(func() { _, _, _ = e.tab.Done(h.Token) })
 		wg.Go(func() { e.tab.ExpireBefore(e.clk.now().Add(time.Second)) })
 		wg.Wait()
 		e.pinned(t, 0)

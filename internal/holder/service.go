@@ -84,10 +84,12 @@ type Pinner interface {
 }
 
 // Handoffs is what the holder needs of the node's handoffs
-// (*handoff.Table): end the pins of blocks a consumer has pulled. A token
-// naming no live handoff changes nothing.
+// (*handoff.Table): end the pins of blocks a consumer has pulled, and the
+// whole handoff once its consumer is done (EndHandoff). A token naming no
+// live handoff changes nothing.
 type Handoffs interface {
 	Pulled(token string, keys []store.Key) int
+	Done(token string) (ended bool, blocks int, err error)
 }
 
 // maxHandoffToken bounds the token a session keeps: a well-formed one is

@@ -336,3 +336,63 @@ func TestKnownPeerOnlyWithPeerAllow(t *testing.T) {
 		t.Fatalf("refused as unchecked (%v) though --peer-allow checks", got)
 	}
 }
+
+// A consumer that pulls only part of a handoff (it stopped early, or had
+// the rest already) ends it when done (end_handoff): the producer then
+// pins nothing and lists no handoff, long before the ttl. A forged token
+// (the right id, a wrong secret) ends nothing.
+func TestHandoffEndedByConsumer(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		pull   int  // blocks of the 4 the consumer prefetches
+		local  int  // blocks of the 4 the consumer holds before
+		forged bool // the prefetch names a forged token
+	}{
+		{"pulls a prefix", 2, 0, false},
+		{"has the head already", 4, 2, false},
+		{"has every block", 4, 4, false},
+		{"forged token", 2, 0, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			prod, cons := start(t, baseConfig(t, "producer")), start(t, baseConfig(t, "consumer"))
+			ctx := ctxT(t, 30*time.Second)
+			handed := mbBlocks("kv", 4)
+			putAll(t, prod, "pd", handed)
+			putAll(t, cons, "pd", handed[:tc.local])
+			h := handoffOf(t, prod, "pd", handed, time.Minute)
+			tok := h.GetToken()
+			if tc.forged {
+				tok = tok[:16] + strings.Repeat("0", len(tok)-16)
+			}
+			if _, err := cons.local.Prefetch(ctx, &pegadv1.PrefetchRequest{Peer: h.GetPeerAddr(), Namespace: "pd",
+				Hashes: hashesOf(handed[:tc.pull]), HandoffToken: tok, EndHandoff: true}); err != nil {
+				t.Fatalf("consumer prefetch: %v", err)
+			}
+			if tc.forged {
+				eventually(t, "the consumer's end_handoff call", 10*time.Second, func() error {
+					if got := prod.cn.Scrape(t)[`pegaflow_holder_rpc_total{code="OK",rpc="end_handoff"}`]; got != 1 {
+						return fmt.Errorf("end_handoff OK = %v", got)
+					}
+					return nil
+				})
+				if m := prod.cn.Scrape(t); m[mHandoffsPending] != 1 || m[mHandoffsCompleted] != 0 {
+					t.Fatalf("forged token: pending %v, completed %v; want the handoff untouched", m[mHandoffsPending], m[mHandoffsCompleted])
+				}
+				if ls, err := prod.admin.ListSessions(ctx, &pegadv1.ListSessionsRequest{}); err != nil ||
+					len(ls.GetHandoffs()) != 1 || ls.GetHandoffs()[0].GetBlocks() != 4 {
+					t.Fatalf("forged token: handoffs %v, %v; want one still pinning 4 blocks", ls.GetHandoffs(), err)
+				}
+				if _, err := prod.local.ReleaseHandoff(ctx, &pegadv1.ReleaseHandoffRequest{Token: h.GetToken()}); err != nil {
+					t.Fatal(err)
+				}
+				settled(t, prod)
+				return
+			}
+			settled(t, prod)
+			m := prod.cn.Scrape(t)
+			if m[mHandoffsCompleted] != 1 || m[mHandoffsPending] != 0 || m[mHandoffsExpired] != 0 {
+				t.Fatalf("producer: completed %v, pending %v, expired %v", m[mHandoffsCompleted], m[mHandoffsPending], m[mHandoffsExpired])
+			}
+		})
+	}
+}

@@ -216,6 +216,10 @@ func (a *Admin) Stats(context.Context, *pegadv1.StatsRequest) (*pegadv1.StatsRes
 		Evictions:    st.Evictions,
 		Uptime:       durationpb.New(max(a.o.Now().Sub(a.o.Node.Started), 0)),
 	}
+	for _, q := range a.o.Store.Quotas() {
+		resp.Quotas = append(resp.Quotas, &pegadv1.NamespaceQuota{Prefix: q.Prefix, LimitBytes: q.Limit, UsedBytes: q.Used,
+			Blocks: q.Blocks, Evictions: q.Evictions, Refusals: q.Refusals})
+	}
 	ps := a.o.Store.PolicyStats()
 	resp.EvictionPolicy, resp.EvictionWeight, resp.EvictionSamples = ps.Policy, ps.Weight, ps.Samples
 	if a.o.Engine != nil {

@@ -418,7 +418,8 @@ func (l *Local) Prefetch(ctx context.Context, req *pegadv1.PrefetchRequest) (*pe
 	}
 	l.store.Promote(keys)
 	res, err := l.fetcher.Fetch(ctx, requester.Request{Peer: req.GetPeer(), Namespace: req.GetNamespace(), Hashes: hashes,
-		Handoff: req.GetHandoffToken(), KnownPeerOnly: req.GetKnownPeerOnly()})
+		Handoff: req.GetHandoffToken(), KnownPeerOnly: req.GetKnownPeerOnly(),
+		EndHandoff: req.GetEndHandoff() && req.GetPeer() != ""})
 	if err != nil {
 		return failedPrefetch(res, err, req.GetFailureInResponse())
 	}

@@ -72,32 +72,38 @@ func (cn *conn) open(h held) (lease.ID, error) {
 
 // alloc answers ALLOC: room for each block and a write lease on it.
 func (cn *conn) alloc(b []byte, items []localwire.AllocItem) []byte {
-	st := cn.s.store
-	for _, it := range items {
-		k, err := key(it.Key)
-		if err != nil {
-			b = localwire.AppendError(b, localwire.StatusInvalid, err.Error())
-			continue
-		}
-		lay, total, err := layout(it.Slots)
-		if err != nil {
-			b = localwire.AppendError(b, localwire.StatusInvalid, err.Error())
-			continue
-		}
-		if st.Has(k.Key()) {
-			b = localwire.AppendError(b, localwire.StatusExists, "block already stored")
-			continue
-		}
-		id, ext, err := cn.openExtent(total, held{key: k, layout: lay})
-		if err != nil {
-			b = localwire.AppendError(b, statusOf(err), err.Error())
-			continue
-		}
-		b = localwire.AppendResult(b, localwire.OpAlloc, &localwire.Result{
-			Lease: uint64(id), Seg: localwire.Segment{Off: ext.Alloc().Off, Len: total},
-		})
+	for i := range items {
+		b = cn.allocOne(b, &items[i], localwire.NoNode)
 	}
 	return b
+}
+
+// allocOne answers one ALLOC or ALLOC_ON item: room for the block, on
+// node's part of the pool where it has room (NoNode: anywhere), and a
+// write lease on it.
+func (cn *conn) allocOne(b []byte, it *localwire.AllocItem, node int32) []byte {
+	st := cn.s.store
+	if err := checkNode(node); err != nil {
+		return localwire.AppendError(b, localwire.StatusInvalid, err.Error())
+	}
+	k, err := key(it.Key)
+	if err != nil {
+		return localwire.AppendError(b, localwire.StatusInvalid, err.Error())
+	}
+	lay, total, err := layout(it.Slots)
+	if err != nil {
+		return localwire.AppendError(b, localwire.StatusInvalid, err.Error())
+	}
+	if st.Has(k.Key()) {
+		return localwire.AppendError(b, localwire.StatusExists, "block already stored")
+	}
+	id, ext, err := cn.openExtentOn(int(node), total, held{key: k, layout: lay})
+	if err != nil {
+		return localwire.AppendError(b, statusOf(err), err.Error())
+	}
+	return localwire.AppendResult(b, localwire.OpAlloc, &localwire.Result{
+		Lease: uint64(id), Seg: localwire.Segment{Off: ext.Alloc().Off, Len: total},
+	})
 }
 
 // lease answers LEASE: pins every found block (one store call) and gives a
@@ -230,17 +236,21 @@ func (cn *conn) reserve(n uint64) (lease.ID, *store.Extent, error) {
 	if n == 0 || n > store.MaxBlockLen {
 		return 0, nil, fmt.Errorf("%w: reservation of %d bytes (want 1..%d)", store.ErrInvalid, n, uint64(store.MaxBlockLen))
 	}
-	return cn.openExtent(n, held{size: n})
+	return cn.openExtentOn(-1, n, held{size: n})
 }
 
-// openExtent allocates n bytes and opens lease h on them (ALLOC's write
+// openExtentOn allocates n bytes, on node's part of the pool where it has
+// room (node < 0: anywhere), and opens lease h on them (ALLOC's write
 // lease, RESERVE's reservation); the room goes back when the lease cannot
 // be opened.
-func (cn *conn) openExtent(n uint64, h held) (lease.ID, *store.Extent, error) {
-	ext, err := cn.s.store.AllocExtent(n)
+func (cn *conn) openExtentOn(node int, n uint64, h held) (lease.ID, *store.Extent, error) {
+	// An ALLOC names its namespace, whose quota decides (a reservation
+	// names none: its block is accounted when PUT inserts it).
+	ext, err := cn.s.store.AllocExtentFor(node, h.key.Key().Namespace, n)
 	if err != nil {
 		return 0, nil, err
 	}
+	cn.s.placed(node, ext.Alloc().NUMA)
 	h.ext = ext
 	id, err := cn.open(h)
 	if err != nil {

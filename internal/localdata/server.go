@@ -151,6 +151,10 @@ type Server struct {
 	// (immutable; never nil).
 	halfOpen *netgate.Gate[*net.UnixConn]
 	refused  func(reason string)
+	// nodes are the NUMA nodes of the pool's parts (immutable); fallback
+	// rate-limits the warning of an ALLOC_ON placed off its node.
+	nodes    []int
+	fallback fallbackLog
 	// insert is store.InsertChecked (immutable); tests make it fail after
 	// a lease was taken, which the checks before make a daemon bug.
 	insert func(store.CheckedKey, *store.Extent, []store.SlotLayout) (bool, error)
@@ -177,6 +181,7 @@ func New(o Options) *Server {
 	s := &Server{store: o.Store, log: o.Log, hello: o.HelloTimeout, maxVer: o.MaxVersion, conns: make(map[net.Conn]struct{}),
 		maxLeases: o.MaxLeases, locator: o.Locator, self: o.Self}
 	s.insert = s.store.InsertChecked
+	s.nodes = s.store.Pool().Nodes()
 	s.halfOpen = netgate.New[*net.UnixConn](o.MaxHalfOpen, o.MaxHalfOpenPerUID)
 	s.refused = o.Refused
 	if s.refused == nil {
@@ -506,9 +511,11 @@ func (cn *conn) hello() error {
 		return err
 	}
 	b := localwire.Begin(cn.out, localwire.OpHello, localwire.StatusOK, 0, h.Seq)
-	b = localwire.AppendHelloReply(b, localwire.HelloReply{
-		Version: hello.Version, PoolSize: p.Size(), LeaseTimeout: uint64(cn.s.leases.Timeout().Milliseconds()),
-	})
+	rep := localwire.HelloReply{Version: hello.Version, PoolSize: p.Size(), LeaseTimeout: uint64(cn.s.leases.Timeout().Milliseconds())}
+	if hello.Version >= 4 {
+		rep.Parts = cn.s.parts()
+	}
+	b = localwire.AppendHelloReply(b, rep)
 	b, err = localwire.Finish(b)
 	if err != nil {
 		return err
@@ -538,6 +545,14 @@ func (cn *conn) serve(h localwire.Header) error {
 			return err
 		}
 		b = cn.alloc(b, items)
+	case localwire.OpAllocOn:
+		items, err := localwire.DecodeAllocOnItems(cn.body, count)
+		if err != nil {
+			return err
+		}
+		for i := range items {
+			b = cn.allocOne(b, &items[i].AllocItem, items[i].Node)
+		}
 	case localwire.OpLease:
 		keys, err := localwire.DecodeKeys(cn.body, count)
 		if err != nil {

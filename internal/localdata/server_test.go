@@ -45,7 +45,13 @@ func newFixture(t *testing.T) *fixture {
 // the server.
 func newFixtureWith(t *testing.T, wrap func(net.Listener) net.Listener, setup ...func(*Server)) *fixture {
 	t.Helper()
-	p, err := pool.New(pool.Options{Size: 1 << 20, Log: zerolog.Nop()})
+	return newFixtureOn(t, pool.Options{Size: 1 << 20, Log: zerolog.Nop()}, wrap, setup...)
+}
+
+// newFixtureOn is newFixtureWith over a pool made with popts.
+func newFixtureOn(t *testing.T, popts pool.Options, wrap func(net.Listener) net.Listener, setup ...func(*Server)) *fixture {
+	t.Helper()
+	p, err := pool.New(popts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,10 +81,11 @@ func newFixtureWith(t *testing.T, wrap func(net.Listener) net.Listener, setup ..
 
 // rawConn speaks the wire protocol by hand.
 type rawConn struct {
-	t   *testing.T
-	c   *net.UnixConn
-	r   *bufio.Reader
-	seq uint32
+	t     *testing.T
+	c     *net.UnixConn
+	r     *bufio.Reader
+	seq   uint32
+	hello localwire.HelloReply // what the daemon answered to HELLO
 }
 
 func (f *fixture) dial(t *testing.T, hello bool) *rawConn {
@@ -98,10 +105,10 @@ func (f *fixture) dial(t *testing.T, hello bool) *rawConn {
 	if _, err := nc.Write(b); err != nil {
 		t.Fatal(err)
 	}
-	buf := make([]byte, 64)
+	buf := make([]byte, 64<<10)
 	oob := make([]byte, unix.CmsgSpace(4))
 	n, oobn, _, _, err := rc.c.ReadMsgUnix(buf, oob)
-	if err != nil || n != localwire.HeaderLen+20 {
+	if err != nil || n < localwire.HeaderLen+20 || n != 4+int(binary.LittleEndian.Uint32(buf)) {
 		t.Fatalf("hello reply: %d bytes, %v", n, err)
 	}
 	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
@@ -121,6 +128,7 @@ func (f *fixture) dial(t *testing.T, hello bool) *rawConn {
 	if err != nil || rep.PoolSize != f.st.Pool().Size() || rep.LeaseTimeout != 60000 {
 		t.Fatalf("hello reply %+v, %v", rep, err)
 	}
+	rc.hello = rep
 	rc.r = bufio.NewReader(nc)
 	return rc
 }

@@ -23,10 +23,11 @@ const (
 	RPCHandshake    = "rdma_handshake"
 	RPCDisconnect   = "rdma_disconnect"
 	RPCForceRelease = "admin_release_lock"
+	RPCEndHandoff   = "end_handoff"
 )
 
 // RPCs is every rpc label of HolderRPC.
-var RPCs = []string{RPCQueryBlocks, RPCReleaseLock, RPCRenewLock, RPCHandshake, RPCDisconnect, RPCForceRelease}
+var RPCs = []string{RPCQueryBlocks, RPCReleaseLock, RPCRenewLock, RPCHandshake, RPCDisconnect, RPCForceRelease, RPCEndHandoff}
 
 // grpcCodes are the code label values of HolderRPC (codes.Code.String()).
 var grpcCodes = []string{"OK", "Canceled", "Unknown", "InvalidArgument", "DeadlineExceeded", "NotFound",
@@ -174,6 +175,8 @@ type Metrics struct {
 	EvictionWeight prometheus.Gauge   // prefix policy: the climber's frequency weight
 	PinnedDeferred prometheus.Gauge   // evicted/deleted blocks whose memory waits for the last pin
 	PoolPinned     prometheus.Gauge   // bytes of pinned blocks: what eviction cannot free
+	// NamespaceQuota: the per-namespace quota series (quota.go).
+	NamespaceQuota *Quota
 
 	// Process (info.go): each under its name and its deprecated one.
 	buildInfo     []*prometheus.GaugeVec
@@ -192,6 +195,7 @@ func New(reg prometheus.Registerer, runtime bool) *Metrics {
 	m.registerRequester(reg)
 	m.registerConns(reg)
 	m.registerPool(reg)
+	m.NamespaceQuota = newQuota(reg)
 	m.registerProcess(reg)
 	m.Security = newSecurity(reg)
 	m.initSeries()

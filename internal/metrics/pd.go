@@ -4,7 +4,7 @@ import "github.com/prometheus/client_golang/prometheus"
 
 // Handoff results used as the result label of PD.Handoffs.
 const (
-	HandoffCompleted = "completed" // the consumer pulled every block
+	HandoffCompleted = "completed" // the consumer pulled every block, or ended it when done
 	HandoffExpired   = "expired"   // its ttl passed first
 	HandoffReleased  = "released"  // ended early by its producer (or at shutdown)
 )
@@ -30,7 +30,7 @@ type PD struct {
 func NewPD(reg prometheus.Registerer) *PD {
 	p := &PD{
 		Handoffs: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "pegaflow_pd_handoffs_total", Help: "Prefill/decode handoffs ended on this node (producer), by result: completed (pulled in full), expired (ttl), released.",
+			Name: "pegaflow_pd_handoffs_total", Help: "Prefill/decode handoffs ended on this node (producer), by result: completed (pulled in full, or ended by its consumer once done), expired (ttl), released.",
 		}, []string{"result"}),
 		Pending: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "pegaflow_pd_handoffs_pending", Help: "Handoffs pinning blocks on this node now, waiting for their consumer's pull.",

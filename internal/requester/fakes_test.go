@@ -496,6 +496,10 @@ func (s *fakeStore) allocSizes() []uint64 {
 	return append([]uint64(nil), s.allocs...)
 }
 
+func (h *fakeHolder) EndHandoff(context.Context, *pegadv1.EndHandoffRequest, ...grpc.CallOption) (*pegadv1.EndHandoffResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "fake")
+}
+
 func (h *fakeHolder) RdmaDisconnect(context.Context, *pegadv1.RdmaDisconnectRequest, ...grpc.CallOption) (*pegadv1.RdmaDisconnectResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "fake")
 }

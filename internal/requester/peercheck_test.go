@@ -36,9 +36,23 @@ func (n fakeNodes) Nodes(context.Context) ([]index.Node, error) {
 // release said of the handoff.
 type recordingHolder struct {
 	*fakeHolder
-	mu       sync.Mutex // guards tokens, complete
+	mu       sync.Mutex // guards tokens, complete, ended
 	tokens   []string
 	complete []bool
+	ended    []string // the tokens of EndHandoff calls
+}
+
+func (r *recordingHolder) EndHandoff(_ context.Context, in *pegadv1.EndHandoffRequest, _ ...grpc.CallOption) (*pegadv1.EndHandoffResponse, error) {
+	r.mu.Lock()
+	r.ended = append(r.ended, in.GetToken())
+	r.mu.Unlock()
+	return &pegadv1.EndHandoffResponse{Ended: true}, nil
+}
+
+func (r *recordingHolder) endedTokens() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.ended...)
 }
 
 func (r *recordingHolder) QueryBlocksForTransfer(ctx context.Context, in *pegadv1.QueryBlocksForTransferRequest, o ...grpc.CallOption) (*pegadv1.QueryBlocksForTransferResponse, error) {
@@ -165,5 +179,40 @@ func TestHandoffNotCompletedByAFailedRead(t *testing.T) {
 		if done {
 			t.Fatalf("release %d said read_complete after a failed read", i)
 		}
+	}
+}
+
+// TestEndHandoff: a fetch with EndHandoff tells the holder once, after
+// its read, that the consumer is done with the handoff; without it, or
+// with a peer refused before anything is sent, the holder hears nothing.
+func TestEndHandoff(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		end    bool
+		nodes  NodeLister
+		hashes []string
+		want   int // EndHandoff calls
+	}{
+		{"done with it", true, fakeNodes{addrs: []string{"n1:1"}}, []string{"a"}, 1},
+		{"the holder has none of them", true, fakeNodes{addrs: []string{"n1:1"}}, []string{"zz"}, 1},
+		{"not asked", false, fakeNodes{addrs: []string{"n1:1"}}, []string{"a"}, 0},
+		{"peer refused", true, fakeNodes{addrs: []string{"n2:1"}}, []string{"a"}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, rh, hs := newPeerCheckHarnessHS(t, ClusterOptions{Nodes: tc.nodes, PD: metricstest.NewPD()})
+			hashes := make([][]byte, len(tc.hashes))
+			for i, h := range tc.hashes {
+				hashes[i] = []byte(h)
+			}
+			_, _ = c.Fetch(context.Background(), Request{Peer: "n1:1", Namespace: "ns", Hashes: hashes,
+				Handoff: "tok", KnownPeerOnly: true, EndHandoff: tc.end})
+			if err := hs.e.Close(); err != nil { // waits for the engine's EndHandoff goroutine
+				t.Fatal(err)
+			}
+			got := rh.endedTokens()
+			if len(got) != tc.want || (tc.want > 0 && got[0] != "tok") {
+				t.Fatalf("EndHandoff calls = %q, want %d with token tok", got, tc.want)
+			}
+		})
 	}
 }

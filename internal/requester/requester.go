@@ -161,6 +161,9 @@ type Request struct {
 	// as live or that the peer port's mTLS checks against --peer-allow
 	// (Cluster.Fetch checks; Engine.Fetch, which cannot, refuses).
 	KnownPeerOnly bool
+	// EndHandoff, with Handoff: this fetch is the consumer's whole pull;
+	// once it is over the holder is told to end the handoff (endHandoff).
+	EndHandoff bool
 }
 
 // Phases of a fetch, as InFlight reports them.
@@ -431,6 +434,9 @@ func (e *Engine) Fetch(ctx context.Context, r Request) (*Result, error) {
 	}
 	res.Duration = time.Since(start)
 	e.account(res, err, run.fetched)
+	if r.EndHandoff && r.Handoff != "" {
+		e.endHandoff(st)
+	}
 	return res, err
 }
 

@@ -114,6 +114,7 @@ type Block struct {
 	elem       *list.Element // position in the LRU; nil once out of the index
 	pos        listPos       // positions in the list indexes while indexed
 	node       evict.Node    // the eviction policy's state
+	quota      *quotaGroup   // the namespace quota it counts against while indexed; nil: none (quota.go)
 }
 
 func (b *Block) Key() Key { return b.key }
@@ -231,6 +232,11 @@ type Store struct {
 	recompute    recomputeSketch
 	recomputedN  uint64
 	onRecomputed atomic.Pointer[func(string)]
+
+	// quotas: the namespace quotas (quota.go), replaced whole by
+	// SetQuotas under mu; read without mu only to skip the locked path
+	// of an allocation that fits. Their groups' counters are guarded by mu.
+	quotas atomic.Pointer[quotaSet]
 }
 
 // New creates a store over p that evicts in LRU order. m may be nil (no
@@ -411,6 +417,7 @@ func (s *Store) insert(ck CheckedKey, e *Extent, slots []SlotLayout, fetched boo
 		s.putLocked(b)
 	}
 	s.changedLocked(key, Stored)
+	s.quotaAddLocked(b) // may evict others of its group: after b's own change
 	s.indexMetricsLocked()
 	return true, nil
 }
@@ -459,7 +466,7 @@ func (s *Store) put(ck CheckedKey, sizes []SlotSize, fill func(buf []byte) error
 	if s.Has(key) {
 		return false, nil
 	}
-	e, err := s.AllocExtent(total)
+	e, err := s.AllocExtentFor(-1, key.Namespace, total)
 	if err != nil {
 		return false, err
 	}
@@ -608,6 +615,7 @@ func (s *Store) removeLocked(b *Block, why ChangeKind) (freed bool) {
 	s.policy.Remove(&b.node)
 	s.listRemoveLocked(b)
 	s.bytes -= b.size
+	s.quotaRemoveLocked(b)
 	if b.pins > 0 {
 		s.deferred++
 	} else {

@@ -984,8 +984,11 @@ type StatsResponse struct {
 	// namespace (pegaflow_recomputed_blocks_total): with the lookup counts
 	// above, the hit-ratio ceiling (hit + recomputed) / (hit + miss).
 	RecomputedBlocks uint64 `protobuf:"varint,26,opt,name=recomputed_blocks,json=recomputedBlocks,proto3" json:"recomputed_blocks,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The namespace quotas (--namespace-quota), longest prefix first; none
+	// without quotas (docs/tiering.md "Quotas").
+	Quotas        []*NamespaceQuota `protobuf:"bytes,27,rep,name=quotas,proto3" json:"quotas,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StatsResponse) Reset() {
@@ -1200,6 +1203,101 @@ func (x *StatsResponse) GetRecomputedBlocks() uint64 {
 	return 0
 }
 
+func (x *StatsResponse) GetQuotas() []*NamespaceQuota {
+	if x != nil {
+		return x.Quotas
+	}
+	return nil
+}
+
+// NamespaceQuota is one quota: the namespaces starting with prefix (the
+// longest matching prefix wins) share limit_bytes of indexed blocks.
+type NamespaceQuota struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Prefix     string                 `protobuf:"bytes,1,opt,name=prefix,proto3" json:"prefix,omitempty"`
+	LimitBytes uint64                 `protobuf:"varint,2,opt,name=limit_bytes,json=limitBytes,proto3" json:"limit_bytes,omitempty"`
+	UsedBytes  uint64                 `protobuf:"varint,3,opt,name=used_bytes,json=usedBytes,proto3" json:"used_bytes,omitempty"`
+	Blocks     uint64                 `protobuf:"varint,4,opt,name=blocks,proto3" json:"blocks,omitempty"`
+	// Blocks of the group evicted to keep it under its quota, and
+	// allocations refused because its own blocks could not make room.
+	Evictions     uint64 `protobuf:"varint,5,opt,name=evictions,proto3" json:"evictions,omitempty"`
+	Refusals      uint64 `protobuf:"varint,6,opt,name=refusals,proto3" json:"refusals,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NamespaceQuota) Reset() {
+	*x = NamespaceQuota{}
+	mi := &file_pegad_v1_admin_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NamespaceQuota) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NamespaceQuota) ProtoMessage() {}
+
+func (x *NamespaceQuota) ProtoReflect() protoreflect.Message {
+	mi := &file_pegad_v1_admin_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NamespaceQuota.ProtoReflect.Descriptor instead.
+func (*NamespaceQuota) Descriptor() ([]byte, []int) {
+	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *NamespaceQuota) GetPrefix() string {
+	if x != nil {
+		return x.Prefix
+	}
+	return ""
+}
+
+func (x *NamespaceQuota) GetLimitBytes() uint64 {
+	if x != nil {
+		return x.LimitBytes
+	}
+	return 0
+}
+
+func (x *NamespaceQuota) GetUsedBytes() uint64 {
+	if x != nil {
+		return x.UsedBytes
+	}
+	return 0
+}
+
+func (x *NamespaceQuota) GetBlocks() uint64 {
+	if x != nil {
+		return x.Blocks
+	}
+	return 0
+}
+
+func (x *NamespaceQuota) GetEvictions() uint64 {
+	if x != nil {
+		return x.Evictions
+	}
+	return 0
+}
+
+func (x *NamespaceQuota) GetRefusals() uint64 {
+	if x != nil {
+		return x.Refusals
+	}
+	return 0
+}
+
 type VersionRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1208,7 +1306,7 @@ type VersionRequest struct {
 
 func (x *VersionRequest) Reset() {
 	*x = VersionRequest{}
-	mi := &file_pegad_v1_admin_proto_msgTypes[14]
+	mi := &file_pegad_v1_admin_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1220,7 +1318,7 @@ func (x *VersionRequest) String() string {
 func (*VersionRequest) ProtoMessage() {}
 
 func (x *VersionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pegad_v1_admin_proto_msgTypes[14]
+	mi := &file_pegad_v1_admin_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1233,7 +1331,7 @@ func (x *VersionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VersionRequest.ProtoReflect.Descriptor instead.
 func (*VersionRequest) Descriptor() ([]byte, []int) {
-	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{14}
+	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{15}
 }
 
 type VersionResponse struct {
@@ -1249,7 +1347,7 @@ type VersionResponse struct {
 
 func (x *VersionResponse) Reset() {
 	*x = VersionResponse{}
-	mi := &file_pegad_v1_admin_proto_msgTypes[15]
+	mi := &file_pegad_v1_admin_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1261,7 +1359,7 @@ func (x *VersionResponse) String() string {
 func (*VersionResponse) ProtoMessage() {}
 
 func (x *VersionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pegad_v1_admin_proto_msgTypes[15]
+	mi := &file_pegad_v1_admin_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1274,7 +1372,7 @@ func (x *VersionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VersionResponse.ProtoReflect.Descriptor instead.
 func (*VersionResponse) Descriptor() ([]byte, []int) {
-	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{15}
+	return file_pegad_v1_admin_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *VersionResponse) GetVersion() string {
@@ -1393,7 +1491,7 @@ const file_pegad_v1_admin_proto_rawDesc = "" +
 	"\x10remote_advertise\x18\b \x01(\tR\x0fremoteAdvertise\"9\n" +
 	"\x11ListConnsResponse\x12$\n" +
 	"\x05conns\x18\x01 \x03(\v2\x0e.pegad.v1.ConnR\x05conns\"\x0e\n" +
-	"\fStatsRequest\"\x8e\a\n" +
+	"\fStatsRequest\"\xc0\a\n" +
 	"\rStatsResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12 \n" +
 	"\vincarnation\x18\x02 \x01(\tR\vincarnation\x12\x1c\n" +
@@ -1424,7 +1522,17 @@ const file_pegad_v1_admin_proto_rawDesc = "" +
 	"\x0feviction_policy\x18\x17 \x01(\tR\x0eevictionPolicy\x12'\n" +
 	"\x0feviction_weight\x18\x18 \x01(\x01R\x0eevictionWeight\x12)\n" +
 	"\x10eviction_samples\x18\x19 \x01(\x04R\x0fevictionSamples\x12+\n" +
-	"\x11recomputed_blocks\x18\x1a \x01(\x04R\x10recomputedBlocks\"\x10\n" +
+	"\x11recomputed_blocks\x18\x1a \x01(\x04R\x10recomputedBlocks\x120\n" +
+	"\x06quotas\x18\x1b \x03(\v2\x18.pegad.v1.NamespaceQuotaR\x06quotas\"\xba\x01\n" +
+	"\x0eNamespaceQuota\x12\x16\n" +
+	"\x06prefix\x18\x01 \x01(\tR\x06prefix\x12\x1f\n" +
+	"\vlimit_bytes\x18\x02 \x01(\x04R\n" +
+	"limitBytes\x12\x1d\n" +
+	"\n" +
+	"used_bytes\x18\x03 \x01(\x04R\tusedBytes\x12\x16\n" +
+	"\x06blocks\x18\x04 \x01(\x04R\x06blocks\x12\x1c\n" +
+	"\tevictions\x18\x05 \x01(\x04R\tevictions\x12\x1a\n" +
+	"\brefusals\x18\x06 \x01(\x04R\brefusals\"\x10\n" +
 	"\x0eVersionRequest\"\xa9\x01\n" +
 	"\x0fVersionResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x16\n" +
@@ -1452,7 +1560,7 @@ func file_pegad_v1_admin_proto_rawDescGZIP() []byte {
 	return file_pegad_v1_admin_proto_rawDescData
 }
 
-var file_pegad_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_pegad_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_pegad_v1_admin_proto_goTypes = []any{
 	(*ListSessionsRequest)(nil),   // 0: pegad.v1.ListSessionsRequest
 	(*LockedBlock)(nil),           // 1: pegad.v1.LockedBlock
@@ -1468,41 +1576,43 @@ var file_pegad_v1_admin_proto_goTypes = []any{
 	(*ListConnsResponse)(nil),     // 11: pegad.v1.ListConnsResponse
 	(*StatsRequest)(nil),          // 12: pegad.v1.StatsRequest
 	(*StatsResponse)(nil),         // 13: pegad.v1.StatsResponse
-	(*VersionRequest)(nil),        // 14: pegad.v1.VersionRequest
-	(*VersionResponse)(nil),       // 15: pegad.v1.VersionResponse
-	(*timestamppb.Timestamp)(nil), // 16: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 17: google.protobuf.Duration
+	(*NamespaceQuota)(nil),        // 14: pegad.v1.NamespaceQuota
+	(*VersionRequest)(nil),        // 15: pegad.v1.VersionRequest
+	(*VersionResponse)(nil),       // 16: pegad.v1.VersionResponse
+	(*timestamppb.Timestamp)(nil), // 17: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 18: google.protobuf.Duration
 }
 var file_pegad_v1_admin_proto_depIdxs = []int32{
-	16, // 0: pegad.v1.HolderSession.created_at:type_name -> google.protobuf.Timestamp
-	17, // 1: pegad.v1.HolderSession.age:type_name -> google.protobuf.Duration
-	17, // 2: pegad.v1.HolderSession.expires_in:type_name -> google.protobuf.Duration
+	17, // 0: pegad.v1.HolderSession.created_at:type_name -> google.protobuf.Timestamp
+	18, // 1: pegad.v1.HolderSession.age:type_name -> google.protobuf.Duration
+	18, // 2: pegad.v1.HolderSession.expires_in:type_name -> google.protobuf.Duration
 	1,  // 3: pegad.v1.HolderSession.locked:type_name -> pegad.v1.LockedBlock
-	17, // 4: pegad.v1.PendingHandoff.age:type_name -> google.protobuf.Duration
-	17, // 5: pegad.v1.PendingHandoff.ttl_left:type_name -> google.protobuf.Duration
-	17, // 6: pegad.v1.Fetch.age:type_name -> google.protobuf.Duration
+	18, // 4: pegad.v1.PendingHandoff.age:type_name -> google.protobuf.Duration
+	18, // 5: pegad.v1.PendingHandoff.ttl_left:type_name -> google.protobuf.Duration
+	18, // 6: pegad.v1.Fetch.age:type_name -> google.protobuf.Duration
 	2,  // 7: pegad.v1.ListSessionsResponse.sessions:type_name -> pegad.v1.HolderSession
 	4,  // 8: pegad.v1.ListSessionsResponse.fetches:type_name -> pegad.v1.Fetch
 	3,  // 9: pegad.v1.ListSessionsResponse.handoffs:type_name -> pegad.v1.PendingHandoff
 	9,  // 10: pegad.v1.Conn.nics:type_name -> pegad.v1.NicConn
-	17, // 11: pegad.v1.Conn.age:type_name -> google.protobuf.Duration
+	18, // 11: pegad.v1.Conn.age:type_name -> google.protobuf.Duration
 	10, // 12: pegad.v1.ListConnsResponse.conns:type_name -> pegad.v1.Conn
-	17, // 13: pegad.v1.StatsResponse.uptime:type_name -> google.protobuf.Duration
-	0,  // 14: pegad.v1.AdminService.ListSessions:input_type -> pegad.v1.ListSessionsRequest
-	6,  // 15: pegad.v1.AdminService.ReleaseLock:input_type -> pegad.v1.ReleaseLockRequest
-	8,  // 16: pegad.v1.AdminService.ListConns:input_type -> pegad.v1.ListConnsRequest
-	12, // 17: pegad.v1.AdminService.Stats:input_type -> pegad.v1.StatsRequest
-	14, // 18: pegad.v1.AdminService.Version:input_type -> pegad.v1.VersionRequest
-	5,  // 19: pegad.v1.AdminService.ListSessions:output_type -> pegad.v1.ListSessionsResponse
-	7,  // 20: pegad.v1.AdminService.ReleaseLock:output_type -> pegad.v1.ReleaseLockResponse
-	11, // 21: pegad.v1.AdminService.ListConns:output_type -> pegad.v1.ListConnsResponse
-	13, // 22: pegad.v1.AdminService.Stats:output_type -> pegad.v1.StatsResponse
-	15, // 23: pegad.v1.AdminService.Version:output_type -> pegad.v1.VersionResponse
-	19, // [19:24] is the sub-list for method output_type
-	14, // [14:19] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	18, // 13: pegad.v1.StatsResponse.uptime:type_name -> google.protobuf.Duration
+	14, // 14: pegad.v1.StatsResponse.quotas:type_name -> pegad.v1.NamespaceQuota
+	0,  // 15: pegad.v1.AdminService.ListSessions:input_type -> pegad.v1.ListSessionsRequest
+	6,  // 16: pegad.v1.AdminService.ReleaseLock:input_type -> pegad.v1.ReleaseLockRequest
+	8,  // 17: pegad.v1.AdminService.ListConns:input_type -> pegad.v1.ListConnsRequest
+	12, // 18: pegad.v1.AdminService.Stats:input_type -> pegad.v1.StatsRequest
+	15, // 19: pegad.v1.AdminService.Version:input_type -> pegad.v1.VersionRequest
+	5,  // 20: pegad.v1.AdminService.ListSessions:output_type -> pegad.v1.ListSessionsResponse
+	7,  // 21: pegad.v1.AdminService.ReleaseLock:output_type -> pegad.v1.ReleaseLockResponse
+	11, // 22: pegad.v1.AdminService.ListConns:output_type -> pegad.v1.ListConnsResponse
+	13, // 23: pegad.v1.AdminService.Stats:output_type -> pegad.v1.StatsResponse
+	16, // 24: pegad.v1.AdminService.Version:output_type -> pegad.v1.VersionResponse
+	20, // [20:25] is the sub-list for method output_type
+	15, // [15:20] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_pegad_v1_admin_proto_init() }
@@ -1516,7 +1626,7 @@ func file_pegad_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_pegad_v1_admin_proto_rawDesc), len(file_pegad_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   16,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

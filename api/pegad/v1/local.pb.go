@@ -844,6 +844,13 @@ type PrefetchRequest struct {
 	// port's mTLS against --peer-allow; nothing is fetched then. For
 	// addresses that come from untrusted input (a request body).
 	KnownPeerOnly bool `protobuf:"varint,7,opt,name=known_peer_only,json=knownPeerOnly,proto3" json:"known_peer_only,omitempty"`
+	// With handoff_token and peer: this prefetch is the consumer's whole
+	// pull of that handoff. Once it is over (blocks fetched, found local
+	// already, or the fetch failed), the daemon asks the holder to end the
+	// handoff (PeerService.EndHandoff), so its pins of blocks this prefetch
+	// did not read end now rather than at the ttl. Best effort: a holder
+	// that cannot be reached keeps them until the ttl.
+	EndHandoff    bool `protobuf:"varint,8,opt,name=end_handoff,json=endHandoff,proto3" json:"end_handoff,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -923,6 +930,13 @@ func (x *PrefetchRequest) GetHandoffToken() string {
 func (x *PrefetchRequest) GetKnownPeerOnly() bool {
 	if x != nil {
 		return x.KnownPeerOnly
+	}
+	return false
+}
+
+func (x *PrefetchRequest) GetEndHandoff() bool {
+	if x != nil {
+		return x.EndHandoff
 	}
 	return false
 }
@@ -1449,7 +1463,7 @@ const file_pegad_v1_local_proto_rawDesc = "" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04hash\x18\x02 \x01(\fR\x04hash\"1\n" +
 	"\x13DeleteBlockResponse\x12\x1a\n" +
-	"\bdeferred\x18\x01 \x01(\bR\bdeferred\"\x8d\x02\n" +
+	"\bdeferred\x18\x01 \x01(\bR\bdeferred\"\xae\x02\n" +
 	"\x0fPrefetchRequest\x12\x12\n" +
 	"\x04peer\x18\x01 \x01(\tR\x04peer\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x16\n" +
@@ -1457,7 +1471,9 @@ const file_pegad_v1_local_proto_rawDesc = "" +
 	"\atimeout\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\atimeout\x12.\n" +
 	"\x13failure_in_response\x18\x05 \x01(\bR\x11failureInResponse\x12#\n" +
 	"\rhandoff_token\x18\x06 \x01(\tR\fhandoffToken\x12&\n" +
-	"\x0fknown_peer_only\x18\a \x01(\bR\rknownPeerOnly\"\x8a\x01\n" +
+	"\x0fknown_peer_only\x18\a \x01(\bR\rknownPeerOnly\x12\x1f\n" +
+	"\vend_handoff\x18\b \x01(\bR\n" +
+	"endHandoff\"\x8a\x01\n" +
 	"\x13PrefetchBlockResult\x12\x12\n" +
 	"\x04hash\x18\x01 \x01(\fR\x04hash\x125\n" +
 	"\x06status\x18\x02 \x01(\x0e2\x1d.pegad.v1.PrefetchBlockStatusR\x06status\x12\x14\n" +

@@ -1454,6 +1454,113 @@ func (x *RdmaDisconnectResponse) GetQpsReleased() uint32 {
 	return 0
 }
 
+type EndHandoffRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Requester *Requester             `protobuf:"bytes,1,opt,name=requester,proto3" json:"requester,omitempty"`
+	// HandoffResponse.token, as the consumer's prefetch named it.
+	Token         string `protobuf:"bytes,2,opt,name=token,proto3" json:"token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EndHandoffRequest) Reset() {
+	*x = EndHandoffRequest{}
+	mi := &file_pegad_v1_peer_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EndHandoffRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EndHandoffRequest) ProtoMessage() {}
+
+func (x *EndHandoffRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_pegad_v1_peer_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EndHandoffRequest.ProtoReflect.Descriptor instead.
+func (*EndHandoffRequest) Descriptor() ([]byte, []int) {
+	return file_pegad_v1_peer_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *EndHandoffRequest) GetRequester() *Requester {
+	if x != nil {
+		return x.Requester
+	}
+	return nil
+}
+
+func (x *EndHandoffRequest) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
+type EndHandoffResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// True when this call ended a live handoff.
+	Ended bool `protobuf:"varint,1,opt,name=ended,proto3" json:"ended,omitempty"`
+	// Pins it ended: the handoff's blocks not pulled yet.
+	UnpinnedBlocks uint32 `protobuf:"varint,2,opt,name=unpinned_blocks,json=unpinnedBlocks,proto3" json:"unpinned_blocks,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *EndHandoffResponse) Reset() {
+	*x = EndHandoffResponse{}
+	mi := &file_pegad_v1_peer_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EndHandoffResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EndHandoffResponse) ProtoMessage() {}
+
+func (x *EndHandoffResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_pegad_v1_peer_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EndHandoffResponse.ProtoReflect.Descriptor instead.
+func (*EndHandoffResponse) Descriptor() ([]byte, []int) {
+	return file_pegad_v1_peer_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *EndHandoffResponse) GetEnded() bool {
+	if x != nil {
+		return x.Ended
+	}
+	return false
+}
+
+func (x *EndHandoffResponse) GetUnpinnedBlocks() uint32 {
+	if x != nil {
+		return x.UnpinnedBlocks
+	}
+	return 0
+}
+
 var File_pegad_v1_peer_proto protoreflect.FileDescriptor
 
 const file_pegad_v1_peer_proto_rawDesc = "" +
@@ -1558,7 +1665,13 @@ const file_pegad_v1_peer_proto_rawDesc = "" +
 	"\trequester\x18\x01 \x01(\v2\x13.pegad.v1.RequesterR\trequester\x12!\n" +
 	"\fhandshake_id\x18\x02 \x01(\tR\vhandshakeId\";\n" +
 	"\x16RdmaDisconnectResponse\x12!\n" +
-	"\fqps_released\x18\x01 \x01(\rR\vqpsReleased*\xc3\x01\n" +
+	"\fqps_released\x18\x01 \x01(\rR\vqpsReleased\"\\\n" +
+	"\x11EndHandoffRequest\x121\n" +
+	"\trequester\x18\x01 \x01(\v2\x13.pegad.v1.RequesterR\trequester\x12\x14\n" +
+	"\x05token\x18\x02 \x01(\tR\x05token\"S\n" +
+	"\x12EndHandoffResponse\x12\x14\n" +
+	"\x05ended\x18\x01 \x01(\bR\x05ended\x12'\n" +
+	"\x0funpinned_blocks\x18\x02 \x01(\rR\x0eunpinnedBlocks*\xc3\x01\n" +
 	"\n" +
 	"SessionEnd\x12\x1b\n" +
 	"\x17SESSION_END_UNSPECIFIED\x10\x00\x12\x18\n" +
@@ -1566,13 +1679,15 @@ const file_pegad_v1_peer_proto_rawDesc = "" +
 	"\x1cSESSION_END_ALREADY_RELEASED\x10\x02\x12\x17\n" +
 	"\x13SESSION_END_EXPIRED\x10\x03\x12\x1e\n" +
 	"\x1aSESSION_END_FORCE_RELEASED\x10\x04\x12#\n" +
-	"\x1fSESSION_END_REQUESTER_RESTARTED\x10\x052\xe3\x03\n" +
+	"\x1fSESSION_END_REQUESTER_RESTARTED\x10\x052\xac\x04\n" +
 	"\vPeerService\x12k\n" +
 	"\x16QueryBlocksForTransfer\x12'.pegad.v1.QueryBlocksForTransferRequest\x1a(.pegad.v1.QueryBlocksForTransferResponse\x12b\n" +
 	"\x13ReleaseTransferLock\x12$.pegad.v1.ReleaseTransferLockRequest\x1a%.pegad.v1.ReleaseTransferLockResponse\x12\\\n" +
 	"\x11RenewTransferLock\x12\".pegad.v1.RenewTransferLockRequest\x1a#.pegad.v1.RenewTransferLockResponse\x12P\n" +
 	"\rRdmaHandshake\x12\x1e.pegad.v1.RdmaHandshakeRequest\x1a\x1f.pegad.v1.RdmaHandshakeResponse\x12S\n" +
-	"\x0eRdmaDisconnect\x12\x1f.pegad.v1.RdmaDisconnectRequest\x1a .pegad.v1.RdmaDisconnectResponseB0Z.github.com/pegaflow/pegad/api/pegad/v1;pegadv1b\x06proto3"
+	"\x0eRdmaDisconnect\x12\x1f.pegad.v1.RdmaDisconnectRequest\x1a .pegad.v1.RdmaDisconnectResponse\x12G\n" +
+	"\n" +
+	"EndHandoff\x12\x1b.pegad.v1.EndHandoffRequest\x1a\x1c.pegad.v1.EndHandoffResponseB0Z.github.com/pegaflow/pegad/api/pegad/v1;pegadv1b\x06proto3"
 
 var (
 	file_pegad_v1_peer_proto_rawDescOnce sync.Once
@@ -1587,7 +1702,7 @@ func file_pegad_v1_peer_proto_rawDescGZIP() []byte {
 }
 
 var file_pegad_v1_peer_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_pegad_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_pegad_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_pegad_v1_peer_proto_goTypes = []any{
 	(SessionEnd)(0),                        // 0: pegad.v1.SessionEnd
 	(*Requester)(nil),                      // 1: pegad.v1.Requester
@@ -1609,24 +1724,26 @@ var file_pegad_v1_peer_proto_goTypes = []any{
 	(*RdmaHandshakeResponse)(nil),          // 17: pegad.v1.RdmaHandshakeResponse
 	(*RdmaDisconnectRequest)(nil),          // 18: pegad.v1.RdmaDisconnectRequest
 	(*RdmaDisconnectResponse)(nil),         // 19: pegad.v1.RdmaDisconnectResponse
-	(*durationpb.Duration)(nil),            // 20: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),          // 21: google.protobuf.Timestamp
+	(*EndHandoffRequest)(nil),              // 20: pegad.v1.EndHandoffRequest
+	(*EndHandoffResponse)(nil),             // 21: pegad.v1.EndHandoffResponse
+	(*durationpb.Duration)(nil),            // 22: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),          // 23: google.protobuf.Timestamp
 }
 var file_pegad_v1_peer_proto_depIdxs = []int32{
 	1,  // 0: pegad.v1.QueryBlocksForTransferRequest.requester:type_name -> pegad.v1.Requester
 	3,  // 1: pegad.v1.Slot.k:type_name -> pegad.v1.Segment
 	3,  // 2: pegad.v1.Slot.v:type_name -> pegad.v1.Segment
 	4,  // 3: pegad.v1.BlockLocation.slots:type_name -> pegad.v1.Slot
-	20, // 4: pegad.v1.QueryBlocksForTransferResponse.lock_timeout:type_name -> google.protobuf.Duration
-	21, // 5: pegad.v1.QueryBlocksForTransferResponse.expires_at:type_name -> google.protobuf.Timestamp
+	22, // 4: pegad.v1.QueryBlocksForTransferResponse.lock_timeout:type_name -> google.protobuf.Duration
+	23, // 5: pegad.v1.QueryBlocksForTransferResponse.expires_at:type_name -> google.protobuf.Timestamp
 	5,  // 6: pegad.v1.QueryBlocksForTransferResponse.blocks:type_name -> pegad.v1.BlockLocation
 	7,  // 7: pegad.v1.QueryBlocksForTransferResponse.windows:type_name -> pegad.v1.MemoryWindows
 	8,  // 8: pegad.v1.MemoryWindows.keys:type_name -> pegad.v1.WindowKey
 	1,  // 9: pegad.v1.ReleaseTransferLockRequest.requester:type_name -> pegad.v1.Requester
 	0,  // 10: pegad.v1.ReleaseTransferLockResponse.end:type_name -> pegad.v1.SessionEnd
 	1,  // 11: pegad.v1.RenewTransferLockRequest.requester:type_name -> pegad.v1.Requester
-	21, // 12: pegad.v1.RenewTransferLockResponse.expires_at:type_name -> google.protobuf.Timestamp
-	20, // 13: pegad.v1.RenewTransferLockResponse.lifetime_left:type_name -> google.protobuf.Duration
+	23, // 12: pegad.v1.RenewTransferLockResponse.expires_at:type_name -> google.protobuf.Timestamp
+	22, // 13: pegad.v1.RenewTransferLockResponse.lifetime_left:type_name -> google.protobuf.Duration
 	13, // 14: pegad.v1.NicHandshake.endpoints:type_name -> pegad.v1.Endpoint
 	14, // 15: pegad.v1.NicHandshake.memory:type_name -> pegad.v1.MemoryRegion
 	14, // 16: pegad.v1.NicHandshake.probe:type_name -> pegad.v1.MemoryRegion
@@ -1634,21 +1751,24 @@ var file_pegad_v1_peer_proto_depIdxs = []int32{
 	15, // 18: pegad.v1.RdmaHandshakeRequest.nics:type_name -> pegad.v1.NicHandshake
 	15, // 19: pegad.v1.RdmaHandshakeResponse.nics:type_name -> pegad.v1.NicHandshake
 	1,  // 20: pegad.v1.RdmaDisconnectRequest.requester:type_name -> pegad.v1.Requester
-	2,  // 21: pegad.v1.PeerService.QueryBlocksForTransfer:input_type -> pegad.v1.QueryBlocksForTransferRequest
-	9,  // 22: pegad.v1.PeerService.ReleaseTransferLock:input_type -> pegad.v1.ReleaseTransferLockRequest
-	11, // 23: pegad.v1.PeerService.RenewTransferLock:input_type -> pegad.v1.RenewTransferLockRequest
-	16, // 24: pegad.v1.PeerService.RdmaHandshake:input_type -> pegad.v1.RdmaHandshakeRequest
-	18, // 25: pegad.v1.PeerService.RdmaDisconnect:input_type -> pegad.v1.RdmaDisconnectRequest
-	6,  // 26: pegad.v1.PeerService.QueryBlocksForTransfer:output_type -> pegad.v1.QueryBlocksForTransferResponse
-	10, // 27: pegad.v1.PeerService.ReleaseTransferLock:output_type -> pegad.v1.ReleaseTransferLockResponse
-	12, // 28: pegad.v1.PeerService.RenewTransferLock:output_type -> pegad.v1.RenewTransferLockResponse
-	17, // 29: pegad.v1.PeerService.RdmaHandshake:output_type -> pegad.v1.RdmaHandshakeResponse
-	19, // 30: pegad.v1.PeerService.RdmaDisconnect:output_type -> pegad.v1.RdmaDisconnectResponse
-	26, // [26:31] is the sub-list for method output_type
-	21, // [21:26] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	1,  // 21: pegad.v1.EndHandoffRequest.requester:type_name -> pegad.v1.Requester
+	2,  // 22: pegad.v1.PeerService.QueryBlocksForTransfer:input_type -> pegad.v1.QueryBlocksForTransferRequest
+	9,  // 23: pegad.v1.PeerService.ReleaseTransferLock:input_type -> pegad.v1.ReleaseTransferLockRequest
+	11, // 24: pegad.v1.PeerService.RenewTransferLock:input_type -> pegad.v1.RenewTransferLockRequest
+	16, // 25: pegad.v1.PeerService.RdmaHandshake:input_type -> pegad.v1.RdmaHandshakeRequest
+	18, // 26: pegad.v1.PeerService.RdmaDisconnect:input_type -> pegad.v1.RdmaDisconnectRequest
+	20, // 27: pegad.v1.PeerService.EndHandoff:input_type -> pegad.v1.EndHandoffRequest
+	6,  // 28: pegad.v1.PeerService.QueryBlocksForTransfer:output_type -> pegad.v1.QueryBlocksForTransferResponse
+	10, // 29: pegad.v1.PeerService.ReleaseTransferLock:output_type -> pegad.v1.ReleaseTransferLockResponse
+	12, // 30: pegad.v1.PeerService.RenewTransferLock:output_type -> pegad.v1.RenewTransferLockResponse
+	17, // 31: pegad.v1.PeerService.RdmaHandshake:output_type -> pegad.v1.RdmaHandshakeResponse
+	19, // 32: pegad.v1.PeerService.RdmaDisconnect:output_type -> pegad.v1.RdmaDisconnectResponse
+	21, // 33: pegad.v1.PeerService.EndHandoff:output_type -> pegad.v1.EndHandoffResponse
+	28, // [28:34] is the sub-list for method output_type
+	22, // [22:28] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_pegad_v1_peer_proto_init() }
@@ -1662,7 +1782,7 @@ func file_pegad_v1_peer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_pegad_v1_peer_proto_rawDesc), len(file_pegad_v1_peer_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   19,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

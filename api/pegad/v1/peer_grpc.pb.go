@@ -30,6 +30,7 @@ const (
 	PeerService_RenewTransferLock_FullMethodName      = "/pegad.v1.PeerService/RenewTransferLock"
 	PeerService_RdmaHandshake_FullMethodName          = "/pegad.v1.PeerService/RdmaHandshake"
 	PeerService_RdmaDisconnect_FullMethodName         = "/pegad.v1.PeerService/RdmaDisconnect"
+	PeerService_EndHandoff_FullMethodName             = "/pegad.v1.PeerService/EndHandoff"
 )
 
 // PeerServiceClient is the client API for PeerService service.
@@ -56,6 +57,14 @@ type PeerServiceClient interface {
 	// connection. Idempotent: an unknown or already replaced handshake is OK
 	// with qps_released 0.
 	RdmaDisconnect(ctx context.Context, in *RdmaDisconnectRequest, opts ...grpc.CallOption) (*RdmaDisconnectResponse, error)
+	// A consumer is done with a handoff on this holder (LocalService.Handoff):
+	// its pull is over, complete or abandoned (PrefetchRequest.end_handoff).
+	// The handoff ends (completed) and its pins of the blocks the consumer did
+	// not pull (it had them already, or stopped early) end now, not at the
+	// ttl. The token, secret included, is the authority: only a consumer the
+	// producer gave it to can end it. Idempotent: a token naming no live
+	// handoff is OK with ended false; a malformed one is INVALID_ARGUMENT.
+	EndHandoff(ctx context.Context, in *EndHandoffRequest, opts ...grpc.CallOption) (*EndHandoffResponse, error)
 }
 
 type peerServiceClient struct {
@@ -116,6 +125,16 @@ func (c *peerServiceClient) RdmaDisconnect(ctx context.Context, in *RdmaDisconne
 	return out, nil
 }
 
+func (c *peerServiceClient) EndHandoff(ctx context.Context, in *EndHandoffRequest, opts ...grpc.CallOption) (*EndHandoffResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(EndHandoffResponse)
+	err := c.cc.Invoke(ctx, PeerService_EndHandoff_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PeerServiceServer is the server API for PeerService service.
 // All implementations must embed UnimplementedPeerServiceServer
 // for forward compatibility.
@@ -140,6 +159,14 @@ type PeerServiceServer interface {
 	// connection. Idempotent: an unknown or already replaced handshake is OK
 	// with qps_released 0.
 	RdmaDisconnect(context.Context, *RdmaDisconnectRequest) (*RdmaDisconnectResponse, error)
+	// A consumer is done with a handoff on this holder (LocalService.Handoff):
+	// its pull is over, complete or abandoned (PrefetchRequest.end_handoff).
+	// The handoff ends (completed) and its pins of the blocks the consumer did
+	// not pull (it had them already, or stopped early) end now, not at the
+	// ttl. The token, secret included, is the authority: only a consumer the
+	// producer gave it to can end it. Idempotent: a token naming no live
+	// handoff is OK with ended false; a malformed one is INVALID_ARGUMENT.
+	EndHandoff(context.Context, *EndHandoffRequest) (*EndHandoffResponse, error)
 	mustEmbedUnimplementedPeerServiceServer()
 }
 
@@ -164,6 +191,9 @@ func (UnimplementedPeerServiceServer) RdmaHandshake(context.Context, *RdmaHandsh
 }
 func (UnimplementedPeerServiceServer) RdmaDisconnect(context.Context, *RdmaDisconnectRequest) (*RdmaDisconnectResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RdmaDisconnect not implemented")
+}
+func (UnimplementedPeerServiceServer) EndHandoff(context.Context, *EndHandoffRequest) (*EndHandoffResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method EndHandoff not implemented")
 }
 func (UnimplementedPeerServiceServer) mustEmbedUnimplementedPeerServiceServer() {}
 func (UnimplementedPeerServiceServer) testEmbeddedByValue()                     {}
@@ -276,6 +306,24 @@ func _PeerService_RdmaDisconnect_Handler(srv interface{}, ctx context.Context, d
 	return interceptor(ctx, in, info, handler)
 }
 
+func _PeerService_EndHandoff_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(EndHandoffRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServiceServer).EndHandoff(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: PeerService_EndHandoff_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServiceServer).EndHandoff(ctx, req.(*EndHandoffRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // PeerService_ServiceDesc is the grpc.ServiceDesc for PeerService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -302,6 +350,10 @@ var PeerService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RdmaDisconnect",
 			Handler:    _PeerService_RdmaDisconnect_Handler,
+		},
+		{
+			MethodName: "EndHandoff",
+			Handler:    _PeerService_EndHandoff_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -175,7 +175,7 @@ def _items(batch, hashes, suffix=b""):
 def _send(batch, op, prefix, items, decode, place):
     """Send items (prefix + each) in frames of MAX_BATCH; place(batch, i,
     result) records each result. A broken call ends what was taken."""
-    end = wire.OP_ABORT if op == wire.OP_ALLOC else wire.OP_RELEASE
+    end = wire.OP_ABORT if op in (wire.OP_ALLOC, wire.OP_ALLOC_ON) else wire.OP_RELEASE
     for p in range(0, len(items), wire.MAX_BATCH):
         part = items[p:p + wire.MAX_BATCH]
         try:
@@ -202,18 +202,26 @@ def _bounds(batch, end):
         batch._quietly(end, bad)
 
 
-def alloc(client, namespace, hashes, size):
+def alloc(client, namespace, hashes, size, numa_node=None):
     """Room for one block of size bytes (one all-K slot) per hash, under
     namespace: a Reservations. errors[i] is Exists when the key is stored
-    already, PoolFull when it does not fit."""
-    d = client._conn()
+    already, PoolFull when it does not fit. numa_node (None: any): ask for
+    room on that node's part of the pool (the daemon falls back to another
+    part when that one is full or absent; a daemon older than protocol
+    version 4 places blocks anywhere)."""
     prefix = _check_ns(namespace)
     if isinstance(size, bool) or not isinstance(size, int) or not 0 < size < 1 << 64:
         raise errors.InvalidArgument(f"block of {size!r} bytes")
+    if numa_node is not None:
+        wire.check_node(numa_node)
+    d = client._conn()
+    op = wire.OP_ALLOC
+    if numa_node is not None and numa_node != wire.NO_NODE and d.version >= 4:
+        op, prefix = wire.OP_ALLOC_ON, wire.alloc_on_prefix(numa_node) + prefix
     hashes = list(hashes)
     b = Reservations(d, len(hashes))
     items = _items(b, hashes, wire._U16.pack(1) + wire._SLOT.pack(size, 0))
-    return _send(b, wire.OP_ALLOC, prefix, items, _decode_alloc, _place_alloc)
+    return _send(b, op, prefix, items, _decode_alloc, _place_alloc)
 
 
 def lease(client, namespace, hashes):

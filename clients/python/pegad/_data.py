@@ -88,9 +88,9 @@ class DataConn:
             if status != wire.ST_OK:
                 raise _RefusedHello(f"daemon refused hello (version {version}): "
                                     f"{bytes(body).decode('utf-8', 'replace')}")
-            if op != wire.OP_HELLO or len(body) != wire.HELLO_REPLY.size:
+            if op != wire.OP_HELLO:
                 raise errors.ProtocolError(f"hello answered with op {op}, {len(body)} bytes")
-            got, pool_size, lease_ms = wire.HELLO_REPLY.unpack(body)
+            got, pool_size, lease_ms, parts = wire.decode_hello_reply(body)
             if got != version:
                 raise errors.ProtocolError(f"hello answered with version {got}, asked {version}")
             if not fds:
@@ -105,6 +105,7 @@ class DataConn:
         self.view = memoryview(self.mm)
         self.version = version
         self.pool_size = pool_size
+        self.parts = parts  # ((node, off, len), ...): the pool's NUMA parts (version 4; () before)
         self.lease_timeout = lease_ms / 1000.0
 
     def _recv_exact(self, n):

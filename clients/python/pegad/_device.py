@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["LayoutError", "Layer", "resolve", "Copier", "runs"]
+__all__ = ["LayoutError", "Layer", "resolve", "Copier", "runs", "numa_node"]
 
 
 class LayoutError(ValueError):
@@ -141,6 +141,44 @@ def runs(block_ids, offsets, block_bytes):
     return out
 
 
+SYS_PCI = "/sys/bus/pci/devices"
+
+
+def numa_node(device, sys_pci=SYS_PCI):
+    """The NUMA node of a CUDA device (torch.device, or its index): its PCI
+    address from torch, then sysfs's numa_node; None for the CPU, or where
+    either is not known (a kernel without NUMA says -1). Copies from a GPU
+    run fastest into pool memory on its node: the connectors ask the daemon
+    for room there."""
+    if device is None or torch is None:
+        return None
+    if not isinstance(device, int):
+        device = torch.device(device)
+        if device.type != "cuda":
+            return None
+        device = device.index if device.index is not None else torch.cuda.current_device()
+    try:
+        props = torch.cuda.get_device_properties(device)
+        bus = getattr(props, "pci_bus_id", None)
+        if bus is None:  # torch before 2.3 does not say
+            return None
+        addr = f"{getattr(props, 'pci_domain_id', 0):04x}:{bus:02x}:{getattr(props, 'pci_device_id', 0):02x}.0"
+        return _sysfs_node(addr, sys_pci)
+    except (RuntimeError, AssertionError, AttributeError, TypeError):  # no CUDA here after all
+        return None
+
+
+def _sysfs_node(pci_addr, sys_pci=SYS_PCI):
+    """sysfs's NUMA node of the PCI device pci_addr ("0000:17:00.0"), None
+    when it has none (-1) or cannot be read."""
+    try:
+        with open(f"{sys_pci}/{pci_addr.lower()}/numa_node") as f:
+            node = int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+    return node if node >= 0 else None
+
+
 class Copier:
     """Copies between one engine's layers and pegad's pool.
 
@@ -162,6 +200,8 @@ class Copier:
         if any(layer.is_cuda != self.cuda for layer in layers):
             raise LayoutError("layers on the CPU and on CUDA at once")
         self.device = layers[0].blocks.device if layers else None
+        # Where saves ask the daemon for room (None: anywhere, a CPU cache).
+        self.numa_node = numa_node(self.device) if self.cuda else None
         self._mu = threading.Lock()  # guards _pool (the save and load threads share it)
         self._pool = None  # (pool memoryview, uint8 tensor over it, registered address or None)
         self.stream = torch.cuda.Stream(device=self.device) if self.cuda else None

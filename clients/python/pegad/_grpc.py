@@ -102,12 +102,13 @@ def _result(pr):
     return PrefetchResult(blocks, pr.bytes, d, pr.session_id)
 
 
-def prefetch(stub, ns, hashes, peer, server_timeout, timeout, handoff="", known_peer_only=False):
+def prefetch(stub, ns, hashes, peer, server_timeout, timeout, handoff="", known_peer_only=False, end_handoff=False):
     # failure_in_response: a failed fetch answers OK with the failure and
     # every block's outcome in the response, not in a status trailer that
     # thousands of outcomes outgrow. An older daemon ignores it.
     req = local_pb2.PrefetchRequest(peer=peer, namespace=ns, hashes=hashes, failure_in_response=True,
-                                    handoff_token=handoff, known_peer_only=known_peer_only)
+                                    handoff_token=handoff, known_peer_only=known_peer_only,
+                                    end_handoff=end_handoff)
     if server_timeout is not None:
         req.timeout.FromNanoseconds(int(server_timeout * 1e9))
     try:

@@ -56,14 +56,23 @@ def wants_decode(request):
 
 
 def prompt_blocks(request, block_size):
-    """Blocks of the request's prompt a consumer loads: the full blocks
-    vLLM hashed (and the connector saved), but never the one holding the
-    prompt's last token, which the decode must compute (a block handed
-    off and not pulled would stay pinned until the ttl)."""
+    """Blocks of the request's prompt a consumer loads: every full block
+    vLLM hashed (and the connector saved), the one holding the prompt's
+    last token too. As with vLLM's NixlConnector, the consumer's load is
+    asynchronous and the scheduler, once it is done, computes the last
+    token again (num_computed_tokens one below the prompt's length:
+    _update_waiting_for_remote_kv), so no more than it is recomputed."""
     prompt = getattr(request, "prompt_token_ids", None)
     n = len(prompt) if prompt is not None else request.num_tokens
     pub = getattr(request, "num_publishable_block_hashes", None)
-    return max(0, min(len(request.block_hashes), (n - 1) // block_size, pub if pub is not None else n))
+    return max(0, min(len(request.block_hashes), n // block_size, pub if pub is not None else n))
+
+
+def pull_limit(request, block_size):
+    """The most blocks a consumer's P/D load covers: every full prompt
+    block (prompt_blocks), since the load is asynchronous and vLLM's
+    scheduler leaves the last token to compute after it."""
+    return min(len(request.block_hashes), request.num_tokens // block_size)
 
 
 def handoff(client, namespaces, hashes, ttl, wait):

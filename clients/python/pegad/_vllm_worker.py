@@ -134,7 +134,9 @@ class Worker:
     def _pull(self, client, run):
         """P/D: fetch this rank's blocks of run from the producer's pegad
         into this node's, in one prefetch (with its handoff token, so the
-        producer's pin of each block ends as it is read; known_peer_only:
+        producer's pin of each block ends as it is read, and end_handoff,
+        so that the pins of blocks it does not read, found local here or
+        past what it loads, end with it, not at the ttl; known_peer_only:
         the daemon dials only a node the cluster index or --peer-allow
         knows). What it could not fetch is missing from the lease after
         it: a load error, recomputed. One prefetch, not chunks overlapped
@@ -143,7 +145,8 @@ class Worker:
         pull = run.remote
         try:
             res = client.prefetch(self.namespace, run.hashes, peer=pull.peer, timeout=pull.timeout,
-                                  handoff=pull.tokens.get(self.namespace), known_peer_only=True)
+                                  handoff=pull.tokens.get(self.namespace), known_peer_only=True,
+                                  end_handoff=True)
         except PermissionError as e:  # errors.Denied: a peer the daemon does not know
             log.warning("P/D pull of %d blocks from %s refused: %s", len(run.hashes), pull.peer, e)
             self._count(pd_pull_refused=1)
@@ -256,7 +259,7 @@ class Worker:
         if not hashes:
             return None
         try:
-            writers = _blocks.alloc(client, self.namespace, hashes, self.block_bytes)
+            writers = _blocks.alloc(client, self.namespace, hashes, self.block_bytes, numa_node=self.copier.numa_node)
         except _engine.FAILURES as e:
             self.link.failed(client, e)
             self._count(save_dropped_blocks=len(hashes))

@@ -7,7 +7,7 @@ import struct
 
 from . import errors
 
-VERSION = 3  # the newest: adds the prefix lookups (LOOKUP, LOOKUP_PIN, ADOPT, UNPIN, LOOKUP_CLUSTER)
+VERSION = 4  # the newest: adds NUMA placement (the pool's parts in HELLO's reply, ALLOC_ON); 3 the lookups
 MIN_VERSION = 1  # what a daemon older than RESERVE and PUT (version 2) speaks
 MAX_TOKEN = 64
 HEADER = struct.Struct("<IBBHI")  # len, op, status, count, seq
@@ -18,11 +18,16 @@ MAX_NAMESPACE = 256
 MAX_HASH = 64
 MAX_SLOTS = 1024
 MAX_MESSAGE = 1024
+NO_NODE = -1  # an ALLOC_ON item's "any node"; a pool part bound to none
+MAX_NODE = 1023  # the largest NUMA node id a daemon accepts
+MAX_PARTS = 1 << 10  # most parts in a HELLO reply
 
 OP_HELLO, OP_ALLOC, OP_COMMIT, OP_ABORT, OP_LEASE, OP_RELEASE, OP_RENEW, OP_RESERVE, OP_PUT = range(1, 10)
 OP_LOOKUP, OP_LOOKUP_PIN, OP_ADOPT, OP_UNPIN, OP_LOOKUP_CLUSTER = range(10, 15)
+OP_ALLOC_ON = 15  # version 4: ALLOC with a preferred NUMA node per item
 OP_NAMES = {1: "hello", 2: "alloc", 3: "commit", 4: "abort", 5: "lease", 6: "release", 7: "renew",
-            8: "reserve", 9: "put", 10: "lookup", 11: "lookup_pin", 12: "adopt", 13: "unpin", 14: "lookup_cluster"}
+            8: "reserve", 9: "put", 10: "lookup", 11: "lookup_pin", 12: "adopt", 13: "unpin", 14: "lookup_cluster",
+            15: "alloc_on"}
 
 ST_OK, ST_NOT_FOUND, ST_POOL_FULL, ST_INVALID, ST_EXISTS, ST_NO_LEASE, ST_LIMIT, ST_INTERNAL, ST_CLOSED, ST_DENIED = range(10)
 STATUS_ERRORS = {
@@ -46,7 +51,9 @@ _ALLOC_RES = struct.Struct("<QQQ")
 _PUT_RES = struct.Struct("<BBQQQ")
 _LEASE_HEAD = struct.Struct("<QH")
 _PLACE = struct.Struct("<QQQQ")
-HELLO_REPLY = struct.Struct("<IQQ")
+HELLO_REPLY = struct.Struct("<IQQ")  # version, pool size, lease timeout (ms); then, version 4, the parts
+_I32 = struct.Struct("<i")
+_PART = struct.Struct("<iQQ")  # node, offset, length
 
 
 def frame(op, count, seq, body):
@@ -63,6 +70,61 @@ def key(ns, h):
 
 def alloc_item(ns, h, slots):
     return key(ns, h) + _U16.pack(len(slots)) + b"".join(_SLOT.pack(k, v) for k, v in slots)
+
+
+def check_node(node):
+    """node as an int in NO_NODE..MAX_NODE (an ALLOC_ON item's), or
+    InvalidArgument."""
+    if isinstance(node, bool) or not isinstance(node, int) or not NO_NODE <= node <= MAX_NODE:
+        raise errors.InvalidArgument(f"NUMA node {node!r} (want {NO_NODE} for none, or 0..{MAX_NODE})")
+    return node
+
+
+def alloc_on_prefix(node):
+    """What goes before an ALLOC item to make it an ALLOC_ON item; node
+    already checked."""
+    return _I32.pack(node)
+
+
+def hello_reply(version, pool_size, lease_ms, parts=()):
+    """A HELLO reply body (the daemon's; for tests): parts [(node, off,
+    len)] from version 4."""
+    b = HELLO_REPLY.pack(version, pool_size, lease_ms)
+    if version >= 4:
+        b += _U16.pack(len(parts)) + b"".join(_PART.pack(*p) for p in parts)
+    return b
+
+
+def decode_hello_reply(body):
+    """(version, pool_size, lease_ms, parts) of a HELLO reply; parts
+    [(node, off, len)] in address order, tiling [0, pool_size) (version 4;
+    () before). ProtocolError on anything else."""
+    if len(body) < HELLO_REPLY.size:
+        raise errors.ProtocolError(f"hello reply of {len(body)} bytes")
+    version, pool_size, lease_ms = HELLO_REPLY.unpack_from(body)
+    pos, parts = HELLO_REPLY.size, ()
+    if version >= 4:
+        if len(body) < pos + 2:
+            raise errors.ProtocolError("hello reply without its pool parts")
+        (n,) = _U16.unpack_from(body, pos)
+        pos += 2
+        if not 0 < n <= MAX_PARTS or len(body) < pos + n * _PART.size:
+            raise errors.ProtocolError(f"hello reply: {n} pool parts in {len(body) - pos} bytes")
+        parts, end = [], 0
+        for _ in range(n):
+            node, off, ln = _PART.unpack_from(body, pos)
+            pos += _PART.size
+            if not NO_NODE <= node <= MAX_NODE or off != end or ln == 0 or ln > pool_size - end:
+                raise errors.ProtocolError(f"hello reply: pool part on node {node} at [{off},+{ln}) "
+                                           f"does not follow [0,{end}) in a pool of {pool_size}")
+            parts.append((node, off, ln))
+            end += ln
+        if end != pool_size:
+            raise errors.ProtocolError(f"hello reply: pool parts cover {end} of {pool_size} bytes")
+        parts = tuple(parts)
+    if pos != len(body):
+        raise errors.ProtocolError(f"hello reply: {len(body) - pos} trailing bytes")
+    return version, pool_size, lease_ms, parts
 
 
 def lease_id(i):
@@ -145,7 +207,7 @@ def item_error(op, status, msg):
 
 def decode_results(op, body, count):
     """The count results of op's response: per item either an exception
-    (a failed item) or the op's payload: alloc and reserve (lease, off,
+    (a failed item) or the op's payload: alloc, alloc_on and reserve (lease, off,
     len); commit created (bool); lease (lease, [(koff, klen, voff, vlen),
     ...]); put (created, next_status, next_lease, next_off, next_len);
     None for abort, release, renew. Raises ProtocolError on malformed
@@ -165,7 +227,7 @@ def decode_results(op, body, count):
                 out.append(item_error(op, st, bytes(body[pos:pos + ml]).decode("utf-8", "replace")))
                 pos += ml
                 continue
-            if op in (OP_ALLOC, OP_RESERVE):
+            if op in (OP_ALLOC, OP_ALLOC_ON, OP_RESERVE):
                 out.append(_ALLOC_RES.unpack_from(body, pos))
                 pos += _ALLOC_RES.size
             elif op == OP_PUT:

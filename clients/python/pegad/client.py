@@ -102,6 +102,13 @@ class Client:
         return self._data.version
 
     @property
+    def pool_parts(self):
+        """The pool's NUMA parts, ((node, offset, length), ...) in address
+        order (node -1: bound to none), as the daemon's HELLO told them;
+        () from a daemon older than protocol version 4."""
+        return self._data.parts
+
+    @property
     def lease_timeout(self):
         """Seconds a lease lives without renew."""
         return self._data.lease_timeout
@@ -138,20 +145,27 @@ class Client:
 
     # --- zero-copy: alloc and lease ---------------------------------------
 
-    def alloc(self, namespace, hash, size, slots=None):
+    def alloc(self, namespace, hash, size, slots=None, numa_node=None):
         """Room in the pool for a block of size bytes (shape: slots, a list
         of (k, v) sizes adding up to size; default one all-K slot) and a
         write lease on it: a Writer. Raises Exists when the key is stored
-        already, PoolFull when it does not fit."""
-        (r,) = self.alloc_batch([AllocRequest(namespace, hash, size, slots)])
+        already, PoolFull when it does not fit. numa_node: as alloc_batch's."""
+        (r,) = self.alloc_batch([AllocRequest(namespace, hash, size, slots)], numa_node=numa_node)
         if isinstance(r, Exception):
             raise r
         return r
 
-    def alloc_batch(self, requests):
+    def alloc_batch(self, requests, numa_node=None):
         """alloc of many blocks (AllocRequest or (namespace, hash, size[,
         slots]) tuples) in as few round trips as the frame limits allow.
-        One result per request: a Writer, or the exception saying why not."""
+        One result per request: a Writer, or the exception saying why not.
+        numa_node (None: any part): ask for room on that NUMA node's part
+        of the pool (pool_parts), where the daemon falls back to another
+        part when that one is full or the pool has none there; a node id
+        outside -1..1023 raises InvalidArgument, nothing sent. A daemon
+        older than protocol version 4 places the blocks anywhere."""
+        if numa_node is not None:
+            wire.check_node(numa_node)
         out = [None] * len(requests)
         items = []
         for i, req in enumerate(requests):
@@ -166,6 +180,9 @@ class Client:
         if not items:
             return out
         d = self._conn()
+        op, head = wire.OP_ALLOC, b""
+        if numa_node is not None and numa_node != wire.NO_NODE and d.version >= 4:
+            op, head = wire.OP_ALLOC_ON, wire.alloc_on_prefix(numa_node)
         pos = 0
         while pos < len(items):
             n, size = 0, 0
@@ -178,7 +195,7 @@ class Client:
             batch = items[pos:pos + n]
             pos += n
             try:
-                res = d.call(wire.OP_ALLOC, [it for _, it in batch])
+                res = d.call(op, [head + it for _, it in batch])
             except BaseException:
                 _finish_quietly(d, wire.OP_ABORT, _ids(w for w in out if isinstance(w, Writer)))
                 raise
@@ -477,7 +494,8 @@ class Client:
         h = _hash(hash)
         return self._grpc_call(_grpc.delete, ns, h, self._timeout)
 
-    def prefetch(self, namespace, hashes, peer=None, timeout=None, handoff=None, known_peer_only=False):
+    def prefetch(self, namespace, hashes, peer=None, timeout=None, handoff=None, known_peer_only=False,
+                 end_handoff=False):
         """Ask the daemon to fetch blocks from peer (its gRPC host:port) into
         its pool, or, with peer None, from the nodes the cluster index says
         hold them (FailedPrecondition when the daemon has no --cluster-redis);
@@ -488,7 +506,11 @@ class Client:
         changes nothing. known_peer_only: the daemon refuses (Denied,
         nothing fetched) a peer that is neither a live node of the cluster
         index nor checked by the peer port's mTLS against --peer-allow; for
-        addresses from untrusted input.
+        addresses from untrusted input. end_handoff (with handoff and
+        peer): this prefetch is the consumer's whole pull; once it is over
+        the daemon tells the holder to end the handoff, so its pins of
+        blocks not read (found local, not asked for) end now, not at the
+        ttl (best effort).
         Returns a PrefetchResult. On failure the exception's .result (when
         the daemon sent one) says which blocks failed and how. No hashes
         (hashes[hit.local:hit.n] with nothing missing) is a no-op: an empty
@@ -502,12 +524,13 @@ class Client:
             handoff = handoff.token
         if handoff is not None and not isinstance(handoff, str):
             raise errors.WrongType(f"handoff must be str, not {type(handoff).__name__}")
-        if not isinstance(known_peer_only, bool):
-            raise errors.WrongType(f"known_peer_only must be bool, not {type(known_peer_only).__name__}")
+        for name, v in (("known_peer_only", known_peer_only), ("end_handoff", end_handoff)):
+            if not isinstance(v, bool):
+                raise errors.WrongType(f"{name} must be bool, not {type(v).__name__}")
         if not hs:
             return PrefetchResult([], 0, 0.0, "")
         return self._grpc_call(_grpc.prefetch, ns, hs, peer or "", timeout, self._timeout,
-                               handoff or "", known_peer_only)
+                               handoff or "", known_peer_only, end_handoff)
 
     def handoff(self, namespace, hashes, ttl=30.0):
         """Pin the blocks hashes of namespace on this node for a consumer on

@@ -243,7 +243,10 @@ class PegadConnector(KVConnectorBase_V1, *_HMA):
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
         """Tokens beyond num_computed_tokens that every rank can load: whole
-        blocks, never the prompt's last token (vLLM must compute it). None
+        blocks, never the prompt's last token (vLLM must compute it), but
+        for a P/D pull, asynchronous as NixlConnector's, which covers every
+        full prompt block: vLLM's scheduler then computes the last token
+        again (_vllm_pd.pull_limit). None
         while a cluster prefetch for the request runs. Under the recompute
         policy no pin and no state beyond a memo of the answer; under fail
         the counted prefix is pinned (a later call replaces the pin)."""
@@ -252,15 +255,16 @@ class PegadConnector(KVConnectorBase_V1, *_HMA):
         limit = min(len(request.block_hashes), (request.num_tokens - 1) // bs)
         rid = request.request_id
         self._drop_match(rid)
-        if limit <= start:
-            return 0, False
-        if self.consumes:
-            remote = self._remote(request, start, limit)
+        pd_limit = _vllm_pd.pull_limit(request, bs)
+        if self.consumes and pd_limit > start:
+            remote = self._remote(request, start, pd_limit)
             if remote is not None:
                 n, pull = remote
                 self._matched[rid] = (start, n, None, pull)
                 tokens = max(0, (start + n) * bs - num_computed_tokens)
                 return tokens, tokens > 0  # always asynchronous: the workers pull, then load
+        if limit <= start:
+            return 0, False
         fut = self._prefetch.get(rid)
         if fut is not None and not fut.done():
             return None, False

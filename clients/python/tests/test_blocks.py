@@ -123,10 +123,12 @@ class _Conn:
         self.version = wire.VERSION
         self.reply = reply
         self.calls = []
+        self.items = []  # each call's encoded items
 
     def call(self, op, items, timeout=None, decode=wire.decode_results):
         self.calls.append((op, len(items)))
-        body = self.reply if op == wire.OP_ALLOC else bytes(len(items))
+        self.items.append(list(items))
+        body = self.reply if op in (wire.OP_ALLOC, wire.OP_ALLOC_ON) else bytes(len(items))
         return decode(op, memoryview(body), len(items))
 
 
@@ -183,3 +185,57 @@ def test_a_chunked_save_is_not_evicted_for_its_own_later_chunks(bins, monkeypatc
             c.shutdown()
     finally:
         daemon.stop()
+
+
+@pytest.mark.parametrize("node,version,op", [
+    (1, wire.VERSION, wire.OP_ALLOC_ON),
+    (0, wire.VERSION, wire.OP_ALLOC_ON),
+    (None, wire.VERSION, wire.OP_ALLOC),
+    (wire.NO_NODE, wire.VERSION, wire.OP_ALLOC),  # no preference: plain ALLOC
+    (1, 3, wire.OP_ALLOC),  # a daemon older than version 4 places blocks anywhere
+])
+def test_alloc_sends_the_numa_node(node, version, op):
+    """A save asking for a NUMA node sends ALLOC_ON with the node before
+    each item's key, to a daemon that speaks it."""
+    conn = _Conn(_alloc_ok(1, 0, SIZE) + _alloc_ok(2, SIZE, SIZE), 2 * SIZE)
+    conn.version = version
+    fake = type("C", (), {"_conn": lambda self: conn})()
+    w = _blocks.alloc(fake, "ns", [b"a", b"b"], SIZE, numa_node=node)
+    assert w.offsets == [0, SIZE] and conn.calls == [(op, 2)]
+    plain = [wire.alloc_item(b"ns", h, [(SIZE, 0)]) for h in (b"a", b"b")]
+    if op == wire.OP_ALLOC_ON:
+        assert conn.items[0] == [struct.pack("<i", node) + it for it in plain]
+    else:
+        assert conn.items[0] == plain
+
+
+@pytest.mark.parametrize("node", [-2, 1024, 1.0, True, "0"])
+def test_alloc_refuses_a_bad_numa_node(node):
+    conn = _Conn(b"", SIZE)
+    fake = type("C", (), {"_conn": lambda self: conn})()
+    with pytest.raises(errors.InvalidArgument, match="NUMA node"):
+        _blocks.alloc(fake, "ns", [b"a"], SIZE, numa_node=node)
+    assert conn.calls == []  # nothing sent
+
+
+def test_alloc_on_a_numa_node_against_pegad(client, ns):
+    """The daemon reports its pool's parts, and takes ALLOC_ON for the node
+    of a part and for a node it has no part on (it falls back)."""
+    parts = client.pool_parts
+    assert client.protocol_version == wire.VERSION >= 4
+    assert parts and parts[0][1] == 0 and sum(p[2] for p in parts) == client.pool_size
+    for node in (parts[0][0] if parts[0][0] >= 0 else 0, 7):
+        hs = [rand_hash(), rand_hash()]
+        w = _blocks.alloc(client, ns, hs, SIZE, numa_node=node)
+        assert w.held == [0, 1], w.errors
+        for i in w.held:
+            _fill(w, i, i + 1)
+        assert w.commit() == [(0, True), (1, True)]
+        (wr,) = client.alloc_batch([(ns, rand_hash(), SIZE)], numa_node=node)
+        assert not isinstance(wr, Exception), wr
+        wr.abort()
+        r = _blocks.lease(client, ns, hs)
+        assert r.held == [0, 1] and bytes(r.pool[r.offsets[1]:r.offsets[1] + SIZE]) == b"\x02" * SIZE
+        r.release()
+    with pytest.raises(errors.InvalidArgument, match="NUMA node"):
+        client.alloc_batch([(ns, rand_hash(), SIZE)], numa_node=-5)

@@ -140,3 +140,41 @@ def test_blocks_laid_out_downwards_are_one_run():
         want = b"".join(_bytes(kv.logical(li)[b]) for li in range(LAYERS))
         assert bytes(pool[off:off + bb]) == want, f"block {b} misplaced"
     copier.close()
+
+
+# --- the GPU's NUMA node (where saves ask the daemon for room) -------------
+
+def _fake_sysfs(tmp_path, addr, text):
+    d = tmp_path / addr
+    d.mkdir(parents=True)
+    (d / "numa_node").write_text(text)
+    return str(tmp_path)
+
+
+@pytest.mark.parametrize("text,want", [("1\n", 1), ("0\n", 0), ("-1\n", None), ("junk\n", None)])
+def test_sysfs_numa_node(tmp_path, text, want):
+    sys_pci = _fake_sysfs(tmp_path, "0000:17:00.0", text)
+    assert _device._sysfs_node("0000:17:00.0", sys_pci) == want
+    assert _device._sysfs_node("0000:18:00.0", sys_pci) is None  # no such device
+
+
+def test_numa_node_of_a_cuda_device_reads_its_pci_address(tmp_path, monkeypatch):
+    """torch's PCI ids of the device name its sysfs entry (CUDA faked: these
+    machines have none)."""
+    torch = pytest.importorskip("torch")
+    sys_pci = _fake_sysfs(tmp_path, "0001:b3:00.0", "1\n")
+    props = type("P", (), {"pci_domain_id": 1, "pci_bus_id": 0xb3, "pci_device_id": 0})()
+    asked = []
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: asked.append(d) or props)
+    assert _device.numa_node(torch.device("cuda", 2), sys_pci) == 1 and asked == [2]
+    assert _device.numa_node(3, sys_pci) == 1 and asked == [2, 3]
+    old = type("P", (), {})()  # a torch that does not say the PCI address
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: old)
+    assert _device.numa_node(0, sys_pci) is None
+
+
+def test_numa_node_of_the_cpu_is_none():
+    torch = pytest.importorskip("torch")
+    assert _device.numa_node(None) is None and _device.numa_node(torch.device("cpu")) is None
+    layer = _device.resolve("l0", torch.zeros(2, 4, 4, 2, 8, dtype=torch.float16), block_size=4)
+    assert _device.Copier([layer]).numa_node is None  # a CPU cache: saves ask for no node

@@ -141,14 +141,69 @@ def test_decode_pulls_the_prefill_and_matches_one_engine(pd_nodes):
 
 
 def test_prompt_of_whole_blocks_hands_off_what_the_decode_loads(pd_nodes):
-    """A prompt of exactly 5 blocks: the decode computes the last block
-    (its last token must be computed), so the producer hands off 4, and
-    the pull leaves nothing pinned (no handoff waiting out its ttl)."""
+    """A prompt of exactly 5 blocks: the producer hands off all 5, the
+    decode loads them and computes only the last token again (vLLM's
+    scheduler after an asynchronous load, as with NixlConnector), and the
+    pull leaves nothing pinned."""
     p, d = pd_nodes
     r = run_pd(p.socket, d.socket, 10, n=5 * BS)
-    assert len(r["params"]["remote_block_hashes"]) == 4
-    assert ("loaded", 4) in r["events"] and min(r["got"]) == 4 * BS
+    assert len(r["params"]["remote_block_hashes"]) == 5
+    assert ("loaded", 5) in r["events"] and min(r["got"]) == 5 * BS - 1
     assert max_diff(r["got"], r["want"]) < TOL
+    assert_clean(p)
+    assert_clean(d)
+
+
+def metric(d, name):
+    """The value of metric name (no labels) on d's /metrics."""
+    import urllib.request
+    addr = next(json.loads(line)["metrics"] for line in d.log().splitlines()
+                if '"pegad ready"' in line)
+    with urllib.request.urlopen(f"http://{addr}/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    raise AssertionError(f"{name} not on {addr}")
+
+
+def test_a_partial_pull_ends_the_whole_handoff(pd_nodes):
+    """The decode's pegad holds blocks 0-1 already (another request of the
+    same prefix): its pull fetches only blocks 2-4 from the producer, yet
+    the producer's handoff of all 5 ends with that pull (end_handoff), long
+    before its ttl: no handoff pending, no pin left there."""
+    p, d = pd_nodes
+
+    def copy_head(answer):
+        params = answer["kv_transfer_params"]
+        ns = keys.rank_namespace(params["remote_namespace"], 0)
+        with pegad.Client(p.socket) as src, pegad.Client(d.socket) as dst:
+            for hx in params["remote_block_hashes"][:2]:
+                buf = bytearray(LAYERS * 2 * BS * HEADS * HEAD_DIM * 4)
+                src.get(ns, bytes.fromhex(hx), buf)
+                assert dst.put(ns, bytes.fromhex(hx), buf)
+    r = run_pd(p.socket, d.socket, 12, between=copy_head, extra={"handoff_ttl": 120})
+    assert ("loaded", 5) in r["events"] and not any(e[0] == "load_errors" for e in r["events"])
+    assert max_diff(r["got"], r["want"]) < TOL
+    cw = r["cons_workers"]
+    assert summed(cw, "pd_pulls") == 1 and summed(cw, "pd_pulled_blocks") == 3  # 0-1 were local
+    assert summed(cw, "pd_pulled_bytes") == 3 * LAYERS * 2 * BS * HEADS * HEAD_DIM * 4
+    assert r["prod"]["pd_handoffs"] == 1 and r["prod"]["pd_handoff_blocks"] == 5
+    assert_clean(p, timeout=10)  # the ttl is 120 s: only the consumer's end_handoff ends it this soon
+    assert metric(p, "pegaflow_pd_handoffs_pending") == 0
+    assert metric(p, "pegaflow_pd_handoff_age_seconds_count") == 1
+    assert_clean(d)
+
+
+def test_a_handoff_refused_is_counted_and_the_decode_recomputes(pd_nodes):
+    """A handoff_ttl past the daemon's cap (300 s): the producer's pegad
+    refuses the handoff, request_finished answers no parameters
+    (pd_handoff_failed), and the decode recomputes the whole prompt."""
+    p, d = pd_nodes
+    r = run_pd(p.socket, d.socket, 13, extra={"handoff_ttl": 1000})
+    assert r["prod"]["pd_handoff_failed"] == 1 and r["prod"]["pd_handoffs"] == 0
+    assert not r["params"]
+    assert min(r["got"]) == 0 and max_diff(r["got"], r["want"]) < TOL
+    assert summed(r["cons_workers"], "pd_pulls") == 0
     assert_clean(p)
     assert_clean(d)
 

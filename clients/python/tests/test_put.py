@@ -128,7 +128,8 @@ class _FakeDaemon:
         with c:
             req = c.recv(64)
             (version,) = struct.unpack_from("<I", req, wire.HEADER_LEN)
-            reply = wire.HEADER.pack(8 + 20, wire.OP_HELLO, 0, 0, 1) + wire.HELLO_REPLY.pack(version, self.POOL, 60000)
+            hello = wire.hello_reply(version, self.POOL, 60000, [(0, 0, self.POOL)])
+            reply = wire.HEADER.pack(8 + len(hello), wire.OP_HELLO, 0, 0, 1) + hello
             socket.send_fds(c, [reply], [self._fd])
             while (head := _recv(c, wire.HEADER_LEN)) is not None:
                 length, op, _, count, seq = wire.HEADER.unpack(head)

@@ -117,8 +117,8 @@ def go_consts(pkg_dir, pkg, known=None):
                 tree = ast.parse(e, mode="eval")
             except SyntaxError:
                 continue
-            if all(isinstance(n, (ast.Expression, ast.BinOp, ast.Constant, ast.LShift, ast.Mult, ast.Add,
-                                  ast.Sub, ast.BitOr)) for n in ast.walk(tree)):
+            if all(isinstance(n, (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Constant, ast.LShift, ast.Mult,
+                                  ast.Add, ast.Sub, ast.USub, ast.BitOr)) for n in ast.walk(tree)):
                 v = eval(compile(tree, "<go const>", "eval"))
                 if isinstance(v, int):
                     out[f"{pkg}.{name}"] = v
@@ -149,6 +149,9 @@ def test_wire_limits_match_the_go_constants():
         "MAX_SLOTS": "localwire.MaxSlots",
         "MAX_MESSAGE": "localwire.MaxMessage",
         "MAX_TOKEN": "localwire.MaxToken",
+        "MAX_NODE": "localwire.MaxNode",
+        "NO_NODE": "localwire.NoNode",
+        "MAX_PARTS": "localwire.MaxParts",
         "VERSION": "localwire.Version",
         "MIN_VERSION": "localwire.MinVersion",
         "HEADER_LEN": "localwire.HeaderLen",
@@ -181,3 +184,62 @@ def test_wire_codes_match_the_go_constants(py_prefix, go_prefix):
                                   f"{sorted(k for k in set(py_codes) & set(go_codes) if py_codes[k] != go_codes[k])}")
     if py_prefix == "OP_":
         assert set(wire.OP_NAMES) == set(go_codes.values())
+
+
+POOL = 1 << 20
+
+
+@pytest.mark.parametrize("parts,ok", [
+    ([(0, 0, POOL // 2), (1, POOL // 2, POOL // 2)], True),
+    ([(wire.NO_NODE, 0, POOL)], True),
+    ([], False),
+    ([(0, 0, POOL // 2), (1, POOL // 2 + 64, POOL // 2 - 64)], False),  # a gap
+    ([(0, 0, POOL // 2)], False),  # short
+    ([(0, 0, POOL // 2), (1, POOL // 2, POOL)], False),  # past the end
+    ([(0, 0, 0), (1, 0, POOL)], False),  # an empty part
+    ([(-2, 0, POOL)], False),
+    ([(wire.MAX_NODE + 1, 0, POOL)], False),
+])
+def test_hello_reply_parts(parts, ok):
+    """Version 4's HELLO reply lists the pool's NUMA parts, tiling the pool
+    in order, as api/localwire checks them."""
+    body = wire.hello_reply(4, POOL, 5000, parts)
+    if not ok:
+        with pytest.raises(pegad.ProtocolError):
+            wire.decode_hello_reply(body)
+        return
+    assert wire.decode_hello_reply(body) == (4, POOL, 5000, tuple(parts))
+    with pytest.raises(pegad.ProtocolError):
+        wire.decode_hello_reply(body + b"\0")  # trailing bytes
+    with pytest.raises(pegad.ProtocolError):
+        wire.decode_hello_reply(body[:-1])  # truncated
+
+
+def test_hello_reply_before_version_4_has_no_parts():
+    body = wire.hello_reply(3, POOL, 5000, [(0, 0, POOL)])
+    assert len(body) == 20 and wire.decode_hello_reply(body) == (3, POOL, 5000, ())
+
+
+def test_hello_reply_decoder_fuzz():
+    """Random bytes and mutations of valid replies: the decoder returns a
+    reply that re-encodes to the same bytes, or raises ProtocolError;
+    nothing else (the Python side of api/localwire's FuzzDecodeResults)."""
+    import random
+    rnd = random.Random(37)
+    seeds = [wire.hello_reply(4, POOL, 1, [(0, 0, POOL // 2), (1, POOL // 2, POOL // 2)]),
+             wire.hello_reply(3, POOL, 1)]
+    for i in range(3000):
+        b = bytearray(rnd.choice(seeds))
+        for _ in range(rnd.randint(1, 4)):
+            what = rnd.random()
+            if what < 0.5 and b:
+                b[rnd.randrange(len(b))] = rnd.randrange(256)
+            elif what < 0.75:
+                del b[rnd.randrange(len(b) + 1):]
+            else:
+                b += bytes(rnd.randrange(256) for _ in range(rnd.randint(1, 24)))
+        try:
+            v, size, ms, parts = wire.decode_hello_reply(bytes(b))
+        except pegad.ProtocolError:
+            continue
+        assert wire.hello_reply(v, size, ms, parts) == bytes(b), i

@@ -498,6 +498,8 @@ class Engine:
             if first_bad is not None:
                 computed = first_bad * bs
             self.conn.update_state_after_alloc(req, KVCacheBlocks(table), 0)
+            if computed == req.num_tokens:  # vLLM's _update_waiting_for_remote_kv: the last token is computed again
+                computed -= 1
         out = self._prefill(req, table, computed, sync=not is_async and ext > 0)
         gen = self._decode(req, table, out, decode)
         if self.conn is not None:

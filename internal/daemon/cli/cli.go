@@ -60,7 +60,9 @@ func newServeCommand() *cobra.Command {
 			// After the first signal, restore the default action: a second
 			// SIGTERM/SIGINT kills a shutdown that hangs.
 			context.AfterFunc(ctx, stop)
-			return daemon.Run(ctx, cfg)
+			// SIGHUP reads the configuration again, flags as given.
+			reload := func() (config.Config, error) { return config.Load(cmd.Flags(), config.Default()) }
+			return daemon.Run(ctx, cfg, daemon.WithConfigReload(reload))
 		},
 	}
 	config.RegisterFlags(cmd.Flags(), config.Default())
