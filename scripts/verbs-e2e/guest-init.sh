@@ -188,6 +188,25 @@ rate() {
 	compact <"$1" | sed -n 's/.*"bytes":\([0-9]*\),"duration_seconds":\([0-9.e+-]*\).*/\1 \2/p' |
 		awk '{ if ($2 > 0) printf "%.1f", $1 / $2 / 1e6; else print 0 }'
 }
+# summary RATIO...: "median M, spread S x (r1 r2 ...)" of per-round
+# ratios (alternated pairs), or "not a measurement: ..." where the largest
+# is over 2 x the smallest (TCG's clock stalls swamp the figure then), or
+# where fewer than 3 rounds gave a ratio.
+summary() {
+	[ $# -gt 0 ] || { printf "not a measurement: 0 of 3 rounds gave a ratio"; return; }
+	printf '%s\n' "$@" | sort -g | awk '
+		{ r[NR] = $1 }
+		END {
+			if (NR < 3) { printf "not a measurement: %d of 3 rounds gave a ratio", NR; exit }
+			m = (NR % 2) ? r[(NR + 1) / 2] : (r[NR / 2] + r[NR / 2 + 1]) / 2
+			sp = (r[1] > 0) ? r[NR] / r[1] : 0
+			l = ""; for (i = 1; i <= NR; i++) l = l sprintf(" %.2f", r[i])
+			if (r[1] <= 0 || sp > 2) printf "not a measurement: spread %.1fx over %d rounds (%s )", sp, NR, l
+			else printf "median %.2f, spread %.2fx over %d rounds (%s )", m, sp, NR, l
+		}'
+}
+# div A B: A / B, two decimals; empty when B is not above 0.
+div() { awk -v a="$1" -v b="$2" 'BEGIN{ if (b > 0) printf "%.2f", a / b }'; }
 
 # report_tests LABEL OUT: one VE2E line per (sub)test result in the go test
 # -v output OUT (a skip here is a case rxe cannot check: it does not enforce
@@ -266,20 +285,31 @@ windows_phase() {
 	st=$(conn_state)
 	[ "$st" = connected ] && ok "B's idle connection to the windows holder still connected after 3 keepalive rounds" ||
 		bad "B's idle connection to the windows holder is $st after 3 s (keepalive refused?)"
-	# The same fetch from A without windows, in the same boot (TCG: only
-	# the ratio means anything, and little at that).
-	stop a
-	start a --nics rxe0 --pool-size 128MiB
-	ready a || return
-	mkblocks mwc 8 1048576
-	putblocks a mwc 8
-	if prefetch b "$PEER_a" mwc 8 $D/mwc.json; then
-		w=$(rate $D/mwb.json)
-		p=$(rate $D/mwc.json)
-		info "8 x 1 MiB prefetch: through memory windows $w MB/s, pool rkey $p MB/s, ratio $(awk -v a="$w" -v b="$p" 'BEGIN{if (b > 0) printf "%.2f", a / b; else print "n/a"}')"
-	else
-		bad "prefetch without memory windows failed: $(cat $D/mwc.json.err)"
-	fi
+	# The same fetch with and without windows, alternated over 3 rounds in
+	# the same boot (TCG: only ratios mean anything, and only with their
+	# spread): A restarts each time, B stays.
+	ratios=""
+	for i in 1 2 3; do
+		stop a
+		start a --nics rxe0 --pool-size 128MiB --memory-windows
+		ready a || return
+		mkblocks mw$i 8 1048576
+		putblocks a mw$i 8
+		prefetch b "$PEER_a" mw$i 8 $D/mw$i.json || bad "windows prefetch round $i failed: $(cat $D/mw$i.json.err)"
+		stop a
+		start a --nics rxe0 --pool-size 128MiB
+		ready a || return
+		mkblocks pr$i 8 1048576
+		putblocks a pr$i 8
+		prefetch b "$PEER_a" pr$i 8 $D/pr$i.json || bad "pool-rkey prefetch round $i failed: $(cat $D/pr$i.json.err)"
+		w=$(rate $D/mw$i.json)
+		p=$(rate $D/pr$i.json)
+		r=$(div "$w" "$p")
+		info "round $i, 8 x 1 MiB prefetch: memory windows $w MB/s, pool rkey $p MB/s, ratio ${r:-n/a}"
+		ratios="$ratios $r"
+	done
+	# shellcheck disable=SC2086 # ratios is a list
+	info "memory windows / pool rkey: $(summary $ratios)"
 	stop a
 	stop b
 }
@@ -377,16 +407,12 @@ wait_no_sessions a 10 && ok "restarted A holds no session (no leaked lock)" || {
 stage "phase 3: pegad's prefetch rate beside ib_read_bw (rxe0 -> rxe1, 8 MiB READs, 2 QPs)"
 # pegad reads 8 MiB segments with 8 MiB READs over qps-per-peer=2 QPs;
 # ib_read_bw does the same on the same devices. Rates under TCG swing from
-# minute to minute, so pegad is measured before and after ib_read_bw and
-# the ratio uses their mean. MiB/s (perftest's "MB/sec" is 2^20 bytes).
+# minute to minute, so the two alternate over 3 rounds and the ratio is
+# their median, with its spread. MiB/s (perftest's "MB/sec" is 2^20 bytes).
 rate_mib() {
 	compact <"$1" | sed -n 's/.*"bytes":\([0-9]*\),"duration_seconds":\([0-9.e+-]*\).*/\1 \2/p' |
 		awk '{ if ($2 > 0) printf "%.1f", $1 / $2 / 1048576; else print 0 }'
 }
-mkblocks ra 4 8388608
-mkblocks rb 4 8388608
-putblocks a ra 4 && putblocks a rb 4 && ok "put 2 x 4 x 8 MiB blocks on A for the rate"
-prefetch b $PEER_a ra 4 $D/ra.json || bad "rate prefetch 1 failed: $(cat $D/ra.json.err)"
 # ib_bw NAME: one ib_read_bw pair, the client started once the server
 # listens on perftest's port 18515 (0x4853); the client's exit status.
 ib_bw() {
@@ -403,27 +429,37 @@ ib_mib() { awk '$1 == 8388608 { print $4 }' /tmp/ibcli.txt | tail -n1; }
 # positive X: X is a number above 0 (perftest prints 0.00 when TCG's
 # clock stalled through the whole run).
 positive() { [ -n "$1" ] && awk -v x="$1" 'BEGIN{ exit !(x > 0) }'; }
-ib_bw
-irc=$?
-if [ $irc -ne 0 ] || ! positive "$(ib_mib)"; then # under a loaded host TCG stalls now and then: once more
-	info "ib_read_bw exited $irc with $(ib_mib) MiB/s ($(tail -n 1 /tmp/ibcli.txt)); running it once more"
+# 3 rounds, each a pegad prefetch of 4 fresh 8 MiB blocks, then one
+# ib_read_bw of 8 x 8 MiB READs: the ratio of each alternated pair, then
+# their median and spread (issue 36 item 7: one pair once gave 16.31).
+ratios=""
+for i in 1 2 3; do
+	mkblocks ra$i 4 8388608
+	putblocks a ra$i 4 || continue
+	prefetch b $PEER_a ra$i 4 $D/ra$i.json || { bad "rate prefetch round $i failed: $(cat $D/ra$i.json.err)"; continue; }
+	checkblocks b ra$i 4 || continue
 	ib_bw
 	irc=$?
-fi
-prefetch b $PEER_a rb 4 $D/rb.json || bad "rate prefetch 2 failed: $(cat $D/rb.json.err)"
-checkblocks b ra 4 && checkblocks b rb 4 && ok "the 8 rate blocks on B byte-identical"
-grep -E '^ *#bytes|^ *8388608 ' /tmp/ibcli.txt | sed 's/^/VE2E | ib_read_bw: /'
-ib=$(ib_mib)
-p1=$(rate_mib $D/ra.json)
-p2=$(rate_mib $D/rb.json)
-if [ $irc -eq 0 ] && positive "$ib"; then
-	ratio=$(awk -v a="$p1" -v b="$p2" -v c="$ib" 'BEGIN{ printf "%.2f", (a + b) / 2 / c }')
-	ok "ib_read_bw rxe1<-rxe0: $ib MiB/s; pegad prefetch: $p1 and $p2 MiB/s"
-	echo "VE2E RATIO pegad/ib_read_bw = $ratio (pegad $p1, $p2 MiB/s; ib_read_bw $ib MiB/s; 8 MiB READs, 2 QPs, rxe0->rxe1, same boot)"
-else
-	bad "ib_read_bw failed (exit $irc, ${ib:-no} MiB/s)"
-	tail -n 5 /tmp/ibcli.txt /tmp/ibsrv.txt
-fi
+	if [ $irc -ne 0 ] || ! positive "$(ib_mib)"; then # under a loaded host TCG stalls now and then: once more
+		info "ib_read_bw exited $irc with $(ib_mib) MiB/s ($(tail -n 1 /tmp/ibcli.txt)); running it once more"
+		ib_bw
+		irc=$?
+	fi
+	ib=$(ib_mib)
+	p=$(rate_mib $D/ra$i.json)
+	if [ $irc -eq 0 ] && positive "$ib"; then
+		r=$(div "$p" "$ib")
+		info "round $i: pegad prefetch $p MiB/s, ib_read_bw $ib MiB/s, ratio $r"
+		ratios="$ratios $r"
+	else
+		bad "ib_read_bw round $i failed (exit $irc, ${ib:-no} MiB/s)"
+		tail -n 5 /tmp/ibcli.txt /tmp/ibsrv.txt
+	fi
+done
+grep -E '^ *#bytes|^ *8388608 ' /tmp/ibcli.txt | sed 's/^/VE2E | ib_read_bw (last round): /'
+[ -n "$ratios" ] && ok "pegad's prefetch and ib_read_bw alternated, 8 rate blocks per round on B byte-identical"
+# shellcheck disable=SC2086 # ratios is a list
+echo "VE2E RATIO pegad/ib_read_bw = $(summary $ratios) (8 MiB READs, 2 QPs, rxe0->rxe1, same boot)"
 
 # ============================================================================
 stage "phase 4: two rails per daemon on two NUMA nodes (--nic-numa)"
