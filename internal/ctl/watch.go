@@ -62,7 +62,7 @@ func (g *globalFlags) repeat(cmd *cobra.Command, interval time.Duration, fetch f
 		ctx, cancel := context.WithTimeout(parent, g.timeout)
 		res, err := fetch(ctx, c)
 		cancel()
-		if parent.Err() != nil {
+		if ended(parent) {
 			return nil // interrupted: the normal end of a watch
 		}
 		if err != nil {
@@ -88,6 +88,18 @@ func (g *globalFlags) repeat(cmd *cobra.Command, interval time.Duration, fetch f
 		case <-t.C:
 		}
 	}
+}
+
+// ended reports whether ctx, the watch's, is over: cancelled, or past its
+// deadline. The deadline is asked too because a call made just after it
+// fails at once (gRPC compares it with the clock) while a loaded runtime
+// may not have fired ctx's timer yet, so ctx.Err() is still nil.
+func ended(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	dl, ok := ctx.Deadline()
+	return ok && !time.Now().Before(dl)
 }
 
 // sortKeys are the --sort keys of one list: each compares two rows.

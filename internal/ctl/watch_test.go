@@ -164,3 +164,23 @@ func TestConnsListHolderRow(t *testing.T) {
 		t.Fatalf("json: %+v", c)
 	}
 }
+
+// lateCtx is a context whose deadline has passed but whose timer has not
+// fired: what a loaded runtime shows a watch for a moment at its end.
+type lateCtx struct{ context.Context }
+
+func (lateCtx) Deadline() (time.Time, bool) { return time.Now().Add(-time.Millisecond), true }
+
+// TestWatchEndsAtItsDeadline: a round whose call fails because the watch's
+// own deadline passed ends the watch with exit 0, as an interrupt does,
+// even before the context says it is done (a TestWatch flake under load:
+// "timed out: context deadline exceeded", exit 1).
+func TestWatchEndsAtItsDeadline(t *testing.T) {
+	f := startFake(t)
+	var out, errb bytes.Buffer
+	code := Main(lateCtx{context.Background()}, []string{"--socket", f.socket, "stats", "--watch", "100ms"},
+		Streams{In: bytes.NewReader(nil), Out: &out, Err: &errb})
+	if code != 0 || errb.Len() != 0 {
+		t.Fatalf("watch past its deadline: exit %d, stderr %q, want 0 and nothing", code, errb.String())
+	}
+}

@@ -25,7 +25,9 @@ import (
 // holder only accepts from the session's owner. The fetch succeeds
 // byte-identical; nothing lapsed on the holder.
 func TestE2ERenewAgainstRealHolder(t *testing.T) {
-	const lockTimeout = 400 * time.Millisecond
+	// 1 s, not less: a renewal must fit in half a lock timeout on a
+	// loaded 2-core CI machine under -race (at 400 ms one failed there).
+	const lockTimeout = time.Second
 	h := newE2ENode(t, "holder", 64*mib, true, lockTimeout)
 	req := newE2ENode(t, "requester", 64*mib, false, 0)
 	r := rand.New(rand.NewPCG(5, 40))
@@ -42,11 +44,11 @@ func TestE2ERenewAgainstRealHolder(t *testing.T) {
 	if _, err := req.conns.dial.Get(ctx, h.addr); err != nil {
 		t.Fatal(err)
 	}
-	// 16 READs over 2 QPs, each response held 200 ms by the holder's
-	// responder: the read lasts well past 3 lock timeouts, and a response
+	// 16 READs over 2 QPs, each response held 400 ms by the holder's
+	// responder: the read lasts past 3 lock timeouts, and a response
 	// still arrives far inside the requester's retry budget.
 	for _, d := range h.devs {
-		d.SetFaults(tcp.Faults{ResponseDelay: 200 * time.Millisecond})
+		d.SetFaults(tcp.Faults{ResponseDelay: 400 * time.Millisecond})
 	}
 
 	res, err := req.engine.Prefetch(ctx, h.addr, "ns", hashes)
