@@ -277,23 +277,32 @@ func (t *Table) removeLocked(e *entry) []*store.Block {
 // yet; released false when tok names no live handoff (unknown, pulled,
 // expired or released already). ErrInvalid for a malformed token.
 func (t *Table) Release(tok string) (released bool, blocks int, err error) {
-	if _, _, err := ParseToken(tok); err != nil {
+	e, rest, _, err := t.end(tok)
+	if e == nil {
 		return false, 0, err
 	}
-	t.mu.Lock()
-	e := t.liveLocked(tok, t.clock.Now())
-	var rest []*store.Block
-	if e != nil {
-		rest = t.removeLocked(e)
-	}
-	t.mu.Unlock()
-	if e == nil {
-		return false, 0, nil
-	}
-	t.o.Store.Unpin(rest)
 	t.ended(e, metrics.HandoffReleased)
 	t.o.Log.Debug().Str("handoff", hex.EncodeToString(e.id[:])).Int("unpinned", len(rest)).Msg("Handoff released")
 	return true, len(rest), nil
+}
+
+// end removes the live handoff tok names and unpins its blocks not pulled
+// yet (returned, for the count); e nil when tok names none, with
+// ErrInvalid for a malformed token. now is when it looked.
+func (t *Table) end(tok string) (e *entry, rest []*store.Block, now time.Time, err error) {
+	if _, _, err := ParseToken(tok); err != nil {
+		return nil, nil, now, err
+	}
+	now = t.clock.Now()
+	t.mu.Lock()
+	if e = t.liveLocked(tok, now); e != nil {
+		rest = t.removeLocked(e)
+	}
+	t.mu.Unlock()
+	if e != nil {
+		t.o.Store.Unpin(rest)
+	}
+	return e, rest, now, nil
 }
 
 // Pulled ends the handoff's pin of the blocks of namespace that a
@@ -341,21 +350,10 @@ func (t *Table) Pulled(tok string, keys []store.Key) int {
 // Release with the consumer's result: ended false when tok names no live
 // handoff (a wrong secret names none), ErrInvalid for a malformed token.
 func (t *Table) Done(tok string) (ended bool, blocks int, err error) {
-	if _, _, err := ParseToken(tok); err != nil {
+	e, rest, now, err := t.end(tok)
+	if e == nil {
 		return false, 0, err
 	}
-	now := t.clock.Now()
-	t.mu.Lock()
-	e := t.liveLocked(tok, now)
-	var rest []*store.Block
-	if e != nil {
-		rest = t.removeLocked(e)
-	}
-	t.mu.Unlock()
-	if e == nil {
-		return false, 0, nil
-	}
-	t.o.Store.Unpin(rest)
 	age := now.Sub(e.created)
 	t.o.Metrics.HandoffAge.Observe(age.Seconds())
 	t.ended(e, metrics.HandoffCompleted)
