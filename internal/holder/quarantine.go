@@ -15,7 +15,8 @@ import (
 // it. The conn side has moved the windows' QP to ERROR and invalidated the
 // requester's connection; what stays here is the memory. Each is logged
 // (session, requester, blocks, bytes, cause), its blocks show in the
-// store's pinned counts (pegactl stats, pegaflow_pool_pinned_bytes) and in
+// store's pinned counts (pegactl stats, pegaflow_pool_pinned_bytes), in
+// pegaflow_peer_quarantined_bytes (alert PegadLocksQuarantined) and in
 // Quarantined, and their bytes stay counted against --max-pinned-bytes.
 
 // quarantineSet is the lock table's quarantined locks.
@@ -52,6 +53,7 @@ func (t *LockTable) quarantine(owner, session string, blocks []*store.Block, byt
 	}
 	q := QuarantinedLock{Session: session, Requester: owner, Blocks: len(blocks), Bytes: bytes,
 		At: t.clock.Now(), Cause: cause.Error(), blocks: blocks}
+	t.m.PeerQuarantined.Add(float64(bytes))
 	t.quarantined.mu.Lock()
 	t.quarantined.locks = append(t.quarantined.locks, q)
 	n := len(t.quarantined.locks)

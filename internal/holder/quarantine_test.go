@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	pegadv1 "github.com/pegaflow/pegad/api/pegad/v1"
+	"github.com/pegaflow/pegad/internal/metrics"
 )
 
 // liveErr is what internal/conn returns when windows could not be
@@ -98,6 +99,9 @@ func TestWindowsNotInvalidatedQuarantine(t *testing.T) {
 		}
 		if got := e.svc.locks.PinnedBytes(); got != 500 {
 			t.Fatalf("pinned bytes %d after a quarantine, want 500 (still pinned)", got)
+		}
+		if got := metrics.Value(e.svc.locks.m.PeerQuarantined); got != 500 {
+			t.Fatalf("pegaflow_peer_quarantined_bytes = %v after a quarantine of 500 bytes", got)
 		}
 		e.pins.check(t, 2)
 	})

@@ -23,12 +23,15 @@ const (
 // Security is the peer-port protection metrics (issue 10): who was
 // refused and why, the node certificate's expiry, and the limits.
 type Security struct {
-	PeerAuthRefused   *prometheus.CounterVec // reason
-	PeerCertExpiry    prometheus.Gauge       // unix seconds of the node certificate's NotAfter
-	PeerTLSReloads    *prometheus.CounterVec // result (ok, error)
-	PeerLimitRefused  *prometheus.CounterVec // limit
-	PeerPinnedBytes   prometheus.Gauge       // bytes pinned by live sessions of all peers
-	PeerLimitSettings *prometheus.GaugeVec   // limit: the configured value
+	PeerAuthRefused  *prometheus.CounterVec // reason
+	PeerCertExpiry   prometheus.Gauge       // unix seconds of the node certificate's NotAfter
+	PeerTLSReloads   *prometheus.CounterVec // result (ok, error)
+	PeerLimitRefused *prometheus.CounterVec // limit
+	PeerPinnedBytes  prometheus.Gauge       // bytes pinned by live sessions of all peers
+	// PeerQuarantined: bytes of quarantined locks (holder/quarantine.go),
+	// pinned until the process ends.
+	PeerQuarantined   prometheus.Gauge
+	PeerLimitSettings *prometheus.GaugeVec // limit: the configured value
 }
 
 func newSecurity(reg prometheus.Registerer) Security {
@@ -48,12 +51,15 @@ func newSecurity(reg prometheus.Registerer) Security {
 		PeerPinnedBytes: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "pegaflow_peer_pinned_bytes", Help: "Bytes pinned by live transfer sessions of all peers (a block pinned by two sessions counts twice).",
 		}),
+		PeerQuarantined: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "pegaflow_peer_quarantined_bytes", Help: "Bytes of transfer locks quarantined because their memory windows could not be invalidated: pinned until pegad restarts.",
+		}),
 		PeerLimitSettings: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "pegaflow_peer_limit", Help: "Configured per-peer and node-wide limits, by limit (0: unlimited).",
 		}, []string{"limit"}),
 	}
 	reg.MustRegister(s.PeerAuthRefused, s.PeerCertExpiry, s.PeerTLSReloads, s.PeerLimitRefused,
-		s.PeerPinnedBytes, s.PeerLimitSettings)
+		s.PeerPinnedBytes, s.PeerQuarantined, s.PeerLimitSettings)
 	// Every series exists from the start at 0, so rate() and alerts see
 	// the first refusal.
 	for _, r := range []string{AuthTLSHandshake, AuthNotAllowed, AuthIdentityClaimed} {
