@@ -12,6 +12,7 @@ a save's commit on the save thread.
 """
 
 import concurrent.futures
+import dataclasses
 import logging
 import threading
 
@@ -25,6 +26,10 @@ log = logging.getLogger("pegad.vllm")
 CHUNK_BYTES = 32 << 20
 CHUNK_MIN = 16
 HANDOFF_COMMIT_WAIT = 5.0  # seconds a P/D producer's step waits for its commit at most
+# A P/D pull goes in prefetches of this many bytes (at least one block),
+# one after another on the pull thread, so that the copy of one into the
+# cache overlaps the READ of the next (0: one prefetch).
+PULL_CHUNK_BYTES = 64 << 20
 
 
 class Worker:
@@ -41,6 +46,9 @@ class Worker:
         self._loader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pegad-load")
         # A load's LEASE and RELEASE calls, off the thread that copies.
         self._io = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pegad-load-io")
+        # A P/D load's prefetches, in order (the last one ends the handoff).
+        self._puller = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pegad-pull")
+        self.pull_chunk_bytes = PULL_CHUNK_BYTES
         self._mu = threading.Lock()  # guards _done (the load thread appends)
         self._done = []  # (req_id, failed block ids) of loads finished since the last get_finished
         self._errors = set()  # failed block ids reported by the next get_block_ids_with_load_errors
@@ -81,8 +89,10 @@ class Worker:
         client = self.link.get()
         if client is None or self.copier is None:
             return self._failed(run, 0)
+        if run.remote is not None and len(run.hashes) > self._pull_step():
+            return self._load_pulled(client, run)
         if run.remote is not None:
-            self._pull(client, run)
+            self._pull(client, run, run.hashes, True)
         try:
             loaded = self._copy_in(client, run)
         except _engine.FAILURES as e:
@@ -93,6 +103,57 @@ class Worker:
             return self._failed(run, 0)
         self._count(loaded_blocks=loaded, loaded_bytes=loaded * self.block_bytes)
         return self._failed(run, loaded) if loaded < len(run.hashes) else []
+
+    def _load_pulled(self, client, run):
+        """A P/D load in parts of _pull_step blocks: the pull thread
+        prefetches them one after another (the last with end_handoff, so
+        once every other has returned), while this thread copies each part
+        that arrived into the cache. After a part not wholly loaded no
+        later part is fetched, and one prefetch of its first missing block
+        ends the handoff (the producer's pins go now, not at the ttl)."""
+        n, step = len(run.hashes), self._pull_step()
+        stop, ended = threading.Event(), threading.Event()  # ended: the handoff is ended, or cannot be
+
+        def part(a, b):
+            if stop.is_set():
+                return
+            if b == n:
+                ended.set()
+            if not self._pull(client, run, run.hashes[a:b], b == n, a == 0):
+                stop.set()  # a failed prefetch: neither the next part nor an end would fare better
+                ended.set()
+
+        bounds = [(a, min(a + step, n)) for a in range(0, n, step)]
+        pulls = [self._puller.submit(part, a, b) for a, b in bounds]
+        loaded = 0
+        try:
+            for (a, b), f in zip(bounds, pulls):
+                f.result()
+                got = self._copy_in(client, dataclasses.replace(run, block_ids=run.block_ids[a:b],
+                                                                hashes=run.hashes[a:b], pins=None, remote=None))
+                loaded += got
+                if got < b - a:  # after a missing block nothing of the chain is loaded
+                    break
+        except _engine.FAILURES as e:
+            if not isinstance(e, errors.LeaseEnded):
+                self.link.failed(client, e)
+            loaded = -1
+        if loaded < n:
+            stop.set()
+            first = max(loaded, 0)
+            # Runs after the part in flight, if any: that one ended the handoff, or this one does.
+            self._puller.submit(lambda: ended.is_set() or
+                                self._pull(client, run, run.hashes[first:first + 1], True, False))
+        if loaded < 0:
+            return self._failed(run, 0)
+        self._count(loaded_blocks=loaded, loaded_bytes=loaded * self.block_bytes)
+        return self._failed(run, loaded) if loaded < n else []
+
+    def _pull_step(self):
+        """Blocks per prefetch of a P/D pull (a huge number: one prefetch)."""
+        if self.pull_chunk_bytes <= 0:
+            return 1 << 62
+        return max(1, self.pull_chunk_bytes // max(self.block_bytes, 1))
 
     def _copy_in(self, client, run):
         """Copy run's blocks from the first on into the paged cache, a chunk
@@ -131,34 +192,39 @@ class Worker:
         """Blocks per chunk of a load or save."""
         return max(CHUNK_MIN, CHUNK_BYTES // max(self.block_bytes, 1))
 
-    def _pull(self, client, run):
-        """P/D: fetch this rank's blocks of run from the producer's pegad
-        into this node's, in one prefetch (with its handoff token, so the
-        producer's pin of each block ends as it is read, and end_handoff,
-        so that the pins of blocks it does not read, found local here or
-        past what it loads, end with it, not at the ttl; known_peer_only:
-        the daemon dials only a node the cluster index or --peer-allow
-        knows). What it could not fetch is missing from the lease after
-        it: a load error, recomputed. One prefetch, not chunks overlapped
-        with the copy: each prefetch's lock and release cost more here
-        than the overlap won (docs/engines.md, P/D)."""
+    def _pull(self, client, run, hashes, last, first=True):
+        """P/D: fetch hashes (run's blocks, or a part of them) from the
+        producer's pegad into this node's, in one prefetch, with the
+        handoff token, so the producer's pin of each block ends as it is
+        read; last: with end_handoff, this prefetch ends the consumer's
+        pull, so that the pins of blocks it does not read, found local
+        here or past what it loads, end with it, not at the ttl;
+        known_peer_only: the daemon dials only a node the cluster index or
+        --peer-allow knows. What it could not fetch is missing from the
+        lease after it: a load error, recomputed. first: the part that
+        counts the pull (pd_pulls). False when it failed (refused, the
+        producer unreachable, a partial result with an error): the next
+        part would fare no better."""
         pull = run.remote
         try:
-            res = client.prefetch(self.namespace, run.hashes, peer=pull.peer, timeout=pull.timeout,
+            res = client.prefetch(self.namespace, hashes, peer=pull.peer, timeout=pull.timeout,
                                   handoff=pull.tokens.get(self.namespace), known_peer_only=True,
-                                  end_handoff=True)
+                                  end_handoff=last)
         except PermissionError as e:  # errors.Denied: a peer the daemon does not know
-            log.warning("P/D pull of %d blocks from %s refused: %s", len(run.hashes), pull.peer, e)
+            log.warning("P/D pull of %d blocks from %s refused: %s", len(hashes), pull.peer, e)
             self._count(pd_pull_refused=1)
-            return
+            return False
         except _engine.FAILURES as e:
-            log.warning("P/D pull of %d blocks from %s failed: %s", len(run.hashes), pull.peer, e)
+            log.warning("P/D pull of %d blocks from %s failed: %s", len(hashes), pull.peer, e)
             self._count(pd_pull_failed=1)
             res = getattr(e, "result", None)
-            if res is None:
-                return
+            if res is not None:
+                fetched = sum(1 for b in res.blocks if b.status == "fetched")
+                self._count(pd_pulls=int(first), pd_pulled_blocks=fetched, pd_pulled_bytes=res.bytes)
+            return False
         fetched = sum(1 for b in res.blocks if b.status == "fetched")
-        self._count(pd_pulls=1, pd_pulled_blocks=fetched, pd_pulled_bytes=res.bytes)
+        self._count(pd_pulls=int(first), pd_pulled_blocks=fetched, pd_pulled_bytes=res.bytes)
+        return True
 
     def _adopt(self, client, run):
         """The leases (pegad._blocks.Leases) of the scheduler's pin for
@@ -297,11 +363,13 @@ class Worker:
         """Wait until queued loads and saves are done (tests, shutdown)."""
         self._loader.submit(lambda: None).result(timeout)
         self._io.submit(lambda: None).result(timeout)
+        self._puller.submit(lambda: None).result(timeout)
         self._saver.submit(lambda: None).result(timeout)
 
     def shutdown(self):
         self._loader.shutdown(wait=True)
         self._io.shutdown(wait=True)
+        self._puller.shutdown(wait=True)
         self._saver.shutdown(wait=True)
         if self.copier is not None:
             self.copier.close()

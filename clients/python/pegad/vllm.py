@@ -47,9 +47,9 @@ What it does:
   hands its prompt's blocks off on this node's pegad (Client.handoff) and
   returns (False, the parameters a decode needs, vLLM's remote_* keys). A
   consumer's request with do_remote_prefill is answered as an asynchronous
-  load whose workers first pull the blocks from the named pegad
-  (prefetch with the handoff token, known_peer_only), then load them; a
-  kv_consumer saves nothing.
+  load whose workers pull the blocks from the named pegad (prefetch with
+  the handoff token, known_peer_only) in parts of pull_chunk_bytes, each
+  part loaded while the next is read; a kv_consumer saves nothing.
 - Stats through build_kv_connector_stats / get_kv_connector_stats /
   build_prom_metrics; BlockStored events of the blocks each step saves
   through take_events.
@@ -222,6 +222,8 @@ class PegadConnector(KVConnectorBase_V1, *_HMA):
             self.namespace = keys.rank_namespace(self.base, 0 if self.mla else tp_rank, pp_rank)
             self.worker = _vllm_worker.Worker(self.link, self.namespace, self._count,
                                               saves=(not self.mla or tp_rank == 0) and self.produces)
+            # bytes per prefetch of a P/D pull, whose copies overlap the next one's READ (0: one prefetch)
+            self.worker.pull_chunk_bytes = int(extra.get("pull_chunk_bytes", _vllm_worker.PULL_CHUNK_BYTES))
 
     def _count(self, **kw):
         with self._stats_mu:

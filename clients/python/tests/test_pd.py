@@ -317,6 +317,62 @@ def test_consumer_refuses_an_address_the_cluster_does_not_know(bins, redis_url, 
         rogue.stop()
 
 
+TINY_BLOCK = LAYERS * 2 * BS * HEADS * HEAD_DIM * 4  # bytes of one tiny-engine block
+IN_PARTS = {"pull_chunk_bytes": 2 * TINY_BLOCK}  # a pull of 5 blocks in prefetches of 2, 2 and 1
+
+
+def test_a_pull_in_parts_loads_every_block_and_ends_the_handoff(pd_nodes):
+    """The pull in parts (pull_chunk_bytes, each part's copy overlapping
+    the next part's READ): the same logits, one pull counted, every block
+    pulled once, and the last part's end_handoff ends the producer's
+    handoff long before its ttl."""
+    p, d = pd_nodes
+    r = run_pd(p.socket, d.socket, 14, extra={**IN_PARTS, "handoff_ttl": 120})
+    assert ("loaded", 5) in r["events"] and not any(e[0] == "load_errors" for e in r["events"])
+    assert min(r["got"]) == 5 * BS and max_diff(r["got"], r["want"]) < TOL
+    cw = r["cons_workers"]
+    assert summed(cw, "pd_pulls") == 1 and summed(cw, "pd_pulled_blocks") == 5
+    assert summed(cw, "pd_pulled_bytes") == 5 * TINY_BLOCK and summed(cw, "loaded_blocks") == 5
+    assert_clean(p, timeout=10)  # the ttl is 120 s
+    assert_clean(d)
+
+
+def test_a_block_gone_mid_pull_in_parts_stops_it_and_ends_the_handoff(pd_nodes):
+    """Block 2 (the second part's first) gone on the producer: blocks 0-1
+    load, 2-4 recompute, and the handoff still ends at once (the third
+    part, if already in flight, or one prefetch of the missing block with
+    end_handoff), not at its ttl."""
+    p, d = pd_nodes
+
+    def evict(answer):
+        params = answer["kv_transfer_params"]
+        with pegad.Client(p.socket) as c:
+            ns = keys.rank_namespace(params["remote_namespace"], 0)
+            c.delete(ns, bytes.fromhex(params["remote_block_hashes"][2]))
+    r = run_pd(p.socket, d.socket, 15, between=evict, extra={**IN_PARTS, "handoff_ttl": 120})
+    check_recomputed(r, 2)
+    cw = r["cons_workers"]
+    # 0-1, 3 (part 2-3 reads what it finds), and 4 when the third part was in flight as part 2-3 was copied
+    assert summed(cw, "pd_pulls") == 1 and summed(cw, "pd_pulled_blocks") in (3, 4)
+    assert_clean(p, timeout=10)  # the ttl is 120 s: only the consumer's end ends it this soon
+    assert_clean(d)
+
+
+def test_a_pull_in_parts_from_a_killed_producer_tries_once(pd_nodes):
+    """The producer's pegad killed after the handoff: the first part's
+    prefetch fails, and no later part (nor an end of the handoff) is
+    tried: one failure counted, everything recomputed."""
+    p, d = pd_nodes
+
+    def kill(answer):
+        p.proc.kill()
+        p.proc.wait()
+    r = run_pd(p.socket, d.socket, 16, between=kill, extra=IN_PARTS)
+    check_recomputed(r, 0)
+    assert summed(r["cons_workers"], "pd_pull_failed") == 1
+    assert_clean(d)
+
+
 def test_tp2_to_tp2_rank_to_rank(pd_nodes):
     """Each consumer rank pulls its own rank's share with its own token."""
     p, d = pd_nodes
