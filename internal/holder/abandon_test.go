@@ -20,8 +20,8 @@ type pinHook struct {
 	onPin func()
 }
 
-func (p pinHook) Pin(keys []store.Key) ([]*store.Block, []int) {
-	pinned, missing := p.fakePinner.Pin(keys)
+func (p pinHook) PinChain(ns string, hashes [][]byte) ([]*store.Block, []int) {
+	pinned, missing := p.fakePinner.PinChain(ns, hashes)
 	p.onPin()
 	return pinned, missing
 }

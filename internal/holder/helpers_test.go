@@ -43,7 +43,7 @@ func newFakePinner(hashes ...string) *fakePinner {
 	return f
 }
 
-func (f *fakePinner) Pin(keys []store.Key) ([]*store.Block, []int) {
+func (f *fakePinner) PinChain(_ string, hashes [][]byte) ([]*store.Block, []int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.pinCalls++
@@ -52,8 +52,8 @@ func (f *fakePinner) Pin(keys []store.Key) ([]*store.Block, []int) {
 	}
 	var pinned []*store.Block
 	var missing []int
-	for i, k := range keys {
-		if f.have[k.Hash] {
+	for i, h := range hashes {
+		if f.have[string(h)] {
 			pinned = append(pinned, new(store.Block))
 		} else {
 			missing = append(missing, i)

@@ -104,7 +104,7 @@ func (s *Store) FlushLower(ctx context.Context) (int, error) {
 		if s.lower.Has(k) {
 			continue
 		}
-		found, _ := s.pinFound([]Key{k})
+		found, _ := s.pinFound(chain{keys: []Key{k}}, nil)
 		b := found[0]
 		if b == nil {
 			continue // gone since

@@ -42,19 +42,68 @@ func NewPolicy(k evict.Kind) Policy {
 // hints go is inserted without parents: ranked alone, never wrong).
 const maxHints = 1 << 16
 
-// hintLocked records, for each key of a looked-up chain that is missing,
-// the key before it: when the engine then puts that block, Insert finds
-// its parent. Chains are learnt only from lookups that pin (Pin); the
-// prefix queries (Prefix, PrefixOf) take no store lock and teach nothing.
-func (s *Store) hintLocked(keys []Key, found []*Block) {
-	for i := 1; i < len(keys); i++ {
-		if found[i] != nil {
+// access is what a pinned chain tells the policy and the hints, made
+// ready before mu is taken (accessOf): chain[i] is block i's node (nil:
+// missing), ids[i] its key's id (Policy.Access), and hints the pairs
+// (missing key, the key before it) to record.
+type access struct {
+	chain []*evict.Node
+	ids   []uint64
+	hints []Key
+}
+
+// accessOf prepares the access of c, whose blocks found holds (nil:
+// missing), with no lock held: it hashes each missing key for its id and
+// makes the strings of the hints, work that was per block under mu.
+//
+// A hint records, for each key of a looked-up chain that is missing, the
+// key before it: when the engine then puts that block, Insert finds its
+// parent. Chains are learnt only from lookups that pin (Pin); the prefix
+// queries (Prefix, PrefixOf) take no store lock and teach nothing.
+func (s *Store) accessOf(c chain, found []*Block, a *access) access {
+	a.chain, a.ids, a.hints = grow(a.chain, len(found)), grow(a.ids, len(found)), a.hints[:0]
+	made, madeAt := Key{}, -1
+	key := func(i int) Key { // a run of missing keys makes each string once
+		if i != madeAt {
+			made, madeAt = c.key(i), i
+		}
+		return made
+	}
+	for i, b := range found {
+		if b != nil {
+			a.chain[i], a.ids[i] = &b.node, b.node.ID // ID is keyID(b.key), set before insertion
 			continue
 		}
+		a.ids[i] = c.id(i)
+		if i > 0 {
+			parent := key(i - 1)
+			a.hints = append(a.hints, key(i), parent)
+		}
+	}
+	return *a
+}
+
+// grow is buf resized to n zero elements, reusing its array when it has room.
+func grow[T any](buf []T, n int) []T {
+	if cap(buf) < n {
+		return make([]T, n)
+	}
+	buf = buf[:n]
+	clear(buf)
+	return buf
+}
+
+// accessLocked tells the policy about a pinned chain and records its
+// hints. A block removed since accessOf is told as missing (pinFound has
+// cleared its chain entry); it gets no hint, as if it had been removed
+// just after the pin.
+func (s *Store) accessLocked(a access) {
+	s.policy.Access(a.chain, a.ids)
+	for j := 0; j < len(a.hints); j += 2 {
 		if len(s.hints) >= maxHints {
 			clear(s.hints)
 		}
-		s.hints[keys[i]] = keys[i-1]
+		s.hints[a.hints[j]] = a.hints[j+1]
 	}
 }
 
@@ -72,24 +121,6 @@ func (s *Store) parentLocked(key Key) *evict.Node {
 	return nil
 }
 
-// accessLocked tells the policy about a looked-up chain (found[i]: keys[i]'s
-// block, nil when missing).
-func (s *Store) accessLocked(keys []Key, found []*Block) {
-	chain, ids := s.chain[:0], s.chainIDs[:0]
-	for i, b := range found {
-		if b != nil {
-			chain = append(chain, &b.node)
-			ids = append(ids, b.node.ID)
-		} else {
-			chain = append(chain, nil)
-			ids = append(ids, keyID(keys[i]))
-		}
-	}
-	s.policy.Access(chain, ids)
-	clear(chain)
-	s.chain, s.chainIDs = chain[:0], ids[:0]
-}
-
 var keySeed = maphash.MakeSeed()
 
 // keyID is the hash the policy's frequency sketch counts key under.
@@ -99,6 +130,16 @@ func keyID(k Key) uint64 {
 	h.WriteString(k.Namespace)
 	h.WriteByte(0)
 	h.WriteString(k.Hash)
+	return h.Sum64()
+}
+
+// hashID is keyID of {ns, hash}, without the Key.
+func hashID(ns string, hash []byte) uint64 {
+	var h maphash.Hash
+	h.SetSeed(keySeed)
+	h.WriteString(ns)
+	h.WriteByte(0)
+	h.Write(hash)
 	return h.Sum64()
 }
 
