@@ -8,7 +8,8 @@
 # (LRU, W-TinyLFU, S3-FIFO: internal/replay/rivals.go) and Belady:
 # VS_BEST is pegad ÷ the best rival (issue 35's target: ≥ 0.97), GAP is
 # the share of the gap from the best rival to Belady that pegad closed
-# (negative: below the best rival). Then the held-out check: the
+# (negative: below the best rival), LRU_GAP the share of the gap from
+# LRU to Belady. Then the held-out check: the
 # synthetic trace's halves, simulated in process. TRACES, BLOCK_SIZE
 # (bytes), SHARES and EVICTIONS override.
 source "$(dirname "$0")/lib.sh"
@@ -30,11 +31,12 @@ import json, sys
 trace, share, policy, pegad, r = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]), json.loads(sys.argv[5])
 best = max(r["lru"], r["wtinylfu"], r["s3fifo"])
 gap = (pegad - best) / (r["belady"] - best) if r["belady"] > best else 0
-print(f'{trace:<9} {share + "%":<5} {r["capacity"]:6d} {policy:<9} {pegad:6.3f} {r["lru"]:6.3f} {r["wtinylfu"]:6.3f} {r["s3fifo"]:6.3f} {r["belady"]:6.3f} {pegad / best:7.3f} {gap:6.3f}')
+lgap = (pegad - r["lru"]) / (r["belady"] - r["lru"]) if r["belady"] > r["lru"] else 0
+print(f'{trace:<9} {share + "%":<5} {r["capacity"]:6d} {policy:<9} {pegad:6.3f} {r["lru"]:6.3f} {r["wtinylfu"]:6.3f} {r["s3fifo"]:6.3f} {r["belady"]:6.3f} {pegad / best:7.3f} {gap:6.3f} {lgap:7.3f}')
 PY
 }
 
-printf '%-9s %-5s %6s %-9s %6s %6s %6s %6s %6s %7s %6s\n' TRACE SHARE BLOCKS POLICY PEGAD LRU WTLFU S3FIFO BELADY VS_BEST GAP
+printf '%-9s %-5s %6s %-9s %6s %6s %6s %6s %6s %7s %6s %7s\n' TRACE SHARE BLOCKS POLICY PEGAD LRU WTLFU S3FIFO BELADY VS_BEST GAP LRU_GAP
 for trace in $TRACES; do
 	short=$(basename "$trace" | sed -e 's/mooncake_//' -e 's/_.*//')
 	for share in $SHARES; do

@@ -118,8 +118,9 @@ type Config struct {
 	// (NamespaceQuotas). SIGHUP reloads it.
 	NamespaceQuota []string `mapstructure:"namespace-quota"`
 	// Eviction names the policy that picks which unpinned blocks go when
-	// the pool needs room: prefix (chain-aware, adaptive; the default)
-	// or lru (internal/evict, docs/tiering.md).
+	// the pool needs room: adaptive (W-TinyLFU, its window chosen by
+	// shadow caches; the default), prefix (chain-aware recency and
+	// frequency) or lru (internal/evict, docs/tiering.md).
 	Eviction string `mapstructure:"eviction"`
 	// Transport is auto, verbs or tcp.
 	Transport string `mapstructure:"transport"`
@@ -259,7 +260,7 @@ func Default() Config {
 		MetricsListen:   "127.0.0.1:9464",
 		PoolSize:        256 << 20,
 		PoolHugePages:   "none",
-		Eviction:        string(evict.KindPrefix),
+		Eviction:        string(evict.KindAdaptive),
 		Transport:       TransportAuto,
 		NICs:            "1",
 		QPsPerPeer:      2,
@@ -345,7 +346,7 @@ func RegisterFlags(fs *pflag.FlagSet, d Config) {
 	fs.String("pool-size", d.PoolSize.String(), "pinned host-memory pool size (e.g. 256MiB, 16GiB, 512M, bytes)")
 	fs.String("pool-hugepages", d.PoolHugePages, "pool pages: none|thp|2M|1G (2M/1G must be reserved, vm.nr_hugepages)")
 	fs.StringArray("namespace-quota", d.NamespaceQuota, "most pool bytes a namespace or namespace prefix may hold, NS=SIZE (repeatable; longest prefix wins; at its quota a namespace evicts its own blocks; SIGHUP reloads)")
-	fs.String("eviction", d.Eviction, "eviction policy: prefix|adaptive|lru (prefix: chain-aware, adaptive recency/frequency; adaptive: W-TinyLFU admission, window chosen by shadow caches)")
+	fs.String("eviction", d.Eviction, "eviction policy: adaptive|prefix|lru (adaptive: W-TinyLFU admission, window chosen by shadow caches; prefix: chain-aware, adaptive recency/frequency)")
 	fs.String("transport", d.Transport, "data transport: auto|verbs|tcp (auto: verbs when devices exist, else tcp)")
 	fs.String("nics", d.NICs, "tcp: number of software NICs; verbs: a count or a comma list of device names, optionally RAIL=DEVICE")
 	fs.String("nic-numa", d.NICNUMA, "NUMA node of NICs sysfs gives none (e.g. rxe): NIC=NODE,... (rxe0=0,rxe1=1); replaces sysfs for the named NICs")

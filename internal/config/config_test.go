@@ -54,7 +54,7 @@ func TestDefaults(t *testing.T) {
 	host, _ := os.Hostname()
 	want := Config{
 		NodeID: host, Listen: "127.0.0.1:50055", Socket: DefaultSocket(),
-		MetricsListen: "127.0.0.1:9464", PoolSize: 256 << 20, PoolHugePages: "none", Eviction: "prefix", Transport: "auto", NICs: "1",
+		MetricsListen: "127.0.0.1:9464", PoolSize: 256 << 20, PoolHugePages: "none", Eviction: "adaptive", Transport: "auto", NICs: "1",
 		QPsPerPeer: 2, RelaxedOrdering: true, GIDIndex: -1, QPTimeout: -1, QPRetryCount: 7, CQBusyPoll: 20 * time.Microsecond, TCPDataListen: "", TCPQPNStart: 0x100, RDMAIdleTimeout: time.Minute,
 		LockTimeout: 120 * time.Second, GCInterval: time.Second, ShutdownTimeout: 10 * time.Second,
 		LogLevel: "info", LogFormat: "auto", ClusterTTL: 10 * time.Second, MaxSessionsPerPeer: DefaultMaxSessionsPerPeer,

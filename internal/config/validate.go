@@ -45,7 +45,7 @@ func (c *Config) problems() []Problem {
 		bad("pool-hugepages", "%q is not one of none, thp, 2M, 1G", c.PoolHugePages)
 	}
 	if _, err := evict.ParseKind(c.Eviction); err != nil {
-		bad("eviction", "%q is not one of prefix, adaptive, lru", c.Eviction)
+		bad("eviction", "%q is not one of adaptive, prefix, lru", c.Eviction)
 	}
 	c.validateTransport(bad)
 	c.validateTimeouts(bad)

@@ -26,6 +26,7 @@ import (
 func TestNamespaceQuotaSIGHUP(t *testing.T) {
 	const blk = 16 << 10
 	cfg := testConfig(t)
+	cfg.Eviction = "lru" // which of q's blocks goes is the policy's; this test names them
 	cfg.NamespaceQuota = []string{"q=64KiB"}
 	var mu sync.Mutex
 	next, nextErr := cfg, error(nil) // what the reload reads; guarded by mu

@@ -1,17 +1,18 @@
 package evict
 
-// region is where Adaptive (or a shadow) keeps a block.
+// region is the list Adaptive keeps a block in, or a shadow its record.
 type region uint8
 
 const (
 	regionNone region = iota
+	// W-TinyLFU's: a shadow's (shadow.go), and where Adaptive keeps an
+	// own block that the shadow it follows holds there.
 	regionWindow
-	// regionCandidate: moved out of the window by the last insert's
-	// overflow, not yet judged against main's victim.
-	regionCandidate
 	regionProbation
 	regionProtected
-	regionFetched
+	// Adaptive's alone.
+	regionFetched // copies another node holds too: first to go
+	regionOutcast // own blocks the followed shadow does not hold
 	regions
 )
 
@@ -21,23 +22,28 @@ const (
 // wrong order).
 const maxPending = 1 << 16
 
-// Adaptive is W-TinyLFU in Caffeine's shape, with its window chosen by
-// shadow selection and its walk prefix-aware (issue 35):
+// Adaptive is W-TinyLFU in Caffeine's shape with its window chosen by
+// shadow selection, and its walk prefix-aware (issue 35):
 //
-//   - A put always succeeds: the block enters the window (an LRU).
-//   - The window's overflow becomes a candidate for main. When room is
-//     needed, the oldest candidate duels main's victim (probation's
-//     least recent, then protected's): the more often accessed of the
-//     two stays, ties to the victim, and the loser goes first. Admission
-//     is thus a victim choice between two blocks, never a refused put.
-//   - Main is segmented: a hit in probation promotes to protected (80 %
-//     of main), whose overflow falls back to probation.
-//   - Counts are exact per block id and halve every 10 × capacity
-//     accesses (counts).
-//   - The window's share follows the shadow (shadow.go) with the most
-//     recent prefix hits: 1 % is TinyLFU-like, 100 % is plain LRU.
+//   - Six metadata-only shadows (shadow.go), each a W-TinyLFU at the
+//     cache's capacity with a fixed window share (1 % to 100 %, which is
+//     plain LRU), see every looked-up chain and share exact counts that
+//     halve every 10 × capacity accesses. The real cache follows the one
+//     with the most recent prefix hits.
+//   - Following is mirroring: an own block that the followed shadow no
+//     longer holds (its window victim lost the duel with main's victim,
+//     or the other way round) is an outcast, and outcasts go first, the
+//     longest cast out first. So a put always succeeds, and admission
+//     is only a victim choice: a block the shadow did not admit goes
+//     before the ones it keeps. The blocks the shadow keeps sit in its
+//     regions (window, probation, protected), moved as it moves their
+//     ids, and go in the order it would drop them (order); a switch of
+//     shadow recasts every block at once (follow).
+//   - A lookup's last block, when it was missing and is put, enters as
+//     the first of the outcasts: in a request it is mostly the partial
+//     block, almost never reused (issue 35's notes).
 //   - Prefix-aware: a chain is touched tail first, so its head is the
-//     most recent; the walk holds a parent back until its cached
+//     most recent, and the walk holds a parent back until its cached
 //     children went (leafFirst); fetched copies, which another node
 //     holds too, go before every own block.
 //
@@ -45,19 +51,19 @@ const maxPending = 1 << 16
 // bytes; with one block size that is its capacity in blocks).
 type Adaptive struct {
 	lists    [regions]nlist
+	at       map[uint64]*Node // own blocks, by id
 	freq     *counts
 	sh       *shadows
 	capacity int
-	wCap     int // window blocks at the share followed
-	pCap     int // protected blocks
-	pending  map[uint64]struct{}
-	clock    uint64   // stamps: each list move is a touch
-	ids      []uint64 // Access's scratch
+	pending  map[uint64]bool // ids looked up missing; true: a chain's last
+	ids      []uint64        // Access's scratch
+	recast   []*Node         // follow's scratch
 }
 
 // NewAdaptive makes an empty adaptive policy.
 func NewAdaptive() *Adaptive {
-	a := &Adaptive{freq: newCounts(), sh: newShadows(), pending: make(map[uint64]struct{})}
+	a := &Adaptive{at: make(map[uint64]*Node), freq: newCounts(), pending: make(map[uint64]bool)}
+	a.sh = newShadows(a.held)
 	for i := range a.lists {
 		a.lists[i].init()
 	}
@@ -74,48 +80,44 @@ func (a *Adaptive) Len() int {
 	return n
 }
 
-func (a *Adaptive) mainLen() int {
-	return a.lists[regionProbation].n + a.lists[regionProtected].n
-}
+// share is the window share of the shadow followed.
+func (a *Adaptive) share() float64 { return a.sh.followed().share }
 
-// share is the window share followed.
-func (a *Adaptive) share() float64 { return a.sh.all[a.sh.best].share }
-
-// Insert enters n in the window (a fetched copy in the fetched list);
-// the window's overflow becomes candidates.
+// Insert lists n: a fetched copy with the fetched, an own block in the
+// region where the followed shadow holds its id, or with the outcasts
+// (its lookup ran it through the shadows already; a put without one is
+// run through them now). The capacity grows first, so that a filling
+// cache's shadows do not drop what the real one still has room for.
 func (a *Adaptive) Insert(n, parent *Node, fetched bool) {
 	n.link(parent, fetched)
-	// Candidates join main unjudged only while it has room (the cache
-	// filling, or main shrunk by removals); the others wait for a duel
-	// however many puts come first: the daemon allocates a request's
-	// blocks in one batch, all evictions before any insert.
-	cands := &a.lists[regionCandidate]
-	for c := cands.back(); c != nil && a.mainLen() < a.capacity-a.wCap; c = cands.back() {
-		a.move(c, regionProbation)
-	}
-	if _, ok := a.pending[n.ID]; ok {
-		delete(a.pending, n.ID) // counted and shadowed by its lookup
-	} else {
-		a.freq.add(n.ID)
-		a.sh.lone(n.ID, a.freq)
+	if l := a.Len() + 1; l > a.capacity {
+		a.capacity = l
+		a.resize()
 	}
 	if fetched {
 		a.put(n, regionFetched)
 	} else {
-		a.put(n, regionWindow)
-	}
-	if l := a.Len(); l > a.capacity {
-		a.capacity = l
-		a.resize()
-	}
-	for w := &a.lists[regionWindow]; w.n > a.wCap; {
-		a.move(w.back(), regionCandidate)
+		last, looked := a.pending[n.ID]
+		if looked {
+			delete(a.pending, n.ID)
+		} else {
+			a.freq.add(n.ID)
+			a.sh.lone(n.ID, a.freq)
+		}
+		a.at[n.ID] = n
+		switch e := a.sh.followed().at[n.ID]; {
+		case last:
+			a.lists[regionOutcast].pushBack(n)
+			n.region = regionOutcast
+		case e != nil:
+			a.put(n, e.reg)
+		default:
+			a.put(n, regionOutcast)
+		}
 	}
 }
 
 func (a *Adaptive) resize() {
-	a.wCap = windowCap(a.share(), a.capacity)
-	a.pCap = protectedCap(a.share(), a.capacity)
 	a.freq.period = max(minPeriod, countPeriod*a.capacity)
 	a.sh.resize(a.capacity)
 }
@@ -124,7 +126,8 @@ func (a *Adaptive) resize() {
 // runs it through the shadows, and touches the found blocks tail first.
 // ids may be nil: then only found blocks are known.
 func (a *Adaptive) Access(chain []*Node, ids []uint64) {
-	if len(ids) != len(chain) {
+	known := len(ids) == len(chain) // else ids are the found blocks'
+	if !known {
 		ids = a.ids[:0]
 		for _, n := range chain {
 			if n != nil {
@@ -135,59 +138,77 @@ func (a *Adaptive) Access(chain []*Node, ids []uint64) {
 	}
 	for i, id := range ids {
 		a.freq.add(id)
-		if i < len(chain) && chain[i] == nil {
+		if known && chain[i] == nil {
 			if len(a.pending) >= maxPending {
 				clear(a.pending)
 			}
-			a.pending[id] = struct{}{}
+			a.pending[id] = i == len(ids)-1
 		}
 	}
 	if a.sh.request(ids, a.freq, a.capacity) {
-		a.resize()
+		a.follow()
 	}
 	for i := len(chain) - 1; i >= 0; i-- {
 		if n := chain[i]; n != nil && n.live && n.region != regionNone {
-			a.touch(n)
+			a.move(n, n.region)
 		}
 	}
 }
 
-// touch is a hit: the window and fetched lists are LRUs; a candidate or
-// probation block is promoted to protected, whose overflow goes back.
-func (a *Adaptive) touch(n *Node) {
-	switch n.region {
-	case regionWindow, regionFetched, regionProtected:
-		a.move(n, n.region)
-	default:
-		a.move(n, regionProtected)
-		if p := &a.lists[regionProtected]; p.n > a.pCap {
-			a.move(p.back(), regionProbation)
+// held is the followed shadow's word that id moved to the front of r
+// (regionNone: out of it): an own block of that id moves as well.
+func (a *Adaptive) held(id uint64, r region) {
+	n := a.at[id]
+	if n == nil {
+		return
+	}
+	if r == regionNone {
+		r = regionOutcast
+	}
+	a.move(n, r)
+}
+
+// follow recasts every own block after a switch of shadow: each kept
+// one joins the outcasts (the newest, in its order), then each that the
+// new shadow holds moves to its region there, in the shadow's order. It
+// is O(blocks), and switches are at least minSwitchGap requests apart.
+func (a *Adaptive) follow() {
+	rc := a.recast[:0]
+	for _, r := range []region{regionWindow, regionProbation, regionProtected} {
+		for n := a.lists[r].back(); n != nil; n = a.lists[r].older(n) {
+			rc = append(rc, n)
+		}
+	}
+	for _, n := range rc {
+		a.move(n, regionOutcast)
+	}
+	clear(rc)
+	a.recast = rc[:0]
+	sh := a.sh.followed()
+	for _, l := range []*slist{&sh.prot, &sh.prob, &sh.win} {
+		for e := l.back(); e != nil; e = l.older(e) {
+			if n := a.at[e.id]; n != nil {
+				a.move(n, e.reg)
+			}
 		}
 	}
 }
 
-// Remove forgets n. A main block removed while candidates wait is the
-// loser of the oldest one's duel (Walk yielded it so): that candidate
-// joins probation, as Caffeine's admitted candidate does.
+// Remove forgets n.
 func (a *Adaptive) Remove(n *Node) {
 	if n.region == regionNone {
 		return
 	}
-	r := n.region
-	a.lists[r].remove(n)
+	a.lists[n.region].remove(n)
+	if a.at[n.ID] == n {
+		delete(a.at, n.ID)
+	}
 	n.region = regionNone
 	n.unlink()
-	if r == regionProbation || r == regionProtected {
-		if c := a.lists[regionCandidate].back(); c != nil {
-			a.move(c, regionProbation)
-		}
-	}
 }
 
 func (a *Adaptive) put(n *Node, r region) {
 	n.region = r
-	a.clock++
-	n.stamp = a.clock
 	a.lists[r].pushFront(n)
 }
 
@@ -196,60 +217,34 @@ func (a *Adaptive) move(n *Node, r region) {
 	a.put(n, r)
 }
 
-// Walk yields blocks first victim first (order), each parent after its
-// cached children (leafFirst). It changes nothing.
-func (a *Adaptive) Walk(yield func(*Node) bool) { a.order(yield) }
+// Walk yields blocks first victim first: fetched copies, then outcasts,
+// each least recent first; then the blocks the followed shadow holds in
+// the order it would drop them (the window's oldest duels main's victim,
+// probation then protected, least recent first: the less often accessed
+// goes, ties to the window's); and each parent after its cached
+// children (leafFirst). It changes nothing and must not be called back
+// into from yield.
+func (a *Adaptive) Walk(yield func(*Node) bool) { leafFirst(a.order, yield) }
 
-// order is the eviction order the duels give, without moving anything:
-// fetched copies (least recent first); then, while candidates wait, the
-// loser of the oldest candidate against main's victim (probation, then
-// protected, least recent first); without candidates, the less recent
-// of main's victim and the window's (a window under its share, after a
-// switch to a larger one, grows by recency: main's blocks are not all
-// flushed before the window's oldest); then what is left: candidates
-// not judged, those admitted in this walk, the window.
 func (a *Adaptive) order(yield func(*Node) bool) {
-	for n := a.lists[regionFetched].back(); n != nil; n = a.lists[regionFetched].older(n) {
-		if !yield(n) {
-			return
+	for _, r := range []region{regionFetched, regionOutcast} {
+		l := &a.lists[r]
+		for n := l.back(); n != nil; n = l.older(n) {
+			if !yield(n) {
+				return
+			}
 		}
 	}
-	cands, win := &a.lists[regionCandidate], &a.lists[regionWindow]
-	c, w := cands.back(), win.back()
-	var admitted []*Node // joined main's most recent end, in this walk
-	m := mainIter{a: a}
-	for v := m.first(); v != nil; {
-		var out *Node
-		switch {
-		case c != nil && a.freq.get(c.ID) > a.freq.get(v.ID):
-			admitted = append(admitted, c)
-			out, c = v, cands.older(c)
-		case c != nil:
-			out, c = c, cands.older(c)
-		case w != nil && w.stamp < v.stamp:
+	win := &a.lists[regionWindow]
+	w, m := win.back(), mainIter{a: a}
+	for v := m.first(); w != nil || v != nil; {
+		out := v
+		if v == nil || (w != nil && a.freq.get(w.ID) <= a.freq.get(v.ID)) {
 			out, w = w, win.older(w)
-		default:
-			out = v
-		}
-		if out == v {
+		} else {
 			v = m.next(v)
 		}
 		if !yield(out) {
-			return
-		}
-	}
-	for ; c != nil; c = cands.older(c) {
-		if !yield(c) {
-			return
-		}
-	}
-	for _, n := range admitted {
-		if !yield(n) {
-			return
-		}
-	}
-	for ; w != nil; w = win.older(w) {
-		if !yield(w) {
 			return
 		}
 	}

@@ -6,41 +6,74 @@ import (
 	"testing"
 )
 
-// TestAdaptiveAdmission: a window victim seen once loses its duel with
-// a main block seen often, and goes first; one seen more often wins and
-// main's victim goes first.
-func TestAdaptiveAdmission(t *testing.T) {
+// filledAdaptive is an Adaptive following its 1 % shadow (the window
+// one block), holding blocks 1..n put without lookups: the window holds
+// n, probation the rest.
+func filledAdaptive(t *testing.T, n int) (*Adaptive, []*Node) {
+	t.Helper()
 	a := NewAdaptive()
-	a.sh.fixed, a.sh.best = true, 0 // 1 % window: one block
-	hot := &Node{ID: 1}
-	a.Insert(hot, nil, false)
-	for range 5 {
-		a.Access([]*Node{hot}, nil)
+	a.sh.fixed = true
+	a.sh.follow(0)
+	nodes := []*Node{nil}
+	for id := 1; id <= n; id++ {
+		x := &Node{ID: uint64(id)}
+		a.Insert(x, nil, false)
+		nodes = append(nodes, x)
 	}
-	cold := &Node{ID: 2}
-	a.Insert(cold, nil, false) // hot overflows to candidate, then probation
-	a.Insert(&Node{ID: 3}, nil, false)
-	// cold is now the candidate (count 1) against hot (count 6).
-	if got := order(a); !slices.Equal(got, []uint64{2, 1, 3}) {
-		t.Fatalf("order %v, want the cold candidate first [2 1 3]", got)
+	if got := a.Stats().Window; got != 0.01 {
+		t.Fatalf("window %v, want 0.01", got)
 	}
-	for range 9 {
-		a.Access([]*Node{cold}, nil)
+	if r := nodes[n].region; r != regionWindow {
+		t.Fatalf("newest block in region %d, want the window", r)
 	}
-	// A hit promotes the candidate: main is then probation (empty) and
-	// protected; the window's 3 is last.
-	if r := cold.region; r != regionProtected {
-		t.Fatalf("hit candidate in region %d, want protected", r)
+	return a, nodes
+}
+
+// TestAdaptiveAdmission: two new blocks looked up push the window's
+// block out as a candidate. Seen once, it loses its duel with main's
+// victim (ties go to the victim) and goes first; seen often, it wins,
+// and main's victim goes first.
+func TestAdaptiveAdmission(t *testing.T) {
+	t.Run("cold candidate", func(t *testing.T) {
+		a, nodes := filledAdaptive(t, 100)
+		a.Access([]*Node{nil, nil}, []uint64{700, 701})
+		if got := order(a)[0]; got != 100 {
+			t.Fatalf("first victim %d, want the candidate 100", got)
+		}
+		if nodes[100].region != regionOutcast || nodes[1].region != regionProbation {
+			t.Fatalf("regions %d, %d: want the candidate cast out, main's victim kept", nodes[100].region, nodes[1].region)
+		}
+	})
+	t.Run("frequent candidate", func(t *testing.T) {
+		a, nodes := filledAdaptive(t, 100)
+		for range 5 {
+			a.Access([]*Node{nodes[100]}, []uint64{100})
+		}
+		a.Access([]*Node{nil, nil}, []uint64{700, 701})
+		if got := order(a)[0]; got != 1 {
+			t.Fatalf("first victim %d, want main's victim 1", got)
+		}
+		if nodes[100].region != regionProbation {
+			t.Fatalf("admitted candidate in region %d, want probation", nodes[100].region)
+		}
+	})
+}
+
+// TestAdaptiveLastBlockFirst: the block put for a looked-up chain's
+// last key goes first (after fetched copies); the blocks before it keep
+// their order.
+func TestAdaptiveLastBlockFirst(t *testing.T) {
+	a, _ := filledAdaptive(t, 10)
+	ids := []uint64{20, 21, 22}
+	a.Access([]*Node{nil, nil, nil}, ids)
+	var parent *Node
+	for _, id := range ids {
+		n := &Node{ID: id}
+		a.Insert(n, parent, false)
+		parent = n
 	}
-	n4 := &Node{ID: 4}
-	a.Insert(n4, nil, false) // 3 becomes the candidate (count 1)
-	for range 20 {
-		a.Access([]*Node{nil, n4}, []uint64{99, 4})
-	}
-	// 4 is the window block; 3 the candidate, count 1, loses to main's
-	// victim hot (count 6).
-	if got := order(a)[0]; got != 3 {
-		t.Fatalf("first victim %d, want the candidate 3", got)
+	if got := order(a)[0]; got != 22 {
+		t.Fatalf("first victim %d, want the chain's last block 22", got)
 	}
 }
 
@@ -55,15 +88,16 @@ func TestAdaptiveFetchedFirst(t *testing.T) {
 	}
 }
 
-// TestAdaptiveInvariants: random inserts, chain accesses, evictions and
-// removals; after each step the walk yields every live node once, Len
-// matches, and the regions' counts add up.
+// TestAdaptiveInvariants: random inserts, chain accesses, switches of
+// shadow, evictions and removals; after each step the walk yields every
+// live node once, each after its live children, Len and kids counts
+// match, and the blocks mirror the followed shadow.
 func TestAdaptiveInvariants(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
 	a := NewAdaptive()
 	var live []*Node
 	next := uint64(1)
-	for step := 0; step < 5000; step++ {
+	for step := 0; step < 2000; step++ {
 		switch r := rng.IntN(10); {
 		case r < 5 || len(live) == 0:
 			var parent *Node
@@ -87,6 +121,9 @@ func TestAdaptiveInvariants(t *testing.T) {
 			slices.Reverse(chain)
 			slices.Reverse(ids)
 			a.Access(append(chain, nil), append(ids, next+1000))
+		case r < 9 && rng.IntN(4) == 0: // a switch of shadow
+			a.sh.follow(rng.IntN(len(a.sh.all)))
+			a.follow()
 		default:
 			var v *Node
 			if rng.IntN(3) > 0 {
@@ -97,19 +134,35 @@ func TestAdaptiveInvariants(t *testing.T) {
 			a.Remove(v)
 			live = slices.DeleteFunc(live, func(n *Node) bool { return n == v })
 		}
-		seen := map[*Node]bool{}
-		a.Walk(func(n *Node) bool {
-			if seen[n] {
-				t.Fatalf("step %d: node %d yielded twice", step, n.ID)
-			}
-			seen[n] = true
-			return true
-		})
-		if len(seen) != len(live) || a.Len() != len(live) {
-			t.Fatalf("step %d: walk %d, len %d, live %d", step, len(seen), a.Len(), len(live))
+		checkPrefix(t, a, live)
+		checkMirror(t, a, live)
+		if t.Failed() {
+			t.Fatalf("step %d", step)
 		}
 	}
-	if a.capacity == 0 || a.wCap == 0 {
-		t.Fatalf("capacity %d, window %d: never sized", a.capacity, a.wCap)
+	if a.capacity == 0 {
+		t.Fatalf("capacity %d: never sized", a.capacity)
+	}
+}
+
+// checkMirror: an own block the followed shadow does not hold is an
+// outcast; one in a W-TinyLFU region is where the shadow has its id.
+func checkMirror(t *testing.T, a *Adaptive, live []*Node) {
+	t.Helper()
+	sh := a.sh.followed()
+	for _, n := range live {
+		e := sh.at[n.ID]
+		switch {
+		case n.fetched:
+			if n.region != regionFetched {
+				t.Errorf("fetched %d in region %d", n.ID, n.region)
+			}
+		case e == nil:
+			if n.region != regionOutcast {
+				t.Errorf("block %d not in the shadow, in region %d", n.ID, n.region)
+			}
+		case n.region != regionOutcast && n.region != e.reg:
+			t.Errorf("block %d in region %d, the shadow's in %d", n.ID, n.region, e.reg)
+		}
 	}
 }

@@ -33,6 +33,14 @@ func (l *nlist) pushFront(n *Node) {
 	l.n++
 }
 
+// pushBack lists n least recent: next to go.
+func (l *nlist) pushBack(n *Node) {
+	n.prev, n.next = l.root.prev, &l.root
+	l.root.prev.next = n
+	l.root.prev = n
+	l.n++
+}
+
 func (l *nlist) remove(n *Node) {
 	n.prev.next = n.next
 	n.next.prev = n.prev

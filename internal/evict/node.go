@@ -5,12 +5,13 @@
 // removed) under the store's lock, and asks for victims in order.
 //
 // Three policies:
-//   - Adaptive (issue 35; not the default: it misses the issue's
-//     target in the daemon's replay, docs/tiering.md): W-TinyLFU's window, segmented
-//     main and admission by exact counts, the window's share following
-//     the best of six metadata-only shadow caches (adaptive.go,
-//     shadow.go). A put always enters; admission only picks which of
-//     two victims goes first.
+//   - Adaptive (issue 35; the default): W-TinyLFU with its window chosen
+//     by shadow selection. Six metadata-only shadow caches (windows of 1
+//     to 100 %, exact halving-aged counts) see every looked-up chain; the
+//     real cache mirrors the one with the most recent prefix hits, so
+//     the blocks that shadow did not admit or let go are evicted first
+//     (adaptive.go, shadow.go). A put always enters; admission only
+//     picks which blocks go first. A chain goes tail first.
 //   - LRU: least recently used first (pegad's order before issue 25).
 //   - Prefix: chain-aware and adaptive. A block's parent is the block
 //     before it in its chain (the store learns it from lookups); a
@@ -21,7 +22,7 @@
 //     blocks too), and a hill climber moves the mix while it watches the
 //     prefix hit ratio, as Caffeine's window does.
 //
-// In both, fetched copies (blocks another node holds too, prefetched
+// In all three, fetched copies (blocks another node holds too, prefetched
 // from it) go before the blocks only this node holds.
 //
 // Policies are not safe for concurrent use: the store serialises calls.
@@ -49,10 +50,8 @@ type Node struct {
 	// Prefix: heap position (-1 when out) and rank.
 	idx  int
 	rank rank
-	// Adaptive: the list n is in (prev/next are its links there), and
-	// when it entered it.
+	// Adaptive: the list n is in (prev/next are its links there).
 	region region
-	stamp  uint64
 }
 
 // Parent is the cached block before n in its chain, or nil.
@@ -97,7 +96,7 @@ const (
 )
 
 // Kinds lists the policies, the default first.
-var Kinds = []Kind{KindPrefix, KindAdaptive, KindLRU}
+var Kinds = []Kind{KindAdaptive, KindPrefix, KindLRU}
 
 // ParseKind checks a --eviction value.
 func ParseKind(s string) (Kind, error) {

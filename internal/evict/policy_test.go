@@ -63,6 +63,14 @@ func TestWalkOrder(t *testing.T) {
 			[]uint64{1, 2, 3}},
 		{"prefix: removed parent leaves its child alone", func() Simulated { return newFixedPrefix(0) },
 			[]op{{insert: 1}, {insert: 2, parent: 1}, {remove: 1}, {insert: 3}}, []uint64{2, 3}},
+		{"adaptive: chain tail first", func() Simulated { return NewAdaptive() },
+			[]op{{insert: 1}, {insert: 2, parent: 1}, {insert: 3, parent: 2}, {insert: 9}}, []uint64{9, 3, 2, 1}},
+		{"adaptive: chain accessed stays tail first", func() Simulated { return NewAdaptive() },
+			[]op{{insert: 1}, {insert: 2, parent: 1}, {insert: 3, parent: 2}, {insert: 9}, {access: []uint64{1, 2, 3}}},
+			[]uint64{9, 3, 2, 1}},
+		{"adaptive: fetched first, even newest", func() Simulated { return NewAdaptive() },
+			// 2 is the window's, 1 main's victim: a tie, lost by the window's
+			[]op{{insert: 1}, {insert: 2}, {insert: 3, fetched: true}}, []uint64{3, 2, 1}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -146,7 +154,7 @@ func TestPrefixInvariants(t *testing.T) {
 	}
 }
 
-func checkPrefix(t *testing.T, p *Prefix, live []*Node) {
+func checkPrefix(t *testing.T, p Simulated, live []*Node) {
 	t.Helper()
 	pos := map[*Node]int{}
 	p.Walk(func(n *Node) bool {

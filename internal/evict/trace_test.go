@@ -1,6 +1,7 @@
 package evict
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/pegaflow/pegad/internal/replay"
@@ -43,13 +44,12 @@ func TestTracePrefixAtLeastLRU(t *testing.T) {
 }
 
 // TestTraceAdaptiveTarget holds the adaptive policy, replayed as the
-// daemon sees it, to a floor of 0.85 × the best fixed rival (LRU,
-// W-TinyLFU, S3-FIFO) on both traces at every size. Issue 35's target
-// is 0.97; the policy misses it at 2-10 % of the synthetic trace and
-// 10-20 % of the arXiv slice (docs/tiering.md), so this guards against
-// regressions only, until the target is met and the floor raised.
+// daemon sees it (Simulate), to issue 35's target on both traces at
+// every size: at least 0.97 × the best of the fixed rivals (LRU,
+// W-TinyLFU, S3-FIFO), simulated here at the same capacity. The cells
+// run in parallel: under -race the whole takes about 20 s on 2 cores.
 func TestTraceAdaptiveTarget(t *testing.T) {
-	const adaptiveFloor = 0.85
+	const target = 0.97
 	if testing.Short() {
 		t.Skip("trace replay")
 	}
@@ -57,13 +57,16 @@ func TestTraceAdaptiveTarget(t *testing.T) {
 		reqs := loadTrace(t, name)
 		_, unique := replay.Stats(reqs)
 		for _, share := range replay.Shares {
-			c := replay.CapacityAt(unique, share)
-			best := max(replay.LRU(reqs, c).Value(), replay.WTinyLFU(reqs, c).Value(), replay.S3FIFO(reqs, c).Value())
-			got := simulate(t, reqs, c, NewAdaptive()).Value()
-			t.Logf("%s %2d %%: adaptive %.3f, best rival %.3f (%.3f)", name, share, got, best, got/best)
-			if got < adaptiveFloor*best {
-				t.Errorf("%s %d %% (%d blocks): adaptive %.4f below %.2f × best rival %.4f", name, share, c, got, adaptiveFloor, best)
-			}
+			t.Run(fmt.Sprintf("%s/%d%%", name, share), func(t *testing.T) {
+				t.Parallel()
+				c := replay.CapacityAt(unique, share)
+				best := max(replay.LRU(reqs, c).Value(), replay.WTinyLFU(reqs, c).Value(), replay.S3FIFO(reqs, c).Value())
+				got := simulate(t, reqs, c, NewAdaptive()).Value()
+				t.Logf("%d blocks: adaptive %.3f, best rival %.3f (%.3f)", c, got, best, got/best)
+				if got < target*best {
+					t.Errorf("%d blocks: adaptive %.4f below %.2f × best rival %.4f", c, got, target, best)
+				}
+			})
 		}
 	}
 }

@@ -93,14 +93,19 @@ func TestHandoffPinsUntilPulled(t *testing.T) {
 	handed := mbBlocks("kv", 4)
 	putAll(t, prod, "pd", control)
 	putAll(t, prod, "pd", handed)
+	before := prod.cn.Stats(t).GetEvictions()
 	h := handoffOf(t, prod, "pd", handed, time.Minute)
 	if h.GetBlocks() != 4 || h.GetNodeId() != "producer" || h.GetPeerAddr() != prod.cn.PeerAddr() {
 		t.Fatalf("Handoff = %v", h)
 	}
 
 	putAll(t, prod, "fill", mbBlocks("fill", 40)) // 40 MiB through a 32 MiB pool
-	if _, err := get(ctx, prod, "pd", control[0].hash); status.Code(err) != codes.NotFound {
-		t.Fatalf("control block: %v, want evicted (no eviction pressure?)", err)
+	// 45 MiB put in all: at least 13 evictions. Which blocks go is the
+	// policy's: under adaptive (the default) blocks put once and never
+	// looked up tie, and the newest go first, so the control block may
+	// stay; the handed-off blocks must, being pinned.
+	if ev := prod.cn.Stats(t).GetEvictions() - before; ev < 13 {
+		t.Fatalf("%d evictions while 40 MiB went through a 32 MiB pool: want at least 13", ev)
 	}
 	for _, b := range handed {
 		if got, err := get(ctx, prod, "pd", b.hash); err != nil || string(got) != string(b.body) {

@@ -31,10 +31,10 @@ func NewPolicy(k evict.Kind) Policy {
 	switch k {
 	case evict.KindLRU:
 		return evict.NewLRU()
-	case evict.KindAdaptive:
-		return evict.NewAdaptive()
+	case evict.KindPrefix:
+		return evict.NewPrefix()
 	}
-	return evict.NewPrefix()
+	return evict.NewAdaptive()
 }
 
 // maxHints bounds the parent hints kept between a lookup and the puts

@@ -85,8 +85,9 @@ func TestFetchedCopiesEvictedFirst(t *testing.T) {
 }
 
 // TestChainTailEvictedBeforeHead: a chain looked up (so the store learns
-// its order) then put is evicted tail first under prefix, whereas LRU
-// drops the head first (it was put first) and so breaks the whole chain.
+// its order) then put is evicted tail first under prefix and adaptive,
+// whereas LRU drops the head first (it was put first) and so breaks the
+// whole chain.
 func TestChainTailEvictedBeforeHead(t *testing.T) {
 	chain := []Key{key(0), key(1), key(2)}
 	cases := []struct {
@@ -94,6 +95,7 @@ func TestChainTailEvictedBeforeHead(t *testing.T) {
 		want []Key // eviction order
 	}{
 		{evict.KindPrefix, []Key{key(2), key(1), key(0)}},
+		{evict.KindAdaptive, []Key{key(2), key(1), key(0)}},
 		{evict.KindLRU, []Key{key(0), key(1), key(2)}},
 	}
 	for _, c := range cases {
@@ -130,9 +132,9 @@ func TestPolicyStats(t *testing.T) {
 
 // TestEvictedBytes: a 128K put into a full pool of 64K blocks evicts
 // adjacent ones: under lru and prefix two (128K for 128K needed), under
-// adaptive three, since its order is 2 (the window's candidate loses
-// its duel with 0: neither was hit), 0, 1, and only 0-2 is contiguous
-// (64K is left free). Stats and the metric agree.
+// adaptive three, since its order is 3 (the window's block loses its
+// duel with main's victim 0: neither was hit), 0, 1, and 3 is not next
+// to 0-1 (64K is left free). Stats and the metric agree.
 func TestEvictedBytes(t *testing.T) {
 	for _, kind := range evict.Kinds {
 		t.Run(string(kind), func(t *testing.T) {
