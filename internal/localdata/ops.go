@@ -15,6 +15,17 @@ func key(k localwire.Key) (store.CheckedKey, error) {
 	return store.CheckKey(store.Key{Namespace: k.Namespace, Hash: string(k.Hash)})
 }
 
+// keyAndLayout checks an ALLOC or PUT item's key and slots (both refused
+// with status invalid).
+func keyAndLayout(k localwire.Key, slots []localwire.SlotSize) (store.CheckedKey, []store.SlotLayout, uint64, error) {
+	ck, err := key(k)
+	if err != nil {
+		return store.CheckedKey{}, nil, 0, err
+	}
+	lay, total, err := layout(slots)
+	return ck, lay, total, err
+}
+
 // layout places the slots contiguously (slot 0 K, slot 0 V, slot 1 K, ...)
 // and returns the block's size.
 func layout(slots []localwire.SlotSize) ([]store.SlotLayout, uint64, error) {
@@ -86,11 +97,7 @@ func (cn *conn) allocOne(b []byte, it *localwire.AllocItem, node int32) []byte {
 	if err := checkNode(node); err != nil {
 		return localwire.AppendError(b, localwire.StatusInvalid, err.Error())
 	}
-	k, err := key(it.Key)
-	if err != nil {
-		return localwire.AppendError(b, localwire.StatusInvalid, err.Error())
-	}
-	lay, total, err := layout(it.Slots)
+	k, lay, total, err := keyAndLayout(it.Key, it.Slots)
 	if err != nil {
 		return localwire.AppendError(b, localwire.StatusInvalid, err.Error())
 	}
@@ -293,11 +300,7 @@ func (cn *conn) insert(h held, k store.CheckedKey, lay []store.SlotLayout) (bool
 // it was (status invalid); a reservation that is not live is NO_LEASE;
 // a failure once it was taken (status internal) ends it.
 func (cn *conn) put(b []byte, it *localwire.PutItem) []byte {
-	k, err := key(it.Key)
-	if err != nil {
-		return localwire.AppendError(b, localwire.StatusInvalid, err.Error())
-	}
-	lay, total, err := layout(it.Slots)
+	k, lay, total, err := keyAndLayout(it.Key, it.Slots)
 	if err != nil {
 		return localwire.AppendError(b, localwire.StatusInvalid, err.Error())
 	}

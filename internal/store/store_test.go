@@ -11,9 +11,7 @@ import (
 	"github.com/pegaflow/pegad/api/limits"
 	"github.com/pegaflow/pegad/internal/evict"
 	"github.com/pegaflow/pegad/internal/metrics"
-	"github.com/pegaflow/pegad/internal/metrics/metricstest"
 	"github.com/pegaflow/pegad/internal/pool"
-	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
 )
 
@@ -28,13 +26,7 @@ const kib = 1 << 10
 
 func newStore(t testing.TB, size uint64) (*Store, *metrics.Metrics) {
 	t.Helper()
-	p, err := pool.New(pool.Options{Size: size, Log: zerolog.Nop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
-	m := metricstest.New()
-	return New(p, m), m
+	return newPolicyStoreSized(t, evict.KindLRU, size) // New's policy
 }
 
 func key(i int) Key { return Key{Namespace: "ns", Hash: fmt.Sprintf("h%04d", i)} }
