@@ -4,7 +4,9 @@
 # (internal/kvevents/testdata/subscriber.py; Debian's python3-zmq and
 # python3-msgpack) watches while pegactl
 #   1. puts four 1 MiB blocks into a 4 MiB pool: four BlockStored;
-#   2. puts a fifth: the oldest is evicted (BlockRemoved), then BlockStored
+#   2. puts a fifth: the oldest is evicted (BlockRemoved; --eviction lru,
+#      which names the oldest: adaptive, the default, would keep it and
+#      evict the newest of four blocks put once), then BlockStored
 #      (pegactl's client may reserve room for a next put: more evictions);
 #   3. deletes one: BlockRemoved;
 # each with its hash, medium "cpu", sequence numbers 0, 1, 2, ... in the
@@ -29,7 +31,7 @@ REPLAY_PORT=$(free_port)
 NS=e2e-model
 
 start_pegad a --node-id kv-a --transport tcp --socket "$SOCK" --listen 127.0.0.1:0 \
-	--metrics-listen "127.0.0.1:$METRICS_PORT" --tcp-data-listen 127.0.0.1:0 --pool-size 4MiB \
+	--metrics-listen "127.0.0.1:$METRICS_PORT" --tcp-data-listen 127.0.0.1:0 --pool-size 4MiB --eviction lru \
 	--kv-events-endpoint "tcp://127.0.0.1:$EV_PORT" --kv-events-replay-endpoint "tcp://127.0.0.1:$REPLAY_PORT" \
 	--log-format json
 wait_ready "$PID_a" "$SOCK"

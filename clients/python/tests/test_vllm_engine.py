@@ -174,7 +174,9 @@ def test_block_evicted_between_lookup_and_load_is_recomputed(bins, ns):
     """A small pool: A's blocks are evicted after B's lookup (before any
     pin); B's workers report them as load errors, the engine recomputes,
     logits match."""
-    d = Daemon(bins, "py-evict", pool_size="1MiB")
+    # lru: fillers put once must push out blocks that were looked up,
+    # which adaptive's admission (the default) rightly keeps.
+    d = Daemon(bins, "py-evict", pool_size="1MiB", extra=("--eviction", "lru"))
     try:
         prompt, _ = prompts(7)
         hs = block_hashes(prompt, BS)
